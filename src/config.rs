@@ -1,0 +1,1022 @@
+//! The operator's TOML file: its serde model, validation, and compilation into
+//! the runtime rule table.
+//!
+//! The format is the contract in `CONFIG.md`. Every problem found while loading
+//! is reported with the file, line and column it comes from, and all of them
+//! are reported at once, so an operator fixes a file in one pass.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::header::HeaderName;
+use http::uri::{Authority, Scheme, Uri};
+use ipnet::IpNet;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::client::{ClientRule, MissingHeader};
+use crate::limit::{Algorithm, Limit};
+use crate::routes::{Action, Match, Respond, Route, Table, Upstream};
+
+/// Default deadline for an upstream's response head.
+const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time in-flight requests get to finish after SIGTERM.
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Default deadline for one store decision, pool wait included.
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default timeout for a client to send a request head.
+const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+// === the loaded configuration ===
+
+/// A validated configuration, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where the file came from (for reload and messages).
+    pub path: PathBuf,
+    /// Listener and server-wide settings.
+    pub server: Server,
+    /// Where limits are counted.
+    pub store: Store,
+    /// The compiled routes, first match wins.
+    pub routes: Table,
+}
+
+/// `[server]`: listeners and server-wide settings.
+#[derive(Debug, Clone)]
+pub struct Server {
+    /// The proxy's listener.
+    pub listen: SocketAddr,
+    /// The admin listener (`/metrics`, `/healthz`, `/readyz`), if any.
+    pub admin_listen: Option<SocketAddr>,
+    /// Peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Default deadline for an upstream's response head (504 past it).
+    pub upstream_timeout: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// How long a client may take to send a request head (408 past it).
+    pub header_read_timeout: Duration,
+}
+
+/// `[store]`: where limits are counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    /// In-process counting: exact for one instance.
+    Memory,
+    /// One Redis shared by every instance.
+    Redis(RedisStore),
+}
+
+/// Settings of a Redis-backed store.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisStore {
+    /// `redis://` or `rediss://` URL (may hold a password: never logged).
+    pub url: String,
+    /// Prefix of every key floodgate writes.
+    pub key_prefix: String,
+    /// One decision's deadline, pool wait included.
+    pub timeout: Duration,
+    /// What to do when Redis is unreachable or late.
+    pub on_error: OnError,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL may carry a password; show only where it points.
+        let shown = match self.url.rsplit_once('@') {
+            Some((_, host)) => format!("redis://***@{host}"),
+            None => self.url.clone(),
+        };
+        f.debug_struct("RedisStore")
+            .field("url", &shown)
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .field("on_error", &self.on_error)
+            .finish()
+    }
+}
+
+/// Policy when the store cannot decide in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Forward the request (fail open).
+    Allow,
+    /// Answer 503 with `Retry-After` (fail closed).
+    Deny,
+    /// Count in process with the same rules until the store is back.
+    Local,
+}
+
+// === errors ===
+
+/// One problem in a configuration file, located by line and column.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The file it was found in.
+    pub path: PathBuf,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column (in characters).
+    pub column: usize,
+    /// What is wrong and what to do about it.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.path.display(),
+            self.line,
+            self.column,
+            self.message
+        )
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read at all.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file was read but is not a valid configuration.
+    #[error("{}", list(.0))]
+    Invalid(Vec<Problem>),
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// === the file's serde model ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModel {
+    server: Spanned<ServerModel>,
+    store: Option<Spanned<StoreModel>>,
+    #[serde(default)]
+    routes: Vec<Spanned<RouteModel>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerModel {
+    listen: Spanned<String>,
+    admin_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    trusted_proxies: Vec<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    shutdown_grace: Option<Spanned<String>>,
+    header_read_timeout: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreModel {
+    backend: Option<Spanned<String>>,
+    url: Option<Spanned<String>>,
+    urls: Option<Spanned<Vec<String>>>,
+    key_prefix: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    on_error: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteModel {
+    name: Spanned<String>,
+    #[serde(rename = "match", default)]
+    matcher: Option<Spanned<MatchModel>>,
+    upstream: Option<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    respond: Option<Spanned<RespondModel>>,
+    client: Option<Spanned<ClientModel>>,
+    cost: Option<Spanned<i64>>,
+    #[serde(default)]
+    shadow: bool,
+    limits: Option<Spanned<Vec<Spanned<LimitModel>>>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct MatchModel {
+    path_prefix: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    methods: Option<Spanned<Vec<Spanned<String>>>>,
+    host: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RespondModel {
+    status: Spanned<i64>,
+    #[serde(default)]
+    body: String,
+    content_type: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientModel {
+    from: Option<Spanned<String>>,
+    name: Option<Spanned<String>>,
+    missing: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitModel {
+    algorithm: Spanned<String>,
+    limit: Spanned<i64>,
+    window: Spanned<String>,
+    burst: Option<Spanned<i64>>,
+}
+
+// === loading ===
+
+/// Reads, parses and validates the file at `path`.
+pub fn load(path: &Path) -> Result<Config, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and validates `text`, naming `path` in messages.
+pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
+    let mut v = Validator {
+        path,
+        text,
+        problems: Vec::new(),
+    };
+    let model: FileModel = match toml::from_str(text) {
+        Ok(model) => model,
+        Err(e) => {
+            let span = e.span().unwrap_or(0..0);
+            v.problem(span, e.message().trim_end().to_owned());
+            return Err(LoadError::Invalid(v.problems));
+        }
+    };
+    let server = v.server(&model.server);
+    let store = v.store(model.store.as_ref());
+    let routes = v.routes(&model.routes, server.as_ref());
+    match (server, store, v.problems.is_empty()) {
+        (Some(server), Some(store), true) => Ok(Config {
+            path: path.to_owned(),
+            server,
+            store,
+            routes: Table::new(routes),
+        }),
+        _ => Err(LoadError::Invalid(v.problems)),
+    }
+}
+
+struct Validator<'a> {
+    path: &'a Path,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Validator<'_> {
+    fn problem(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, column) = line_column(self.text, span.start);
+        self.problems.push(Problem {
+            path: self.path.to_owned(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+
+    fn duration(&mut self, value: &Spanned<String>, what: &str) -> Option<Duration> {
+        match parse_duration(value.get_ref()) {
+            Ok(d) if d.is_zero() => {
+                self.problem(value.span(), format!("{what} must be greater than zero"));
+                None
+            }
+            Ok(d) => Some(d),
+            Err(message) => {
+                self.problem(value.span(), format!("{what}: {message}"));
+                None
+            }
+        }
+    }
+
+    fn optional_duration(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        what: &str,
+        default: Duration,
+    ) -> Option<Duration> {
+        match value {
+            Some(value) => self.duration(value, what),
+            None => Some(default),
+        }
+    }
+
+    fn socket_addr(&mut self, value: &Spanned<String>, what: &str) -> Option<SocketAddr> {
+        match value.get_ref().parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                self.problem(
+                    value.span(),
+                    format!(
+                        "{what} {:?} is not an address and port such as \"0.0.0.0:8080\"",
+                        value.get_ref()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn server(&mut self, model: &Spanned<ServerModel>) -> Option<Server> {
+        let m = model.get_ref();
+        let listen = self.socket_addr(&m.listen, "listen");
+        let admin_listen = match &m.admin_listen {
+            Some(a) => Some(self.socket_addr(a, "admin_listen")?),
+            None => None,
+        };
+        let mut trusted_proxies = Vec::new();
+        for cidr in &m.trusted_proxies {
+            match parse_cidr(cidr.get_ref()) {
+                Some(net) => trusted_proxies.push(net),
+                None => self.problem(
+                    cidr.span(),
+                    format!(
+                        "trusted_proxies entry {:?} is not an address or CIDR such as \"10.0.0.0/8\"",
+                        cidr.get_ref()
+                    ),
+                ),
+            }
+        }
+        let upstream_timeout = self.optional_duration(
+            m.upstream_timeout.as_ref(),
+            "upstream_timeout",
+            DEFAULT_UPSTREAM_TIMEOUT,
+        );
+        let shutdown_grace = self.optional_duration(
+            m.shutdown_grace.as_ref(),
+            "shutdown_grace",
+            DEFAULT_SHUTDOWN_GRACE,
+        );
+        let header_read_timeout = self.optional_duration(
+            m.header_read_timeout.as_ref(),
+            "header_read_timeout",
+            DEFAULT_HEADER_READ_TIMEOUT,
+        );
+        Some(Server {
+            listen: listen?,
+            admin_listen,
+            trusted_proxies,
+            upstream_timeout: upstream_timeout?,
+            shutdown_grace: shutdown_grace?,
+            header_read_timeout: header_read_timeout?,
+        })
+    }
+
+    fn store(&mut self, model: Option<&Spanned<StoreModel>>) -> Option<Store> {
+        let Some(model) = model else {
+            return Some(Store::Memory);
+        };
+        let m = model.get_ref();
+        let backend = m.backend.as_ref().map_or("memory", |b| b.get_ref().as_str());
+        let backend_span = m
+            .backend
+            .as_ref()
+            .map_or_else(|| model.span(), Spanned::span);
+        let key_prefix = match &m.key_prefix {
+            Some(p) if !valid_name(p.get_ref()) => {
+                self.problem(
+                    p.span(),
+                    "key_prefix may use only letters, digits, '_', '-' and '.' (1 to 64 of them)",
+                );
+                None
+            }
+            Some(p) => Some(p.get_ref().clone()),
+            None => Some("floodgate".to_owned()),
+        };
+        let timeout =
+            self.optional_duration(m.timeout.as_ref(), "timeout", DEFAULT_STORE_TIMEOUT);
+        let on_error = match &m.on_error {
+            None => Some(OnError::Allow),
+            Some(s) => match s.get_ref().as_str() {
+                "allow" => Some(OnError::Allow),
+                "deny" => Some(OnError::Deny),
+                "local" => Some(OnError::Local),
+                other => {
+                    self.problem(
+                        s.span(),
+                        format!(
+                            "on_error {other:?} is not one of \"allow\", \"deny\", \"local\""
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+        match backend {
+            "memory" => {
+                for (key, present) in [
+                    ("url", m.url.as_ref().map(Spanned::span)),
+                    ("urls", m.urls.as_ref().map(Spanned::span)),
+                ] {
+                    if let Some(span) = present {
+                        self.problem(
+                            span,
+                            format!("{key} has no meaning for backend \"memory\"; remove it or set backend = \"redis\""),
+                        );
+                    }
+                }
+                Some(Store::Memory)
+            }
+            "redis" => {
+                if let Some(urls) = &m.urls {
+                    self.problem(
+                        urls.span(),
+                        "urls is for backend \"redis_cluster\"; backend \"redis\" takes one url",
+                    );
+                }
+                let url = match &m.url {
+                    None => {
+                        self.problem(
+                            backend_span,
+                            "backend \"redis\" needs url = \"redis://host:6379/0\"",
+                        );
+                        None
+                    }
+                    Some(u) => {
+                        let s = u.get_ref();
+                        if s.starts_with("redis://") || s.starts_with("rediss://") {
+                            Some(s.clone())
+                        } else {
+                            self.problem(
+                                u.span(),
+                                "url must start with redis:// or rediss://",
+                            );
+                            None
+                        }
+                    }
+                };
+                Some(Store::Redis(RedisStore {
+                    url: url?,
+                    key_prefix: key_prefix?,
+                    timeout: timeout?,
+                    on_error: on_error?,
+                }))
+            }
+            "redis_cluster" => {
+                self.problem(
+                    backend_span,
+                    "backend \"redis_cluster\" is not yet supported; use \"redis\" or \"memory\"",
+                );
+                None
+            }
+            other => {
+                self.problem(
+                    backend_span,
+                    format!(
+                        "backend {other:?} is not one of \"memory\", \"redis\", \"redis_cluster\""
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn routes(&mut self, models: &[Spanned<RouteModel>], server: Option<&Server>) -> Vec<Route> {
+        let mut names = HashSet::new();
+        let mut routes: Vec<Route> = Vec::new();
+        let default_timeout = server.map_or(DEFAULT_UPSTREAM_TIMEOUT, |s| s.upstream_timeout);
+        for model in models {
+            let span = model.span();
+            let Some(route) = self.route(model.get_ref(), span.clone(), default_timeout) else {
+                continue;
+            };
+            if !names.insert(route.name.clone()) {
+                self.problem(
+                    model.get_ref().name.span(),
+                    format!("route name {:?} is used twice; names must be unique", route.name),
+                );
+                continue;
+            }
+            if let Some(earlier) = routes.iter().find(|r| r.matcher.covers(&route.matcher)) {
+                let message = format!(
+                    "route {:?} can never match: route {:?} above it matches every request it would; move it above {:?} or narrow {:?}",
+                    route.name, earlier.name, earlier.name, earlier.name
+                );
+                self.problem(span.clone(), message);
+                continue;
+            }
+            routes.push(route);
+        }
+        routes
+    }
+
+    fn route(
+        &mut self,
+        m: &RouteModel,
+        span: Range<usize>,
+        default_timeout: Duration,
+    ) -> Option<Route> {
+        let name = m.name.get_ref();
+        let name_ok = valid_name(name);
+        if !name_ok {
+            self.problem(
+                m.name.span(),
+                format!(
+                    "route name {name:?} may use only letters, digits, '_', '-' and '.' (1 to 64 of them)"
+                ),
+            );
+        }
+        let matcher = self.matcher(m.matcher.as_ref());
+        let timeout = self.optional_duration(
+            m.upstream_timeout.as_ref(),
+            "upstream_timeout",
+            default_timeout,
+        );
+        let action = match (&m.upstream, &m.respond) {
+            (Some(u), None) => self.upstream(u, timeout?).map(Action::Upstream),
+            (None, Some(r)) => {
+                if let Some(t) = &m.upstream_timeout {
+                    self.problem(t.span(), "upstream_timeout has no meaning with respond");
+                }
+                self.respond(r).map(Action::Respond)
+            }
+            (Some(u), Some(_)) => {
+                self.problem(
+                    u.span(),
+                    format!("route {name:?} has both upstream and respond; keep one"),
+                );
+                None
+            }
+            (None, None) => {
+                self.problem(
+                    span.clone(),
+                    format!(
+                        "route {name:?} needs upstream = \"http://host:port\" or respond = {{ status = 200 }}"
+                    ),
+                );
+                None
+            }
+        };
+        let client = self.client(m.client.as_ref());
+        let cost = match &m.cost {
+            None => Some(1),
+            Some(c) if *c.get_ref() < 1 => {
+                self.problem(c.span(), "cost must be a whole number of at least 1");
+                None
+            }
+            Some(c) => Some(*c.get_ref() as u64),
+        };
+        let limits = self.limits(m.limits.as_ref(), cost.unwrap_or(1));
+        let policy_names = limits
+            .as_ref()
+            .map(|l| crate::response::policy_names(name, l.len()));
+        let policy = match (&limits, &policy_names) {
+            (Some(l), Some(n)) => crate::response::policy_header(n, l),
+            _ => None,
+        };
+        if !name_ok {
+            return None;
+        }
+        Some(Route {
+            name: name.as_str().into(),
+            matcher: matcher?,
+            action: action?,
+            client: client?,
+            cost: cost?,
+            shadow: m.shadow,
+            limits: limits?,
+            policy_names: policy_names?,
+            policy_header: policy,
+        })
+    }
+
+    fn matcher(&mut self, model: Option<&Spanned<MatchModel>>) -> Option<Match> {
+        let default = MatchModel::default();
+        let m = model.map_or(&default, Spanned::get_ref);
+        let mut ok = true;
+        let check_path = |v: &mut Self, p: &Spanned<String>, key: &str| -> Option<String> {
+            let s = p.get_ref();
+            if !s.starts_with('/') {
+                v.problem(p.span(), format!("{key} must start with '/'"));
+                return None;
+            }
+            let normal = crate::routes::normalize_path(s);
+            if normal != *s {
+                v.problem(
+                    p.span(),
+                    format!(
+                        "{key} {s:?} is not in normal form (requests are matched after normalising); write {normal:?}"
+                    ),
+                );
+                return None;
+            }
+            Some(s.clone())
+        };
+        let path_prefix = match &m.path_prefix {
+            Some(p) => {
+                let r = check_path(self, p, "path_prefix");
+                ok &= r.is_some();
+                r
+            }
+            None => None,
+        };
+        let path = match &m.path {
+            Some(p) => {
+                let r = check_path(self, p, "path");
+                ok &= r.is_some();
+                r
+            }
+            None => None,
+        };
+        if let (Some(_), Some(p)) = (&m.path_prefix, &m.path) {
+            self.problem(p.span(), "match has both path and path_prefix; keep one");
+            ok = false;
+        }
+        let mut methods = Vec::new();
+        if let Some(list) = &m.methods {
+            if list.get_ref().is_empty() {
+                self.problem(
+                    list.span(),
+                    "methods is empty, so the route would match nothing; remove the key to match every method",
+                );
+                ok = false;
+            }
+            for method in list.get_ref() {
+                match http::Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes()) {
+                    Ok(parsed) => methods.push(parsed),
+                    Err(_) => {
+                        self.problem(
+                            method.span(),
+                            format!("{:?} is not an HTTP method", method.get_ref()),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+        }
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods.dedup();
+        let host = match &m.host {
+            Some(h) => match crate::routes::HostMatch::parse(h.get_ref()) {
+                Some(host) => Some(host),
+                None => {
+                    self.problem(
+                        h.span(),
+                        format!("host {:?} is not a host name such as \"api.example.com\" or \"api.example.com:8080\"", h.get_ref()),
+                    );
+                    ok = false;
+                    None
+                }
+            },
+            None => None,
+        };
+        ok.then_some(Match {
+            path_prefix,
+            path,
+            methods,
+            host,
+        })
+    }
+
+    fn upstream(&mut self, u: &Spanned<String>, timeout: Duration) -> Option<Upstream> {
+        let text = u.get_ref();
+        let uri: Uri = match text.parse() {
+            Ok(uri) => uri,
+            Err(e) => {
+                self.problem(u.span(), format!("upstream {text:?} is not a URL: {e}"));
+                return None;
+            }
+        };
+        if uri.scheme() != Some(&Scheme::HTTP) {
+            self.problem(
+                u.span(),
+                format!("upstream {text:?} must be an http:// URL (https upstreams are not yet supported)"),
+            );
+            return None;
+        }
+        let has_path = uri.path_and_query().is_some_and(|p| p.as_str() != "/");
+        if has_path {
+            self.problem(
+                u.span(),
+                format!(
+                    "upstream {text:?} has a path or query; give only scheme, host and port (the request's path is kept)"
+                ),
+            );
+            return None;
+        }
+        let authority: Authority = uri.authority()?.clone();
+        let host_header = HeaderValue::from_str(authority.as_str()).ok()?;
+        Some(Upstream {
+            authority,
+            host_header,
+            timeout,
+        })
+    }
+
+    fn respond(&mut self, r: &Spanned<RespondModel>) -> Option<Respond> {
+        let m = r.get_ref();
+        let status = match u16::try_from(*m.status.get_ref())
+            .ok()
+            .and_then(|s| http::StatusCode::from_u16(s).ok())
+        {
+            Some(s) => Some(s),
+            None => {
+                self.problem(
+                    m.status.span(),
+                    "status must be an HTTP status code from 100 to 999",
+                );
+                None
+            }
+        };
+        let content_type = match &m.content_type {
+            Some(ct) => match HeaderValue::from_str(ct.get_ref()) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    self.problem(ct.span(), "content_type is not a valid header value");
+                    None
+                }
+            },
+            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
+        };
+        Some(Respond {
+            status: status?,
+            body: bytes::Bytes::from(m.body.clone()),
+            content_type: content_type?,
+        })
+    }
+
+    fn client(&mut self, model: Option<&Spanned<ClientModel>>) -> Option<ClientRule> {
+        let Some(model) = model else {
+            return Some(ClientRule::RemoteAddr);
+        };
+        let m = model.get_ref();
+        let from = m.from.as_ref().map_or("remote_addr", |f| f.get_ref().as_str());
+        let from_span = m.from.as_ref().map_or_else(|| model.span(), Spanned::span);
+        let missing = match &m.missing {
+            None => Some(MissingHeader::Fallback),
+            Some(s) => match s.get_ref().as_str() {
+                "fallback" => Some(MissingHeader::Fallback),
+                "reject" => Some(MissingHeader::Reject),
+                other => {
+                    self.problem(
+                        s.span(),
+                        format!("missing {other:?} is not one of \"fallback\", \"reject\""),
+                    );
+                    None
+                }
+            },
+        };
+        let only_for_header = |v: &mut Self| {
+            for (key, span) in [
+                ("name", m.name.as_ref().map(Spanned::span)),
+                ("missing", m.missing.as_ref().map(Spanned::span)),
+            ] {
+                if let Some(span) = span {
+                    v.problem(span, format!("{key} is only used with from = \"header\""));
+                }
+            }
+        };
+        match from {
+            "remote_addr" => {
+                only_for_header(self);
+                Some(ClientRule::RemoteAddr)
+            }
+            "forwarded_for" => {
+                only_for_header(self);
+                Some(ClientRule::ForwardedFor)
+            }
+            "header" => {
+                let Some(name) = &m.name else {
+                    self.problem(
+                        from_span,
+                        "from = \"header\" needs name = \"X-Api-Key\" (the header to read)",
+                    );
+                    return None;
+                };
+                match HeaderName::from_bytes(name.get_ref().as_bytes()) {
+                    Ok(header) => Some(ClientRule::Header {
+                        name: header,
+                        missing: missing?,
+                    }),
+                    Err(_) => {
+                        self.problem(
+                            name.span(),
+                            format!("{:?} is not a valid header name", name.get_ref()),
+                        );
+                        None
+                    }
+                }
+            }
+            other => {
+                self.problem(
+                    from_span,
+                    format!(
+                        "from {other:?} is not one of \"remote_addr\", \"header\", \"forwarded_for\""
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn limits(
+        &mut self,
+        model: Option<&Spanned<Vec<Spanned<LimitModel>>>>,
+        cost: u64,
+    ) -> Option<Vec<Limit>> {
+        let Some(list) = model else {
+            return Some(Vec::new());
+        };
+        if list.get_ref().is_empty() {
+            self.problem(
+                list.span(),
+                "limits is empty; add a limit, or remove the key for a route without limits",
+            );
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ok = true;
+        for item in list.get_ref() {
+            match self.limit(item, cost) {
+                Some(l) => out.push(l),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn limit(&mut self, item: &Spanned<LimitModel>, cost: u64) -> Option<Limit> {
+        let m = item.get_ref();
+        let algorithm = match m.algorithm.get_ref().as_str() {
+            "fixed_window" => Some(Algorithm::FixedWindow),
+            "sliding_log" => Some(Algorithm::SlidingLog),
+            name @ ("sliding_window" | "token_bucket" | "gcra") => {
+                self.problem(
+                    m.algorithm.span(),
+                    format!(
+                        "algorithm {name:?} is not yet supported; use \"fixed_window\" or \"sliding_log\""
+                    ),
+                );
+                None
+            }
+            other => {
+                self.problem(
+                    m.algorithm.span(),
+                    format!(
+                        "algorithm {other:?} is not one of \"fixed_window\", \"sliding_log\", \"sliding_window\", \"token_bucket\", \"gcra\""
+                    ),
+                );
+                None
+            }
+        };
+        let limit = match *m.limit.get_ref() {
+            n if n < 1 => {
+                self.problem(m.limit.span(), "limit must be a whole number of at least 1");
+                None
+            }
+            n if n > MAX_LIMIT => {
+                self.problem(
+                    m.limit.span(),
+                    format!("limit must be at most {MAX_LIMIT}"),
+                );
+                None
+            }
+            n if (n as u64) < cost => {
+                self.problem(
+                    m.limit.span(),
+                    format!(
+                        "the route's cost {cost} exceeds limit {n}, so no request could ever pass; raise the limit or lower the cost"
+                    ),
+                );
+                None
+            }
+            n => Some(n as u64),
+        };
+        let window = self.duration(&m.window, "window");
+        let window_ms = match window {
+            Some(w) if w.as_millis() < 1 || w.subsec_nanos() % 1_000_000 != 0 => {
+                self.problem(
+                    m.window.span(),
+                    "window must be a whole number of milliseconds",
+                );
+                None
+            }
+            Some(w) => Some(w.as_millis() as u64),
+            None => None,
+        };
+        if let Some(b) = &m.burst {
+            self.problem(
+                b.span(),
+                "burst applies only to \"token_bucket\" and \"gcra\", which are not yet supported",
+            );
+            return None;
+        }
+        Some(Limit {
+            algorithm: algorithm?,
+            limit: limit?,
+            window_ms: window_ms?,
+        })
+    }
+}
+
+/// The largest `limit` accepted: counts stay far from overflow in every store.
+const MAX_LIMIT: i64 = 1 << 40;
+
+/// Route names and key prefixes end up in Redis keys, logs and headers.
+fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn parse_cidr(s: &str) -> Option<IpNet> {
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
+        .map(|n| n.trunc())
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// Parses `"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`: a whole number and a unit.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = s.split_at(digits);
+    let hint = "write a whole number and a unit: \"250ms\", \"1s\", \"60s\", \"5m\", \"1h\", \"1d\"";
+    if number.is_empty() {
+        return Err(format!("{s:?} is not a duration; {hint}"));
+    }
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is too large"))?;
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "" => return Err(format!("{s:?} has no unit; {hint}")),
+        _ => return Err(format!("{s:?} has an unknown unit {unit:?}; {hint}")),
+    };
+    let ms = n
+        .checked_mul(unit_ms)
+        .filter(|ms| *ms <= 365 * 86_400_000)
+        .ok_or_else(|| format!("{s:?} is longer than a year"))?;
+    Ok(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_a_number_and_a_unit() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86400)));
+        for bad in ["", "s", "10", "1.5s", "10 s", "-1s", "1w", "99999999999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn line_and_column_count_from_one() {
+        let text = "a = 1\nbb = 2\n  ccé = 3";
+        assert_eq!(line_column(text, 0), (1, 1));
+        assert_eq!(line_column(text, 6), (2, 1));
+        assert_eq!(line_column(text, 9), (2, 4));
+        assert_eq!(line_column(text, text.find('=').map_or(0, |_| 19)), (3, 6));
+    }
+}

@@ -1,0 +1,26 @@
+//! floodgate: a reverse proxy that enforces rate limits in front of HTTP APIs.
+//!
+//! A request travels one way through modules that each own one question:
+//!
+//! | module | question |
+//! |---|---|
+//! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]) |
+//! | [`routes`] | which route is this request on? |
+//! | [`client`] | who is asking? |
+//! | [`limit`] | is it allowed? (algorithms and stores) |
+//! | [`proxy`] | forward it upstream and stream the answer back |
+//! | [`response`] | floodgate's own answers and the rate-limit headers |
+//! | [`server`] | accept connections, run each request through the above, shut down gracefully |
+//!
+//! [`run`] serves a configuration on a listener until a shutdown future
+//! completes; `main` only parses flags and sets up logging.
+
+pub mod client;
+pub mod config;
+pub mod limit;
+pub mod proxy;
+pub mod response;
+pub mod routes;
+pub mod server;
+
+pub use server::{ServeError, run};

@@ -1,0 +1,243 @@
+//! The algorithms as pure Rust: state, the time `now` in milliseconds and a
+//! cost in, a verdict out. No clock, no I/O.
+//!
+//! Deciding is two steps so that several limits can decide all or nothing:
+//! [`State::check`] answers whether `cost` units fit at `now` (it may tidy the
+//! state, e.g. forget expired entries, but never consumes), and
+//! [`State::consume`] takes the units once every limit said yes. The Lua
+//! scripts in `lua/` follow the same steps and are tested against this code.
+
+use std::collections::VecDeque;
+
+use super::{Algorithm, Limit, Verdict};
+
+/// One limit's counting state for one client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Units counted in the window that starts at `start`.
+    FixedWindow {
+        /// Start of the counted window (a multiple of the window length).
+        start: u64,
+        /// Units consumed in it.
+        count: u64,
+    },
+    /// Admitted requests still inside the trailing window, oldest first.
+    SlidingLog {
+        /// `(time admitted, units)` per admitted request.
+        entries: VecDeque<(u64, u64)>,
+        /// Sum of the units in `entries`.
+        total: u64,
+    },
+}
+
+impl State {
+    /// Fresh state: nothing consumed.
+    pub fn new(algorithm: Algorithm) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => Self::FixedWindow { start: 0, count: 0 },
+            Algorithm::SlidingLog => Self::SlidingLog {
+                entries: VecDeque::new(),
+                total: 0,
+            },
+        }
+    }
+
+    /// Whether `cost` units fit at `now`, and the verdict if they are taken.
+    pub fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        let w = limit.window_ms;
+        match self {
+            Self::FixedWindow { start, count } => {
+                let window_start = now - now % w;
+                if *start != window_start {
+                    *start = window_start;
+                    *count = 0;
+                }
+                let reset_ms = window_start + w - now;
+                let allowed = *count + cost <= limit.limit;
+                Verdict {
+                    allowed,
+                    remaining: limit.limit - *count - if allowed { cost } else { 0 },
+                    reset_ms,
+                    retry_after_ms: if allowed { 0 } else { reset_ms },
+                }
+            }
+            Self::SlidingLog { entries, total } => {
+                // An entry admitted at `t` counts while now < t + w.
+                while let Some(&(t, units)) = entries.front() {
+                    if t.saturating_add(w) > now {
+                        break;
+                    }
+                    entries.pop_front();
+                    *total -= units;
+                }
+                let allowed = *total + cost <= limit.limit;
+                if allowed {
+                    return Verdict {
+                        allowed,
+                        remaining: limit.limit - *total - cost,
+                        reset_ms: w,
+                        retry_after_ms: 0,
+                    };
+                }
+                // Wait until enough of the oldest units have left the window.
+                let excess = *total + cost - limit.limit;
+                let mut freed = 0;
+                let mut retry_after_ms = w;
+                for &(t, units) in entries.iter() {
+                    freed += units;
+                    if freed >= excess {
+                        retry_after_ms = (t + w).saturating_sub(now);
+                        break;
+                    }
+                }
+                let newest = entries.back().map_or(now, |&(t, _)| t);
+                Verdict {
+                    allowed,
+                    remaining: limit.limit - *total,
+                    reset_ms: (newest + w).saturating_sub(now),
+                    retry_after_ms,
+                }
+            }
+        }
+    }
+
+    /// Takes `cost` units at `now`; call only after [`State::check`] allowed.
+    pub fn consume(&mut self, now: u64, cost: u64) {
+        match self {
+            Self::FixedWindow { count, .. } => *count += cost,
+            Self::SlidingLog { entries, total } => {
+                // Keep the log ordered even if the clock stepped back.
+                let t = entries.back().map_or(now, |&(last, _)| last.max(now));
+                entries.push_back((t, cost));
+                *total += cost;
+            }
+        }
+    }
+
+    /// When this state holds nothing that matters any more.
+    pub fn expires_at(&self, limit: &Limit) -> u64 {
+        match self {
+            Self::FixedWindow { start, .. } => start + limit.window_ms,
+            Self::SlidingLog { entries, .. } => {
+                entries.back().map_or(0, |&(t, _)| t + limit.window_ms)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
+        Limit {
+            algorithm,
+            limit,
+            window_ms,
+        }
+    }
+
+    /// Checks and, when allowed, consumes: one limit deciding alone.
+    fn take(state: &mut State, l: &Limit, now: u64, cost: u64) -> Verdict {
+        let v = state.check(l, now, cost);
+        if v.allowed {
+            state.consume(now, cost);
+        }
+        v
+    }
+
+    #[test]
+    fn fixed_window_denies_the_fourth_and_resets_at_the_boundary() {
+        let l = limit(Algorithm::FixedWindow, 3, 1000);
+        let mut s = State::new(l.algorithm);
+        for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
+            let v = take(&mut s, &l, 10_100 + i as u64, 1);
+            assert!(v.allowed);
+            assert_eq!(v.remaining, remaining);
+        }
+        let v = take(&mut s, &l, 10_400, 1);
+        assert_eq!(
+            v,
+            Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_ms: 600,
+                retry_after_ms: 600
+            }
+        );
+        assert!(!take(&mut s, &l, 10_999, 1).allowed);
+        let v = take(&mut s, &l, 11_000, 1);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.reset_ms), (2, 1000));
+    }
+
+    #[test]
+    fn fixed_window_admits_twice_the_limit_across_a_boundary() {
+        // The algorithm's known weakness, pinned so nobody mistakes it for a bug.
+        let l = limit(Algorithm::FixedWindow, 5, 1000);
+        let mut s = State::new(l.algorithm);
+        let admitted = [999; 5]
+            .into_iter()
+            .chain([1000; 5])
+            .filter(|&now| take(&mut s, &l, now, 1).allowed)
+            .count();
+        assert_eq!(admitted, 10);
+    }
+
+    #[test]
+    fn sliding_log_admits_again_exactly_when_the_oldest_entry_leaves() {
+        let l = limit(Algorithm::SlidingLog, 3, 1000);
+        let mut s = State::new(l.algorithm);
+        assert!(take(&mut s, &l, 100, 1).allowed);
+        assert!(take(&mut s, &l, 400, 1).allowed);
+        assert!(take(&mut s, &l, 700, 1).allowed);
+        let v = take(&mut s, &l, 800, 1);
+        assert!(!v.allowed);
+        assert_eq!((v.retry_after_ms, v.reset_ms), (300, 900));
+        assert!(!take(&mut s, &l, 1099, 1).allowed);
+        let v = take(&mut s, &l, 1100, 1);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert!(!take(&mut s, &l, 1399, 1).allowed);
+        assert!(take(&mut s, &l, 1400, 1).allowed);
+    }
+
+    #[test]
+    fn sliding_log_has_no_boundary_burst() {
+        let l = limit(Algorithm::SlidingLog, 5, 1000);
+        let mut s = State::new(l.algorithm);
+        let admitted = [999; 5]
+            .into_iter()
+            .chain([1000; 5])
+            .filter(|&now| take(&mut s, &l, now, 1).allowed)
+            .count();
+        assert_eq!(admitted, 5);
+    }
+
+    #[test]
+    fn sliding_log_waits_for_enough_units_when_cost_is_large() {
+        let l = limit(Algorithm::SlidingLog, 4, 1000);
+        let mut s = State::new(l.algorithm);
+        assert!(take(&mut s, &l, 0, 1).allowed);
+        assert!(take(&mut s, &l, 100, 1).allowed);
+        assert!(take(&mut s, &l, 200, 2).allowed);
+        // 3 units must leave: the first two entries (1 + 1) are not enough.
+        let v = take(&mut s, &l, 300, 3);
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_ms, 900);
+        assert!(!take(&mut s, &l, 1199, 3).allowed);
+        assert!(take(&mut s, &l, 1200, 3).allowed);
+    }
+
+    #[test]
+    fn a_denial_consumes_nothing() {
+        for alg in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+            let l = limit(alg, 2, 1000);
+            let mut s = State::new(alg);
+            assert!(take(&mut s, &l, 0, 2).allowed);
+            let before = s.clone();
+            assert!(!take(&mut s, &l, 10, 1).allowed);
+            assert_eq!(s, before, "{alg:?}");
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Whether a request is allowed: limits, decisions and the stores that count.
+//!
+//! A route has one or more [`Limit`]s; a request is allowed only when all of
+//! them allow it, and a denied request consumes nothing from any of them. The
+//! pure algorithms live in [`algorithms`]; [`memory`] runs them in process and
+//! [`redis`] runs their Lua twins atomically in Redis.
+
+pub mod algorithms;
+pub mod memory;
+
+use std::sync::Arc;
+
+use crate::client::ClientId;
+
+/// A counting algorithm (see `CONFIG.md` for each one's meaning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// At most `limit` in each window aligned to multiples of `window`.
+    FixedWindow,
+    /// At most `limit` in any trailing `window`, exactly.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// The name used in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingLog => "sliding_log",
+        }
+    }
+}
+
+/// "At most `limit` units per `window`", counted by `algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    /// How units are counted.
+    pub algorithm: Algorithm,
+    /// Units allowed per window.
+    pub limit: u64,
+    /// The window, in milliseconds.
+    pub window_ms: u64,
+}
+
+/// One limit's answer to one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verdict {
+    /// The request fits.
+    pub allowed: bool,
+    /// Units left after this request (before it, when denied).
+    pub remaining: u64,
+    /// Milliseconds until the limit is fully restored.
+    pub reset_ms: u64,
+    /// Milliseconds until this request would fit; 0 when allowed.
+    pub retry_after_ms: u64,
+}
+
+/// A route's answer to one request: its limits' verdicts combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// Every limit allowed the request (and it was consumed from all).
+    pub allowed: bool,
+    /// Units left in the most constrained limit.
+    pub remaining: u64,
+    /// Milliseconds until that limit is fully restored.
+    pub reset_ms: u64,
+    /// Milliseconds until every denying limit would allow; 0 when allowed.
+    pub retry_after_ms: u64,
+    /// Index in the route's limits of the limit reported in headers: the
+    /// most constrained when allowed, the longest wait when denied.
+    pub limit: usize,
+}
+
+impl Decision {
+    /// Combines per-limit verdicts, in the route's limit order.
+    pub fn combine(verdicts: impl IntoIterator<Item = Verdict>) -> Self {
+        let mut out: Option<Decision> = None;
+        for (i, v) in verdicts.into_iter().enumerate() {
+            let candidate = Decision {
+                allowed: v.allowed,
+                remaining: v.remaining,
+                reset_ms: v.reset_ms,
+                retry_after_ms: v.retry_after_ms,
+                limit: i,
+            };
+            out = Some(match out {
+                None => candidate,
+                Some(best) => {
+                    let replace = match (best.allowed, v.allowed) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        (false, false) => v.retry_after_ms > best.retry_after_ms,
+                        (true, true) => {
+                            v.remaining < best.remaining
+                                || (v.remaining == best.remaining && v.reset_ms > best.reset_ms)
+                        }
+                    };
+                    if replace {
+                        Decision {
+                            allowed: best.allowed && v.allowed,
+                            ..candidate
+                        }
+                    } else {
+                        Decision {
+                            allowed: best.allowed && v.allowed,
+                            ..best
+                        }
+                    }
+                }
+            });
+        }
+        out.unwrap_or(Decision {
+            allowed: true,
+            ..Decision::default()
+        })
+    }
+}
+
+/// What one request asks of a store: `cost` units from every limit of a
+/// route, for one client.
+#[derive(Debug, Clone, Copy)]
+pub struct Charge<'a> {
+    /// The route's name (part of every key).
+    pub route: &'a Arc<str>,
+    /// The client (part of every key).
+    pub client: &'a ClientId,
+    /// The route's limits; all must allow.
+    pub limits: &'a [Limit],
+    /// Units this request consumes.
+    pub cost: u64,
+}
+
+/// Why a store could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer within its deadline.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The store answered with an error or could not be reached.
+    #[error("store error: {0}")]
+    Backend(String),
+}
+
+/// Something that counts limits.
+pub trait Store: Send + Sync {
+    /// Decides one request atomically: all limits allow and are consumed, or
+    /// none is.
+    fn decide(
+        &self,
+        charge: Charge<'_>,
+    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send;
+}
+
+/// The store a server counts with, chosen by `[store]`.
+#[derive(Debug)]
+pub enum Limiter {
+    /// In-process counting.
+    Memory(memory::MemoryStore),
+}
+
+/// What the limiter says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The store decided.
+    Decided(Decision),
+    /// The store could not decide in time and `on_error` says what to do:
+    /// deny (503 with `Retry-After`) or let the request through.
+    Unavailable {
+        /// `on_error = "deny"`.
+        deny: bool,
+        /// What to tell a denied client.
+        retry_after_ms: u64,
+    },
+}
+
+impl Limiter {
+    /// Sets up the store `config` names.
+    pub async fn new(config: &crate::config::Store) -> Result<Self, StoreError> {
+        match config {
+            crate::config::Store::Memory => Ok(Self::Memory(memory::MemoryStore::new())),
+            crate::config::Store::Redis(_) => Err(StoreError::Backend(
+                "backend \"redis\" is not available in this build".to_owned(),
+            )),
+        }
+    }
+
+    /// Decides one request.
+    pub async fn decide(&self, charge: Charge<'_>) -> Outcome {
+        match self {
+            Self::Memory(store) => Outcome::Decided(store.decide_at(charge, now_ms())),
+        }
+    }
+
+    /// Evicts expired in-process state.
+    pub fn sweep(&self) {
+        match self {
+            Self::Memory(store) => {
+                store.sweep(now_ms());
+            }
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch by this machine's clock.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allowed(remaining: u64, reset_ms: u64) -> Verdict {
+        Verdict {
+            allowed: true,
+            remaining,
+            reset_ms,
+            retry_after_ms: 0,
+        }
+    }
+
+    fn denied(retry_after_ms: u64) -> Verdict {
+        Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_ms: retry_after_ms,
+            retry_after_ms,
+        }
+    }
+
+    #[test]
+    fn most_constrained_limit_is_reported_when_all_allow() {
+        let d = Decision::combine([allowed(10, 1000), allowed(2, 500), allowed(2, 900)]);
+        assert!(d.allowed);
+        assert_eq!((d.limit, d.remaining, d.reset_ms), (2, 2, 900));
+    }
+
+    #[test]
+    fn longest_wait_is_reported_when_any_denies() {
+        let d = Decision::combine([allowed(0, 1000), denied(300), denied(700), allowed(5, 5)]);
+        assert!(!d.allowed);
+        assert_eq!((d.limit, d.retry_after_ms), (2, 700));
+    }
+
+    #[test]
+    fn no_limits_allow() {
+        assert!(Decision::combine([]).allowed);
+    }
+}

@@ -1,0 +1,190 @@
+//! Forwarding an allowed request to its upstream and streaming the answer back.
+//!
+//! Bodies stream both ways (nothing is buffered whole), hop-by-hop headers are
+//! dropped in both directions, and the upstream learns who asked through
+//! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host`.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{CONNECTION, HOST, HeaderName, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::Either;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::response::{self, Body};
+use crate::routes::Upstream;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authenticate");
+static PROXY_AUTHORIZATION: HeaderName = HeaderName::from_static("proxy-authorization");
+
+/// Sends requests to upstreams over pooled keep-alive connections.
+#[derive(Debug, Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, Incoming>,
+}
+
+impl Default for Forwarder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Forwarder {
+    /// A forwarder with its own connection pool.
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        Self { client }
+    }
+
+    /// Forwards `request` to `upstream` as `path_and_query`, on behalf of
+    /// `peer`. Never fails: upstream trouble becomes 502 or 504.
+    pub async fn forward(
+        &self,
+        upstream: &Upstream,
+        mut request: Request<Incoming>,
+        path_and_query: PathAndQuery,
+        peer: IpAddr,
+    ) -> Response<Body> {
+        let original_host = request
+            .uri()
+            .authority()
+            .map(|a| HeaderValue::from_str(a.as_str()))
+            .and_then(Result::ok)
+            .or_else(|| request.headers().get(HOST).cloned());
+        let uri = Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(upstream.authority.clone())
+            .path_and_query(path_and_query)
+            .build();
+        let Ok(uri) = uri else {
+            return response::text(StatusCode::BAD_REQUEST, "invalid request target\n");
+        };
+        *request.uri_mut() = uri;
+        *request.version_mut() = Version::HTTP_11;
+        let headers = request.headers_mut();
+        strip_hop_by_hop(headers);
+        append_forwarded_for(headers, peer);
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        match original_host {
+            Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
+            None => headers.remove(&X_FORWARDED_HOST),
+        };
+        headers.insert(HOST, upstream.host_header.clone());
+
+        let answer = tokio::time::timeout(upstream.timeout, self.client.request(request)).await;
+        match answer {
+            Ok(Ok(mut upstream_response)) => {
+                strip_hop_by_hop(upstream_response.headers_mut());
+                upstream_response.map(Either::Left)
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
+                response::text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(upstream = %upstream.authority, error = %e, "upstream failed");
+                response::text(StatusCode::BAD_GATEWAY, "upstream failed to answer\n")
+            }
+            Err(_) => {
+                tracing::warn!(
+                    upstream = %upstream.authority,
+                    timeout = ?upstream.timeout,
+                    "upstream timed out"
+                );
+                response::text(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+            }
+        }
+    }
+}
+
+/// Removes the headers that describe one connection rather than the message
+/// (RFC 9110 §7.6.1), including any that `Connection` names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &PROXY_AUTHENTICATE,
+        &PROXY_AUTHORIZATION,
+        &TE,
+        &TRAILER,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Appends `peer` to `X-Forwarded-For`, folding earlier values into one.
+fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
+    let peer = peer.to_canonical();
+    let mut value = String::new();
+    for v in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(s) = v.to_str() {
+            value.push_str(s);
+            value.push_str(", ");
+        }
+    }
+    use std::fmt::Write as _;
+    let _ = write!(value, "{peer}");
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(X_FORWARDED_FOR.clone(), v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_named_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, X-Secret"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        append_forwarded_for(&mut h, "::ffff:192.0.2.7".parse().expect("address"));
+        assert_eq!(
+            h.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes),
+            Some(&b"203.0.113.1, 10.0.0.1, 192.0.2.7"[..])
+        );
+    }
+}

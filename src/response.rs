@@ -1,0 +1,198 @@
+//! What floodgate itself answers, and the rate-limit headers it adds.
+//!
+//! Headers follow draft-ietf-httpapi-ratelimit-headers in structured-field
+//! syntax: `RateLimit-Policy: "login";q=5;w=60` names every limit of a route,
+//! and `RateLimit: "login";r=2;t=41` reports the most constrained one.
+//! Denials are RFC 9457 problem documents.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+
+use crate::limit::{Decision, Limit};
+use crate::routes::Route;
+
+/// Body of every response floodgate sends: streamed from an upstream, or
+/// floodgate's own.
+pub type Body = Either<Incoming, Full<Bytes>>;
+
+/// `RateLimit-Policy` header name.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` header name.
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
+
+/// Policy names of a route's limits: the route's name when it has one limit,
+/// `name.1`, `name.2`, … when it has several.
+pub fn policy_names(route: &str, count: usize) -> Vec<String> {
+    if count == 1 {
+        vec![route.to_owned()]
+    } else {
+        (1..=count).map(|i| format!("{route}.{i}")).collect()
+    }
+}
+
+/// The `RateLimit-Policy` value for a route, built once at load.
+pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
+    if limits.is_empty() {
+        return None;
+    }
+    let mut value = String::new();
+    for (i, (name, limit)) in names.iter().zip(limits).enumerate() {
+        if i > 0 {
+            value.push_str(", ");
+        }
+        let _ = write!(
+            value,
+            "\"{name}\";q={};w={}",
+            limit.limit,
+            limit.window_ms.div_ceil(1000)
+        );
+    }
+    HeaderValue::from_str(&value).ok()
+}
+
+/// Whole seconds for headers: rounded up, so a client that waits that long is
+/// never early.
+fn seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` for `decision` on `route`.
+pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
+    let Some(policy) = &route.policy_header else {
+        return;
+    };
+    headers.insert(RATELIMIT_POLICY.clone(), policy.clone());
+    let name = route
+        .policy_names
+        .get(decision.limit)
+        .map_or(&*route.name, String::as_str);
+    let mut value = String::with_capacity(name.len() + 24);
+    let _ = write!(
+        value,
+        "\"{name}\";r={};t={}",
+        decision.remaining,
+        seconds(decision.reset_ms)
+    );
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(RATELIMIT.clone(), v);
+    }
+}
+
+fn retry_after(ms: u64) -> HeaderValue {
+    HeaderValue::from(seconds(ms).max(1))
+}
+
+/// 429 for a request `route`'s limits denied.
+pub fn too_many_requests(route: &Route, decision: &Decision) -> Response<Body> {
+    let wait = seconds(decision.retry_after_ms).max(1);
+    let detail = format!(
+        "rate limit of route \\\"{}\\\" exceeded; retry in {wait} s",
+        route.name
+    );
+    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests", &detail);
+    let headers = response.headers_mut();
+    headers.insert(RETRY_AFTER, retry_after(decision.retry_after_ms));
+    annotate(headers, route, decision);
+    response
+}
+
+/// 503 for a request the store could not decide under `on_error = "deny"`.
+pub fn store_unavailable(retry_after_ms: u64) -> Response<Body> {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Service Unavailable",
+        "the rate limit store is unavailable; retry later",
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, retry_after(retry_after_ms));
+    response
+}
+
+/// An RFC 9457 problem document. `detail` must already be JSON-escaped.
+fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
+    let body = format!(
+        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"{detail}\"}}\n",
+        status.as_u16()
+    );
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, PROBLEM_JSON);
+    headers.insert(CACHE_CONTROL, NO_STORE);
+    response
+}
+
+/// A short plain-text answer: 404, 400, 502, 504 and the like.
+pub fn text(status: StatusCode, message: &'static str) -> Response<Body> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from_static(
+        message.as_bytes(),
+    ))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, TEXT);
+    response
+}
+
+/// A short plain-text answer with a message built at run time.
+pub fn text_owned(status: StatusCode, message: String) -> Response<Body> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from(message))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, TEXT);
+    response
+}
+
+/// A route's configured fixed answer.
+pub fn respond(respond: &crate::routes::Respond) -> Response<Body> {
+    let mut response = Response::new(Either::Right(Full::new(respond.body.clone())));
+    *response.status_mut() = respond.status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, respond.content_type.clone());
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Algorithm;
+
+    #[test]
+    fn policy_lists_every_limit_with_window_in_seconds() {
+        let limits = [
+            Limit {
+                algorithm: Algorithm::SlidingLog,
+                limit: 5,
+                window_ms: 60_000,
+            },
+            Limit {
+                algorithm: Algorithm::FixedWindow,
+                limit: 100,
+                window_ms: 250,
+            },
+        ];
+        let names = policy_names("login", 2);
+        let v = policy_header(&names, &limits).expect("valid header");
+        assert_eq!(v, "\"login.1\";q=5;w=60, \"login.2\";q=100;w=1");
+        let one = policy_names("login", 1);
+        let v = policy_header(&one, &limits[..1]).expect("valid header");
+        assert_eq!(v, "\"login\";q=5;w=60");
+    }
+
+    #[test]
+    fn header_seconds_round_up() {
+        assert_eq!(seconds(0), 0);
+        assert_eq!(seconds(1), 1);
+        assert_eq!(seconds(1000), 1);
+        assert_eq!(seconds(1001), 2);
+        assert_eq!(retry_after(0), HeaderValue::from(1u64));
+    }
+}
