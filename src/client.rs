@@ -127,7 +127,10 @@ mod tests {
     fn headers(xff: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for v in xff {
-            h.append(&X_FORWARDED_FOR, HeaderValue::from_str(v).expect("test header"));
+            h.append(
+                &X_FORWARDED_FOR,
+                HeaderValue::from_str(v).expect("test header"),
+            );
         }
         h
     }

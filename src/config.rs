@@ -399,7 +399,10 @@ impl Validator<'_> {
             return Some(Store::Memory);
         };
         let m = model.get_ref();
-        let backend = m.backend.as_ref().map_or("memory", |b| b.get_ref().as_str());
+        let backend = m
+            .backend
+            .as_ref()
+            .map_or("memory", |b| b.get_ref().as_str());
         let backend_span = m
             .backend
             .as_ref()
@@ -415,8 +418,7 @@ impl Validator<'_> {
             Some(p) => Some(p.get_ref().clone()),
             None => Some("floodgate".to_owned()),
         };
-        let timeout =
-            self.optional_duration(m.timeout.as_ref(), "timeout", DEFAULT_STORE_TIMEOUT);
+        let timeout = self.optional_duration(m.timeout.as_ref(), "timeout", DEFAULT_STORE_TIMEOUT);
         let on_error = match &m.on_error {
             None => Some(OnError::Allow),
             Some(s) => match s.get_ref().as_str() {
@@ -426,9 +428,7 @@ impl Validator<'_> {
                 other => {
                     self.problem(
                         s.span(),
-                        format!(
-                            "on_error {other:?} is not one of \"allow\", \"deny\", \"local\""
-                        ),
+                        format!("on_error {other:?} is not one of \"allow\", \"deny\", \"local\""),
                     );
                     None
                 }
@@ -469,10 +469,7 @@ impl Validator<'_> {
                         if s.starts_with("redis://") || s.starts_with("rediss://") {
                             Some(s.clone())
                         } else {
-                            self.problem(
-                                u.span(),
-                                "url must start with redis:// or rediss://",
-                            );
+                            self.problem(u.span(), "url must start with redis:// or rediss://");
                             None
                         }
                     }
@@ -515,7 +512,10 @@ impl Validator<'_> {
             if !names.insert(route.name.clone()) {
                 self.problem(
                     model.get_ref().name.span(),
-                    format!("route name {:?} is used twice; names must be unique", route.name),
+                    format!(
+                        "route name {:?} is used twice; names must be unique",
+                        route.name
+                    ),
                 );
                 continue;
             }
@@ -772,7 +772,10 @@ impl Validator<'_> {
             return Some(ClientRule::RemoteAddr);
         };
         let m = model.get_ref();
-        let from = m.from.as_ref().map_or("remote_addr", |f| f.get_ref().as_str());
+        let from = m
+            .from
+            .as_ref()
+            .map_or("remote_addr", |f| f.get_ref().as_str());
         let from_span = m.from.as_ref().map_or_else(|| model.span(), Spanned::span);
         let missing = match &m.missing {
             None => Some(MissingHeader::Fallback),
@@ -897,10 +900,7 @@ impl Validator<'_> {
                 None
             }
             n if n > MAX_LIMIT => {
-                self.problem(
-                    m.limit.span(),
-                    format!("limit must be at most {MAX_LIMIT}"),
-                );
+                self.problem(m.limit.span(), format!("limit must be at most {MAX_LIMIT}"));
                 None
             }
             n if (n as u64) < cost => {
@@ -972,13 +972,12 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = s.split_at(digits);
-    let hint = "write a whole number and a unit: \"250ms\", \"1s\", \"60s\", \"5m\", \"1h\", \"1d\"";
+    let hint =
+        "write a whole number and a unit: \"250ms\", \"1s\", \"60s\", \"5m\", \"1h\", \"1d\"";
     if number.is_empty() {
         return Err(format!("{s:?} is not a duration; {hint}"));
     }
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is too large"))?;
+    let n: u64 = number.parse().map_err(|_| format!("{s:?} is too large"))?;
     let unit_ms: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,
@@ -1006,7 +1005,16 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86400)));
-        for bad in ["", "s", "10", "1.5s", "10 s", "-1s", "1w", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "s",
+            "10",
+            "1.5s",
+            "10 s",
+            "-1s",
+            "1w",
+            "99999999999999999999s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
         }
     }

@@ -172,7 +172,8 @@ impl Match {
             (Some(_), None) => false,
         };
         let methods = self.methods.is_empty()
-            || (!later.methods.is_empty() && later.methods.iter().all(|m| self.methods.contains(m)));
+            || (!later.methods.is_empty()
+                && later.methods.iter().all(|m| self.methods.contains(m)));
         let path = match (&self.path_prefix, &self.path) {
             (None, None) => true,
             (Some(p), _) => match (&later.path_prefix, &later.path) {
@@ -294,9 +295,8 @@ fn normalize(path: &str, separators: bool) -> Result<Cow<'_, str>, PathError> {
         return Ok(Cow::Borrowed(path));
     }
     let decoded = decode_unreserved(path, separators)?;
-    let trailing_slash = decoded.ends_with('/')
-        || decoded.ends_with("/.")
-        || decoded.ends_with("/..");
+    let trailing_slash =
+        decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
         match segment {
@@ -325,8 +325,14 @@ fn decode_unreserved(path: &str, separators: bool) -> Result<String, PathError> 
     while i < b.len() {
         let c = b[i];
         if c == b'%' {
-            let hi = b.get(i + 1).and_then(|c| hex(*c)).ok_or(PathError::BadEscape)?;
-            let lo = b.get(i + 2).and_then(|c| hex(*c)).ok_or(PathError::BadEscape)?;
+            let hi = b
+                .get(i + 1)
+                .and_then(|c| hex(*c))
+                .ok_or(PathError::BadEscape)?;
+            let lo = b
+                .get(i + 2)
+                .and_then(|c| hex(*c))
+                .ok_or(PathError::BadEscape)?;
             let byte = hi << 4 | lo;
             if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
                 out.push(byte as char);
@@ -339,7 +345,11 @@ fn decode_unreserved(path: &str, separators: bool) -> Result<String, PathError> 
             }
             i += 3;
         } else {
-            out.push(if separators && c == b'\\' { '/' } else { c as char });
+            out.push(if separators && c == b'\\' {
+                '/'
+            } else {
+                c as char
+            });
             i += 1;
         }
     }
@@ -372,7 +382,9 @@ mod tests {
             "/../login",
             "/login/.",
         ] {
-            let (_, matched) = request_paths(trick).map_err(|e| format!("{trick}: {e}")).unwrap_or_default();
+            let (_, matched) = request_paths(trick)
+                .map_err(|e| format!("{trick}: {e}"))
+                .unwrap_or_default();
             let matched = matched.trim_end_matches('/');
             assert_eq!(matched, "/login", "{trick:?}");
         }

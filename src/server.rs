@@ -74,6 +74,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    if let Some(admin) = config.server.admin_listen {
+        tracing::warn!(%admin, "admin_listen is accepted but not served by this version");
+    }
     let limiter = Limiter::new(&config.store).await?;
     let shared = Arc::new(Shared {
         rules: ArcSwap::from_pointee(Rules::from_config(&config)),
@@ -158,16 +161,12 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         Ok(paths) => paths,
         Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
     };
-    let host = request
-        .uri()
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| {
-            request
-                .headers()
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-        });
+    let host = request.uri().authority().map(|a| a.as_str()).or_else(|| {
+        request
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+    });
     let facts = RequestFacts {
         method: request.method(),
         host,
@@ -218,7 +217,10 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
                 tracing::debug!(route = %route.name, client = ?client, "denied");
                 return response::too_many_requests(&route, &d);
             }
-            Outcome::Unavailable { deny: true, retry_after_ms } if !route.shadow => {
+            Outcome::Unavailable {
+                deny: true,
+                retry_after_ms,
+            } if !route.shadow => {
                 return response::store_unavailable(retry_after_ms);
             }
             Outcome::Unavailable { .. } => {}

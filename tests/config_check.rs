@@ -1,0 +1,103 @@
+//! `floodgate --check`: every shipped config passes, every invalid fixture is
+//! refused with its file, line and column.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn floodgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_floodgate"))
+}
+
+fn files_in(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_shipped_config_passes_check() {
+    let files = files_in("config");
+    assert!(
+        files.len() >= 2,
+        "expected quickstart.toml and example.toml"
+    );
+    for file in files {
+        let out = floodgate()
+            .arg("--check")
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{} failed --check:\n{}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Each fixture names what it must produce in `# expect: LINE:COL message`
+/// lines at its top.
+#[test]
+fn every_invalid_fixture_is_refused_naming_line_and_column() {
+    let files = files_in("config/invalid");
+    assert!(files.len() >= 10, "too few fixtures");
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read fixture");
+        let expects: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# expect: "))
+            .filter_map(|l| l.split_once(' '))
+            .collect();
+        assert!(
+            !expects.is_empty(),
+            "{} has no `# expect:` line",
+            file.display()
+        );
+        let out = floodgate()
+            .arg("--check")
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {stderr}", file.display());
+        for (at, message) in &expects {
+            let located = format!("{}:{at}: ", file.display());
+            let found = stderr
+                .lines()
+                .any(|l| l.starts_with(&located) && l[located.len()..].contains(message.trim()));
+            assert!(
+                found,
+                "{} should report `{at}: {message}`; it said:\n{stderr}",
+                file.display()
+            );
+        }
+        assert_eq!(
+            stderr.lines().count(),
+            expects.len(),
+            "{} reported other problems too:\n{stderr}",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_is_reported_by_name() {
+    let out = floodgate()
+        .args(["--check", "--config", "/nonexistent/floodgate.toml"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot read config file /nonexistent/floodgate.toml"),
+        "{stderr}"
+    );
+}

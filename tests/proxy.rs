@@ -1,0 +1,205 @@
+//! Forwarding: what the upstream sees, what the client gets back, and how
+//! upstream trouble is reported.
+
+mod support;
+
+use std::time::Duration;
+
+use http::Request;
+use support::{Floodgate, Generated, TestClient, Upstream, empty, text_body};
+
+fn proxy_config(upstream: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[[routes]]
+name = "slow"
+match = {{ path_prefix = "/slow" }}
+upstream = "{upstream}"
+upstream_timeout = "300ms"
+
+[[routes]]
+name = "all"
+match = {{ path_prefix = "/" }}
+upstream = "{upstream}"
+"#
+    )
+}
+
+#[tokio::test]
+async fn upstream_sees_the_request_with_forwarding_headers_and_without_hop_by_hop_ones() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let client = TestClient::http1();
+    let request = Request::post(gate.url("/v1/items/42?sort=desc&tag=a%20b"))
+        .header("host", "api.example.com")
+        .header("x-request-id", "abc")
+        .header("x-forwarded-for", "203.0.113.5")
+        .header("connection", "keep-alive, x-hop-secret")
+        .header("x-hop-secret", "do not forward")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("te", "trailers")
+        .header("upgrade", "websocket")
+        .body(text_body("hello upstream"))
+        .expect("request");
+    let a = client.send(request).await;
+    assert_eq!(a.status, 200);
+    let echo = a.json();
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["uri"], "/v1/items/42?sort=desc&tag=a%20b");
+    assert_eq!(echo["body"], "hello upstream");
+    assert_eq!(a.echoed_header("x-request-id").as_deref(), Some("abc"));
+    assert_eq!(a.echoed_header("host"), Some(upstream.addr.to_string()));
+    assert_eq!(
+        a.echoed_header("x-forwarded-for").as_deref(),
+        Some("203.0.113.5, 127.0.0.1")
+    );
+    assert_eq!(
+        a.echoed_header("x-forwarded-proto").as_deref(),
+        Some("http")
+    );
+    assert_eq!(
+        a.echoed_header("x-forwarded-host").as_deref(),
+        Some("api.example.com")
+    );
+    for hop in [
+        "x-hop-secret",
+        "keep-alive",
+        "proxy-authorization",
+        "te",
+        "upgrade",
+    ] {
+        assert_eq!(a.echoed_header(hop), None, "{hop} reached the upstream");
+    }
+    assert_eq!(a.echoed_header("connection"), None);
+}
+
+#[tokio::test]
+async fn client_does_not_see_the_upstreams_hop_by_hop_headers() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let a = TestClient::http1().get(&gate.url("/hop"), &[]).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.header("x-upstream-kept"), Some("1"));
+    assert_eq!(a.header("x-upstream-secret"), None);
+    assert_eq!(a.header("keep-alive"), None);
+}
+
+#[tokio::test]
+async fn h2c_with_prior_knowledge_is_proxied_to_an_http1_upstream() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let a = TestClient::h2c().get(&gate.url("/over/h2?x=1"), &[]).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["uri"], "/over/h2?x=1");
+    assert_eq!(
+        a.echoed_header("x-forwarded-host"),
+        Some(gate.addr.to_string())
+    );
+}
+
+#[tokio::test]
+async fn refused_upstream_is_502_and_slow_upstream_is_504() {
+    // A port that was just free: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let gate = Floodgate::start(&proxy_config(&dead)).await;
+    let a = TestClient::http1().get(&gate.url("/anything"), &[]).await;
+    assert_eq!(a.status, 502);
+    assert_eq!(a.text(), "upstream unreachable\n");
+
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let started = std::time::Instant::now();
+    let a = TestClient::http1()
+        .get(&gate.url("/slow?ms=3000"), &[])
+        .await;
+    assert_eq!(a.status, 504);
+    assert_eq!(a.text(), "upstream timed out\n");
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "504 came late"
+    );
+    let a = TestClient::http1().get(&gate.url("/slow?ms=10"), &[]).await;
+    assert_eq!(a.status, 200);
+}
+
+#[tokio::test]
+async fn no_matching_route_is_404() {
+    let toml = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[[routes]]
+name = "only"
+match = { path = "/only", methods = ["GET"] }
+respond = { status = 200 }
+"#;
+    let gate = Floodgate::start(toml).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/only"), &[]).await.status, 200);
+    let a = client.get(&gate.url("/other"), &[]).await;
+    assert_eq!(a.status, 404);
+    assert_eq!(a.text(), "no route matches this request\n");
+    let post = Request::post(gate.url("/only"))
+        .body(empty())
+        .expect("request");
+    assert_eq!(client.send(post).await.status, 404);
+}
+
+/// Peak resident memory of this test process, from /proc.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn hundred_megabyte_upload_and_download_stream_with_bounded_memory() {
+    const SIZE: u64 = 100 * 1024 * 1024;
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let client = TestClient::http1();
+    let before = peak_rss_kib();
+
+    let upload = Request::post(gate.url("/upload"))
+        .body(http_body_util::Either::Right(Generated::new(SIZE)))
+        .expect("request");
+    let a = client.send(upload).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.text(), SIZE.to_string());
+
+    // Read the download as it streams, counting, never holding it whole.
+    let response =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>()
+            .get(
+                gate.url(&format!("/download?bytes={SIZE}"))
+                    .parse()
+                    .expect("uri"),
+            )
+            .await
+            .expect("download");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut received = 0u64;
+    use http_body_util::BodyExt as _;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("download frame");
+        received += frame.data_ref().map_or(0, |d| d.len() as u64);
+    }
+    assert_eq!(received, SIZE);
+
+    let growth_mib = peak_rss_kib().saturating_sub(before) / 1024;
+    assert!(
+        growth_mib < 40,
+        "peak memory grew by {growth_mib} MiB while streaming 100 MiB each way"
+    );
+}

@@ -1,0 +1,352 @@
+//! The integration-test harness: a real upstream HTTP server that echoes what
+//! it received, floodgate itself started in process on port 0, and a client.
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+pub mod redis;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+// === the upstream ===
+
+/// A real HTTP/1.1 upstream on loopback. Every path echoes the request as
+/// JSON, except:
+/// - `/slow?ms=N` waits N ms first;
+/// - `/download?bytes=N` streams N bytes;
+/// - `/upload` reads the body as it streams and answers its length;
+/// - `/hop` answers with hop-by-hop headers that must not reach the client.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&hits);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        upstream_answer(req)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, hits, task }
+    }
+
+    /// `http://127.0.0.1:port`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Requests the upstream has received.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type UpstreamBody = http_body_util::Either<Full<Bytes>, Generated>;
+
+fn query_number(req: &Request<Incoming>, key: &str) -> u64 {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn upstream_answer(req: Request<Incoming>) -> Result<Response<UpstreamBody>, Infallible> {
+    let full = |s: String| http_body_util::Either::Left(Full::new(Bytes::from(s)));
+    match req.uri().path() {
+        "/download" => {
+            let n = query_number(&req, "bytes");
+            return Ok(Response::new(http_body_util::Either::Right(
+                Generated::new(n),
+            )));
+        }
+        "/upload" => {
+            let mut body = req.into_body();
+            let mut n = 0u64;
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame.map(|f| f.into_data()) {
+                    n += data.map_or(0, |d| d.len() as u64);
+                }
+            }
+            return Ok(Response::new(full(n.to_string())));
+        }
+        "/hop" => {
+            return Ok(Response::builder()
+                .header("connection", "x-upstream-secret")
+                .header("x-upstream-secret", "1")
+                .header("keep-alive", "timeout=5")
+                .header("x-upstream-kept", "1")
+                .body(full("hop".into()))
+                .expect("response"));
+        }
+        "/slow" => {
+            tokio::time::sleep(Duration::from_millis(query_number(&req, "ms"))).await;
+        }
+        _ => {}
+    }
+    let method = req.method().to_string();
+    let uri = req.uri().to_string();
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let echo = serde_json::json!({
+        "method": method,
+        "uri": uri,
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    });
+    Ok(Response::new(full(echo.to_string())))
+}
+
+/// A body of `n` bytes made 64 KiB at a time, never held whole.
+pub struct Generated {
+    left: u64,
+    chunk: Bytes,
+}
+
+impl Generated {
+    pub fn new(n: u64) -> Self {
+        Self {
+            left: n,
+            chunk: Bytes::from(vec![b'x'; 64 * 1024]),
+        }
+    }
+}
+
+impl Body for Generated {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(self.chunk.len() as u64) as usize;
+        self.left -= n as u64;
+        Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n)))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+}
+
+// === floodgate in process ===
+
+/// A floodgate serving a TOML configuration on 127.0.0.1:port.
+pub struct Floodgate {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), floodgate::ServeError>>>,
+}
+
+impl Floodgate {
+    /// Starts floodgate with `toml` (its `[server] listen` is replaced by a
+    /// free loopback port). Panics with the config errors when it is invalid.
+    pub async fn start(toml: &str) -> Self {
+        let config = floodgate::config::parse(Path::new("test.toml"), toml)
+            .unwrap_or_else(|e| panic!("test config is invalid:\n{e}"));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind floodgate");
+        let addr = listener.local_addr().expect("floodgate addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(floodgate::run(config, listener, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Asks floodgate to stop and waits until it has.
+    pub async fn stop(mut self) -> Result<(), floodgate::ServeError> {
+        self.begin_stop();
+        self.join().await
+    }
+
+    /// Asks floodgate to stop without waiting.
+    pub fn begin_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits until floodgate has stopped.
+    pub async fn join(&mut self) -> Result<(), floodgate::ServeError> {
+        match self.task.take() {
+            Some(task) => task.await.expect("floodgate task panicked"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Floodgate {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+// === the client ===
+
+pub type ClientBody = http_body_util::Either<Full<Bytes>, Generated>;
+
+/// A pooled HTTP/1.1 client (or HTTP/2 with prior knowledge).
+#[derive(Clone)]
+pub struct TestClient {
+    inner: Client<HttpConnector, ClientBody>,
+}
+
+/// A whole response, read.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The echoed request header `name`, as the upstream saw it.
+    pub fn echoed_header(&self, name: &str) -> Option<String> {
+        let json = self.json();
+        json["headers"].as_array()?.iter().find_map(|pair| {
+            (pair[0].as_str()? == name).then(|| pair[1].as_str().map(str::to_owned))?
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl TestClient {
+    pub fn http1() -> Self {
+        Self {
+            inner: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub fn h2c() -> Self {
+        Self {
+            inner: Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build_http(),
+        }
+    }
+
+    /// Sends `request` and reads the whole answer.
+    pub async fn send(&self, request: Request<ClientBody>) -> Answer {
+        let response = self.inner.request(request).await.expect("request failed");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("read body").to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// GET `url` with extra headers.
+    pub async fn get(&self, url: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut builder = Request::get(url);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        self.send(builder.body(empty()).expect("request")).await
+    }
+}
+
+pub fn empty() -> ClientBody {
+    http_body_util::Either::Left(Full::new(Bytes::new()))
+}
+
+pub fn text_body(s: &str) -> ClientBody {
+    http_body_util::Either::Left(Full::new(Bytes::from(s.to_owned())))
+}

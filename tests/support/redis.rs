@@ -1,0 +1,1 @@
+//! Redis for tests (filled in with the Redis store).
