@@ -7,8 +7,12 @@
 
 pub mod algorithms;
 pub mod memory;
+pub mod redis;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::{OnError, Store as StoreConfig};
 
 use crate::client::ClientId;
 
@@ -151,11 +155,23 @@ pub trait Store: Send + Sync {
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send;
 }
 
-/// The store a server counts with, chosen by `[store]`.
+/// The store a server counts with, chosen by `[store]`, with the
+/// `on_error` policy applied.
 #[derive(Debug)]
 pub enum Limiter {
     /// In-process counting.
     Memory(memory::MemoryStore),
+    /// Shared counting in Redis.
+    Redis {
+        /// The store.
+        store: redis::RedisStore,
+        /// What to do when it cannot decide.
+        on_error: OnError,
+        /// Per-instance counting while Redis is unavailable (`on_error = "local"`).
+        local: memory::MemoryStore,
+        /// When a store error was last logged (ms), to log at most once a second.
+        last_logged: AtomicU64,
+    },
 }
 
 /// What the limiter says about one request.
@@ -173,14 +189,34 @@ pub enum Outcome {
     },
 }
 
+/// `Retry-After` for a 503 while the store is down.
+const STORE_RETRY_AFTER_MS: u64 = 1_000;
+
 impl Limiter {
-    /// Sets up the store `config` names.
-    pub async fn new(config: &crate::config::Store) -> Result<Self, StoreError> {
+    /// Sets up the store `config` names. A Redis that is down at startup is
+    /// logged, not fatal: `on_error` applies until it answers.
+    pub async fn new(config: &StoreConfig) -> Result<Self, StoreError> {
         match config {
-            crate::config::Store::Memory => Ok(Self::Memory(memory::MemoryStore::new())),
-            crate::config::Store::Redis(_) => Err(StoreError::Backend(
-                "backend \"redis\" is not available in this build".to_owned(),
-            )),
+            StoreConfig::Memory => Ok(Self::Memory(memory::MemoryStore::new())),
+            StoreConfig::Redis(settings) => {
+                let store =
+                    redis::RedisStore::new(&settings.url, &settings.key_prefix, settings.timeout)?;
+                match store.load_script().await {
+                    Ok(()) => tracing::info!(store = ?settings, "Redis store ready"),
+                    Err(e) => tracing::warn!(
+                        store = ?settings,
+                        error = %e,
+                        on_error = ?settings.on_error,
+                        "Redis is not answering; starting anyway, on_error applies until it does"
+                    ),
+                }
+                Ok(Self::Redis {
+                    store,
+                    on_error: settings.on_error,
+                    local: memory::MemoryStore::new(),
+                    last_logged: AtomicU64::new(0),
+                })
+            }
         }
     }
 
@@ -188,16 +224,46 @@ impl Limiter {
     pub async fn decide(&self, charge: Charge<'_>) -> Outcome {
         match self {
             Self::Memory(store) => Outcome::Decided(store.decide_at(charge, now_ms())),
+            Self::Redis {
+                store,
+                on_error,
+                local,
+                last_logged,
+            } => match store.decide(charge).await {
+                Ok(decision) => Outcome::Decided(decision),
+                Err(e) => {
+                    let now = now_ms();
+                    let last = last_logged.load(Ordering::Relaxed);
+                    if now.saturating_sub(last) >= 1_000
+                        && last_logged
+                            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        tracing::warn!(error = %e, on_error = ?on_error, "rate limit store failed");
+                    }
+                    match on_error {
+                        OnError::Allow => Outcome::Unavailable {
+                            deny: false,
+                            retry_after_ms: 0,
+                        },
+                        OnError::Deny => Outcome::Unavailable {
+                            deny: true,
+                            retry_after_ms: STORE_RETRY_AFTER_MS,
+                        },
+                        OnError::Local => Outcome::Decided(local.decide_at(charge, now)),
+                    }
+                }
+            },
         }
     }
 
     /// Evicts expired in-process state.
     pub fn sweep(&self) {
+        let now = now_ms();
         match self {
-            Self::Memory(store) => {
-                store.sweep(now_ms());
-            }
-        }
+            Self::Memory(store) => store.sweep(now),
+            Self::Redis { local, .. } => local.sweep(now),
+        };
     }
 }
 

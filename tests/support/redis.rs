@@ -1,1 +1,192 @@
-//! Redis for tests (filled in with the Redis store).
+//! A Redis for tests, found in this order: `REDIS_URL` if set; else a
+//! container through testcontainers when a Docker daemon answers; else a
+//! `redis-server` from `PATH`, started on a free port and killed on drop.
+//! Tests never talk to a Redis they did not start or were not given, and
+//! each uses its own key prefix so they can share one.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use testcontainers_modules::redis::Redis;
+use testcontainers_modules::testcontainers::runners::AsyncRunner;
+use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
+
+pub struct TestRedis {
+    pub url: String,
+    origin: Origin,
+}
+
+enum Origin {
+    Given,
+    Container(Box<ContainerAsync<Redis>>),
+    Process { child: Child, port: u16 },
+}
+
+impl TestRedis {
+    /// The Redis this test run should use.
+    pub async fn start() -> Self {
+        if let Ok(url) = std::env::var("REDIS_URL") {
+            return Self {
+                url,
+                origin: Origin::Given,
+            };
+        }
+        Self::start_private().await
+    }
+
+    /// A Redis of this test's own (container or process), for tests that
+    /// read server-wide statistics; `REDIS_URL` only when neither is possible.
+    pub async fn start_private() -> Self {
+        if docker_answers() {
+            let container = Redis::default()
+                .with_tag("7.2")
+                .start()
+                .await
+                .expect("start a Redis container");
+            let port = container
+                .get_host_port_ipv4(6379)
+                .await
+                .expect("container port");
+            let url = format!("redis://127.0.0.1:{port}");
+            wait_until_ready(&url).await;
+            return Self {
+                url,
+                origin: Origin::Container(Box::new(container)),
+            };
+        }
+        if which_redis_server() {
+            return Self::spawn(free_port()).await;
+        }
+        match std::env::var("REDIS_URL") {
+            Ok(url) => Self {
+                url,
+                origin: Origin::Given,
+            },
+            Err(_) => panic!(
+                "no Redis for the tests: set REDIS_URL, start a Docker daemon, or install redis-server"
+            ),
+        }
+    }
+
+    /// A `redis-server` process of this test's own, for tests that kill,
+    /// pause or restart it.
+    pub async fn start_process() -> Self {
+        assert!(
+            which_redis_server(),
+            "this test stops and restarts Redis: it needs redis-server on PATH"
+        );
+        Self::spawn(free_port()).await
+    }
+
+    async fn spawn(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let url = format!("redis://127.0.0.1:{port}");
+        wait_until_ready(&url).await;
+        Self {
+            url,
+            origin: Origin::Process { child, port },
+        }
+    }
+
+    /// A connection for inspecting what floodgate wrote.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+
+    /// Stops this Redis for good (SIGKILL).
+    pub fn kill(&mut self) {
+        if let Origin::Process { child, .. } = &mut self.origin {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a fresh, empty Redis on the same port after [`kill`].
+    pub async fn restart(&mut self) {
+        if let Origin::Process { port, .. } = self.origin {
+            self.kill();
+            *self = Self::spawn(port).await;
+        }
+    }
+
+    /// The redis-server process id, when the harness started one.
+    pub fn pid(&self) -> Option<u32> {
+        match &self.origin {
+            Origin::Process { child, .. } => Some(child.id()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A key prefix no other test uses.
+pub fn unique_prefix(test: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("t-{test}-{}-{n}-{nanos}", std::process::id())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn which_redis_server() -> bool {
+    Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn docker_answers() -> bool {
+    let socket_present = std::env::var_os("DOCKER_HOST").is_some()
+        || std::os::unix::net::UnixStream::connect("/var/run/docker.sock").is_ok();
+    socket_present
+        && Command::new("docker")
+            .args(["info", "--format", "{{.ID}}"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+async fn wait_until_ready(url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = redis::Client::open(url).expect("redis url");
+    loop {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let pong: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
+            if pong.is_ok() {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis at {url} did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

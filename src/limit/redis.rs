@@ -1,0 +1,298 @@
+//! The Redis store: every instance counts in one Redis, one script call per
+//! decision.
+//!
+//! The Lua files in `lua/` are joined into one script and run with
+//! `EVALSHA` (re-loaded by redis-rs when Redis answers `NOSCRIPT`, e.g. after
+//! a restart or `SCRIPT FLUSH`). Time comes from Redis `TIME` inside the
+//! script, so instances with skewed clocks agree.
+//!
+//! Connections: a deadpool pool of redis-rs multiplexed connections. A
+//! decision checks one out only long enough to clone its handle, so
+//! concurrent decisions are pipelined on a few TCP connections. deadpool-redis
+//! pings every connection it hands out; this store's pool does not (that
+//! would be a second command per decision) and instead retires a connection
+//! as soon as a command on it fails for a connection reason.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError, Script};
+use sha2::{Digest, Sha256};
+
+use super::{Charge, Decision, Store, StoreError, Verdict};
+use crate::client::ClientId;
+
+/// The decision script: prelude, one file per algorithm, then the driver.
+pub const SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/decide.lua"),
+);
+
+/// Multiplexed connections in the pool; each carries many decisions at once.
+const CONNECTIONS: usize = 4;
+
+/// Header values up to this length made of safe characters appear in keys
+/// as they are; anything else is hashed.
+const MAX_PLAIN_CLIENT: usize = 64;
+
+/// Counts limits in Redis, shared by every floodgate instance using it.
+pub struct RedisStore {
+    pool: managed::Pool<Lanes>,
+    script: Script,
+    key_prefix: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store for `url`; connects lazily, so it starts even while Redis is
+    /// down.
+    pub fn new(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+            .set_response_timeout(None);
+        let manager = deadpool_redis::Manager::new_with_config(url, config)
+            .map_err(|e| StoreError::Backend(format!("invalid Redis URL: {e}")))?;
+        let pool = managed::Pool::builder(Lanes { inner: manager })
+            .max_size(CONNECTIONS)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Backend(format!("cannot build the Redis pool: {e}")))?;
+        Ok(Self {
+            pool,
+            script: Script::new(SCRIPT),
+            key_prefix: key_prefix.to_owned(),
+            timeout,
+        })
+    }
+
+    /// Loads the script so the first decision needs no `NOSCRIPT` retry.
+    pub async fn load_script(&self) -> Result<(), StoreError> {
+        let work = async {
+            let (mut conn, lane) = self.connection().await?;
+            let loaded = self.script.load_async(&mut conn).await;
+            loaded.map(drop).map_err(|e| lane.failed(e))
+        };
+        tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    /// Decides `charge`. `now` (milliseconds) replaces Redis `TIME`: tests
+    /// only, never in production.
+    pub async fn decide_at(
+        &self,
+        charge: Charge<'_>,
+        now: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let mut invocation = self.script.prepare_invoke();
+        let tag = self.hash_tag(charge.route, charge.client);
+        for (i, limit) in charge.limits.iter().enumerate() {
+            invocation.key(format!(
+                "{tag}:{i}:{}:{}",
+                limit.algorithm.name(),
+                limit.window_ms
+            ));
+        }
+        match now {
+            Some(now) => invocation.arg(now),
+            None => invocation.arg(""),
+        };
+        invocation.arg(charge.cost);
+        for limit in charge.limits {
+            invocation
+                .arg(limit.algorithm.name())
+                .arg(limit.limit)
+                .arg(limit.window_ms);
+        }
+        let work = async {
+            let (mut conn, lane) = self.connection().await?;
+            let reply: Vec<i64> = invocation
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| lane.failed(e))?;
+            decision_from_reply(&reply, charge.limits.len())
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    /// `{prefix}:{route:client}`: the braces make one hash tag per route and
+    /// client, so Redis Cluster keeps all of a decision's keys in one slot.
+    pub fn hash_tag(&self, route: &str, client: &ClientId) -> String {
+        let mut tag = String::with_capacity(self.key_prefix.len() + route.len() + 80);
+        let _ = write!(tag, "{}:{{{route}:", self.key_prefix);
+        write_client(&mut tag, client);
+        tag.push('}');
+        tag
+    }
+
+    async fn connection(&self) -> Result<(MultiplexedConnection, Lane), StoreError> {
+        let lane = self.pool.get().await.map_err(|e| match e {
+            managed::PoolError::Backend(e) => StoreError::Backend(format!("cannot connect: {e}")),
+            other => StoreError::Backend(format!("connection pool: {other}")),
+        })?;
+        // Hand the object straight back: the clone shares the connection.
+        Ok((lane.conn.clone(), lane.clone_handle()))
+    }
+}
+
+impl Store for RedisStore {
+    async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
+        self.decide_at(charge, None).await
+    }
+}
+
+/// Writes a client id so that it cannot break the hash tag or the key's
+/// structure, and two different ids never write the same text: addresses as
+/// `a:<ip>`, short header values of safe characters as `h:<value>`, any
+/// other header value as `s:<sha-256 hex>` (fixed length, whatever its size).
+pub fn write_client(out: &mut String, client: &ClientId) {
+    match client {
+        ClientId::Addr(ip) => {
+            let _ = write!(out, "a:{ip}");
+        }
+        ClientId::Header(value) => {
+            let bytes = value.as_bytes();
+            let plain = bytes.len() <= MAX_PLAIN_CLIENT
+                && bytes.iter().all(|&b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/' | b'=' | b'@')
+                });
+            if plain {
+                out.push_str("h:");
+                out.extend(bytes.iter().map(|&b| char::from(b)));
+            } else {
+                out.push_str("s:");
+                for b in Sha256::digest(bytes) {
+                    let _ = write!(out, "{b:02x}");
+                }
+            }
+        }
+    }
+}
+
+fn decision_from_reply(reply: &[i64], limits: usize) -> Result<Decision, StoreError> {
+    if reply.len() != limits * 4 {
+        return Err(StoreError::Backend(format!(
+            "the decision script answered {} values for {limits} limits",
+            reply.len()
+        )));
+    }
+    let non_negative = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(Decision::combine(reply.chunks_exact(4).map(|v| Verdict {
+        allowed: v[0] == 1,
+        remaining: non_negative(v[1]),
+        reset_ms: non_negative(v[2]),
+        retry_after_ms: non_negative(v[3]),
+    })))
+}
+
+// === the pool ===
+
+/// Makes pooled connections without deadpool-redis's per-checkout `PING`.
+struct Lanes {
+    inner: deadpool_redis::Manager,
+}
+
+/// One multiplexed connection and whether a command on it failed for a
+/// connection reason.
+struct Lane {
+    conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
+}
+
+impl Lane {
+    fn clone_handle(&self) -> Lane {
+        Lane {
+            conn: self.conn.clone(),
+            broken: Arc::clone(&self.broken),
+        }
+    }
+
+    /// Notes `error`; a connection-level one retires this connection.
+    fn failed(&self, error: RedisError) -> StoreError {
+        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        StoreError::Backend(error.to_string())
+    }
+}
+
+impl managed::Manager for Lanes {
+    type Type = Lane;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Lane, RedisError> {
+        let conn = managed::Manager::create(&self.inner).await?;
+        Ok(Lane {
+            conn,
+            broken: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    async fn recycle(&self, lane: &mut Lane, _: &Metrics) -> RecycleResult<RedisError> {
+        if lane.broken.load(Ordering::Relaxed) {
+            return Err(RecycleError::message("connection failed; replacing it"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn written(client: &ClientId) -> String {
+        let mut s = String::new();
+        write_client(&mut s, client);
+        s
+    }
+
+    #[test]
+    fn addresses_and_plain_header_values_are_readable_in_keys() {
+        assert_eq!(
+            written(&ClientId::Addr([192, 0, 2, 1].into())),
+            "a:192.0.2.1"
+        );
+        let key = ClientId::Header(HeaderValue::from_static("key-123"));
+        assert_eq!(written(&key), "h:key-123");
+    }
+
+    #[test]
+    fn header_values_that_look_like_addresses_do_not_share_their_bucket() {
+        let header = ClientId::Header(HeaderValue::from_static("192.0.2.1"));
+        assert_ne!(
+            written(&header),
+            written(&ClientId::Addr([192, 0, 2, 1].into()))
+        );
+    }
+
+    #[test]
+    fn braces_colons_and_long_values_are_hashed_to_a_fixed_length() {
+        for raw in ["a}b", "{x}", "a:b", &"k".repeat(65)] {
+            let w = written(&ClientId::Header(
+                HeaderValue::from_str(raw).expect("value"),
+            ));
+            assert!(w.starts_with("s:"), "{raw}: {w}");
+            assert_eq!(w.len(), 2 + 64);
+            assert!(!w.contains(['{', '}']));
+        }
+    }
+}

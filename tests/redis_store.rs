@@ -1,0 +1,517 @@
+//! The Redis store against a real Redis: the scripts' arithmetic at every
+//! boundary, atomicity under concurrency across instances, Redis's clock,
+//! script reloading, one command per decision, and `on_error`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::client::ClientId;
+use floodgate::limit::redis::RedisStore;
+use floodgate::limit::{Algorithm, Charge, Decision, Limit};
+use http::HeaderValue;
+use support::redis::{TestRedis, unique_prefix};
+use support::{Floodgate, TestClient, Upstream};
+
+fn redis_config(url: &str, prefix: &str, upstream: &str, limits: &str, on_error: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{url}"
+key_prefix = "{prefix}"
+timeout = "200ms"
+on_error = "{on_error}"
+
+[[routes]]
+name = "api"
+upstream = "{upstream}"
+client = {{ from = "header", name = "X-Client" }}
+limits = [{limits}]
+"#
+    )
+}
+
+fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
+    Limit {
+        algorithm,
+        limit,
+        window_ms,
+    }
+}
+
+fn store(redis: &TestRedis, prefix: &str) -> RedisStore {
+    RedisStore::new(&redis.url, prefix, Duration::from_secs(2)).expect("store")
+}
+
+async fn decide(
+    store: &RedisStore,
+    client: &str,
+    limits: &[Limit],
+    cost: u64,
+    now: u64,
+) -> Decision {
+    let route: Arc<str> = "r".into();
+    let client = ClientId::Header(HeaderValue::from_str(client).expect("client"));
+    store
+        .decide_at(
+            Charge {
+                route: &route,
+                client: &client,
+                limits,
+                cost,
+            },
+            Some(now),
+        )
+        .await
+        .expect("decision")
+}
+
+#[tokio::test]
+async fn fourth_request_is_denied_through_the_proxy_for_both_algorithms() {
+    let redis = TestRedis::start().await;
+    for algorithm in ["fixed_window", "sliding_log"] {
+        let upstream = Upstream::start().await;
+        let prefix = unique_prefix("fourth");
+        let limits = format!("{{ algorithm = \"{algorithm}\", limit = 3, window = \"60s\" }}");
+        let gate = Floodgate::start(&redis_config(
+            &redis.url,
+            &prefix,
+            &upstream.url(),
+            &limits,
+            "deny",
+        ))
+        .await;
+        let client = TestClient::http1();
+        for remaining in ["2", "1", "0"] {
+            let a = client.get(&gate.url("/x"), &[("x-client", "alice")]).await;
+            assert_eq!(a.status, 200, "{algorithm}");
+            let rl = a.header("ratelimit").unwrap_or_default();
+            assert!(rl.starts_with(&format!("\"api\";r={remaining};")), "{rl}");
+        }
+        let denied = client.get(&gate.url("/x"), &[("x-client", "alice")]).await;
+        assert_eq!(denied.status, 429, "{algorithm}");
+        assert!(denied.header("retry-after").is_some());
+        assert_eq!(
+            client
+                .get(&gate.url("/x"), &[("x-client", "bob")])
+                .await
+                .status,
+            200
+        );
+        assert_eq!(upstream.hits(), 4, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_admit_exactly_the_limit() {
+    let redis = TestRedis::start().await;
+    for algorithm in ["fixed_window", "sliding_log"] {
+        let upstream = Upstream::start().await;
+        let prefix = unique_prefix("two");
+        let limits = format!("{{ algorithm = \"{algorithm}\", limit = 100, window = \"60s\" }}");
+        let config = redis_config(&redis.url, &prefix, &upstream.url(), &limits, "deny");
+        let gates = [
+            Floodgate::start(&config).await,
+            Floodgate::start(&config).await,
+        ];
+        let client = TestClient::http1();
+        let tasks: Vec<_> = (0..300)
+            .map(|i| {
+                let url = gates[i % 2].url("/x");
+                let client = client.clone();
+                tokio::spawn(async move { client.get(&url, &[("x-client", "one")]).await.status })
+            })
+            .collect();
+        let mut counts = [0usize; 2];
+        for t in tasks {
+            match t.await.expect("task").as_u16() {
+                200 => counts[0] += 1,
+                429 => counts[1] += 1,
+                other => panic!("unexpected status {other}"),
+            }
+        }
+        assert_eq!(counts, [100, 200], "{algorithm}");
+        assert_eq!(upstream.hits(), 100, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn sliding_log_counts_every_request_in_the_same_millisecond() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("same-ms");
+    let store = Arc::new(store(&redis, &prefix));
+    let limits = [limit(Algorithm::SlidingLog, 50, 60_000)];
+    let now = 1_700_000_000_000;
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move { decide(&store, "c", &limits, 1, now).await.allowed })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.expect("task"));
+    }
+    assert_eq!(admitted, 50);
+    let mut conn = redis.connection().await;
+    let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:60000");
+    let members: usize = redis::cmd("ZCARD")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(members, 50);
+}
+
+#[tokio::test]
+async fn fixed_window_script_boundaries_are_exact() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("fw");
+    let store = store(&redis, &prefix);
+    let limits = [limit(Algorithm::FixedWindow, 3, 1_000)];
+    let t = 1_700_000_000_000; // a window boundary
+    let d = decide(&store, "c", &limits, 1, t + 100).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset_ms, d.retry_after_ms),
+        (true, 2, 900, 0)
+    );
+    let d = decide(&store, "c", &limits, 2, t + 200).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset_ms),
+        (true, 0, 800),
+        "last unit admitted"
+    );
+    let d = decide(&store, "c", &limits, 1, t + 999).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset_ms, d.retry_after_ms),
+        (false, 0, 1, 1)
+    );
+    let d = decide(&store, "c", &limits, 1, t + 1_000).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset_ms),
+        (true, 2, 1_000),
+        "new window"
+    );
+
+    let mut conn = redis.connection().await;
+    let key = format!("{prefix}:{{r:h:c}}:0:fixed_window:1000");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("pttl");
+    assert!(ttl > 0 && ttl <= 1_000, "TTL {ttl}");
+}
+
+#[tokio::test]
+async fn sliding_log_script_boundaries_are_exact() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sl");
+    let store = store(&redis, &prefix);
+    let limits = [limit(Algorithm::SlidingLog, 3, 1_000)];
+    let t = 1_700_000_000_000;
+    assert!(decide(&store, "c", &limits, 1, t + 100).await.allowed);
+    assert!(decide(&store, "c", &limits, 1, t + 400).await.allowed);
+    let d = decide(&store, "c", &limits, 1, t + 700).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 0, 1_000));
+    let d = decide(&store, "c", &limits, 1, t + 800).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset_ms, d.retry_after_ms),
+        (false, 0, 900, 300)
+    );
+    // Cost 2 must wait for the two oldest entries.
+    let d = decide(&store, "c", &limits, 2, t + 800).await;
+    assert_eq!((d.allowed, d.retry_after_ms), (false, 600));
+    assert!(!decide(&store, "c", &limits, 1, t + 1_099).await.allowed);
+    let d = decide(&store, "c", &limits, 1, t + 1_100).await;
+    assert_eq!(
+        (d.allowed, d.remaining),
+        (true, 0),
+        "oldest left at exactly +1000"
+    );
+
+    let mut conn = redis.connection().await;
+    let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:1000");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("pttl");
+    assert!(ttl > 0 && ttl <= 1_000, "TTL {ttl}");
+}
+
+#[tokio::test]
+async fn a_denial_by_one_limit_writes_nothing_to_the_others() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("all-or-nothing");
+    let store = store(&redis, &prefix);
+    let limits = [
+        limit(Algorithm::SlidingLog, 10, 60_000),
+        limit(Algorithm::FixedWindow, 1, 60_000),
+    ];
+    let t = 1_700_000_040_000;
+    assert!(decide(&store, "c", &limits, 1, t).await.allowed);
+    for i in 1..=5 {
+        let d = decide(&store, "c", &limits, 1, t + i).await;
+        assert!(!d.allowed);
+        assert_eq!(d.limit, 1, "the fixed window denied");
+    }
+    let mut conn = redis.connection().await;
+    let log = format!("{prefix}:{{r:h:c}}:0:sliding_log:60000");
+    let members: usize = redis::cmd("ZCARD")
+        .arg(&log)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    assert_eq!(members, 1, "denied requests were logged");
+    // A client that never got in leaves no key at all.
+    let fresh = [limit(Algorithm::FixedWindow, 1, 60_000)];
+    assert!(decide(&store, "d", &fresh, 1, t).await.allowed);
+    assert!(!decide(&store, "d", &fresh, 1, t).await.allowed);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        assert!(ttl > 0, "{key} has no TTL");
+    }
+}
+
+#[tokio::test]
+async fn redis_time_decides_unless_a_test_passes_now() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("clock");
+    let store = store(&redis, &prefix);
+    let limits = [limit(Algorithm::SlidingLog, 1, 60_000)];
+    // A caller whose clock says 1970 fills the log...
+    assert!(decide(&store, "c", &limits, 1, 1_000).await.allowed);
+    assert!(!decide(&store, "c", &limits, 1, 1_001).await.allowed);
+    // ...but production decisions pass no time: Redis's clock is now, and
+    // the 1970 entry is decades outside the window.
+    let route: Arc<str> = "r".into();
+    let client = ClientId::Header(HeaderValue::from_static("c"));
+    let charge = Charge {
+        route: &route,
+        client: &client,
+        limits: &limits,
+        cost: 1,
+    };
+    assert!(
+        store
+            .decide_at(charge, None)
+            .await
+            .expect("decision")
+            .allowed
+    );
+    // And the entry it wrote carries Redis's time.
+    let mut conn = redis.connection().await;
+    let (secs, _): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("time");
+    let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:60000");
+    let newest: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(&key)
+        .arg(-1)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .expect("zrange");
+    let score = newest.first().map_or(0.0, |(_, s)| *s) as u64;
+    assert!(
+        score.abs_diff(secs * 1000) < 5_000,
+        "score {score} vs Redis time {secs}s"
+    );
+
+    let fixed = [limit(Algorithm::FixedWindow, 5, 10_000)];
+    let before: (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("time");
+    let charge = Charge {
+        limits: &fixed,
+        ..charge
+    };
+    let d = store.decide_at(charge, None).await.expect("decision");
+    let redis_ms = before.0 * 1000 + before.1 / 1000;
+    let expected_reset = 10_000 - redis_ms % 10_000;
+    assert!(
+        d.reset_ms <= expected_reset && expected_reset - d.reset_ms < 1_000,
+        "reset {} vs {expected_reset} by Redis's clock",
+        d.reset_ms
+    );
+}
+
+#[tokio::test]
+async fn script_flush_mid_run_is_recovered_from() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("flush");
+    let store = store(&redis, &prefix);
+    let limits = [limit(Algorithm::FixedWindow, 3, 60_000)];
+    let t = 1_700_000_040_000;
+    assert!(decide(&store, "c", &limits, 1, t).await.allowed);
+    let mut conn = redis.connection().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("flush");
+    let d = decide(&store, "c", &limits, 1, t + 1).await;
+    assert_eq!((d.allowed, d.remaining), (true, 1));
+    assert!(decide(&store, "c", &limits, 1, t + 2).await.allowed);
+    assert!(!decide(&store, "c", &limits, 1, t + 3).await.allowed);
+}
+
+fn command_calls(info: &str, command: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
+    let redis = TestRedis::start_private().await;
+    let upstream = Upstream::start().await;
+    let prefix = unique_prefix("commandstats");
+    let limits = "{ algorithm = \"sliding_log\", limit = 1000, window = \"60s\" }, \
+                  { algorithm = \"fixed_window\", limit = 1000, window = \"1s\" }";
+    let gate = Floodgate::start(&redis_config(
+        &redis.url,
+        &prefix,
+        &upstream.url(),
+        limits,
+        "deny",
+    ))
+    .await;
+    let client = TestClient::http1();
+    // Let startup (script load) finish, then count from zero.
+    assert_eq!(
+        client
+            .get(&gate.url("/x"), &[("x-client", "warm")])
+            .await
+            .status,
+        200
+    );
+    let mut conn = redis.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("reset");
+    const N: u64 = 200;
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let client = client.clone();
+            let url = gate.url("/x");
+            tokio::spawn(async move {
+                client
+                    .get(&url, &[("x-client", &format!("c{}", i % 7))])
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), 200);
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    assert_eq!(command_calls(&info, "evalsha"), N, "{info}");
+    for other in ["ping", "eval", "get", "incr", "script|load", "unwatch"] {
+        assert_eq!(command_calls(&info, other), 0, "{other} was sent:\n{info}");
+    }
+}
+
+#[tokio::test]
+async fn store_down_follows_on_error_within_the_timeout() {
+    let mut redis = TestRedis::start_process().await;
+    let upstream = Upstream::start().await;
+    let limits = "{ algorithm = \"fixed_window\", limit = 100, window = \"60s\" }";
+    let allow = Floodgate::start(&redis_config(
+        &redis.url,
+        &unique_prefix("allow"),
+        &upstream.url(),
+        limits,
+        "allow",
+    ))
+    .await;
+    let deny = Floodgate::start(&redis_config(
+        &redis.url,
+        &unique_prefix("deny"),
+        &upstream.url(),
+        limits,
+        "deny",
+    ))
+    .await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&allow.url("/x"), &[]).await.status, 200);
+    assert_eq!(client.get(&deny.url("/x"), &[]).await.status, 200);
+    redis.kill();
+    // Store timeout is 200 ms; a generous margin keeps slow CI machines green.
+    let budget = Duration::from_millis(200 + 800);
+    for _ in 0..5 {
+        let started = Instant::now();
+        let a = client.get(&allow.url("/x"), &[]).await;
+        assert_eq!(a.status, 200, "on_error = allow forwards");
+        assert!(
+            a.header("ratelimit").is_none(),
+            "no decision, no RateLimit header"
+        );
+        assert!(
+            started.elapsed() < budget,
+            "allow took {:?}",
+            started.elapsed()
+        );
+
+        let started = Instant::now();
+        let d = client.get(&deny.url("/x"), &[]).await;
+        assert_eq!(d.status, 503, "on_error = deny answers 503");
+        assert_eq!(d.header("retry-after"), Some("1"));
+        assert!(
+            started.elapsed() < budget,
+            "deny took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(upstream.hits(), 2 + 5);
+}
+
+#[tokio::test]
+async fn floodgate_starts_while_redis_is_down_and_limits_once_it_is_up() {
+    let mut redis = TestRedis::start_process().await;
+    redis.kill();
+    let upstream = Upstream::start().await;
+    let limits = "{ algorithm = \"fixed_window\", limit = 2, window = \"60s\" }";
+    let gate = Floodgate::start(&redis_config(
+        &redis.url,
+        &unique_prefix("late"),
+        &upstream.url(),
+        limits,
+        "deny",
+    ))
+    .await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/x"), &[]).await.status, 503);
+    redis.restart().await;
+    assert_eq!(client.get(&gate.url("/x"), &[]).await.status, 200);
+    assert_eq!(client.get(&gate.url("/x"), &[]).await.status, 200);
+    assert_eq!(client.get(&gate.url("/x"), &[]).await.status, 429);
+}
