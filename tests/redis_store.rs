@@ -438,6 +438,18 @@ async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
     for other in ["ping", "eval", "get", "incr", "script|load", "unwatch"] {
         assert_eq!(command_calls(&info, other), 0, "{other} was sent:\n{info}");
     }
+    // 200 concurrent decisions were pipelined over a handful of connections,
+    // not one connection each (the other client is this test's own).
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .expect("client list");
+    let floodgate_connections = clients.lines().count() - 1;
+    assert!(
+        (1..=4).contains(&floodgate_connections),
+        "{floodgate_connections} connections:\n{clients}"
+    );
 }
 
 #[tokio::test]
