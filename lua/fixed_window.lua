@@ -21,5 +21,5 @@ end
 function fixed_window.commit(key, limit, window, now, cost, count)
   local start = now - (now % window)
   redis.call('HSET', key, 's', int(start), 'c', int(count + cost))
-  redis.call('PEXPIRE', key, int(start + window - now))
+  expire(key, start + window - now)
 end

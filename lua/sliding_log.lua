@@ -43,5 +43,5 @@ function sliding_log.commit(key, limit, window, now, cost, total)
       args = {}
     end
   end
-  redis.call('PEXPIRE', key, int(t + window - now))
+  expire(key, t + window - now)
 end

@@ -875,15 +875,9 @@ impl Validator<'_> {
         let algorithm = match m.algorithm.get_ref().as_str() {
             "fixed_window" => Some(Algorithm::FixedWindow),
             "sliding_log" => Some(Algorithm::SlidingLog),
-            name @ ("sliding_window" | "token_bucket" | "gcra") => {
-                self.problem(
-                    m.algorithm.span(),
-                    format!(
-                        "algorithm {name:?} is not yet supported; use \"fixed_window\" or \"sliding_log\""
-                    ),
-                );
-                None
-            }
+            "sliding_window" => Some(Algorithm::SlidingWindow),
+            "token_bucket" => Some(Algorithm::TokenBucket),
+            "gcra" => Some(Algorithm::Gcra),
             other => {
                 self.problem(
                     m.algorithm.span(),
@@ -894,29 +888,24 @@ impl Validator<'_> {
                 None
             }
         };
-        let limit = match *m.limit.get_ref() {
-            n if n < 1 => {
-                self.problem(m.limit.span(), "limit must be a whole number of at least 1");
-                None
-            }
-            n if n > MAX_LIMIT => {
-                self.problem(m.limit.span(), format!("limit must be at most {MAX_LIMIT}"));
-                None
-            }
-            n if (n as u64) < cost => {
+        let limit = self.count(&m.limit, "limit");
+        let burst = match (&m.burst, algorithm) {
+            (None, _) => limit,
+            (Some(b), Some(Algorithm::TokenBucket | Algorithm::Gcra)) => self.count(b, "burst"),
+            (Some(b), Some(other)) => {
                 self.problem(
-                    m.limit.span(),
+                    b.span(),
                     format!(
-                        "the route's cost {cost} exceeds limit {n}, so no request could ever pass; raise the limit or lower the cost"
+                        "burst applies only to \"token_bucket\" and \"gcra\", not {:?}",
+                        other.name()
                     ),
                 );
                 None
             }
-            n => Some(n as u64),
+            (Some(_), None) => None,
         };
-        let window = self.duration(&m.window, "window");
-        let window_ms = match window {
-            Some(w) if w.as_millis() < 1 || w.subsec_nanos() % 1_000_000 != 0 => {
+        let window_ms = match self.duration(&m.window, "window") {
+            Some(w) if w.subsec_nanos() % 1_000_000 != 0 => {
                 self.problem(
                     m.window.span(),
                     "window must be a whole number of milliseconds",
@@ -926,20 +915,56 @@ impl Validator<'_> {
             Some(w) => Some(w.as_millis() as u64),
             None => None,
         };
-        if let Some(b) = &m.burst {
+        let limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
+        if cost > limit.capacity() {
+            let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
+                (Some(b), true) => (b.span(), "burst"),
+                _ => (m.limit.span(), "limit"),
+            };
             self.problem(
-                b.span(),
-                "burst applies only to \"token_bucket\" and \"gcra\", which are not yet supported",
+                span,
+                format!(
+                    "the route's cost {cost} exceeds {what} {}, so no request could ever pass; raise the {what} or lower the cost",
+                    limit.capacity()
+                ),
             );
             return None;
         }
-        Some(Limit {
-            algorithm: algorithm?,
-            limit: limit?,
-            window_ms: window_ms?,
-        })
+        // The algorithms count in unit-milliseconds; Lua's numbers are exact
+        // integers only up to 2^53, so leave room below that.
+        if limit.limit.max(limit.burst).saturating_mul(limit.window_ms) > MAX_UNIT_MS {
+            self.problem(
+                item.span(),
+                format!(
+                    "limit × window is too large to count exactly (at most {MAX_UNIT_MS} unit-milliseconds); lower the limit or burst, or shorten the window"
+                ),
+            );
+            return None;
+        }
+        Some(limit)
+    }
+
+    fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
+        match *value.get_ref() {
+            n if n < 1 => {
+                self.problem(
+                    value.span(),
+                    format!("{what} must be a whole number of at least 1"),
+                );
+                None
+            }
+            n if n > MAX_LIMIT => {
+                self.problem(value.span(), format!("{what} must be at most {MAX_LIMIT}"));
+                None
+            }
+            n => Some(n as u64),
+        }
     }
 }
+
+/// Largest `max(limit, burst) × window_ms`: keeps every intermediate value of
+/// every algorithm, in Rust and in Lua, an exact integer.
+const MAX_UNIT_MS: u64 = 1 << 50;
 
 /// The largest `limit` accepted: counts stay far from overflow in every store.
 const MAX_LIMIT: i64 = 1 << 40;

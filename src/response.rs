@@ -168,16 +168,8 @@ mod tests {
     #[test]
     fn policy_lists_every_limit_with_window_in_seconds() {
         let limits = [
-            Limit {
-                algorithm: Algorithm::SlidingLog,
-                limit: 5,
-                window_ms: 60_000,
-            },
-            Limit {
-                algorithm: Algorithm::FixedWindow,
-                limit: 100,
-                window_ms: 250,
-            },
+            Limit::new(Algorithm::SlidingLog, 5, 60_000),
+            Limit::new(Algorithm::FixedWindow, 100, 250),
         ];
         let names = policy_names("login", 2);
         let v = policy_header(&names, &limits).expect("valid header");

@@ -28,6 +28,31 @@ pub enum State {
         /// Sum of the units in `entries`.
         total: u64,
     },
+    /// Counts of the current and the previous aligned window.
+    SlidingWindow {
+        /// Start of the current window.
+        start: u64,
+        /// Units in the current window.
+        current: u64,
+        /// Units in the window before it.
+        previous: u64,
+    },
+    /// Tokens, in units of one token = `window_ms` (so refilling `limit`
+    /// tokens per window adds exactly `limit` per millisecond: integers only).
+    TokenBucket {
+        /// Scaled tokens at `last`.
+        tokens: u64,
+        /// When `tokens` was computed (ms); `None` for a full, untouched bucket.
+        last: Option<u64>,
+    },
+    /// Theoretical arrival time, as whole milliseconds plus a fraction in
+    /// 1/`limit` ms, so an emission interval of `window/limit` ms is exact.
+    Gcra {
+        /// Whole milliseconds of the theoretical arrival time.
+        tat_ms: u64,
+        /// Extra `1/limit` ms (always below `limit`).
+        tat_frac: u64,
+    },
 }
 
 impl State {
@@ -38,6 +63,19 @@ impl State {
             Algorithm::SlidingLog => Self::SlidingLog {
                 entries: VecDeque::new(),
                 total: 0,
+            },
+            Algorithm::SlidingWindow => Self::SlidingWindow {
+                start: 0,
+                current: 0,
+                previous: 0,
+            },
+            Algorithm::TokenBucket => Self::TokenBucket {
+                tokens: 0,
+                last: None,
+            },
+            Algorithm::Gcra => Self::Gcra {
+                tat_ms: 0,
+                tat_frac: 0,
             },
         }
     }
@@ -98,13 +136,128 @@ impl State {
                     retry_after_ms,
                 }
             }
+            Self::SlidingWindow {
+                start,
+                current,
+                previous,
+            } => {
+                let window_start = now - now % w;
+                // Roll the counts forward to the window `now` is in.
+                if *start != window_start {
+                    *previous = if *start + w == window_start {
+                        *current
+                    } else {
+                        0
+                    };
+                    *current = 0;
+                    *start = window_start;
+                }
+                let (cur, prev) = (*current, *previous);
+                let elapsed = now - window_start;
+                // Exact in integers: prev × (w − elapsed)/w + cur + cost ≤ limit.
+                let weighted = prev * (w - elapsed);
+                let allowed = weighted + (cur + cost) * w <= limit.limit * w;
+                let used = weighted.div_ceil(w) + cur + if allowed { cost } else { 0 };
+                let remaining = limit.limit.saturating_sub(used);
+                let reset_ms = if cur > 0 || allowed {
+                    window_start + 2 * w - now
+                } else if prev > 0 {
+                    window_start + w - now
+                } else {
+                    0
+                };
+                let retry_after_ms = if allowed {
+                    0
+                } else if cur + cost <= limit.limit {
+                    // Later in this window, once enough of the previous one has slid out.
+                    let room = limit.limit - cost - cur;
+                    (w - room * w / prev) - elapsed
+                } else {
+                    // Not before the next window, where this one's count is the previous.
+                    let room = limit.limit - cost;
+                    (window_start + w - now) + (w - room * w / cur)
+                };
+                Verdict {
+                    allowed,
+                    remaining,
+                    reset_ms,
+                    retry_after_ms,
+                }
+            }
+            Self::TokenBucket { tokens, last } => {
+                let capacity = limit.burst * w;
+                let available = match *last {
+                    None => capacity,
+                    Some(last) => {
+                        let elapsed = now.saturating_sub(last);
+                        let missing = capacity - *tokens;
+                        if elapsed >= missing.div_ceil(limit.limit) {
+                            capacity
+                        } else {
+                            *tokens + elapsed * limit.limit
+                        }
+                    }
+                };
+                *tokens = available;
+                *last = Some(now.max(last.unwrap_or(now)));
+                let need = cost * w;
+                let allowed = available >= need;
+                let after = if allowed { available - need } else { available };
+                Verdict {
+                    allowed,
+                    remaining: after / w,
+                    reset_ms: (capacity - after).div_ceil(limit.limit),
+                    retry_after_ms: if allowed {
+                        0
+                    } else {
+                        (need - available).div_ceil(limit.limit)
+                    },
+                }
+            }
+            Self::Gcra { tat_ms, tat_frac } => {
+                let rate = limit.limit;
+                // How far the theoretical arrival time is ahead of now, in 1/rate ms.
+                let ahead = if *tat_ms >= now {
+                    (*tat_ms - now) * rate + *tat_frac
+                } else {
+                    0
+                };
+                let tolerance = w * limit.burst;
+                let after = ahead + w * cost;
+                let allowed = after <= tolerance;
+                let held = if allowed { after } else { ahead };
+                Verdict {
+                    allowed,
+                    remaining: (tolerance - held) / w,
+                    reset_ms: held.div_ceil(rate),
+                    retry_after_ms: if allowed {
+                        0
+                    } else {
+                        (after - tolerance).div_ceil(rate)
+                    },
+                }
+            }
         }
     }
 
-    /// Takes `cost` units at `now`; call only after [`State::check`] allowed.
-    pub fn consume(&mut self, now: u64, cost: u64) {
+    /// Takes `cost` units at `now`; call only after [`State::check`] allowed
+    /// at the same `now`.
+    pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
         match self {
             Self::FixedWindow { count, .. } => *count += cost,
+            Self::SlidingWindow { current, .. } => *current += cost,
+            Self::TokenBucket { tokens, .. } => *tokens -= cost * limit.window_ms,
+            Self::Gcra { tat_ms, tat_frac } => {
+                let rate = limit.limit;
+                let ahead = if *tat_ms >= now {
+                    (*tat_ms - now) * rate + *tat_frac
+                } else {
+                    0
+                };
+                let after = ahead + limit.window_ms * cost;
+                *tat_ms = now + after / rate;
+                *tat_frac = after % rate;
+            }
             Self::SlidingLog { entries, total } => {
                 // Keep the log ordered even if the clock stepped back.
                 let t = entries.back().map_or(now, |&(last, _)| last.max(now));
@@ -121,6 +274,12 @@ impl State {
             Self::SlidingLog { entries, .. } => {
                 entries.back().map_or(0, |&(t, _)| t + limit.window_ms)
             }
+            Self::SlidingWindow { start, .. } => start + 2 * limit.window_ms,
+            Self::TokenBucket { tokens, last } => match last {
+                None => 0,
+                Some(last) => last + (limit.burst * limit.window_ms - tokens).div_ceil(limit.limit),
+            },
+            Self::Gcra { tat_ms, tat_frac } => tat_ms + u64::from(*tat_frac > 0),
         }
     }
 }
@@ -130,18 +289,14 @@ mod tests {
     use super::*;
 
     fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
-        Limit {
-            algorithm,
-            limit,
-            window_ms,
-        }
+        Limit::new(algorithm, limit, window_ms)
     }
 
     /// Checks and, when allowed, consumes: one limit deciding alone.
     fn take(state: &mut State, l: &Limit, now: u64, cost: u64) -> Verdict {
         let v = state.check(l, now, cost);
         if v.allowed {
-            state.consume(now, cost);
+            state.consume(l, now, cost);
         }
         v
     }
@@ -231,13 +386,28 @@ mod tests {
 
     #[test]
     fn a_denial_consumes_nothing() {
-        for alg in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
             let l = limit(alg, 2, 1000);
             let mut s = State::new(alg);
             assert!(take(&mut s, &l, 0, 2).allowed);
-            let before = s.clone();
+            let mut untouched = s.clone();
             assert!(!take(&mut s, &l, 10, 1).allowed);
-            assert_eq!(s, before, "{alg:?}");
+            // Checking may tidy the state, but every later answer is the same
+            // as if the denied request had never come.
+            for now in [10, 500, 999, 1000, 1500, 2000, 5000] {
+                let after_denial = take(&mut s, &l, now, 1);
+                assert_eq!(
+                    after_denial,
+                    take(&mut untouched, &l, now, 1),
+                    "{alg:?} at {now}"
+                );
+            }
         }
     }
 }

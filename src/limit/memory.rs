@@ -76,8 +76,8 @@ impl MemoryStore {
             Decision::combine(verdicts)
         };
         if decision.allowed {
-            for state in entry.states.iter_mut() {
-                state.consume(now, charge.cost);
+            for (state, limit) in entry.states.iter_mut().zip(charge.limits) {
+                state.consume(limit, now, charge.cost);
             }
         }
         entry.expires_at = entry
@@ -151,16 +151,8 @@ mod tests {
         let route: Arc<str> = "api".into();
         let client = ClientId::Addr([192, 0, 2, 1].into());
         let limits = [
-            Limit {
-                algorithm: Algorithm::SlidingLog,
-                limit: 10,
-                window_ms: 60_000,
-            },
-            Limit {
-                algorithm: Algorithm::FixedWindow,
-                limit: 2,
-                window_ms: 1_000,
-            },
+            Limit::new(Algorithm::SlidingLog, 10, 60_000),
+            Limit::new(Algorithm::FixedWindow, 2, 1_000),
         ];
         let store = MemoryStore::new();
         let c = charge(&route, &client, &limits);
@@ -190,11 +182,7 @@ mod tests {
     #[test]
     fn expired_clients_are_swept() {
         let route: Arc<str> = "api".into();
-        let limits = [Limit {
-            algorithm: Algorithm::SlidingLog,
-            limit: 1,
-            window_ms: 1_000,
-        }];
+        let limits = [Limit::new(Algorithm::SlidingLog, 1, 1_000)];
         let store = MemoryStore::new();
         for i in 0..10_000u32 {
             let client = ClientId::Addr(std::net::Ipv4Addr::from(i).into());

@@ -23,6 +23,13 @@ pub enum Algorithm {
     FixedWindow,
     /// At most `limit` in any trailing `window`, exactly.
     SlidingLog,
+    /// The current window's count plus the previous window's, weighted by
+    /// how much of it the trailing window still overlaps.
+    SlidingWindow,
+    /// Refills `limit` tokens per `window` continuously, up to `burst`.
+    TokenBucket,
+    /// Generic cell rate: one unit per `window / limit`, bursts up to `burst`.
+    Gcra,
 }
 
 impl Algorithm {
@@ -31,6 +38,9 @@ impl Algorithm {
         match self {
             Self::FixedWindow => "fixed_window",
             Self::SlidingLog => "sliding_log",
+            Self::SlidingWindow => "sliding_window",
+            Self::TokenBucket => "token_bucket",
+            Self::Gcra => "gcra",
         }
     }
 }
@@ -44,6 +54,34 @@ pub struct Limit {
     pub limit: u64,
     /// The window, in milliseconds.
     pub window_ms: u64,
+    /// Most units available at once (`token_bucket`, `gcra`); equals
+    /// `limit` for the window algorithms.
+    pub burst: u64,
+}
+
+impl Limit {
+    /// `limit` units per `window_ms`, with a burst of `limit`.
+    pub fn new(algorithm: Algorithm, limit: u64, window_ms: u64) -> Self {
+        Self {
+            algorithm,
+            limit,
+            window_ms,
+            burst: limit,
+        }
+    }
+
+    /// The same limit with another burst.
+    pub fn with_burst(self, burst: u64) -> Self {
+        Self { burst, ..self }
+    }
+
+    /// Most units one request may cost and still be admissible.
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => self.burst,
+            _ => self.limit,
+        }
+    }
 }
 
 /// One limit's answer to one request.

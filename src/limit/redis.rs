@@ -31,6 +31,9 @@ pub const SCRIPT: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/fixed_window.lua"),
     include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/gcra.lua"),
     include_str!("../../lua/decide.lua"),
 );
 
@@ -117,7 +120,8 @@ impl RedisStore {
             invocation
                 .arg(limit.algorithm.name())
                 .arg(limit.limit)
-                .arg(limit.window_ms);
+                .arg(limit.window_ms)
+                .arg(limit.burst);
         }
         let work = async {
             let (mut conn, lane) = self.connection().await?;

@@ -1,0 +1,413 @@
+//! Every algorithm, both stores: the Lua scripts on a real Redis against
+//! their pure Rust twins, decision by decision, on random traces; and each
+//! algorithm's published behaviour as table tests run on both.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use floodgate::client::ClientId;
+use floodgate::limit::algorithms::State;
+use floodgate::limit::memory::MemoryStore;
+use floodgate::limit::redis::RedisStore;
+use floodgate::limit::{Algorithm, Charge, Decision, Limit};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use support::redis::{TestRedis, unique_prefix};
+
+const ALL: [Algorithm; 5] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingLog,
+    Algorithm::SlidingWindow,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+];
+
+/// Both stores, asked the same questions at the same times.
+struct Both {
+    redis: RedisStore,
+    memory: MemoryStore,
+    route: Arc<str>,
+}
+
+impl Both {
+    fn new(redis: &TestRedis, test: &str) -> Self {
+        Self {
+            redis: RedisStore::new(&redis.url, &unique_prefix(test), Duration::from_secs(2))
+                .expect("store"),
+            memory: MemoryStore::new(),
+            route: "r".into(),
+        }
+    }
+
+    /// Decides in both stores, returning both answers.
+    async fn decide_both(
+        &self,
+        client: u8,
+        limits: &[Limit],
+        cost: u64,
+        now: u64,
+    ) -> (Decision, Decision) {
+        let client = ClientId::Addr([10, 0, 0, client].into());
+        let charge = Charge {
+            route: &self.route,
+            client: &client,
+            limits,
+            cost,
+        };
+        let lua = self
+            .redis
+            .decide_at(charge, Some(now))
+            .await
+            .expect("redis decision");
+        let rust = self.memory.decide_at(charge, now);
+        (lua, rust)
+    }
+
+    /// Decides in both stores and insists they agree.
+    async fn decide(&self, limits: &[Limit], cost: u64, now: u64) -> Decision {
+        let (lua, rust) = self.decide_both(1, limits, cost, now).await;
+        assert_eq!(
+            lua, rust,
+            "Lua and Rust disagree at {now} (cost {cost}, {limits:?})"
+        );
+        lua
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("FLOODGATE_PROPTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(7, |d| d.as_nanos() as u64)
+        })
+}
+
+fn runner(seed: u64, cases: u32) -> TestRunner {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
+}
+
+/// A random limit of `algorithm`: small limits and windows from 1 ms to 10 s,
+/// including rates below one per second and limits that don't divide windows.
+fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
+    (
+        1u64..=12,
+        prop::sample::select(vec![1u64, 7, 250, 1_000, 3_000, 10_000]),
+        1u64..=24,
+    )
+        .prop_map(move |(limit, window, burst)| {
+            let l = Limit::new(algorithm, limit, window);
+            match algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => l.with_burst(burst),
+                _ => l,
+            }
+        })
+}
+
+/// A trace: (time step 0..=2×window, cost 1..=capacity, client 0..3).
+fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<(u64, u64, u8)>)> {
+    let window = limits.iter().map(|l| l.window_ms).max().unwrap_or(1);
+    let capacity = limits.iter().map(Limit::capacity).min().unwrap_or(1);
+    (
+        Just(limits),
+        1_700_000_000_000u64..1_700_100_000_000,
+        prop::collection::vec((0..=2 * window, 1..=capacity.min(6), 0u8..3), 1..48),
+    )
+}
+
+/// Runs random traces through Lua on Redis and through the Rust twin; every
+/// decision must agree in every field.
+fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
+    let seed = seed();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let redis = rt.block_on(TestRedis::start());
+    let strategy = limits.prop_flat_map(trace);
+    let result = runner(seed, 160).run(&strategy, |(limits, start, steps)| {
+        rt.block_on(async {
+            let both = Both::new(&redis, name);
+            let mut now = start;
+            for (i, &(dt, cost, client)) in steps.iter().enumerate() {
+                now += dt;
+                let (lua, rust) = both.decide_both(client, &limits, cost, now).await;
+                prop_assert_eq!(
+                    lua,
+                    rust,
+                    "step {} at +{} ms, cost {}, client {}",
+                    i,
+                    now - start,
+                    cost,
+                    client
+                );
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{name}: {e}\nreproduce with FLOODGATE_PROPTEST_SEED={seed}");
+    }
+}
+
+#[test]
+fn fixed_window_lua_agrees_with_rust() {
+    lua_agrees_with_rust(
+        "fixed_window",
+        limit_of(Algorithm::FixedWindow).prop_map(|l| vec![l]),
+    );
+}
+
+#[test]
+fn sliding_log_lua_agrees_with_rust() {
+    lua_agrees_with_rust(
+        "sliding_log",
+        limit_of(Algorithm::SlidingLog).prop_map(|l| vec![l]),
+    );
+}
+
+#[test]
+fn sliding_window_lua_agrees_with_rust() {
+    lua_agrees_with_rust(
+        "sliding_window",
+        limit_of(Algorithm::SlidingWindow).prop_map(|l| vec![l]),
+    );
+}
+
+#[test]
+fn token_bucket_lua_agrees_with_rust() {
+    lua_agrees_with_rust(
+        "token_bucket",
+        limit_of(Algorithm::TokenBucket).prop_map(|l| vec![l]),
+    );
+}
+
+#[test]
+fn gcra_lua_agrees_with_rust() {
+    lua_agrees_with_rust("gcra", limit_of(Algorithm::Gcra).prop_map(|l| vec![l]));
+}
+
+#[test]
+fn mixed_limits_on_one_route_agree_and_decide_all_or_nothing() {
+    let limits = ALL.map(limit_of);
+    lua_agrees_with_rust("mixed", limits.prop_map(|l| l.to_vec()));
+}
+
+/// A denied client that waits exactly the reported retry-after is admitted,
+/// and not a millisecond earlier.
+#[test]
+fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
+    let seed = seed();
+    let strategy = prop::sample::select(ALL.to_vec())
+        .prop_flat_map(limit_of)
+        .prop_flat_map(|l| trace(vec![l]));
+    let result = runner(seed, 2_000).run(&strategy, |(limits, start, steps)| {
+        let limit = limits[0];
+        let mut state = State::new(limit.algorithm);
+        let mut now = start;
+        for &(dt, cost, _) in &steps {
+            now += dt;
+            let verdict = state.check(&limit, now, cost);
+            if verdict.allowed {
+                state.consume(&limit, now, cost);
+                continue;
+            }
+            prop_assert!(verdict.retry_after_ms > 0);
+            let mut early = state.clone();
+            let at = now + verdict.retry_after_ms;
+            prop_assert!(
+                !early.check(&limit, at - 1, cost).allowed,
+                "admitted before retry-after"
+            );
+            let mut waited = state.clone();
+            prop_assert!(
+                waited.check(&limit, at, cost).allowed,
+                "denied at retry-after {}",
+                verdict.retry_after_ms
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}\nreproduce with FLOODGATE_PROPTEST_SEED={seed}");
+    }
+}
+
+// === published behaviour, on both stores ===
+
+const T0: u64 = 1_700_000_000_000; // a multiple of every window below
+
+#[tokio::test]
+async fn gcra_follows_the_redis_rate_sequence() {
+    let redis = TestRedis::start().await;
+    let both = Both::new(&redis, "gcra-seq");
+    let l = [Limit::new(Algorithm::Gcra, 10, 1_000)];
+    let d = both.decide(&l, 1, T0).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 9, 100));
+    let d = both.decide(&l, 2, T0).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 7, 300));
+    let d = both.decide(&l, 7, T0).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 0, 1_000));
+    let d = both.decide(&l, 1, T0).await;
+    assert_eq!(
+        (d.allowed, d.remaining, d.retry_after_ms, d.reset_ms),
+        (false, 0, 100, 1_000)
+    );
+    // One emission interval later exactly one more unit fits.
+    assert!(both.decide(&l, 1, T0 + 100).await.allowed);
+    assert!(!both.decide(&l, 1, T0 + 100).await.allowed);
+}
+
+#[tokio::test]
+async fn gcra_keeps_an_interval_that_does_not_divide_the_window_exact() {
+    let redis = TestRedis::start().await;
+    let both = Both::new(&redis, "gcra-third");
+    // 3 per second, burst 1: one every 333⅓ ms after the last admission.
+    // From 0 the next is due at 333⅓, so 333 is early and 334 admitted; from
+    // 334 the next is due at 667⅓. Rounding never admits a client early.
+    let l = [Limit::new(Algorithm::Gcra, 3, 1_000).with_burst(1)];
+    assert!(both.decide(&l, 1, T0).await.allowed);
+    for (t, allowed) in [
+        (333, false),
+        (334, true),
+        (667, false),
+        (668, true),
+        (1_001, false),
+        (1_002, true),
+    ] {
+        assert_eq!(
+            both.decide(&l, 1, T0 + t).await.allowed,
+            allowed,
+            "at +{t} ms"
+        );
+    }
+}
+
+#[tokio::test]
+async fn token_bucket_refills_continuously_at_exact_instants() {
+    let redis = TestRedis::start().await;
+    let both = Both::new(&redis, "tb");
+    // 10 tokens per second (one per 100 ms), capacity 5.
+    let l = [Limit::new(Algorithm::TokenBucket, 10, 1_000).with_burst(5)];
+    for remaining in (0..5).rev() {
+        let d = both.decide(&l, 1, T0).await;
+        assert_eq!((d.allowed, d.remaining), (true, remaining));
+    }
+    let d = both.decide(&l, 1, T0 + 50).await;
+    assert_eq!((d.allowed, d.retry_after_ms), (false, 50));
+    assert!(!both.decide(&l, 1, T0 + 99).await.allowed);
+    let d = both.decide(&l, 1, T0 + 100).await;
+    assert_eq!(
+        (d.allowed, d.remaining),
+        (true, 0),
+        "one token at exactly 100 ms"
+    );
+    // 250 ms later: 2.5 tokens, so cost 2 fits and leaves the half token.
+    let d = both.decide(&l, 2, T0 + 350).await;
+    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 0, 450));
+    // A long pause refills to capacity, never beyond.
+    let d = both.decide(&l, 1, T0 + 60_000).await;
+    assert_eq!((d.allowed, d.remaining), (true, 4));
+}
+
+#[tokio::test]
+async fn rates_below_one_per_second_and_sub_second_windows_work() {
+    let redis = TestRedis::start().await;
+    for algorithm in ALL {
+        let both = Both::new(&redis, "slow");
+        let slow = [Limit::new(algorithm, 1, 10_000)];
+        assert!(both.decide(&slow, 1, T0).await.allowed, "{algorithm:?}");
+        let d = both.decide(&slow, 1, T0 + 5_000).await;
+        assert!(!d.allowed, "{algorithm:?}");
+        assert!(
+            d.retry_after_ms > 0 && d.retry_after_ms <= 15_000,
+            "{algorithm:?}: {d:?}"
+        );
+        let fast = [Limit::new(algorithm, 2, 250)];
+        let both = Both::new(&redis, "fast");
+        assert!(both.decide(&fast, 1, T0).await.allowed, "{algorithm:?}");
+        assert!(both.decide(&fast, 1, T0).await.allowed, "{algorithm:?}");
+        assert!(
+            !both.decide(&fast, 1, T0 + 10).await.allowed,
+            "{algorithm:?}"
+        );
+        assert!(
+            both.decide(&fast, 1, T0 + 500).await.allowed,
+            "{algorithm:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn fixed_window_edge_burst_is_twice_the_limit_and_sliding_log_has_none() {
+    let redis = TestRedis::start().await;
+    let mut admitted = Vec::new();
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+    ] {
+        let both = Both::new(&redis, "edge");
+        let l = [Limit::new(algorithm, 5, 1_000)];
+        let mut n = 0;
+        for now in [T0 + 999; 5].into_iter().chain([T0 + 1_000; 5]) {
+            n += usize::from(both.decide(&l, 1, now).await.allowed);
+        }
+        admitted.push(n);
+    }
+    assert_eq!(
+        admitted,
+        [10, 5, 5],
+        "fixed, log, sliding window across one boundary"
+    );
+}
+
+#[tokio::test]
+async fn sliding_window_weights_the_previous_window_by_its_overlap() {
+    let redis = TestRedis::start().await;
+    let both = Both::new(&redis, "sw");
+    let l = [Limit::new(Algorithm::SlidingWindow, 10, 1_000)];
+    for _ in 0..8 {
+        assert!(both.decide(&l, 1, T0 + 500).await.allowed);
+    }
+    // 250 ms into the next window, 75% of the previous 8 still count: 6.
+    // So 4 more fit: remaining after one is 3.
+    let d = both.decide(&l, 1, T0 + 1_250).await;
+    assert_eq!((d.allowed, d.remaining), (true, 3));
+    for _ in 0..3 {
+        assert!(both.decide(&l, 1, T0 + 1_250).await.allowed);
+    }
+    let d = both.decide(&l, 1, T0 + 1_250).await;
+    assert!(!d.allowed);
+    // 8 × (1000 − e)/1000 + 4 + 1 ≤ 10 needs e ≥ 375: 125 ms from now.
+    assert_eq!(d.retry_after_ms, 125);
+    assert!(!both.decide(&l, 1, T0 + 1_374).await.allowed);
+    assert!(both.decide(&l, 1, T0 + 1_375).await.allowed);
+}
+
+#[tokio::test]
+async fn cost_larger_than_one_is_counted_in_every_algorithm() {
+    let redis = TestRedis::start().await;
+    for algorithm in ALL {
+        let both = Both::new(&redis, "cost");
+        let l = [Limit::new(algorithm, 10, 60_000)];
+        let d = both.decide(&l, 4, T0).await;
+        assert_eq!((d.allowed, d.remaining), (true, 6), "{algorithm:?}");
+        assert_eq!(both.decide(&l, 4, T0).await.remaining, 2, "{algorithm:?}");
+        let d = both.decide(&l, 4, T0).await;
+        assert_eq!(
+            (d.allowed, d.remaining),
+            (false, 2),
+            "{algorithm:?}: a denial takes nothing"
+        );
+        assert!(both.decide(&l, 2, T0).await.allowed, "{algorithm:?}");
+    }
+}
