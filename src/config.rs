@@ -19,7 +19,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::client::{ClientRule, MissingHeader};
+use crate::client::{ClientRule, MissingHeader, Part};
 use crate::limit::{Algorithm, Limit};
 use crate::routes::{Action, Match, Respond, Route, Table, Upstream};
 
@@ -56,6 +56,8 @@ pub struct Server {
     pub admin_listen: Option<SocketAddr>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Clients that bypass every route's limits.
+    pub exempt: Vec<IpNet>,
     /// Default deadline for an upstream's response head (504 past it).
     pub upstream_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
@@ -183,6 +185,8 @@ struct ServerModel {
     admin_listen: Option<Spanned<String>>,
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
+    #[serde(default)]
+    exempt: Vec<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
@@ -212,6 +216,8 @@ struct RouteModel {
     cost: Option<Spanned<i64>>,
     #[serde(default)]
     shadow: bool,
+    #[serde(default)]
+    exempt: Vec<Spanned<String>>,
     limits: Option<Spanned<Vec<Spanned<LimitModel>>>>,
 }
 
@@ -239,6 +245,8 @@ struct ClientModel {
     from: Option<Spanned<String>>,
     name: Option<Spanned<String>>,
     missing: Option<Spanned<String>>,
+    parts: Option<Spanned<Vec<Spanned<String>>>>,
+    ipv6_prefix: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -349,6 +357,23 @@ impl Validator<'_> {
         }
     }
 
+    fn networks(&mut self, list: &[Spanned<String>], key: &str) -> Vec<IpNet> {
+        let mut nets = Vec::new();
+        for cidr in list {
+            match parse_cidr(cidr.get_ref()) {
+                Some(net) => nets.push(net),
+                None => self.problem(
+                    cidr.span(),
+                    format!(
+                        "{key} entry {:?} is not an address or CIDR such as \"10.0.0.0/8\"",
+                        cidr.get_ref()
+                    ),
+                ),
+            }
+        }
+        nets
+    }
+
     fn server(&mut self, model: &Spanned<ServerModel>) -> Option<Server> {
         let m = model.get_ref();
         let listen = self.socket_addr(&m.listen, "listen");
@@ -356,19 +381,8 @@ impl Validator<'_> {
             Some(a) => Some(self.socket_addr(a, "admin_listen")?),
             None => None,
         };
-        let mut trusted_proxies = Vec::new();
-        for cidr in &m.trusted_proxies {
-            match parse_cidr(cidr.get_ref()) {
-                Some(net) => trusted_proxies.push(net),
-                None => self.problem(
-                    cidr.span(),
-                    format!(
-                        "trusted_proxies entry {:?} is not an address or CIDR such as \"10.0.0.0/8\"",
-                        cidr.get_ref()
-                    ),
-                ),
-            }
-        }
+        let trusted_proxies = self.networks(&m.trusted_proxies, "trusted_proxies");
+        let exempt = self.networks(&m.exempt, "exempt");
         let upstream_timeout = self.optional_duration(
             m.upstream_timeout.as_ref(),
             "upstream_timeout",
@@ -388,6 +402,7 @@ impl Validator<'_> {
             listen: listen?,
             admin_listen,
             trusted_proxies,
+            exempt,
             upstream_timeout: upstream_timeout?,
             shutdown_grace: shutdown_grace?,
             header_read_timeout: header_read_timeout?,
@@ -504,9 +519,16 @@ impl Validator<'_> {
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
         let default_timeout = server.map_or(DEFAULT_UPSTREAM_TIMEOUT, |s| s.upstream_timeout);
+        let server_exempt = server.map_or(&[][..], |s| &s.exempt);
         for model in models {
             let span = model.span();
-            let Some(route) = self.route(model.get_ref(), span.clone(), default_timeout) else {
+            let route = self.route(
+                model.get_ref(),
+                span.clone(),
+                default_timeout,
+                server_exempt,
+            );
+            let Some(route) = route else {
                 continue;
             };
             if !names.insert(route.name.clone()) {
@@ -537,6 +559,7 @@ impl Validator<'_> {
         m: &RouteModel,
         span: Range<usize>,
         default_timeout: Duration,
+        server_exempt: &[IpNet],
     ) -> Option<Route> {
         let name = m.name.get_ref();
         let name_ok = valid_name(name);
@@ -596,6 +619,8 @@ impl Validator<'_> {
             (Some(l), Some(n)) => crate::response::policy_header(n, l),
             _ => None,
         };
+        let mut exempt = server_exempt.to_vec();
+        exempt.extend(self.networks(&m.exempt, "exempt"));
         if !name_ok {
             return None;
         }
@@ -609,6 +634,8 @@ impl Validator<'_> {
             limits: limits?,
             policy_names: policy_names?,
             policy_header: policy,
+            exempt,
+            outcomes: Default::default(),
         })
     }
 
@@ -769,7 +796,7 @@ impl Validator<'_> {
 
     fn client(&mut self, model: Option<&Spanned<ClientModel>>) -> Option<ClientRule> {
         let Some(model) = model else {
-            return Some(ClientRule::RemoteAddr);
+            return Some(ClientRule::remote_addr());
         };
         let m = model.get_ref();
         let from = m
@@ -791,56 +818,129 @@ impl Validator<'_> {
                 }
             },
         };
-        let only_for_header = |v: &mut Self| {
-            for (key, span) in [
-                ("name", m.name.as_ref().map(Spanned::span)),
-                ("missing", m.missing.as_ref().map(Spanned::span)),
-            ] {
-                if let Some(span) = span {
-                    v.problem(span, format!("{key} is only used with from = \"header\""));
+        let ipv6_prefix = match &m.ipv6_prefix {
+            None => Some(128),
+            Some(p) => match u8::try_from(*p.get_ref()) {
+                Ok(bits @ 1..=128) => Some(bits),
+                _ => {
+                    self.problem(
+                        p.span(),
+                        "ipv6_prefix must be a prefix length from 1 to 128",
+                    );
+                    None
                 }
+            },
+        };
+        let misplaced = |v: &mut Self, key: &str, span: Option<Range<usize>>, wanted: &str| {
+            if let Some(span) = span {
+                v.problem(span, format!("{key} is only used with {wanted}"));
             }
         };
-        match from {
-            "remote_addr" => {
-                only_for_header(self);
-                Some(ClientRule::RemoteAddr)
-            }
-            "forwarded_for" => {
-                only_for_header(self);
-                Some(ClientRule::ForwardedFor)
-            }
-            "header" => {
-                let Some(name) = &m.name else {
+        if from != "header" {
+            misplaced(
+                self,
+                "name",
+                m.name.as_ref().map(Spanned::span),
+                "from = \"header\"",
+            );
+        }
+        if from != "composite" {
+            misplaced(
+                self,
+                "parts",
+                m.parts.as_ref().map(Spanned::span),
+                "from = \"composite\"",
+            );
+        }
+        let parts = match from {
+            "remote_addr" => Some(vec![Part::RemoteAddr]),
+            "forwarded_for" => Some(vec![Part::ForwardedFor]),
+            "header" => match &m.name {
+                Some(name) => self.header_name(name).map(|h| vec![Part::Header(h)]),
+                None => {
                     self.problem(
                         from_span,
                         "from = \"header\" needs name = \"X-Api-Key\" (the header to read)",
                     );
-                    return None;
-                };
-                match HeaderName::from_bytes(name.get_ref().as_bytes()) {
-                    Ok(header) => Some(ClientRule::Header {
-                        name: header,
-                        missing: missing?,
-                    }),
-                    Err(_) => {
-                        self.problem(
-                            name.span(),
-                            format!("{:?} is not a valid header name", name.get_ref()),
-                        );
-                        None
-                    }
+                    None
                 }
-            }
+            },
+            "composite" => match &m.parts {
+                Some(list) if list.get_ref().len() >= 2 => {
+                    let parts: Vec<Option<Part>> =
+                        list.get_ref().iter().map(|p| self.part(p)).collect();
+                    parts.into_iter().collect()
+                }
+                Some(list) => {
+                    self.problem(list.span(), "parts needs at least two entries");
+                    None
+                }
+                None => {
+                    self.problem(
+                        from_span,
+                        "from = \"composite\" needs parts, e.g. [\"header:X-Api-Key\", \"remote_addr\"]",
+                    );
+                    None
+                }
+            },
             other => {
                 self.problem(
                     from_span,
                     format!(
-                        "from {other:?} is not one of \"remote_addr\", \"header\", \"forwarded_for\""
+                        "from {other:?} is not one of \"remote_addr\", \"header\", \"forwarded_for\", \"composite\""
                     ),
                 );
                 None
             }
+        };
+        let parts = parts?;
+        if !parts.iter().any(|p| matches!(p, Part::Header(_))) {
+            misplaced(
+                self,
+                "missing",
+                m.missing.as_ref().map(Spanned::span),
+                "a header part",
+            );
+        }
+        Some(ClientRule {
+            parts,
+            missing: missing?,
+            ipv6_prefix: ipv6_prefix?,
+        })
+    }
+
+    fn header_name(&mut self, name: &Spanned<String>) -> Option<HeaderName> {
+        match HeaderName::from_bytes(name.get_ref().as_bytes()) {
+            Ok(header) => Some(header),
+            Err(_) => {
+                self.problem(
+                    name.span(),
+                    format!("{:?} is not a valid header name", name.get_ref()),
+                );
+                None
+            }
+        }
+    }
+
+    fn part(&mut self, part: &Spanned<String>) -> Option<Part> {
+        match part.get_ref().as_str() {
+            "remote_addr" => Some(Part::RemoteAddr),
+            "forwarded_for" => Some(Part::ForwardedFor),
+            text => match text.strip_prefix("header:") {
+                Some(name) => {
+                    let name = Spanned::new(part.span(), name.to_owned());
+                    self.header_name(&name).map(Part::Header)
+                }
+                None => {
+                    self.problem(
+                        part.span(),
+                        format!(
+                            "part {text:?} is not one of \"remote_addr\", \"forwarded_for\", \"header:<name>\""
+                        ),
+                    );
+                    None
+                }
+            },
         }
     }
 

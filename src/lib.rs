@@ -8,6 +8,7 @@
 //! | [`routes`] | which route is this request on? |
 //! | [`client`] | who is asking? |
 //! | [`limit`] | is it allowed? (algorithms and stores) |
+//! | [`metrics`] | what happened, counted per route and outcome |
 //! | [`proxy`] | forward it upstream and stream the answer back |
 //! | [`response`] | floodgate's own answers and the rate-limit headers |
 //! | [`server`] | accept connections, run each request through the above, shut down gracefully |
@@ -18,6 +19,7 @@
 pub mod client;
 pub mod config;
 pub mod limit;
+pub mod metrics;
 pub mod proxy;
 pub mod response;
 pub mod routes;

@@ -14,6 +14,8 @@ use http::{HeaderValue, Method, StatusCode};
 
 use crate::client::ClientRule;
 use crate::limit::Limit;
+use crate::metrics::Outcomes;
+use ipnet::IpNet;
 
 /// The compiled routes of one configuration, in file order.
 #[derive(Debug, Clone, Default)]
@@ -22,7 +24,7 @@ pub struct Table {
 }
 
 /// One `[[routes]]` entry, compiled.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Route {
     /// Unique name, used in keys, logs, metrics and headers.
     pub name: Arc<str>,
@@ -42,6 +44,12 @@ pub struct Route {
     pub policy_names: Vec<String>,
     /// The `RateLimit-Policy` value, computed once at load.
     pub policy_header: Option<HeaderValue>,
+    /// Clients in these networks bypass the limits (`[server]`'s and the
+    /// route's own `exempt`).
+    pub exempt: Vec<IpNet>,
+    /// Requests by outcome; shared with the route of the same name across
+    /// reloads.
+    pub outcomes: Arc<Outcomes>,
 }
 
 /// What a request must look like to belong to a route.
@@ -65,7 +73,7 @@ pub struct HostMatch {
 }
 
 /// What happens to an allowed request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Action {
     /// Forward to an upstream server.
     Upstream(Upstream),
@@ -114,6 +122,25 @@ impl Table {
         Self {
             routes: routes.into_iter().map(Arc::new).collect(),
         }
+    }
+
+    /// A copy of this table whose routes keep counting where the routes of
+    /// the same name in `previous` left off.
+    pub fn continuing(&self, previous: &Table) -> Table {
+        let routes = self
+            .routes
+            .iter()
+            .map(
+                |route| match previous.routes.iter().find(|p| p.name == route.name) {
+                    Some(old) => Arc::new(Route {
+                        outcomes: Arc::clone(&old.outcomes),
+                        ..route.as_ref().clone()
+                    }),
+                    None => Arc::clone(route),
+                },
+            )
+            .collect();
+        Table { routes }
     }
 
     /// The route a request belongs to, if any.

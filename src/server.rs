@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -17,10 +18,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use ipnet::IpNet;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
+use crate::client::{client_address, is_in};
 use crate::config::Config;
-use crate::limit::{Charge, Limiter, Outcome};
+use crate::limit::{Answer, Charge, Limiter};
+use crate::metrics::Outcome;
 use crate::proxy::Forwarder;
 use crate::response::{self, Body};
 use crate::routes::{Action, RequestFacts, Table, request_paths};
@@ -30,6 +33,8 @@ use crate::routes::{Action, RequestFacts, Table, request_paths};
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted in one request.
 const MAX_HEADERS: usize = 100;
+/// Longest request target (path and query) accepted; past it 414.
+const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// The part of a configuration that a reload swaps.
 #[derive(Debug)]
@@ -85,11 +90,14 @@ pub async fn run(
     });
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
 
+    let header_read_timeout = config.server.header_read_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.server.header_read_timeout)
+        // The first request head is timed by the accept loop (which answers
+        // 408); this closes connections that idle between requests.
+        .header_read_timeout(header_read_timeout + Duration::from_secs(1))
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS);
     builder
@@ -112,15 +120,41 @@ pub async fn run(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                // A second handle on the socket, so a client too slow to send
+                // its first request head can still be told 408.
+                let (stream, spare) = match spare_handle(stream) {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "cannot set up connection");
+                        continue;
+                    }
+                };
+                let started = Arc::new(AtomicBool::new(false));
                 let shared = Arc::clone(&shared);
+                let seen = Arc::clone(&started);
                 let service = service_fn(move |request| {
+                    seen.store(true, Ordering::Relaxed);
                     let shared = Arc::clone(&shared);
                     async move { Ok::<_, Infallible>(handle(&shared, peer, request).await) }
                 });
                 let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
-                    if let Err(e) = connection.await {
+                    tokio::pin!(connection);
+                    let first = tokio::select! {
+                        result = &mut connection => Some(result),
+                        () = tokio::time::sleep(header_read_timeout) => None,
+                    };
+                    let result = match first {
+                        Some(result) => result,
+                        None if started.load(Ordering::Relaxed) => connection.await,
+                        None => {
+                            drop(connection);
+                            request_timeout(spare);
+                            return;
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
                 });
@@ -144,6 +178,24 @@ pub async fn run(
     Ok(())
 }
 
+/// Splits a connection into the stream hyper serves and a spare handle on
+/// the same socket.
+fn spare_handle(stream: TcpStream) -> std::io::Result<(TcpStream, std::net::TcpStream)> {
+    let std = stream.into_std()?;
+    let spare = std.try_clone()?;
+    Ok((TcpStream::from_std(std)?, spare))
+}
+
+/// Answers 408 on a connection whose first request head did not arrive in
+/// time, then closes it.
+fn request_timeout(mut spare: std::net::TcpStream) {
+    use std::io::Write as _;
+    let _ = spare.write_all(
+        b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+    );
+    let _ = spare.shutdown(std::net::Shutdown::Both);
+}
+
 /// Evicts expired in-process state every second.
 async fn sweep(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -156,6 +208,13 @@ async fn sweep(shared: Arc<Shared>) {
 
 /// One request: route, client, limit, then forward or deny.
 async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+    if request
+        .uri()
+        .path_and_query()
+        .is_some_and(|pq| pq.as_str().len() > MAX_URI_BYTES)
+    {
+        return response::text(StatusCode::URI_TOO_LONG, "request target too long\n");
+    }
     let rules = shared.rules.load_full();
     let (forward_path, matched_path) = match request_paths(request.uri().path()) {
         Ok(paths) => paths,
@@ -199,8 +258,17 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
     };
 
+    let exempt = !route.exempt.is_empty()
+        && is_in(
+            client_address(request.headers(), peer.ip(), &rules.trusted_proxies),
+            &route.exempt,
+        );
     let mut decision = None;
-    if !route.limits.is_empty() {
+    if exempt {
+        route.outcomes.count(Outcome::Exempt);
+    } else if route.limits.is_empty() {
+        route.outcomes.count(Outcome::Allowed);
+    } else {
         let charge = Charge {
             route: &route.name,
             client: &client,
@@ -208,22 +276,29 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
             cost: route.cost,
         };
         match shared.limiter.decide(charge).await {
-            Outcome::Decided(d) if d.allowed => decision = Some(d),
-            Outcome::Decided(d) if route.shadow => {
+            Answer::Decided(d) if d.allowed => {
+                route.outcomes.count(Outcome::Allowed);
+                decision = Some(d);
+            }
+            Answer::Decided(d) if route.shadow => {
+                route.outcomes.count(Outcome::ShadowDenied);
                 tracing::info!(route = %route.name, client = ?client, "shadow: would have denied");
                 decision = Some(d);
             }
-            Outcome::Decided(d) => {
+            Answer::Decided(d) => {
+                route.outcomes.count(Outcome::Denied);
                 tracing::debug!(route = %route.name, client = ?client, "denied");
                 return response::too_many_requests(&route, &d);
             }
-            Outcome::Unavailable {
-                deny: true,
+            Answer::Unavailable {
+                deny,
                 retry_after_ms,
-            } if !route.shadow => {
-                return response::store_unavailable(retry_after_ms);
+            } => {
+                route.outcomes.count(Outcome::StoreError);
+                if deny && !route.shadow {
+                    return response::store_unavailable(retry_after_ms);
+                }
             }
-            Outcome::Unavailable { .. } => {}
         }
     }
 

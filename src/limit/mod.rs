@@ -214,7 +214,7 @@ pub enum Limiter {
 
 /// What the limiter says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Answer {
     /// The store decided.
     Decided(Decision),
     /// The store could not decide in time and `on_error` says what to do:
@@ -259,16 +259,16 @@ impl Limiter {
     }
 
     /// Decides one request.
-    pub async fn decide(&self, charge: Charge<'_>) -> Outcome {
+    pub async fn decide(&self, charge: Charge<'_>) -> Answer {
         match self {
-            Self::Memory(store) => Outcome::Decided(store.decide_at(charge, now_ms())),
+            Self::Memory(store) => Answer::Decided(store.decide_at(charge, now_ms())),
             Self::Redis {
                 store,
                 on_error,
                 local,
                 last_logged,
             } => match store.decide(charge).await {
-                Ok(decision) => Outcome::Decided(decision),
+                Ok(decision) => Answer::Decided(decision),
                 Err(e) => {
                     let now = now_ms();
                     let last = last_logged.load(Ordering::Relaxed);
@@ -280,15 +280,15 @@ impl Limiter {
                         tracing::warn!(error = %e, on_error = ?on_error, "rate limit store failed");
                     }
                     match on_error {
-                        OnError::Allow => Outcome::Unavailable {
+                        OnError::Allow => Answer::Unavailable {
                             deny: false,
                             retry_after_ms: 0,
                         },
-                        OnError::Deny => Outcome::Unavailable {
+                        OnError::Deny => Answer::Unavailable {
                             deny: true,
                             retry_after_ms: STORE_RETRY_AFTER_MS,
                         },
-                        OnError::Local => Outcome::Decided(local.decide_at(charge, now)),
+                        OnError::Local => Answer::Decided(local.decide_at(charge, now)),
                     }
                 }
             },

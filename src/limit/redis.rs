@@ -165,7 +165,8 @@ impl Store for RedisStore {
 /// Writes a client id so that it cannot break the hash tag or the key's
 /// structure, and two different ids never write the same text: addresses as
 /// `a:<ip>`, short header values of safe characters as `h:<value>`, any
-/// other header value as `s:<sha-256 hex>` (fixed length, whatever its size).
+/// other header value as `s:<sha-256 hex>` (fixed length, whatever its size),
+/// and composite ids as `c:<part>|<part>…`.
 pub fn write_client(out: &mut String, client: &ClientId) {
     match client {
         ClientId::Addr(ip) => {
@@ -186,6 +187,16 @@ pub fn write_client(out: &mut String, client: &ClientId) {
                 for b in Sha256::digest(bytes) {
                     let _ = write!(out, "{b:02x}");
                 }
+            }
+        }
+        ClientId::Composite(parts) => {
+            // No part's text contains '|', so the joined text is unambiguous.
+            out.push_str("c:");
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push('|');
+                }
+                write_client(out, part);
             }
         }
     }
