@@ -149,7 +149,8 @@ pub async fn run(
                         Some(result) => result,
                         None if started.load(Ordering::Relaxed) => connection.await,
                         None => {
-                            drop(connection);
+                            // hyper is no longer polled; the socket closes
+                            // under it and it is dropped with this task.
                             request_timeout(spare);
                             return;
                         }
