@@ -1,0 +1,446 @@
+//! Who is asking and which route: a client cannot choose its own bucket,
+//! reach a limited path through an unlimited route, or break key
+//! construction; bad requests are refused before any limit is consulted.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use floodgate::client::ClientId;
+use floodgate::limit::redis::write_client;
+use http::HeaderValue;
+use proptest::prelude::*;
+use support::redis::{TestRedis, unique_prefix};
+use support::{Floodgate, TestClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn limited(extra_server: &str, route: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+{extra_server}
+
+[[routes]]
+name = "api"
+respond = {{ status = 200, body = "ok" }}
+{route}
+limits = [{{ algorithm = "fixed_window", limit = 2, window = "60s" }}]
+"#
+    )
+}
+
+/// Sends requests until one is denied; returns how many passed.
+async fn admitted(gate: &Floodgate, headers: &[(&str, &str)]) -> usize {
+    let client = TestClient::http1();
+    let mut n = 0;
+    while client.get(&gate.url("/"), headers).await.status == 200 {
+        n += 1;
+        assert!(n < 100, "never denied");
+    }
+    n
+}
+
+#[tokio::test]
+async fn an_untrusted_peer_cannot_leave_its_bucket_by_forging_forwarded_for() {
+    // 127.0.0.1 is not trusted: whatever it forwards, it is one client.
+    let gate = Floodgate::start(&limited(
+        r#"trusted_proxies = ["10.0.0.0/8"]"#,
+        r#"client = { from = "forwarded_for" }"#,
+    ))
+    .await;
+    let client = TestClient::http1();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let forged = format!("198.51.100.{i}, 10.0.0.{i}");
+        statuses.push(
+            client
+                .get(&gate.url("/"), &[("x-forwarded-for", &forged)])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+}
+
+#[tokio::test]
+async fn through_trusted_hops_the_real_client_is_counted() {
+    // The peer (127.0.0.1) is a trusted proxy, as is 10.0.0.0/8 behind it.
+    let gate = Floodgate::start(&limited(
+        r#"trusted_proxies = ["127.0.0.1", "10.0.0.0/8"]"#,
+        r#"client = { from = "forwarded_for" }"#,
+    ))
+    .await;
+    // One hop: the client is the last entry.
+    assert_eq!(
+        admitted(&gate, &[("x-forwarded-for", "203.0.113.1")]).await,
+        2
+    );
+    // Two hops: a trusted 10.x proxy in between; the client is behind it,
+    // whatever it claimed further left.
+    assert_eq!(
+        admitted(
+            &gate,
+            &[("x-forwarded-for", "1.1.1.1, 203.0.113.2, 10.1.2.3")]
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        TestClient::http1()
+            .get(
+                &gate.url("/"),
+                &[("x-forwarded-for", "9.9.9.9, 203.0.113.2, 10.9.9.9")]
+            )
+            .await
+            .status,
+        429,
+        "the same client through another trusted proxy is still the same client"
+    );
+}
+
+#[tokio::test]
+async fn garbage_appended_by_a_trusted_proxy_creates_no_new_buckets() {
+    let gate = Floodgate::start(&limited(
+        r#"trusted_proxies = ["127.0.0.1"]"#,
+        r#"client = { from = "forwarded_for" }"#,
+    ))
+    .await;
+    let client = TestClient::http1();
+    let mut statuses = Vec::new();
+    for junk in [
+        "nonsense",
+        "999.1.1.1",
+        "",
+        "unknown",
+        "1.2.3.4.5",
+        "_hidden",
+    ] {
+        statuses.push(
+            client
+                .get(&gate.url("/"), &[("x-forwarded-for", junk)])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 429, 429, 429, 429],
+        "junk fell back to the proxy's one bucket"
+    );
+}
+
+#[tokio::test]
+async fn header_ids_ignore_name_case_and_composite_ids_split_by_both_parts() {
+    let gate = Floodgate::start(&limited(
+        "",
+        r#"client = { from = "composite", parts = ["header:X-Tenant", "remote_addr"] }"#,
+    ))
+    .await;
+    assert_eq!(admitted(&gate, &[("x-tenant", "acme")]).await, 2);
+    assert_eq!(
+        admitted(&gate, &[("X-TENANT", "acme")]).await,
+        0,
+        "same tenant, other case"
+    );
+    assert_eq!(
+        admitted(&gate, &[("x-tenant", "globex")]).await,
+        2,
+        "another tenant"
+    );
+}
+
+#[tokio::test]
+async fn exempt_networks_bypass_limits_and_are_counted() {
+    let gate = Floodgate::start(&limited(r#"exempt = ["127.0.0.0/8"]"#, "")).await;
+    let client = TestClient::http1();
+    for _ in 0..10 {
+        let a = client.get(&gate.url("/"), &[]).await;
+        assert_eq!(a.status, 200);
+        assert!(
+            a.header("ratelimit").is_none(),
+            "exempt requests are not counted"
+        );
+    }
+    let other = Floodgate::start(&limited("", r#"exempt = ["192.0.2.0/24"]"#)).await;
+    assert_eq!(
+        admitted(&other, &[]).await,
+        2,
+        "only the listed networks are exempt"
+    );
+}
+
+#[tokio::test]
+async fn path_tricks_all_meet_the_limited_route() {
+    let toml = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[[routes]]
+name = "login"
+match = { path_prefix = "/login" }
+respond = { status = 200, body = "login" }
+limits = [{ algorithm = "fixed_window", limit = 1, window = "60s" }]
+
+[[routes]]
+name = "rest"
+match = { path_prefix = "/" }
+respond = { status = 200, body = "rest" }
+"#;
+    let gate = Floodgate::start(toml).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/login"), &[]).await.status, 200);
+    for trick in [
+        "/login",
+        "//login",
+        "///login/",
+        "/./login",
+        "/api/../login",
+        "/api/%2e%2e/login",
+        "/%6Cogin",
+        "/%6c%6F%67%69%6e",
+        "/login/",
+        "/login?x=1",
+        "/login%2Fadmin",
+        "/login%5cadmin",
+        "/x/..%2Flogin",
+        "/a/b/c/../../../login",
+    ] {
+        let a = client.get(&gate.url(trick), &[]).await;
+        assert_eq!(a.status, 429, "{trick} dodged the login limit");
+    }
+    for other in ["/loginx", "/log/in", "/%4cogin2"] {
+        let a = client.get(&gate.url(other), &[]).await;
+        assert_eq!(
+            (a.status.as_u16(), a.text().as_str()),
+            (200, "rest"),
+            "{other}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hosts_match_without_case_and_ignore_the_port_unless_named() {
+    let toml = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[[routes]]
+name = "api"
+match = { host = "api.example.com" }
+respond = { status = 200, body = "api" }
+
+[[routes]]
+name = "rest"
+respond = { status = 200, body = "rest" }
+"#;
+    let gate = Floodgate::start(toml).await;
+    let client = TestClient::http1();
+    for (host, body) in [
+        ("api.example.com", "api"),
+        ("API.Example.COM", "api"),
+        ("api.example.com:8443", "api"),
+        ("www.example.com", "rest"),
+    ] {
+        assert_eq!(
+            client.get(&gate.url("/"), &[("host", host)]).await.text(),
+            body,
+            "{host}"
+        );
+    }
+}
+
+/// Sends raw bytes and returns the status line of the answer.
+async fn raw(gate: &Floodgate, bytes: &[u8], pause: Duration) -> String {
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    s.write_all(bytes).await.expect("write");
+    tokio::time::sleep(pause).await;
+    let mut buf = vec![0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer, not silence")
+        .unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_requests_get_the_right_4xx() {
+    let gate = Floodgate::start(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
+         [[routes]]\nname = \"a\"\nrespond = { status = 200 }\n",
+    )
+    .await;
+    let mut many = b"GET / HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..150 {
+        many.extend(format!("X-H{i}: v\r\n").bytes());
+    }
+    many.extend(b"\r\n");
+    assert_eq!(
+        raw(&gate, &many, Duration::ZERO).await,
+        "HTTP/1.1 431 Request Header Fields Too Large"
+    );
+
+    let mut big = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    big.extend(vec![b'a'; 100_000]);
+    big.extend(b"\r\n\r\n");
+    assert_eq!(
+        raw(&gate, &big, Duration::ZERO).await,
+        "HTTP/1.1 431 Request Header Fields Too Large"
+    );
+
+    let long = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(10_000));
+    assert_eq!(
+        raw(&gate, long.as_bytes(), Duration::ZERO).await,
+        "HTTP/1.1 414 URI Too Long"
+    );
+
+    let slow = b"GET / HTTP/1.1\r\nHost: x\r\n";
+    assert_eq!(
+        raw(&gate, slow, Duration::from_millis(600)).await,
+        "HTTP/1.1 408 Request Timeout"
+    );
+
+    for bad in [
+        &b"\x01\x02garbage\r\n\r\n"[..],
+        b"GET /a%zz HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"CONNECT evil.com:443 HTTP/1.1\r\nHost: evil.com:443\r\n\r\n",
+    ] {
+        assert_eq!(
+            raw(&gate, bad, Duration::ZERO).await,
+            "HTTP/1.1 400 Bad Request",
+            "{bad:?}"
+        );
+    }
+    // After all that, floodgate still serves.
+    assert_eq!(
+        TestClient::http1().get(&gate.url("/"), &[]).await.status,
+        200
+    );
+}
+
+fn key_text(client: &ClientId) -> String {
+    let mut s = String::new();
+    write_client(&mut s, client);
+    s
+}
+
+/// Any bytes a header value may hold.
+fn header_value() -> impl Strategy<Value = HeaderValue> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..300),
+        prop::collection::vec(
+            prop::sample::select(b"{}:|a1 \t./-_=+@~\x80\xff".to_vec()),
+            0..80
+        ),
+    ]
+    .prop_filter_map("not a header value", |bytes| {
+        HeaderValue::from_bytes(&bytes).ok()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_header_value_breaks_the_hash_tag_or_grows_the_key(value in header_value()) {
+        let text = key_text(&ClientId::Header(value));
+        prop_assert!(!text.contains('{') && !text.contains('}'), "{}", text);
+        prop_assert!(text.len() <= 2 + 64, "{} bytes", text.len());
+        prop_assert!(text.is_ascii());
+    }
+
+    #[test]
+    fn different_clients_never_share_a_key(a in header_value(), b in header_value(), ip in any::<[u8; 4]>()) {
+        let ids = [
+            ClientId::Header(a.clone()),
+            ClientId::Header(b.clone()),
+            ClientId::Addr(ip.into()),
+            ClientId::Composite(vec![ClientId::Header(a.clone()), ClientId::Addr(ip.into())].into()),
+            ClientId::Composite(vec![ClientId::Header(b.clone()), ClientId::Addr(ip.into())].into()),
+        ];
+        let mut seen = HashSet::new();
+        for id in &ids {
+            let unique_ids = ids.iter().filter(|other| *other == id).count();
+            let text = key_text(id);
+            if seen.insert(text.clone()) {
+                continue;
+            }
+            prop_assert!(unique_ids > 1, "{:?} shares the key {} with another client", id, text);
+        }
+    }
+}
+
+#[tokio::test]
+async fn hostile_client_ids_get_their_own_buckets_in_redis() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("hostile");
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{}"
+key_prefix = "{prefix}"
+
+[[routes]]
+name = "api"
+respond = {{ status = 200 }}
+client = {{ from = "header", name = "X-Key" }}
+limits = [{{ algorithm = "sliding_log", limit = 1, window = "60s" }}]
+"#,
+        redis.url
+    );
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let long = "k".repeat(8_000);
+    let hostile = [
+        "}",
+        "{",
+        "}{",
+        ":",
+        "a:b}",
+        "{api:a:127.0.0.1}",
+        "127.0.0.1",
+        long.as_str(),
+        "x y\tz",
+    ];
+    for value in hostile {
+        assert_eq!(
+            client.get(&gate.url("/"), &[("x-key", value)]).await.status,
+            200,
+            "{value:.20}"
+        );
+    }
+    for value in hostile {
+        assert_eq!(
+            client.get(&gate.url("/"), &[("x-key", value)]).await.status,
+            429,
+            "{value:.20}"
+        );
+    }
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    assert_eq!(keys.len(), hostile.len(), "{keys:?}");
+    for key in &keys {
+        assert!(key.len() < 150, "{key}");
+        let tag = &key[key.find('{').expect("hash tag")..];
+        assert_eq!(tag.matches('{').count(), 1, "{key}");
+        assert_eq!(tag.matches('}').count(), 1, "{key}");
+    }
+}
