@@ -347,7 +347,7 @@ fn normalize(path: &str, separators: bool) -> Result<Cow<'_, str>, PathError> {
 
 fn decode_unreserved(path: &str, separators: bool) -> Result<String, PathError> {
     let b = path.as_bytes();
-    let mut out = String::with_capacity(path.len());
+    let mut out: Vec<u8> = Vec::with_capacity(path.len());
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
@@ -362,26 +362,23 @@ fn decode_unreserved(path: &str, separators: bool) -> Result<String, PathError> 
                 .ok_or(PathError::BadEscape)?;
             let byte = hi << 4 | lo;
             if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-                out.push(byte as char);
+                out.push(byte);
             } else if separators && matches!(byte, b'/' | b'\\') {
-                out.push('/');
+                out.push(b'/');
             } else {
-                out.push('%');
-                out.push(char::from(b"0123456789ABCDEF"[usize::from(hi)]));
-                out.push(char::from(b"0123456789ABCDEF"[usize::from(lo)]));
+                out.extend([b'%', HEX[usize::from(hi)], HEX[usize::from(lo)]]);
             }
             i += 3;
         } else {
-            out.push(if separators && c == b'\\' {
-                '/'
-            } else {
-                c as char
-            });
+            out.push(if separators && c == b'\\' { b'/' } else { c });
             i += 1;
         }
     }
-    Ok(out)
+    // Only ASCII was decoded or replaced, so the bytes are still UTF-8.
+    Ok(String::from_utf8_lossy(&out).into_owned())
 }
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn hex(c: u8) -> Option<u8> {
     match c {
