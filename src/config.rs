@@ -45,6 +45,33 @@ pub struct Config {
     pub store: Store,
     /// The compiled routes, first match wins.
     pub routes: Table,
+    /// First 16 hex digits of the file's SHA-256: which file is in force.
+    pub digest: String,
+}
+
+impl Config {
+    /// The settings that differ between `self` and `new` and cannot change
+    /// while floodgate runs.
+    pub fn differences_needing_restart(&self, new: &Config) -> Vec<&'static str> {
+        let (a, b) = (&self.server, &new.server);
+        let mut out = Vec::new();
+        if a.listen != b.listen {
+            out.push("listen");
+        }
+        if a.admin_listen != b.admin_listen {
+            out.push("admin_listen");
+        }
+        if a.shutdown_grace != b.shutdown_grace {
+            out.push("shutdown_grace");
+        }
+        if a.header_read_timeout != b.header_read_timeout {
+            out.push("header_read_timeout");
+        }
+        if self.store != new.store {
+            out.push("store");
+        }
+        out
+    }
 }
 
 /// `[server]`: listeners and server-wide settings.
@@ -64,6 +91,8 @@ pub struct Server {
     pub shutdown_grace: Duration,
     /// How long a client may take to send a request head (408 past it).
     pub header_read_timeout: Duration,
+    /// Reload when the file's contents change (SIGHUP always reloads).
+    pub reload_on_change: bool,
 }
 
 /// `[store]`: where limits are counted.
@@ -86,6 +115,9 @@ pub struct RedisStore {
     pub timeout: Duration,
     /// What to do when Redis is unreachable or late.
     pub on_error: OnError,
+    /// With `on_error = "local"`: how many instances share the limits, so
+    /// each enforces `limit / local_instances` while Redis is down.
+    pub local_instances: u64,
 }
 
 impl fmt::Debug for RedisStore {
@@ -100,6 +132,7 @@ impl fmt::Debug for RedisStore {
             .field("key_prefix", &self.key_prefix)
             .field("timeout", &self.timeout)
             .field("on_error", &self.on_error)
+            .field("local_instances", &self.local_instances)
             .finish()
     }
 }
@@ -190,6 +223,12 @@ struct ServerModel {
     upstream_timeout: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
+    #[serde(default = "yes")]
+    reload_on_change: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -201,6 +240,7 @@ struct StoreModel {
     key_prefix: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
+    local_instances: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -293,6 +333,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
             server,
             store,
             routes: Table::new(routes),
+            digest: digest(text),
         }),
         _ => Err(LoadError::Invalid(v.problems)),
     }
@@ -406,6 +447,7 @@ impl Validator<'_> {
             upstream_timeout: upstream_timeout?,
             shutdown_grace: shutdown_grace?,
             header_read_timeout: header_read_timeout?,
+            reload_on_change: m.reload_on_change,
         })
     }
 
@@ -448,6 +490,19 @@ impl Validator<'_> {
                     None
                 }
             },
+        };
+        let local_instances = match &m.local_instances {
+            None => Some(1),
+            Some(n) if (1..=10_000).contains(n.get_ref()) => {
+                if on_error != Some(OnError::Local) {
+                    self.problem(n.span(), "local_instances is only used with on_error = \"local\"");
+                }
+                Some(*n.get_ref() as u64)
+            }
+            Some(n) => {
+                self.problem(n.span(), "local_instances must be a whole number from 1 to 10000");
+                None
+            }
         };
         match backend {
             "memory" => {
@@ -494,6 +549,7 @@ impl Validator<'_> {
                     key_prefix: key_prefix?,
                     timeout: timeout?,
                     on_error: on_error?,
+                    local_instances: local_instances?,
                 }))
             }
             "redis_cluster" => {
@@ -1081,6 +1137,15 @@ fn parse_cidr(s: &str) -> Option<IpNet> {
         .ok()
         .or_else(|| s.parse::<std::net::IpAddr>().ok().map(IpNet::from))
         .map(|n| n.trunc())
+}
+
+fn digest(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.

@@ -11,18 +11,22 @@
 //! | [`metrics`] | what happened, counted per route and outcome |
 //! | [`proxy`] | forward it upstream and stream the answer back |
 //! | [`response`] | floodgate's own answers and the rate-limit headers |
+//! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
+//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
 //! | [`server`] | accept connections, run each request through the above, shut down gracefully |
 //!
 //! [`run`] serves a configuration on a listener until a shutdown future
 //! completes; `main` only parses flags and sets up logging.
 
+pub mod admin;
 pub mod client;
 pub mod config;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod response;
 pub mod routes;
 pub mod server;
 
-pub use server::{ServeError, run};
+pub use server::{Listeners, ServeError, run};

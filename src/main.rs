@@ -3,8 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use anyhow::Context as _;
 use clap::Parser;
+use tokio::sync::Notify;
 use tracing_subscriber::EnvFilter;
 
 /// A rate-limiting reverse proxy.
@@ -58,37 +61,57 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let listen = config.server.listen;
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
-        tracing::info!(%listen, routes = config.routes.len(), "floodgate listening");
-        floodgate::run(config, listener, shutdown_signal())
+        // Signal handlers first: a signal that arrives once the port answers
+        // must find them installed.
+        let reload = watch_reload_signal()?;
+        let shutdown = shutdown_signal()?;
+        let listeners = floodgate::Listeners::bind(&config.server).await?;
+        tracing::info!(
+            listen = %config.server.listen,
+            admin = ?config.server.admin_listen,
+            routes = config.routes.len(),
+            digest = %config.digest,
+            "floodgate listening"
+        );
+        floodgate::run(config, listeners, shutdown, reload)
             .await
             .context("server failed")
     })
 }
 
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGHUP notifies the returned handle, which reloads the configuration.
+fn watch_reload_signal() -> anyhow::Result<Arc<Notify>> {
+    let reload = Arc::new(Notify::new());
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = interrupt => {}
-                    _ = term.recv() => {}
-                }
+        let mut hangup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+        let notify = Arc::clone(&reload);
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                notify.notify_one();
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops floodgate");
-                let _ = interrupt.await;
-            }
-        }
+        });
     }
-    #[cfg(not(unix))]
-    let _ = interrupt.await;
-    tracing::info!("stop signal received");
+    Ok(reload)
+}
+
+/// Completes on SIGTERM or SIGINT.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    let mut term = {
+        use tokio::signal::unix::{SignalKind, signal};
+        signal(SignalKind::terminate()).context("cannot watch SIGTERM")?
+    };
+    Ok(async move {
+        let interrupt = tokio::signal::ctrl_c();
+        #[cfg(unix)]
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = interrupt.await;
+        tracing::info!("stop signal received");
+    })
 }

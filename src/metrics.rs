@@ -55,3 +55,40 @@ impl Outcomes {
         self.0[outcome as usize].load(Ordering::Relaxed)
     }
 }
+
+/// The Prometheus text exposition of everything counted so far.
+pub fn render(shared: &crate::server::Shared) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let rules = shared.rules();
+    out.push_str("# HELP floodgate_requests_total Requests by route and outcome.\n");
+    out.push_str("# TYPE floodgate_requests_total counter\n");
+    for route in rules.routes.iter() {
+        for outcome in Outcome::ALL {
+            let _ = writeln!(
+                out,
+                "floodgate_requests_total{{route=\"{}\",outcome=\"{}\"}} {}",
+                route.name,
+                outcome.name(),
+                route.outcomes.get(outcome)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "floodgate_requests_total{{route=\"\",outcome=\"no_route\"}} {}",
+        shared.no_route()
+    );
+    let (applied, refused) = shared.reloads();
+    out.push_str("# HELP floodgate_config_reloads_total Configuration reloads by result.\n");
+    out.push_str("# TYPE floodgate_config_reloads_total counter\n");
+    let _ = writeln!(out, "floodgate_config_reloads_total{{result=\"success\"}} {applied}");
+    let _ = writeln!(out, "floodgate_config_reloads_total{{result=\"failure\"}} {refused}");
+    out.push_str("# HELP floodgate_config_info The configuration in force.\n");
+    out.push_str("# TYPE floodgate_config_info gauge\n");
+    let _ = writeln!(out, "floodgate_config_info{{digest=\"{}\"}} 1", shared.config_digest());
+    out.push_str("# HELP floodgate_store_ready Whether the rate limit store answers (1) or not (0).\n");
+    out.push_str("# TYPE floodgate_store_ready gauge\n");
+    let _ = writeln!(out, "floodgate_store_ready {}", u8::from(shared.ready()));
+    out
+}

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -19,6 +19,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use ipnet::IpNet;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
 use crate::client::{client_address, is_in};
 use crate::config::Config;
@@ -57,10 +58,106 @@ impl Rules {
 
 /// Everything a request needs, shared by all connections.
 #[derive(Debug)]
-struct Shared {
+pub struct Shared {
     rules: ArcSwap<Rules>,
     limiter: Limiter,
     forwarder: Forwarder,
+    /// Requests that matched no route.
+    no_route: AtomicU64,
+    /// Reloads that were applied, and that were refused.
+    reloads: [AtomicU64; 2],
+    /// Short digest of the configuration file now in force.
+    config_digest: ArcSwap<String>,
+}
+
+impl Shared {
+    /// False while the shared store is considered down.
+    pub fn ready(&self) -> bool {
+        self.limiter.ready()
+    }
+
+    /// The rules now in force.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.load_full()
+    }
+
+    /// Requests that matched no route so far.
+    pub fn no_route(&self) -> u64 {
+        self.no_route.load(Ordering::Relaxed)
+    }
+
+    /// Reloads applied and refused so far.
+    pub fn reloads(&self) -> (u64, u64) {
+        (
+            self.reloads[0].load(Ordering::Relaxed),
+            self.reloads[1].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Short digest of the configuration file now in force.
+    pub fn config_digest(&self) -> Arc<String> {
+        self.config_digest.load_full()
+    }
+
+    /// Applies a newly loaded configuration's rules; parts that cannot
+    /// change while running are reported and keep their old values.
+    pub fn reload(&self, running: &Config, new: Config) {
+        for what in running.differences_needing_restart(&new) {
+            tracing::warn!(
+                setting = what,
+                "{what} changed but cannot be applied while running; restart floodgate to apply it"
+            );
+        }
+        let old = self.rules.load_full();
+        let rules = Rules {
+            routes: new.routes.continuing(&old.routes),
+            trusted_proxies: new.server.trusted_proxies.clone(),
+        };
+        self.rules.store(Arc::new(rules));
+        self.config_digest.store(Arc::new(new.digest.clone()));
+        self.reloads[0].fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            path = %new.path.display(),
+            routes = new.routes.len(),
+            digest = %new.digest,
+            "configuration reloaded"
+        );
+    }
+
+    /// Records a reload that was refused; the old rules stay.
+    pub fn reload_refused(&self, error: &crate::config::LoadError) {
+        self.reloads[1].fetch_add(1, Ordering::Relaxed);
+        for line in error.to_string().lines() {
+            tracing::error!("{line}");
+        }
+        tracing::error!("configuration not reloaded; the previous rules stay in force");
+    }
+}
+
+/// The sockets floodgate serves on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The proxy's listener.
+    pub proxy: TcpListener,
+    /// The admin listener (`/metrics`, `/healthz`, `/readyz`), if any.
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the addresses `[server]` names.
+    pub async fn bind(server: &crate::config::Server) -> Result<Self, ServeError> {
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })
+        };
+        let proxy = bind(server.listen).await?;
+        let admin = match server.admin_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        Ok(Self { proxy, admin })
+    }
 }
 
 /// Why the server stopped with an error.
@@ -69,26 +166,45 @@ pub enum ServeError {
     /// The store could not be set up.
     #[error("cannot set up the rate limit store: {0}")]
     Store(#[from] crate::limit::StoreError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
-/// Serves `config` on `listener` until `shutdown` completes, then stops
-/// accepting, lets in-flight requests finish within the configured grace
-/// period, and returns.
+/// Serves `config` until `shutdown` completes, then stops accepting, lets
+/// in-flight requests finish within the configured grace period, and
+/// returns. The rules are reloaded from `config.path` when `reload` is
+/// notified (SIGHUP) and when the file's contents change.
 pub async fn run(
     config: Config,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()>,
+    reload: Arc<Notify>,
 ) -> Result<(), ServeError> {
-    if let Some(admin) = config.server.admin_listen {
-        tracing::warn!(%admin, "admin_listen is accepted but not served by this version");
-    }
     let limiter = Limiter::new(&config.store).await?;
     let shared = Arc::new(Shared {
         rules: ArcSwap::from_pointee(Rules::from_config(&config)),
         limiter,
         forwarder: Forwarder::new(),
+        no_route: AtomicU64::new(0),
+        reloads: Default::default(),
+        config_digest: ArcSwap::from_pointee(config.digest.clone()),
     });
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
+    let watcher = tokio::spawn(crate::reload::watch(
+        Arc::clone(&shared),
+        config.clone(),
+        reload,
+    ));
+    let admin = listeners
+        .admin
+        .map(|listener| tokio::spawn(crate::admin::serve(listener, Arc::clone(&shared))));
+    let listener = listeners.proxy;
 
     let header_read_timeout = config.server.header_read_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -176,6 +292,10 @@ pub async fn run(
         }
     }
     sweeper.abort();
+    watcher.abort();
+    if let Some(admin) = admin {
+        admin.abort();
+    }
     Ok(())
 }
 
@@ -233,6 +353,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         path: &matched_path,
     };
     let Some(route) = rules.routes.find(&facts) else {
+        shared.no_route.fetch_add(1, Ordering::Relaxed);
         return response::text(StatusCode::NOT_FOUND, "no route matches this request\n");
     };
     let route = Arc::clone(route);

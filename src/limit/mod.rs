@@ -6,13 +6,14 @@
 //! [`redis`] runs their Lua twins atomically in Redis.
 
 pub mod algorithms;
+pub mod breaker;
+mod limiter;
 pub mod memory;
 pub mod redis;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use limiter::{Answer, Limiter};
 
-use crate::config::{OnError, Store as StoreConfig};
+use std::sync::Arc;
 
 use crate::client::ClientId;
 
@@ -181,6 +182,9 @@ pub enum StoreError {
     /// The store answered with an error or could not be reached.
     #[error("store error: {0}")]
     Backend(String),
+    /// The circuit breaker is open: the store was not asked.
+    #[error("the store is considered down (circuit open)")]
+    CircuitOpen,
 }
 
 /// Something that counts limits.
@@ -191,118 +195,6 @@ pub trait Store: Send + Sync {
         &self,
         charge: Charge<'_>,
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send;
-}
-
-/// The store a server counts with, chosen by `[store]`, with the
-/// `on_error` policy applied.
-#[derive(Debug)]
-pub enum Limiter {
-    /// In-process counting.
-    Memory(memory::MemoryStore),
-    /// Shared counting in Redis.
-    Redis {
-        /// The store.
-        store: redis::RedisStore,
-        /// What to do when it cannot decide.
-        on_error: OnError,
-        /// Per-instance counting while Redis is unavailable (`on_error = "local"`).
-        local: memory::MemoryStore,
-        /// When a store error was last logged (ms), to log at most once a second.
-        last_logged: AtomicU64,
-    },
-}
-
-/// What the limiter says about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// The store decided.
-    Decided(Decision),
-    /// The store could not decide in time and `on_error` says what to do:
-    /// deny (503 with `Retry-After`) or let the request through.
-    Unavailable {
-        /// `on_error = "deny"`.
-        deny: bool,
-        /// What to tell a denied client.
-        retry_after_ms: u64,
-    },
-}
-
-/// `Retry-After` for a 503 while the store is down.
-const STORE_RETRY_AFTER_MS: u64 = 1_000;
-
-impl Limiter {
-    /// Sets up the store `config` names. A Redis that is down at startup is
-    /// logged, not fatal: `on_error` applies until it answers.
-    pub async fn new(config: &StoreConfig) -> Result<Self, StoreError> {
-        match config {
-            StoreConfig::Memory => Ok(Self::Memory(memory::MemoryStore::new())),
-            StoreConfig::Redis(settings) => {
-                let store =
-                    redis::RedisStore::new(&settings.url, &settings.key_prefix, settings.timeout)?;
-                match store.load_script().await {
-                    Ok(()) => tracing::info!(store = ?settings, "Redis store ready"),
-                    Err(e) => tracing::warn!(
-                        store = ?settings,
-                        error = %e,
-                        on_error = ?settings.on_error,
-                        "Redis is not answering; starting anyway, on_error applies until it does"
-                    ),
-                }
-                Ok(Self::Redis {
-                    store,
-                    on_error: settings.on_error,
-                    local: memory::MemoryStore::new(),
-                    last_logged: AtomicU64::new(0),
-                })
-            }
-        }
-    }
-
-    /// Decides one request.
-    pub async fn decide(&self, charge: Charge<'_>) -> Answer {
-        match self {
-            Self::Memory(store) => Answer::Decided(store.decide_at(charge, now_ms())),
-            Self::Redis {
-                store,
-                on_error,
-                local,
-                last_logged,
-            } => match store.decide(charge).await {
-                Ok(decision) => Answer::Decided(decision),
-                Err(e) => {
-                    let now = now_ms();
-                    let last = last_logged.load(Ordering::Relaxed);
-                    if now.saturating_sub(last) >= 1_000
-                        && last_logged
-                            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                            .is_ok()
-                    {
-                        tracing::warn!(error = %e, on_error = ?on_error, "rate limit store failed");
-                    }
-                    match on_error {
-                        OnError::Allow => Answer::Unavailable {
-                            deny: false,
-                            retry_after_ms: 0,
-                        },
-                        OnError::Deny => Answer::Unavailable {
-                            deny: true,
-                            retry_after_ms: STORE_RETRY_AFTER_MS,
-                        },
-                        OnError::Local => Answer::Decided(local.decide_at(charge, now)),
-                    }
-                }
-            },
-        }
-    }
-
-    /// Evicts expired in-process state.
-    pub fn sweep(&self) {
-        let now = now_ms();
-        match self {
-            Self::Memory(store) => store.sweep(now),
-            Self::Redis { local, .. } => local.sweep(now),
-        };
-    }
 }
 
 /// Milliseconds since the Unix epoch by this machine's clock.

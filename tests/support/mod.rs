@@ -202,29 +202,66 @@ impl Body for Generated {
 /// A floodgate serving a TOML configuration on 127.0.0.1:port.
 pub struct Floodgate {
     pub addr: SocketAddr,
+    /// The admin listener, when the configuration has `admin_listen`.
+    pub admin: Option<SocketAddr>,
+    /// Notify to reload, as SIGHUP does.
+    pub reload: Arc<tokio::sync::Notify>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), floodgate::ServeError>>>,
 }
 
 impl Floodgate {
-    /// Starts floodgate with `toml` (its `[server] listen` is replaced by a
-    /// free loopback port). Panics with the config errors when it is invalid.
+    /// Starts floodgate with `toml` (its `[server] listen`, and
+    /// `admin_listen` if present, are replaced by free loopback ports).
+    /// Panics with the config errors when it is invalid.
     pub async fn start(toml: &str) -> Self {
         let config = floodgate::config::parse(Path::new("test.toml"), toml)
             .unwrap_or_else(|e| panic!("test config is invalid:\n{e}"));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind floodgate");
+        Self::serve(config).await
+    }
+
+    /// Starts floodgate with the configuration file at `path`, which it
+    /// reloads when the file changes or [`Floodgate::reload`] is notified.
+    pub async fn start_file(path: &Path) -> Self {
+        let config = floodgate::config::load(path)
+            .unwrap_or_else(|e| panic!("test config is invalid:\n{e}"));
+        Self::serve(config).await
+    }
+
+    async fn serve(config: floodgate::config::Config) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind floodgate");
         let addr = listener.local_addr().expect("floodgate addr");
+        let admin = match config.server.admin_listen {
+            Some(_) => Some(TcpListener::bind("127.0.0.1:0").await.expect("bind admin")),
+            None => None,
+        };
+        let admin_addr = admin.as_ref().map(|l| l.local_addr().expect("admin addr"));
+        let listeners = floodgate::Listeners {
+            proxy: listener,
+            admin,
+        };
+        let reload = Arc::new(tokio::sync::Notify::new());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(floodgate::run(config, listener, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(floodgate::run(
+            config,
+            listeners,
+            async {
+                let _ = stopped.await;
+            },
+            Arc::clone(&reload),
+        ));
         Self {
             addr,
+            admin: admin_addr,
+            reload,
             stop: Some(stop),
             task: Some(task),
         }
+    }
+
+    /// `http://admin-address/path`
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin.expect("admin_listen is configured"), path)
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,203 @@
+//! The limiter a server asks: the configured store, the circuit breaker
+//! around a shared one, and the `on_error` policy.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::breaker::{Breaker, Change, Pass};
+use super::memory::MemoryStore;
+use super::redis::RedisStore;
+use super::{Charge, Decision, Limit, Store, StoreError, now_ms};
+use crate::config::{OnError, Store as StoreConfig};
+
+/// `Retry-After` for a 503 while the store is down.
+const STORE_RETRY_AFTER_MS: u64 = 1_000;
+
+/// The store a server counts with, chosen by `[store]`.
+#[derive(Debug)]
+pub enum Limiter {
+    /// In-process counting.
+    Memory(MemoryStore),
+    /// Shared counting in Redis, behind a circuit breaker.
+    Redis(Box<Shared>),
+}
+
+/// A shared store and what to do when it cannot answer.
+#[derive(Debug)]
+pub struct Shared {
+    store: RedisStore,
+    breaker: Breaker,
+    on_error: OnError,
+    /// Per-instance counting while Redis is unavailable (`on_error = "local"`).
+    local: MemoryStore,
+    /// Local limits are divided by this (`local_instances`).
+    local_instances: u64,
+    /// When a store error was last logged (ms), to log at most once a second.
+    last_logged: AtomicU64,
+}
+
+/// What the limiter says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// A store decided (the shared one, or the local fallback).
+    Decided(Decision),
+    /// The store could not decide and `on_error` says what to do: deny (503
+    /// with `Retry-After`) or let the request through.
+    Unavailable {
+        /// `on_error = "deny"`.
+        deny: bool,
+        /// What to tell a denied client.
+        retry_after_ms: u64,
+    },
+}
+
+impl Limiter {
+    /// Sets up the store `config` names. A Redis that is down at startup is
+    /// logged, not fatal: the breaker starts open and `on_error` applies
+    /// until Redis answers.
+    pub async fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let settings = match config {
+            StoreConfig::Memory => return Ok(Self::Memory(MemoryStore::new())),
+            StoreConfig::Redis(settings) => settings,
+        };
+        let store = RedisStore::new(&settings.url, &settings.key_prefix, settings.timeout)?;
+        let breaker = Breaker::new(
+            super::breaker::DEFAULT_THRESHOLD,
+            super::breaker::DEFAULT_COOLDOWN_MS,
+        );
+        match store.load_script().await {
+            Ok(()) => tracing::info!(store = ?settings, "Redis store ready"),
+            Err(e) => {
+                breaker.open_now(now_ms());
+                tracing::warn!(
+                    store = ?settings,
+                    error = %e,
+                    on_error = ?settings.on_error,
+                    "Redis is not answering; starting anyway, on_error applies until it does"
+                );
+            }
+        }
+        Ok(Self::Redis(Box::new(Shared {
+            store,
+            breaker,
+            on_error: settings.on_error,
+            local: MemoryStore::new(),
+            local_instances: settings.local_instances,
+            last_logged: AtomicU64::new(0),
+        })))
+    }
+
+    /// Decides one request.
+    pub async fn decide(&self, charge: Charge<'_>) -> Answer {
+        match self {
+            Self::Memory(store) => Answer::Decided(store.decide_at(charge, now_ms())),
+            Self::Redis(shared) => shared.decide(charge).await,
+        }
+    }
+
+    /// False while the shared store is considered down.
+    pub fn ready(&self) -> bool {
+        match self {
+            Self::Memory(_) => true,
+            Self::Redis(shared) => !shared.breaker.is_open(),
+        }
+    }
+
+    /// Evicts expired in-process state.
+    pub fn sweep(&self) {
+        let now = now_ms();
+        match self {
+            Self::Memory(store) => store.sweep(now),
+            Self::Redis(shared) => shared.local.sweep(now),
+        };
+    }
+}
+
+impl Shared {
+    async fn decide(&self, charge: Charge<'_>) -> Answer {
+        let now = now_ms();
+        let result = match self.breaker.pass(now) {
+            Pass::Closed => {
+                let result = self.store.decide(charge).await;
+                let change = match &result {
+                    Ok(_) => self.breaker.success(),
+                    Err(_) => self.breaker.failure(now_ms()),
+                };
+                self.log_change(change, result.as_ref().err());
+                result
+            }
+            Pass::Probe(probe) => {
+                let result = self.store.decide(charge).await;
+                let change = probe.finish(result.is_ok(), now_ms());
+                self.log_change(change, result.as_ref().err());
+                result
+            }
+            Pass::Open => Err(StoreError::CircuitOpen),
+        };
+        match result {
+            Ok(decision) => Answer::Decided(decision),
+            Err(e) => self.fallback(charge, &e),
+        }
+    }
+
+    fn log_change(&self, change: Change, error: Option<&StoreError>) {
+        match change {
+            Change::Opened => tracing::warn!(
+                error = %error.map_or_else(String::new, ToString::to_string),
+                on_error = ?self.on_error,
+                "rate limit store is down; circuit open, on_error applies"
+            ),
+            Change::Closed => tracing::info!("rate limit store answers again; circuit closed"),
+            Change::None => {}
+        }
+    }
+
+    fn fallback(&self, charge: Charge<'_>, error: &StoreError) -> Answer {
+        let now = now_ms();
+        let last = self.last_logged.load(Ordering::Relaxed);
+        if !matches!(error, StoreError::CircuitOpen)
+            && now.saturating_sub(last) >= 1_000
+            && self
+                .last_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(%error, on_error = ?self.on_error, "rate limit store failed");
+        }
+        match self.on_error {
+            OnError::Allow => Answer::Unavailable {
+                deny: false,
+                retry_after_ms: 0,
+            },
+            OnError::Deny => Answer::Unavailable {
+                deny: true,
+                retry_after_ms: STORE_RETRY_AFTER_MS,
+            },
+            OnError::Local => Answer::Decided(self.decide_locally(charge, now)),
+        }
+    }
+
+    /// The same rules in this instance's memory, each limit divided by the
+    /// expected number of instances.
+    fn decide_locally(&self, charge: Charge<'_>, now: u64) -> Decision {
+        if self.local_instances <= 1 {
+            return self.local.decide_at(charge, now);
+        }
+        let scale = |n: u64| (n / self.local_instances).max(charge.cost).max(1);
+        let scaled: Vec<Limit> = charge
+            .limits
+            .iter()
+            .map(|l| Limit {
+                limit: scale(l.limit),
+                burst: scale(l.burst),
+                ..*l
+            })
+            .collect();
+        self.local.decide_at(
+            Charge {
+                limits: &scaled,
+                ..charge
+            },
+            now,
+        )
+    }
+}

@@ -1,0 +1,49 @@
+//! When to reload: on SIGHUP (the `reload` notification) and, unless
+//! `reload_on_change = false`, when the configuration file's contents change.
+//!
+//! The file is compared by contents once a second rather than watched with
+//! inotify: that also sees the symlink swaps Kubernetes uses for mounted
+//! ConfigMaps, which file-event watchers commonly miss, for the cost of one
+//! small read a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::config::{self, Config};
+use crate::server::Shared;
+
+/// How often the file is compared.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Reloads `running.path` into `shared` whenever asked or changed, forever.
+pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
+    let path = running.path.clone();
+    let mut last_seen = std::fs::read(&path).ok();
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let asked = tokio::select! {
+            () = reload.notified() => true,
+            _ = tick.tick() => false,
+        };
+        if !asked && !running.server.reload_on_change {
+            continue;
+        }
+        let now = std::fs::read(&path).ok();
+        if !asked && (now.is_none() || now == last_seen) {
+            continue;
+        }
+        if asked {
+            tracing::info!(path = %path.display(), "reload requested");
+        } else {
+            tracing::info!(path = %path.display(), "configuration file changed");
+        }
+        last_seen = now;
+        match config::load(&path) {
+            Ok(new) => shared.reload(&running, new),
+            Err(e) => shared.reload_refused(&e),
+        }
+    }
+}
