@@ -495,12 +495,18 @@ impl Validator<'_> {
             None => Some(1),
             Some(n) if (1..=10_000).contains(n.get_ref()) => {
                 if on_error != Some(OnError::Local) {
-                    self.problem(n.span(), "local_instances is only used with on_error = \"local\"");
+                    self.problem(
+                        n.span(),
+                        "local_instances is only used with on_error = \"local\"",
+                    );
                 }
                 Some(*n.get_ref() as u64)
             }
             Some(n) => {
-                self.problem(n.span(), "local_instances must be a whole number from 1 to 10000");
+                self.problem(
+                    n.span(),
+                    "local_instances must be a whole number from 1 to 10000",
+                );
                 None
             }
         };

@@ -82,12 +82,24 @@ pub fn render(shared: &crate::server::Shared) -> String {
     let (applied, refused) = shared.reloads();
     out.push_str("# HELP floodgate_config_reloads_total Configuration reloads by result.\n");
     out.push_str("# TYPE floodgate_config_reloads_total counter\n");
-    let _ = writeln!(out, "floodgate_config_reloads_total{{result=\"success\"}} {applied}");
-    let _ = writeln!(out, "floodgate_config_reloads_total{{result=\"failure\"}} {refused}");
+    let _ = writeln!(
+        out,
+        "floodgate_config_reloads_total{{result=\"success\"}} {applied}"
+    );
+    let _ = writeln!(
+        out,
+        "floodgate_config_reloads_total{{result=\"failure\"}} {refused}"
+    );
     out.push_str("# HELP floodgate_config_info The configuration in force.\n");
     out.push_str("# TYPE floodgate_config_info gauge\n");
-    let _ = writeln!(out, "floodgate_config_info{{digest=\"{}\"}} 1", shared.config_digest());
-    out.push_str("# HELP floodgate_store_ready Whether the rate limit store answers (1) or not (0).\n");
+    let _ = writeln!(
+        out,
+        "floodgate_config_info{{digest=\"{}\"}} 1",
+        shared.config_digest()
+    );
+    out.push_str(
+        "# HELP floodgate_store_ready Whether the rate limit store answers (1) or not (0).\n",
+    );
     out.push_str("# TYPE floodgate_store_ready gauge\n");
     let _ = writeln!(out, "floodgate_store_ready {}", u8::from(shared.ready()));
     out

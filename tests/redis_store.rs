@@ -535,8 +535,16 @@ async fn floodgate_starts_while_redis_is_down_and_limits_once_it_is_up() {
     redis.restart().await;
     // The circuit breaker lets a probe through within its cooldown.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while client.get(&gate.url("/x"), &[("x-client", "probe")]).await.status != 200 {
-        assert!(Instant::now() < deadline, "limiting did not resume once Redis was up");
+    while client
+        .get(&gate.url("/x"), &[("x-client", "probe")])
+        .await
+        .status
+        != 200
+    {
+        assert!(
+            Instant::now() < deadline,
+            "limiting did not resume once Redis was up"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let me = [("x-client", "me")];

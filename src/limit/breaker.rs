@@ -102,7 +102,9 @@ impl Breaker {
 
     /// Opens the breaker at once (e.g. the store is down at startup).
     pub fn open_now(&self, now: u64) -> Change {
-        let previous = self.open_until.swap(now + self.cooldown_ms, Ordering::AcqRel);
+        let previous = self
+            .open_until
+            .swap(now + self.cooldown_ms, Ordering::AcqRel);
         if previous == 0 {
             Change::Opened
         } else {
@@ -159,7 +161,10 @@ mod tests {
         let Pass::Probe(probe) = b.pass(500) else {
             panic!("expected a probe")
         };
-        assert!(matches!(b.pass(500), Pass::Open), "a second probe while one is out");
+        assert!(
+            matches!(b.pass(500), Pass::Open),
+            "a second probe while one is out"
+        );
         assert_eq!(probe.finish(false, 600), Change::None);
         assert!(matches!(b.pass(1_099), Pass::Open));
         let Pass::Probe(probe) = b.pass(1_100) else {

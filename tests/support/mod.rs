@@ -229,7 +229,9 @@ impl Floodgate {
     }
 
     async fn serve(config: floodgate::config::Config) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind floodgate");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind floodgate");
         let addr = listener.local_addr().expect("floodgate addr");
         let admin = match config.server.admin_listen {
             Some(_) => Some(TcpListener::bind("127.0.0.1:0").await.expect("bind admin")),
@@ -261,7 +263,11 @@ impl Floodgate {
 
     /// `http://admin-address/path`
     pub fn admin_url(&self, path: &str) -> String {
-        format!("http://{}{}", self.admin.expect("admin_listen is configured"), path)
+        format!(
+            "http://{}{}",
+            self.admin.expect("admin_listen is configured"),
+            path
+        )
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -386,4 +392,92 @@ pub fn empty() -> ClientBody {
 
 pub fn text_body(s: &str) -> ClientBody {
     http_body_util::Either::Left(Full::new(Bytes::from(s.to_owned())))
+}
+
+// === floodgate as a separate process ===
+
+/// The real `floodgate` binary, started on a configuration file.
+pub struct FloodgateProcess {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl FloodgateProcess {
+    /// Starts the binary on `config` and waits until `port` answers.
+    pub async fn spawn(config: &Path, port: u16) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("--config")
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start floodgate");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "floodgate did not start listening"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self { child, port }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// Sends a signal such as `-HUP` or `-TERM`.
+    pub fn signal(&self, which: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([which, &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {which} failed");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub async fn exit_code(&mut self) -> Option<i32> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "floodgate did not exit"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for FloodgateProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A fresh temporary directory for a test's files.
+pub fn temp_dir(test: &str) -> std::path::PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "floodgate-{test}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }

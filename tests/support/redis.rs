@@ -120,6 +120,25 @@ impl TestRedis {
         }
     }
 
+    /// Freezes this Redis (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws it (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.pid().expect("a redis-server process of the harness");
+        let ok = Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {which} {pid} failed");
+    }
+
     /// The redis-server process id, when the harness started one.
     pub fn pid(&self) -> Option<u32> {
         match &self.origin {
