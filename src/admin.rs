@@ -48,10 +48,13 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
             "not ready: the rate limit store is not answering\n".into(),
         ),
         "/metrics" => {
-            let mut response = text(StatusCode::OK, crate::metrics::render(shared));
+            shared.refresh_gauges();
+            let mut response = text(StatusCode::OK, shared.metrics().render());
             response.headers_mut().insert(
                 CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             response
         }

@@ -697,7 +697,6 @@ impl Validator<'_> {
             policy_names: policy_names?,
             policy_header: policy,
             exempt,
-            outcomes: Default::default(),
         })
     }
 

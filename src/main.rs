@@ -20,16 +20,35 @@ struct Flags {
     /// Validate the configuration, print every problem, and exit.
     #[arg(long)]
     check: bool,
+    /// Log format: "text" for people, "json" for log pipelines.
+    #[arg(long, env = "FLOODGATE_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+    /// GET this URL (e.g. http://127.0.0.1:9901/healthz) and exit 0 on a 2xx
+    /// answer, 1 otherwise: a container health check without curl.
+    #[arg(long, value_name = "URL")]
+    probe: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn main() -> ExitCode {
     let flags = Flags::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("FLOODGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    if let Some(url) = &flags.probe {
+        return probe(url);
+    }
+    let filter =
+        EnvFilter::try_from_env("FLOODGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match flags.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 
     let config = match floodgate::config::load(&flags.config) {
         Ok(config) => config,
@@ -50,6 +69,38 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("floodgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--probe URL`: exit 0 when URL answers 2xx within three seconds.
+fn probe(url: &str) -> ExitCode {
+    let answer = (|| -> anyhow::Result<http::StatusCode> {
+        let uri: http::Uri = url.parse().context("not a URL")?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(async {
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Empty<bytes::Bytes>>();
+            let response = tokio::time::timeout(std::time::Duration::from_secs(3), client.get(uri))
+                .await
+                .context("no answer within 3 s")?
+                .context("request failed")?;
+            Ok(response.status())
+        })
+    })();
+    match answer {
+        Ok(status) if status.is_success() => ExitCode::SUCCESS,
+        Ok(status) => {
+            eprintln!("{url}: {status}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("{url}: {e:#}");
             ExitCode::FAILURE
         }
     }

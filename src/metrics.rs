@@ -1,7 +1,22 @@
-//! Counters the data path bumps and the admin listener reads: lock-free
-//! atomics, labelled only by route and outcome (never by client).
+//! What happened, counted for the admin listener's `/metrics`.
+//!
+//! A prometheus-client registry holds every metric; the data path never looks
+//! a metric up by label: each route's handles are resolved once when rules
+//! are loaded, so counting is an atomic add. Labels are route names,
+//! outcomes, status classes and store kinds: never client ids, so the number
+//! of series is bounded by the configuration.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::routes::Table;
 
 /// What happened to a request on a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,67 +55,325 @@ impl Outcome {
     }
 }
 
-/// Requests by outcome, for one route.
-#[derive(Debug, Default)]
-pub struct Outcomes([AtomicU64; 5]);
+/// Which store answered a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// The in-process store (`backend = "memory"`).
+    Memory,
+    /// Redis.
+    Redis,
+    /// The in-process fallback while Redis is down (`on_error = "local"`).
+    Local,
+}
 
-impl Outcomes {
-    /// Counts one request.
-    pub fn count(&self, outcome: Outcome) {
-        self.0[outcome as usize].fetch_add(1, Ordering::Relaxed);
-    }
+/// Why a store decision failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// No answer within `timeout`.
+    Timeout,
+    /// An error from Redis or the connection.
+    Backend,
+    /// Not asked: the circuit breaker is open.
+    CircuitOpen,
+}
 
-    /// Requests counted with `outcome` so far.
-    pub fn get(&self, outcome: Outcome) -> u64 {
-        self.0[outcome as usize].load(Ordering::Relaxed)
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteOutcome {
+    route: String,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteClass {
+    route: String,
+    class: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabel {
+    store: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DigestLabel {
+    digest: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs to about 1.6 s.
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// Every metric floodgate exposes.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RouteOutcome, Counter>,
+    upstream_responses: Family<RouteClass, Counter>,
+    upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    decision_seconds: Family<StoreLabel, Histogram, fn() -> Histogram>,
+    store_errors: Family<KindLabel, Counter>,
+    reloads: Family<ResultLabel, Counter>,
+    config_info: Family<DigestLabel, Gauge>,
+    config_digest: Mutex<String>,
+    /// Requests that matched no route.
+    pub no_route: Counter,
+    /// Connections open on the proxy listener.
+    pub open_connections: Gauge,
+    /// 1 while the shared store's circuit breaker is open.
+    pub circuit_open: Gauge,
+}
+
+/// One route's metric handles, resolved once per load.
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    outcomes: [Counter; 5],
+    upstream_classes: [Counter; 5],
+    upstream_seconds: Histogram,
+}
+
+/// The store's metric handles.
+#[derive(Debug, Clone)]
+pub struct StoreMetrics {
+    decision_seconds: [Histogram; 3],
+    errors: [Counter; 3],
+    /// 1 while the circuit breaker is open.
+    pub circuit_open: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
-/// The Prometheus text exposition of everything counted so far.
-pub fn render(shared: &crate::server::Shared) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let rules = shared.rules();
-    out.push_str("# HELP floodgate_requests_total Requests by route and outcome.\n");
-    out.push_str("# TYPE floodgate_requests_total counter\n");
-    for route in rules.routes.iter() {
-        for outcome in Outcome::ALL {
-            let _ = writeln!(
-                out,
-                "floodgate_requests_total{{route=\"{}\",outcome=\"{}\"}} {}",
-                route.name,
-                outcome.name(),
-                route.outcomes.get(outcome)
-            );
+impl Metrics {
+    /// A registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::default();
+        registry.register(
+            "floodgate_requests",
+            "Requests by route and outcome (allowed, denied, shadow_denied, exempt, store_error)",
+            requests.clone(),
+        );
+        let no_route = Counter::default();
+        registry.register(
+            "floodgate_requests_no_route",
+            "Requests that matched no route (answered 404)",
+            no_route.clone(),
+        );
+        let decision_seconds: Family<StoreLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "floodgate_decision_seconds",
+            "Time to decide a request's limits, by store (memory, redis, local)",
+            decision_seconds.clone(),
+        );
+        let store_errors = Family::default();
+        registry.register(
+            "floodgate_store_errors",
+            "Store decisions that failed, by kind (timeout, backend, circuit_open)",
+            store_errors.clone(),
+        );
+        let circuit_open = Gauge::default();
+        registry.register(
+            "floodgate_store_circuit_open",
+            "1 while the circuit breaker around the shared store is open",
+            circuit_open.clone(),
+        );
+        let upstream_responses = Family::default();
+        registry.register(
+            "floodgate_upstream_responses",
+            "Upstream responses by route and status class (1xx to 5xx; 502 and 504 are floodgate's own)",
+            upstream_responses.clone(),
+        );
+        let upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "floodgate_upstream_seconds",
+            "Time until the upstream's response head, by route",
+            upstream_seconds.clone(),
+        );
+        let open_connections = Gauge::default();
+        registry.register(
+            "floodgate_open_connections",
+            "Client connections open on the proxy listener",
+            open_connections.clone(),
+        );
+        let reloads = Family::default();
+        registry.register(
+            "floodgate_config_reloads",
+            "Configuration reloads by result (success, failure)",
+            reloads.clone(),
+        );
+        let config_info = Family::default();
+        registry.register(
+            "floodgate_config_info",
+            "The configuration in force, by the first 16 hex digits of its SHA-256",
+            config_info.clone(),
+        );
+        for result in ["success", "failure"] {
+            let _ = reloads.get_or_create(&ResultLabel {
+                result: result.into(),
+            });
+        }
+        Self {
+            registry,
+            requests,
+            upstream_responses,
+            upstream_seconds,
+            decision_seconds,
+            store_errors,
+            reloads,
+            config_info,
+            config_digest: Mutex::new(String::new()),
+            no_route,
+            open_connections,
+            circuit_open,
         }
     }
-    let _ = writeln!(
-        out,
-        "floodgate_requests_total{{route=\"\",outcome=\"no_route\"}} {}",
-        shared.no_route()
-    );
-    let (applied, refused) = shared.reloads();
-    out.push_str("# HELP floodgate_config_reloads_total Configuration reloads by result.\n");
-    out.push_str("# TYPE floodgate_config_reloads_total counter\n");
-    let _ = writeln!(
-        out,
-        "floodgate_config_reloads_total{{result=\"success\"}} {applied}"
-    );
-    let _ = writeln!(
-        out,
-        "floodgate_config_reloads_total{{result=\"failure\"}} {refused}"
-    );
-    out.push_str("# HELP floodgate_config_info The configuration in force.\n");
-    out.push_str("# TYPE floodgate_config_info gauge\n");
-    let _ = writeln!(
-        out,
-        "floodgate_config_info{{digest=\"{}\"}} 1",
-        shared.config_digest()
-    );
-    out.push_str(
-        "# HELP floodgate_store_ready Whether the rate limit store answers (1) or not (0).\n",
-    );
-    out.push_str("# TYPE floodgate_store_ready gauge\n");
-    let _ = writeln!(out, "floodgate_store_ready {}", u8::from(shared.ready()));
-    out
+
+    /// Resolves every route's handles, in table order.
+    pub fn bind(&self, routes: &Table) -> Vec<RouteMetrics> {
+        routes
+            .iter()
+            .map(|route| {
+                let name = route.name.to_string();
+                let outcome = |o: Outcome| {
+                    self.requests
+                        .get_or_create(&RouteOutcome {
+                            route: name.clone(),
+                            outcome: o.name().into(),
+                        })
+                        .clone()
+                };
+                let class = |c: usize| {
+                    self.upstream_responses
+                        .get_or_create(&RouteClass {
+                            route: name.clone(),
+                            class: format!("{c}xx"),
+                        })
+                        .clone()
+                };
+                RouteMetrics {
+                    outcomes: Outcome::ALL.map(outcome),
+                    upstream_classes: [1, 2, 3, 4, 5].map(class),
+                    upstream_seconds: self
+                        .upstream_seconds
+                        .get_or_create(&RouteLabel {
+                            route: name.clone(),
+                        })
+                        .clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// The store's handles.
+    pub fn store(&self) -> StoreMetrics {
+        let histogram = |store: &str| {
+            self.decision_seconds
+                .get_or_create(&StoreLabel {
+                    store: store.into(),
+                })
+                .clone()
+        };
+        let counter = |kind: &str| {
+            self.store_errors
+                .get_or_create(&KindLabel { kind: kind.into() })
+                .clone()
+        };
+        StoreMetrics {
+            decision_seconds: [histogram("memory"), histogram("redis"), histogram("local")],
+            errors: [
+                counter("timeout"),
+                counter("backend"),
+                counter("circuit_open"),
+            ],
+            circuit_open: self.circuit_open.clone(),
+        }
+    }
+
+    /// Counts a reload and, when it applied, the digest now in force.
+    pub fn reloaded(&self, applied: bool, digest: &str) {
+        let result = if applied { "success" } else { "failure" };
+        self.reloads
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+        if applied {
+            self.config_loaded(digest);
+        }
+    }
+
+    /// Marks `digest` as the configuration in force.
+    pub fn config_loaded(&self, digest: &str) {
+        let mut current = self
+            .config_digest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !current.is_empty() {
+            self.config_info.remove(&DigestLabel {
+                digest: current.clone(),
+            });
+        }
+        self.config_info
+            .get_or_create(&DigestLabel {
+                digest: digest.into(),
+            })
+            .set(1);
+        *current = digest.to_owned();
+    }
+
+    /// The OpenMetrics text exposition of everything.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+impl RouteMetrics {
+    /// Counts one request's outcome.
+    pub fn count(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].inc();
+    }
+
+    /// Records an upstream answer (or floodgate's 502/504 in its place).
+    pub fn upstream(&self, status: u16, took: Duration) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.upstream_classes[class].inc();
+        self.upstream_seconds.observe(took.as_secs_f64());
+    }
+}
+
+impl StoreMetrics {
+    /// Records how long a decision by `kind` took.
+    pub fn decided(&self, kind: StoreKind, took: Duration) {
+        self.decision_seconds[kind as usize].observe(took.as_secs_f64());
+    }
+
+    /// Counts a failed decision.
+    pub fn failed(&self, kind: StoreErrorKind) {
+        self.errors[kind as usize].inc();
+    }
 }

@@ -14,7 +14,6 @@ use http::{HeaderValue, Method, StatusCode};
 
 use crate::client::ClientRule;
 use crate::limit::Limit;
-use crate::metrics::Outcomes;
 use ipnet::IpNet;
 
 /// The compiled routes of one configuration, in file order.
@@ -47,9 +46,6 @@ pub struct Route {
     /// Clients in these networks bypass the limits (`[server]`'s and the
     /// route's own `exempt`).
     pub exempt: Vec<IpNet>,
-    /// Requests by outcome; shared with the route of the same name across
-    /// reloads.
-    pub outcomes: Arc<Outcomes>,
 }
 
 /// What a request must look like to belong to a route.
@@ -124,28 +120,12 @@ impl Table {
         }
     }
 
-    /// A copy of this table whose routes keep counting where the routes of
-    /// the same name in `previous` left off.
-    pub fn continuing(&self, previous: &Table) -> Table {
-        let routes = self
-            .routes
+    /// The route a request belongs to, if any, and its position.
+    pub fn find(&self, request: &RequestFacts<'_>) -> Option<(usize, &Arc<Route>)> {
+        self.routes
             .iter()
-            .map(
-                |route| match previous.routes.iter().find(|p| p.name == route.name) {
-                    Some(old) => Arc::new(Route {
-                        outcomes: Arc::clone(&old.outcomes),
-                        ..route.as_ref().clone()
-                    }),
-                    None => Arc::clone(route),
-                },
-            )
-            .collect();
-        Table { routes }
-    }
-
-    /// The route a request belongs to, if any.
-    pub fn find(&self, request: &RequestFacts<'_>) -> Option<&Arc<Route>> {
-        self.routes.iter().find(|r| r.matcher.matches(request))
+            .enumerate()
+            .find(|(_, r)| r.matcher.matches(request))
     }
 
     /// All routes, in order.

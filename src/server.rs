@@ -7,7 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::uri::PathAndQuery;
@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
-use crate::metrics::Outcome;
+use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::proxy::Forwarder;
 use crate::response::{self, Body};
 use crate::routes::{Action, RequestFacts, Table, request_paths};
@@ -42,14 +42,17 @@ const MAX_URI_BYTES: usize = 8 * 1024;
 pub struct Rules {
     /// Routes, first match wins.
     pub routes: Table,
+    /// Each route's metric handles, in route order.
+    pub metrics: Vec<RouteMetrics>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
 }
 
 impl Rules {
-    /// The swappable rules of `config`.
-    pub fn from_config(config: &Config) -> Self {
+    /// The swappable rules of `config`, counting into `metrics`.
+    pub fn new(config: &Config, metrics: &Metrics) -> Self {
         Self {
+            metrics: metrics.bind(&config.routes),
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
         }
@@ -62,12 +65,9 @@ pub struct Shared {
     rules: ArcSwap<Rules>,
     limiter: Limiter,
     forwarder: Forwarder,
-    /// Requests that matched no route.
-    no_route: AtomicU64,
-    /// Reloads that were applied, and that were refused.
-    reloads: [AtomicU64; 2],
-    /// Short digest of the configuration file now in force.
-    config_digest: ArcSwap<String>,
+    metrics: Metrics,
+    /// When a shadow denial was last logged (ms): at most one line a second.
+    shadow_logged: AtomicU64,
 }
 
 impl Shared {
@@ -76,27 +76,16 @@ impl Shared {
         self.limiter.ready()
     }
 
-    /// The rules now in force.
-    pub fn rules(&self) -> Arc<Rules> {
-        self.rules.load_full()
+    /// Brings gauges that are read rather than counted up to date.
+    pub fn refresh_gauges(&self) {
+        self.metrics
+            .circuit_open
+            .set(i64::from(!self.limiter.ready()));
     }
 
-    /// Requests that matched no route so far.
-    pub fn no_route(&self) -> u64 {
-        self.no_route.load(Ordering::Relaxed)
-    }
-
-    /// Reloads applied and refused so far.
-    pub fn reloads(&self) -> (u64, u64) {
-        (
-            self.reloads[0].load(Ordering::Relaxed),
-            self.reloads[1].load(Ordering::Relaxed),
-        )
-    }
-
-    /// Short digest of the configuration file now in force.
-    pub fn config_digest(&self) -> Arc<String> {
-        self.config_digest.load_full()
+    /// The metrics, as exposed on `/metrics`.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Applies a newly loaded configuration's rules; parts that cannot
@@ -108,14 +97,8 @@ impl Shared {
                 "{what} changed but cannot be applied while running; restart floodgate to apply it"
             );
         }
-        let old = self.rules.load_full();
-        let rules = Rules {
-            routes: new.routes.continuing(&old.routes),
-            trusted_proxies: new.server.trusted_proxies.clone(),
-        };
-        self.rules.store(Arc::new(rules));
-        self.config_digest.store(Arc::new(new.digest.clone()));
-        self.reloads[0].fetch_add(1, Ordering::Relaxed);
+        self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
+        self.metrics.reloaded(true, &new.digest);
         tracing::info!(
             path = %new.path.display(),
             routes = new.routes.len(),
@@ -126,11 +109,31 @@ impl Shared {
 
     /// Records a reload that was refused; the old rules stay.
     pub fn reload_refused(&self, error: &crate::config::LoadError) {
-        self.reloads[1].fetch_add(1, Ordering::Relaxed);
+        self.metrics.reloaded(false, "");
         for line in error.to_string().lines() {
             tracing::error!("{line}");
         }
         tracing::error!("configuration not reloaded; the previous rules stay in force");
+    }
+
+    /// Logs a shadow denial, at most once a second at info (the rest at debug).
+    fn log_shadow(&self, route: &str, client: &crate::client::ClientId) {
+        let now = crate::limit::now_ms();
+        let last = self.shadow_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1_000
+            && self
+                .shadow_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::info!(
+                route,
+                ?client,
+                "shadow: would have denied (further ones this second at debug)"
+            );
+        } else {
+            tracing::debug!(route, ?client, "shadow: would have denied");
+        }
     }
 }
 
@@ -186,14 +189,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     reload: Arc<Notify>,
 ) -> Result<(), ServeError> {
-    let limiter = Limiter::new(&config.store).await?;
+    let metrics = Metrics::new();
+    metrics.config_loaded(&config.digest);
+    let limiter = Limiter::new(&config.store, metrics.store()).await?;
     let shared = Arc::new(Shared {
-        rules: ArcSwap::from_pointee(Rules::from_config(&config)),
+        rules: ArcSwap::from_pointee(Rules::new(&config, &metrics)),
         limiter,
         forwarder: Forwarder::new(),
-        no_route: AtomicU64::new(0),
-        reloads: Default::default(),
-        config_digest: ArcSwap::from_pointee(config.digest.clone()),
+        metrics,
+        shadow_logged: AtomicU64::new(0),
     });
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let watcher = tokio::spawn(crate::reload::watch(
@@ -246,6 +250,8 @@ pub async fn run(
                     }
                 };
                 let started = Arc::new(AtomicBool::new(false));
+                let open = shared.metrics.open_connections.clone();
+                open.inc();
                 let shared = Arc::clone(&shared);
                 let seen = Arc::clone(&started);
                 let service = service_fn(move |request| {
@@ -256,6 +262,7 @@ pub async fn run(
                 let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
+                    let _open = OpenConnection(open);
                     tokio::pin!(connection);
                     let first = tokio::select! {
                         result = &mut connection => Some(result),
@@ -297,6 +304,15 @@ pub async fn run(
         admin.abort();
     }
     Ok(())
+}
+
+/// Counts a connection as open until dropped.
+struct OpenConnection(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Splits a connection into the stream hyper serves and a spare handle on
@@ -352,11 +368,12 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         host,
         path: &matched_path,
     };
-    let Some(route) = rules.routes.find(&facts) else {
-        shared.no_route.fetch_add(1, Ordering::Relaxed);
+    let Some((index, route)) = rules.routes.find(&facts) else {
+        shared.metrics.no_route.inc();
         return response::text(StatusCode::NOT_FOUND, "no route matches this request\n");
     };
     let route = Arc::clone(route);
+    let counts = &rules.metrics[index];
     let path_and_query = match (&forward_path, request.uri().path_and_query()) {
         (Cow::Borrowed(_), Some(pq)) => Ok(pq.clone()),
         (_, pq) => {
@@ -387,9 +404,9 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         );
     let mut decision = None;
     if exempt {
-        route.outcomes.count(Outcome::Exempt);
+        counts.count(Outcome::Exempt);
     } else if route.limits.is_empty() {
-        route.outcomes.count(Outcome::Allowed);
+        counts.count(Outcome::Allowed);
     } else {
         let charge = Charge {
             route: &route.name,
@@ -399,16 +416,16 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         };
         match shared.limiter.decide(charge).await {
             Answer::Decided(d) if d.allowed => {
-                route.outcomes.count(Outcome::Allowed);
+                counts.count(Outcome::Allowed);
                 decision = Some(d);
             }
             Answer::Decided(d) if route.shadow => {
-                route.outcomes.count(Outcome::ShadowDenied);
-                tracing::info!(route = %route.name, client = ?client, "shadow: would have denied");
+                counts.count(Outcome::ShadowDenied);
+                shared.log_shadow(&route.name, &client);
                 decision = Some(d);
             }
             Answer::Decided(d) => {
-                route.outcomes.count(Outcome::Denied);
+                counts.count(Outcome::Denied);
                 tracing::debug!(route = %route.name, client = ?client, "denied");
                 return response::too_many_requests(&route, &d);
             }
@@ -416,7 +433,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
                 deny,
                 retry_after_ms,
             } => {
-                route.outcomes.count(Outcome::StoreError);
+                counts.count(Outcome::StoreError);
                 if deny && !route.shadow {
                     return response::store_unavailable(retry_after_ms);
                 }
@@ -427,10 +444,13 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
     let mut response = match &route.action {
         Action::Respond(r) => response::respond(r),
         Action::Upstream(upstream) => {
-            shared
+            let started = Instant::now();
+            let response = shared
                 .forwarder
                 .forward(upstream, request, path_and_query, peer.ip())
-                .await
+                .await;
+            counts.upstream(response.status().as_u16(), started.elapsed());
+            response
         }
     };
     if let Some(d) = &decision {

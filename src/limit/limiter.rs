@@ -2,12 +2,14 @@
 //! around a shared one, and the `on_error` policy.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use super::breaker::{Breaker, Change, Pass};
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::{Charge, Decision, Limit, Store, StoreError, now_ms};
 use crate::config::{OnError, Store as StoreConfig};
+use crate::metrics::{StoreErrorKind, StoreKind, StoreMetrics};
 
 /// `Retry-After` for a 503 while the store is down.
 const STORE_RETRY_AFTER_MS: u64 = 1_000;
@@ -16,7 +18,7 @@ const STORE_RETRY_AFTER_MS: u64 = 1_000;
 #[derive(Debug)]
 pub enum Limiter {
     /// In-process counting.
-    Memory(MemoryStore),
+    Memory(MemoryStore, StoreMetrics),
     /// Shared counting in Redis, behind a circuit breaker.
     Redis(Box<Shared>),
 }
@@ -33,6 +35,7 @@ pub struct Shared {
     local_instances: u64,
     /// When a store error was last logged (ms), to log at most once a second.
     last_logged: AtomicU64,
+    metrics: StoreMetrics,
 }
 
 /// What the limiter says about one request.
@@ -54,9 +57,9 @@ impl Limiter {
     /// Sets up the store `config` names. A Redis that is down at startup is
     /// logged, not fatal: the breaker starts open and `on_error` applies
     /// until Redis answers.
-    pub async fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+    pub async fn new(config: &StoreConfig, metrics: StoreMetrics) -> Result<Self, StoreError> {
         let settings = match config {
-            StoreConfig::Memory => return Ok(Self::Memory(MemoryStore::new())),
+            StoreConfig::Memory => return Ok(Self::Memory(MemoryStore::new(), metrics)),
             StoreConfig::Redis(settings) => settings,
         };
         let store = RedisStore::new(&settings.url, &settings.key_prefix, settings.timeout)?;
@@ -68,6 +71,7 @@ impl Limiter {
             Ok(()) => tracing::info!(store = ?settings, "Redis store ready"),
             Err(e) => {
                 breaker.open_now(now_ms());
+                metrics.circuit_open.set(1);
                 tracing::warn!(
                     store = ?settings,
                     error = %e,
@@ -83,13 +87,19 @@ impl Limiter {
             local: MemoryStore::new(),
             local_instances: settings.local_instances,
             last_logged: AtomicU64::new(0),
+            metrics,
         })))
     }
 
     /// Decides one request.
     pub async fn decide(&self, charge: Charge<'_>) -> Answer {
         match self {
-            Self::Memory(store) => Answer::Decided(store.decide_at(charge, now_ms())),
+            Self::Memory(store, metrics) => {
+                let started = Instant::now();
+                let decision = store.decide_at(charge, now_ms());
+                metrics.decided(StoreKind::Memory, started.elapsed());
+                Answer::Decided(decision)
+            }
             Self::Redis(shared) => shared.decide(charge).await,
         }
     }
@@ -97,7 +107,7 @@ impl Limiter {
     /// False while the shared store is considered down.
     pub fn ready(&self) -> bool {
         match self {
-            Self::Memory(_) => true,
+            Self::Memory(..) => true,
             Self::Redis(shared) => !shared.breaker.is_open(),
         }
     }
@@ -106,7 +116,7 @@ impl Limiter {
     pub fn sweep(&self) {
         let now = now_ms();
         match self {
-            Self::Memory(store) => store.sweep(now),
+            Self::Memory(store, _) => store.sweep(now),
             Self::Redis(shared) => shared.local.sweep(now),
         };
     }
@@ -115,6 +125,7 @@ impl Limiter {
 impl Shared {
     async fn decide(&self, charge: Charge<'_>) -> Answer {
         let now = now_ms();
+        let started = Instant::now();
         let result = match self.breaker.pass(now) {
             Pass::Closed => {
                 let result = self.store.decide(charge).await;
@@ -134,12 +145,31 @@ impl Shared {
             Pass::Open => Err(StoreError::CircuitOpen),
         };
         match result {
-            Ok(decision) => Answer::Decided(decision),
-            Err(e) => self.fallback(charge, &e),
+            Ok(decision) => {
+                self.metrics.decided(StoreKind::Redis, started.elapsed());
+                Answer::Decided(decision)
+            }
+            Err(e) => {
+                self.metrics.failed(match e {
+                    StoreError::Timeout(_) => StoreErrorKind::Timeout,
+                    StoreError::Backend(_) => StoreErrorKind::Backend,
+                    StoreError::CircuitOpen => StoreErrorKind::CircuitOpen,
+                });
+                self.fallback(charge, &e)
+            }
         }
     }
 
     fn log_change(&self, change: Change, error: Option<&StoreError>) {
+        match change {
+            Change::Opened => {
+                self.metrics.circuit_open.set(1);
+            }
+            Change::Closed => {
+                self.metrics.circuit_open.set(0);
+            }
+            Change::None => {}
+        }
         match change {
             Change::Opened => tracing::warn!(
                 error = %error.map_or_else(String::new, ToString::to_string),
@@ -172,7 +202,12 @@ impl Shared {
                 deny: true,
                 retry_after_ms: STORE_RETRY_AFTER_MS,
             },
-            OnError::Local => Answer::Decided(self.decide_locally(charge, now)),
+            OnError::Local => {
+                let started = Instant::now();
+                let decision = self.decide_locally(charge, now);
+                self.metrics.decided(StoreKind::Local, started.elapsed());
+                Answer::Decided(decision)
+            }
         }
     }
 
