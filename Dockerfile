@@ -15,4 +15,6 @@ ENV FLOODGATE_CONFIG=/etc/floodgate/floodgate.toml
 USER 10001
 EXPOSE 8080
 STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+  CMD ["/usr/local/bin/floodgate", "--probe", "http://127.0.0.1:9901/healthz"]
 ENTRYPOINT ["/usr/local/bin/floodgate"]

@@ -32,7 +32,8 @@ use tokio::task::JoinHandle;
 /// - `/slow?ms=N` waits N ms first;
 /// - `/download?bytes=N` streams N bytes;
 /// - `/upload` reads the body as it streams and answers its length;
-/// - `/hop` answers with hop-by-hop headers that must not reach the client.
+/// - `/hop` answers with hop-by-hop headers that must not reach the client;
+/// - `/status?code=N` answers with status N.
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
@@ -124,6 +125,12 @@ async fn upstream_answer(req: Request<Incoming>) -> Result<Response<UpstreamBody
                 .header("x-upstream-kept", "1")
                 .body(full("hop".into()))
                 .expect("response"));
+        }
+        "/status" => {
+            let code = u16::try_from(query_number(&req, "code")).unwrap_or(200);
+            let mut response = Response::new(full(format!("status {code}")));
+            *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+            return Ok(response);
         }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(query_number(&req, "ms"))).await;

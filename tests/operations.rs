@@ -1,0 +1,289 @@
+//! Operating floodgate: exact metrics after a scripted mix of requests,
+//! parsed as a whole by a Prometheus text parser; health and readiness; the
+//! container's health probe and build command.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::redis::{TestRedis, unique_prefix};
+use support::{Floodgate, TestClient, Upstream};
+
+/// Every sample of the exposition, by name and sorted labels.
+fn scrape(text: &str) -> HashMap<String, f64> {
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("a valid exposition");
+    let mut out = HashMap::new();
+    for sample in scrape.samples {
+        let mut labels: Vec<String> = sample
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        labels.sort();
+        let value = match sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(buckets) => buckets.last().map_or(0.0, |b| b.count),
+            prometheus_parse::Value::Summary(_) => continue,
+        };
+        out.insert(format!("{}{{{}}}", sample.metric, labels.join(",")), value);
+    }
+    out
+}
+
+fn value(samples: &HashMap<String, f64>, key: &str) -> f64 {
+    *samples.get(key).unwrap_or_else(|| {
+        let mut keys: Vec<_> = samples.keys().collect();
+        keys.sort();
+        panic!("no sample {key}; have:\n{keys:#?}")
+    })
+}
+
+#[tokio::test]
+async fn metrics_count_a_scripted_mix_exactly() {
+    let upstream = Upstream::start().await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[routes]]
+name = "limited"
+match = {{ path_prefix = "/limited" }}
+respond = {{ status = 200 }}
+limits = [{{ algorithm = "fixed_window", limit = 2, window = "1h" }}]
+
+[[routes]]
+name = "shadow"
+match = {{ path_prefix = "/shadow" }}
+respond = {{ status = 200 }}
+shadow = true
+limits = [{{ algorithm = "gcra", limit = 1, window = "1h" }}]
+
+[[routes]]
+name = "exempt"
+match = {{ path_prefix = "/exempt" }}
+respond = {{ status = 200 }}
+exempt = ["127.0.0.0/8"]
+limits = [{{ algorithm = "sliding_log", limit = 1, window = "1h" }}]
+
+[[routes]]
+name = "proxied"
+match = {{ path_prefix = "/status" }}
+upstream = "{}"
+"#,
+        upstream.url()
+    );
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let mut statuses = Vec::new();
+    for (path, times) in [
+        ("/limited", 5),
+        ("/shadow", 3),
+        ("/exempt", 3),
+        ("/status?code=200", 2),
+        ("/status?code=404", 1),
+        ("/status?code=503", 1),
+        ("/nowhere", 4),
+    ] {
+        for _ in 0..times {
+            statuses.push(client.get(&gate.url(path), &[]).await.status.as_u16());
+        }
+    }
+    assert_eq!(
+        statuses,
+        [
+            200, 200, 429, 429, 429, 200, 200, 200, 200, 200, 200, 200, 200, 404, 503, 404, 404,
+            404, 404
+        ]
+    );
+
+    let text = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+    let m = scrape(&text);
+    let requests = |route: &str, outcome: &str| {
+        value(
+            &m,
+            &format!("floodgate_requests_total{{outcome={outcome},route={route}}}"),
+        )
+    };
+    assert_eq!(requests("limited", "allowed"), 2.0);
+    assert_eq!(requests("limited", "denied"), 3.0);
+    assert_eq!(requests("shadow", "allowed"), 1.0);
+    assert_eq!(requests("shadow", "shadow_denied"), 2.0);
+    assert_eq!(requests("exempt", "exempt"), 3.0);
+    assert_eq!(requests("exempt", "allowed"), 0.0);
+    assert_eq!(requests("proxied", "allowed"), 4.0);
+    assert_eq!(requests("limited", "store_error"), 0.0);
+    assert_eq!(value(&m, "floodgate_requests_no_route_total{}"), 4.0);
+    let class = |c: &str| {
+        value(
+            &m,
+            &format!("floodgate_upstream_responses_total{{class={c},route=proxied}}"),
+        )
+    };
+    assert_eq!(
+        (class("2xx"), class("4xx"), class("5xx"), class("3xx")),
+        (2.0, 1.0, 1.0, 0.0)
+    );
+    assert_eq!(
+        value(&m, "floodgate_upstream_seconds_count{route=proxied}"),
+        4.0
+    );
+    // Decisions: 5 limited + 3 shadow; exempt and unlimited routes decide nothing.
+    assert_eq!(
+        value(&m, "floodgate_decision_seconds_count{store=memory}"),
+        8.0
+    );
+    assert_eq!(value(&m, "floodgate_store_errors_total{kind=timeout}"), 0.0);
+    assert_eq!(value(&m, "floodgate_store_circuit_open{}"), 0.0);
+    assert_eq!(
+        value(&m, "floodgate_config_reloads_total{result=success}"),
+        0.0
+    );
+    assert_eq!(
+        value(&m, "floodgate_config_reloads_total{result=failure}"),
+        0.0
+    );
+    assert!(value(&m, "floodgate_open_connections{}") >= 1.0);
+    let digests: Vec<_> = m
+        .keys()
+        .filter(|k| k.starts_with("floodgate_config_info"))
+        .collect();
+    assert_eq!(digests.len(), 1, "{digests:?}");
+    assert!(
+        !text.contains("127.0.0.1"),
+        "a client address leaked into a label"
+    );
+}
+
+#[tokio::test]
+async fn readyz_follows_redis_and_healthz_stays_up() {
+    let mut redis = TestRedis::start_process().await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{}"
+key_prefix = "{}"
+timeout = "100ms"
+
+[[routes]]
+name = "api"
+respond = {{ status = 200 }}
+limits = [{{ algorithm = "token_bucket", limit = 1000, window = "1s" }}]
+"#,
+        redis.url,
+        unique_prefix("readyz")
+    );
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let status = |path: &'static str| {
+        let client = client.clone();
+        let url = gate.admin_url(path);
+        async move { client.get(&url, &[]).await.status.as_u16() }
+    };
+    assert_eq!(status("/readyz").await, 200);
+    redis.kill();
+    // Traffic finds out: the breaker opens after a few failed decisions.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status("/readyz").await != 503 {
+        let _ = client.get(&gate.url("/"), &[]).await;
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never reported Redis down"
+        );
+    }
+    assert_eq!(status("/healthz").await, 200);
+    redis.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status("/readyz").await != 200 {
+        let _ = client.get(&gate.url("/"), &[]).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(Instant::now() < deadline, "/readyz never recovered");
+    }
+    let m = scrape(&client.get(&gate.admin_url("/metrics"), &[]).await.text());
+    assert!(value(&m, "floodgate_store_errors_total{kind=backend}") >= 1.0);
+    assert_eq!(value(&m, "floodgate_store_circuit_open{}"), 0.0);
+}
+
+#[tokio::test]
+async fn the_probe_flag_checks_health_for_container_runtimes() {
+    let gate = Floodgate::start(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n[[routes]]\nname = \"a\"\nrespond = { status = 200 }\n",
+    )
+    .await;
+    let probe = |url: String| async move {
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_floodgate"))
+                .args(["--probe", &url])
+                .output()
+                .expect("run probe")
+                .status
+                .code()
+        })
+        .await
+        .expect("probe task")
+    };
+    assert_eq!(probe(gate.admin_url("/healthz")).await, Some(0));
+    assert_eq!(probe(gate.admin_url("/nothing")).await, Some(1));
+    let closed = support::free_port();
+    assert_eq!(
+        probe(format!("http://127.0.0.1:{closed}/healthz")).await,
+        Some(1)
+    );
+}
+
+#[test]
+fn the_dockerfile_builds_with_the_readmes_command_and_checks_its_own_config() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile")).expect("Dockerfile");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README");
+    let builds: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("RUN cargo "))
+        .collect();
+    assert_eq!(
+        builds,
+        ["build --release --locked"],
+        "the image's build steps changed"
+    );
+    assert!(
+        readme.contains("cargo build --release --locked"),
+        "README must show the image's build command"
+    );
+    for line in dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("COPY config/"))
+    {
+        let file = line.split_whitespace().next().expect("a file");
+        let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .args(["--check", "--config", &format!("{root}/config/{file}")])
+            .output()
+            .expect("run --check");
+        assert!(
+            out.status.success(),
+            "the image's {file} fails --check: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        dockerfile.contains("HEALTHCHECK") && dockerfile.contains("--probe"),
+        "the image checks its health with --probe"
+    );
+    // The build command itself, as the image runs it.
+    let build = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--locked", "--quiet"])
+        .current_dir(root)
+        .status()
+        .expect("run cargo");
+    assert!(build.success(), "cargo build --release --locked failed");
+}
