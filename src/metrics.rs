@@ -64,6 +64,8 @@ pub enum StoreKind {
     Redis,
     /// The in-process fallback while Redis is down (`on_error = "local"`).
     Local,
+    /// A denial remembered until its retry-after (no Redis call).
+    Cache,
 }
 
 /// Why a store decision failed.
@@ -150,7 +152,7 @@ pub struct RouteMetrics {
 /// The store's metric handles.
 #[derive(Debug, Clone)]
 pub struct StoreMetrics {
-    decision_seconds: [Histogram; 3],
+    decision_seconds: [Histogram; 4],
     errors: [Counter; 3],
     /// 1 while the circuit breaker is open.
     pub circuit_open: Gauge,
@@ -182,7 +184,7 @@ impl Metrics {
             Family::new_with_constructor(latency_histogram);
         registry.register(
             "floodgate_decision_seconds",
-            "Time to decide a request's limits, by store (memory, redis, local)",
+            "Time to decide a request's limits, by store (memory, redis, local, cache)",
             decision_seconds.clone(),
         );
         let store_errors = Family::default();
@@ -300,7 +302,12 @@ impl Metrics {
                 .clone()
         };
         StoreMetrics {
-            decision_seconds: [histogram("memory"), histogram("redis"), histogram("local")],
+            decision_seconds: [
+                histogram("memory"),
+                histogram("redis"),
+                histogram("local"),
+                histogram("cache"),
+            ],
             errors: [
                 counter("timeout"),
                 counter("backend"),

@@ -98,6 +98,7 @@ impl Shared {
             );
         }
         self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
+        self.limiter.rules_changed();
         self.metrics.reloaded(true, &new.digest);
         tracing::info!(
             path = %new.path.display(),

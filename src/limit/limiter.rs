@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::breaker::{Breaker, Change, Pass};
+use super::deny_cache::DenyCache;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::{Charge, Decision, Limit, Store, StoreError, now_ms};
@@ -36,6 +37,8 @@ pub struct Shared {
     /// When a store error was last logged (ms), to log at most once a second.
     last_logged: AtomicU64,
     metrics: StoreMetrics,
+    /// Denials in force, answered without asking Redis again.
+    denials: DenyCache,
 }
 
 /// What the limiter says about one request.
@@ -88,6 +91,7 @@ impl Limiter {
             local_instances: settings.local_instances,
             last_logged: AtomicU64::new(0),
             metrics,
+            denials: DenyCache::new(),
         })))
     }
 
@@ -116,16 +120,32 @@ impl Limiter {
     pub fn sweep(&self) {
         let now = now_ms();
         match self {
-            Self::Memory(store, _) => store.sweep(now),
-            Self::Redis(shared) => shared.local.sweep(now),
-        };
+            Self::Memory(store, _) => {
+                store.sweep(now);
+            }
+            Self::Redis(shared) => {
+                shared.local.sweep(now);
+                shared.denials.sweep(Instant::now());
+            }
+        }
+    }
+
+    /// Forgets remembered denials: the rules they were made under changed.
+    pub fn rules_changed(&self) {
+        if let Self::Redis(shared) = self {
+            shared.denials.clear();
+        }
     }
 }
 
 impl Shared {
     async fn decide(&self, charge: Charge<'_>) -> Answer {
-        let now = now_ms();
         let started = Instant::now();
+        if let Some(denial) = self.denials.get(charge.route, charge.client, started) {
+            self.metrics.decided(StoreKind::Cache, started.elapsed());
+            return Answer::Decided(denial);
+        }
+        let now = now_ms();
         let result = match self.breaker.pass(now) {
             Pass::Closed => {
                 let result = self.store.decide(charge).await;
@@ -147,6 +167,8 @@ impl Shared {
         match result {
             Ok(decision) => {
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
+                self.denials
+                    .insert(charge.route, charge.client, started, decision);
                 Answer::Decided(decision)
             }
             Err(e) => {

@@ -7,6 +7,7 @@
 
 pub mod algorithms;
 pub mod breaker;
+pub mod deny_cache;
 mod limiter;
 pub mod memory;
 pub mod redis;

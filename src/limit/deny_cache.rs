@@ -1,0 +1,159 @@
+//! Remembers denials until their retry-after, so a client flooding far past
+//! its limit costs one Redis call per retry-after period instead of one per
+//! request.
+//!
+//! This is exact, not an approximation: a denied request consumes nothing,
+//! and until the retry-after the store told has passed, nothing can make the
+//! same request fit (other instances only consume more). The deadline is
+//! counted from when the request was sent to Redis, which is no later than
+//! the moment Redis decided, so the cache never denies for longer than Redis
+//! would.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use super::Decision;
+use crate::client::ClientId;
+
+const SHARDS: usize = 32;
+
+/// Denials in force, by route and client.
+#[derive(Debug)]
+pub struct DenyCache {
+    // Keyed by a keyed hash of (route, client); the entry holds the key
+    // itself, so a hash collision only costs a cache miss.
+    shards: Box<[Mutex<HashMap<u64, Entry>>]>,
+    hasher: RandomState,
+}
+
+#[derive(Debug)]
+struct Entry {
+    route: Arc<str>,
+    client: ClientId,
+    decision: Decision,
+    sent: Instant,
+    until: Instant,
+}
+
+impl Default for DenyCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DenyCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn slot(&self, route: &str, client: &ClientId) -> (u64, &Mutex<HashMap<u64, Entry>>) {
+        let hash = self.hasher.hash_one((route, client));
+        (hash, &self.shards[hash as usize % SHARDS])
+    }
+
+    /// The denial in force for `route` and `client` at `now`, with its
+    /// retry-after and reset shortened by the time that has passed.
+    pub fn get(&self, route: &Arc<str>, client: &ClientId, now: Instant) -> Option<Decision> {
+        let (hash, shard) = self.slot(route, client);
+        let map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.get(&hash)?;
+        if now >= entry.until || entry.route != *route || entry.client != *client {
+            return None;
+        }
+        let passed = now.duration_since(entry.sent).as_millis() as u64;
+        let d = entry.decision;
+        Some(Decision {
+            retry_after_ms: d.retry_after_ms.saturating_sub(passed).max(1),
+            reset_ms: d.reset_ms.saturating_sub(passed),
+            ..d
+        })
+    }
+
+    /// Remembers a denial decided for a request sent to the store at `sent`.
+    pub fn insert(&self, route: &Arc<str>, client: &ClientId, sent: Instant, decision: Decision) {
+        if decision.allowed || decision.retry_after_ms == 0 {
+            return;
+        }
+        let until = sent + std::time::Duration::from_millis(decision.retry_after_ms);
+        let (hash, shard) = self.slot(route, client);
+        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        map.insert(
+            hash,
+            Entry {
+                route: Arc::clone(route),
+                client: client.clone(),
+                decision,
+                sent,
+                until,
+            },
+        );
+    }
+
+    /// Forgets denials that have run out.
+    pub fn sweep(&self, now: Instant) {
+        for shard in self.shards.iter() {
+            let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            map.retain(|_, e| e.until > now);
+        }
+    }
+
+    /// Forgets everything (the rules changed).
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
+    }
+
+    /// Denials held.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// True when no denial is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_denial_holds_until_its_retry_after_and_no_longer() {
+        let cache = DenyCache::new();
+        let route: Arc<str> = "r".into();
+        let client = ClientId::Addr([192, 0, 2, 1].into());
+        let other = ClientId::Addr([192, 0, 2, 2].into());
+        let sent = Instant::now();
+        let denial = Decision {
+            allowed: false,
+            remaining: 0,
+            reset_ms: 900,
+            retry_after_ms: 300,
+            limit: 0,
+        };
+        cache.insert(&route, &client, sent, denial);
+        let d = cache.get(&route, &client, sent + Duration::from_millis(100));
+        assert_eq!(d.map(|d| (d.retry_after_ms, d.reset_ms)), Some((200, 800)));
+        assert!(cache.get(&route, &other, sent).is_none());
+        assert!(cache.get(&"s".into(), &client, sent).is_none());
+        assert!(
+            cache
+                .get(&route, &client, sent + Duration::from_millis(300))
+                .is_none()
+        );
+        cache.sweep(sent + Duration::from_millis(300));
+        assert!(cache.is_empty());
+    }
+}

@@ -1,0 +1,180 @@
+//! A client flooding far past its limit: denials are remembered until their
+//! retry-after, so the flood costs Redis one call per retry-after period,
+//! and a remembered denial never outlives what Redis would have said.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::client::ClientId;
+use floodgate::config::{OnError, RedisStore, Store};
+use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
+use floodgate::metrics::Metrics;
+use support::redis::{TestRedis, unique_prefix};
+use support::{Floodgate, TestClient};
+
+fn evalsha_calls(info: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_flooding_client_costs_one_redis_call_per_retry_after_period() {
+    let redis = TestRedis::start_private().await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{}"
+key_prefix = "{}"
+
+[[routes]]
+name = "api"
+respond = {{ status = 200 }}
+client = {{ from = "header", name = "X-Client" }}
+limits = [{{ algorithm = "sliding_log", limit = 3, window = "1h" }}]
+"#,
+        redis.url,
+        unique_prefix("flood")
+    );
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let client = TestClient::http1();
+    // Let both finish loading the script, then count from zero.
+    assert_eq!(
+        client
+            .get(&gates[0].url("/"), &[("x-client", "warm")])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        client
+            .get(&gates[1].url("/"), &[("x-client", "warm")])
+            .await
+            .status,
+        200
+    );
+    let mut conn = redis.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("reset");
+    let mut statuses = [0usize; 2];
+    for i in 0..400 {
+        let a = client
+            .get(&gates[i % 2].url("/"), &[("x-client", "flood")])
+            .await;
+        statuses[usize::from(a.status == 429)] += 1;
+        if a.status == 429 {
+            assert!(a.header("retry-after").is_some() && a.header("ratelimit").is_some());
+        }
+    }
+    assert_eq!(statuses, [3, 397]);
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    // 3 admissions, then one denial per instance; the other 395 denials came
+    // from the instances' memory of those denials.
+    assert_eq!(evalsha_calls(&info), 3 + 2, "{info}");
+}
+
+fn limiter_config(redis: &TestRedis, prefix: &str) -> Store {
+    Store::Redis(RedisStore {
+        url: redis.url.clone(),
+        key_prefix: prefix.to_owned(),
+        timeout: Duration::from_secs(1),
+        on_error: OnError::Deny,
+        local_instances: 1,
+    })
+}
+
+/// For each algorithm, in real time: deny, wait until just past the
+/// retry-after Redis gave, and be admitted; a remembered denial in between
+/// costs no Redis call.
+#[tokio::test]
+async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
+    let redis = TestRedis::start_private().await;
+    let metrics = Metrics::new();
+    let limiter = Limiter::new(
+        &limiter_config(&redis, &unique_prefix("cache-exact")),
+        metrics.store(),
+    )
+    .await
+    .expect("limiter");
+    let route: Arc<str> = "r".into();
+    let mut conn = redis.connection().await;
+    for (i, limit) in [
+        Limit::new(Algorithm::FixedWindow, 3, 400),
+        Limit::new(Algorithm::SlidingLog, 3, 400),
+        Limit::new(Algorithm::SlidingWindow, 3, 400),
+        Limit::new(Algorithm::TokenBucket, 3, 400).with_burst(3),
+        Limit::new(Algorithm::Gcra, 3, 400).with_burst(3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let client = ClientId::Addr([10, 9, 9, i as u8].into());
+        let limits = [limit];
+        let charge = Charge {
+            route: &route,
+            client: &client,
+            limits: &limits,
+            cost: 1,
+        };
+        for round in 0..3 {
+            // Use up the limit, then get denied.
+            let (denied_at, retry) = loop {
+                let sent = Instant::now();
+                match limiter.decide(charge).await {
+                    Answer::Decided(d) if d.allowed => continue,
+                    Answer::Decided(d) => break (sent, d.retry_after_ms),
+                    other => panic!("{limit:?}: {other:?}"),
+                }
+            };
+            assert!(retry > 0);
+            let before: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .expect("info");
+            // Halfway: still denied, from memory.
+            tokio::time::sleep_until((denied_at + Duration::from_millis(retry / 2)).into()).await;
+            match limiter.decide(charge).await {
+                Answer::Decided(d) => assert!(
+                    !d.allowed,
+                    "{limit:?} round {round}: admitted before retry-after"
+                ),
+                other => panic!("{other:?}"),
+            }
+            let after: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .expect("info");
+            assert_eq!(
+                evalsha_calls(&after),
+                evalsha_calls(&before),
+                "{limit:?}: the remembered denial asked Redis"
+            );
+            // Just past the retry-after: Redis would admit, and so must we.
+            tokio::time::sleep_until((denied_at + Duration::from_millis(retry + 5)).into()).await;
+            match limiter.decide(charge).await {
+                Answer::Decided(d) => assert!(
+                    d.allowed,
+                    "{limit:?} round {round}: denied after the retry-after of {retry} ms"
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
