@@ -1,0 +1,145 @@
+//! Counts heap allocations per proxied request: requests straight to an
+//! upstream, then the same requests through floodgate (memory store, a limit
+//! that never triggers; and the Redis store when `redis-server` is on PATH or
+//! REDIS_URL is set). The difference is floodgate's share.
+//! Run with `cargo bench --bench allocations`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+async fn upstream() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = service_fn(|_req| async {
+                    Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn floodgate(toml: &str) -> std::net::SocketAddr {
+    let config = floodgate::config::parse(std::path::Path::new("bench.toml"), toml).expect("config");
+    let proxy = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = proxy.local_addr().expect("addr");
+    let listeners = floodgate::Listeners { proxy, admin: None };
+    tokio::spawn(floodgate::run(
+        config,
+        listeners,
+        std::future::pending(),
+        Arc::new(tokio::sync::Notify::new()),
+    ));
+    addr
+}
+
+/// Allocations per request for `n` sequential GETs to `url`.
+async fn per_request(url: &str, n: u64) -> f64 {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let uri: hyper::Uri = url.parse().expect("uri");
+    for _ in 0..500 {
+        let r = client.get(uri.clone()).await.expect("warm-up request");
+        let _ = r.into_body().collect().await;
+    }
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..n {
+        let r = client.get(uri.clone()).await.expect("request");
+        assert!(r.status().is_success());
+        let _ = r.into_body().collect().await;
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / n as f64
+}
+
+fn redis_url() -> Option<(String, Option<std::process::Child>)> {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return Some((url, None));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    Some((format!("redis://127.0.0.1:{port}"), Some(child)))
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let redis = redis_url();
+    runtime.block_on(async {
+        let n = 20_000;
+        let up = upstream().await;
+        let direct = per_request(&format!("http://{up}/x"), n).await;
+        let route = format!(
+            "[[routes]]\nname = \"api\"\nupstream = \"http://{up}\"\nlimits = [{{ algorithm = \"gcra\", limit = 1000000, window = \"1s\" }}]\n"
+        );
+        let memory = floodgate(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{route}")).await;
+        let through_memory = per_request(&format!("http://{memory}/x"), n).await;
+        println!("| path | allocations per request |");
+        println!("|---|---:|");
+        println!("| client → upstream (baseline) | {direct:.1} |");
+        println!(
+            "| client → floodgate (memory store) → upstream | {through_memory:.1} (floodgate: {:.1}) |",
+            through_memory - direct
+        );
+        if let Some((url, _)) = &redis {
+            let with_redis = floodgate(&format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"alloc-bench\"\n{route}"
+            ))
+            .await;
+            let through_redis = per_request(&format!("http://{with_redis}/x"), n).await;
+            println!(
+                "| client → floodgate (Redis store) → upstream | {through_redis:.1} (floodgate: {:.1}) |",
+                through_redis - direct
+            );
+        }
+    });
+    if let Some((_, Some(mut child))) = redis {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
