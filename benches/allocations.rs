@@ -59,7 +59,8 @@ async fn upstream() -> std::net::SocketAddr {
 }
 
 async fn floodgate(toml: &str) -> std::net::SocketAddr {
-    let config = floodgate::config::parse(std::path::Path::new("bench.toml"), toml).expect("config");
+    let config =
+        floodgate::config::parse(std::path::Path::new("bench.toml"), toml).expect("config");
     let proxy = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = proxy.local_addr().expect("addr");
     let listeners = floodgate::Listeners { proxy, admin: None };
@@ -93,9 +94,22 @@ fn redis_url() -> Option<(String, Option<std::process::Child>)> {
     if let Ok(url) = std::env::var("REDIS_URL") {
         return Some((url, None));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
     let child = std::process::Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .stdout(std::process::Stdio::null())
         .spawn()
         .ok()?;

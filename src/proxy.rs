@@ -155,7 +155,7 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
     }
     use std::fmt::Write as _;
     let _ = write!(value, "{peer}");
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
 }

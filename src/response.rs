@@ -82,7 +82,8 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
         decision.remaining,
         seconds(decision.reset_ms)
     );
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    // Hand the buffer over rather than copy it: one allocation per response.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(RATELIMIT.clone(), v);
     }
 }

@@ -6,21 +6,24 @@
 //! a restart or `SCRIPT FLUSH`). Time comes from Redis `TIME` inside the
 //! script, so instances with skewed clocks agree.
 //!
-//! Connections: a deadpool pool of redis-rs multiplexed connections. A
-//! decision checks one out only long enough to clone its handle, so
-//! concurrent decisions are pipelined on a few TCP connections. deadpool-redis
-//! pings every connection it hands out; this store's pool does not (that
-//! would be a second command per decision) and instead retires a connection
-//! as soon as a command on it fails for a connection reason.
+//! Connections: a deadpool pool of redis-rs multiplexed connections. The
+//! store keeps a handle on a few of them and sends every decision on one of
+//! those, round-robin, so concurrent decisions are pipelined on a few TCP
+//! connections; the pool is asked only for a missing or broken one.
+//! deadpool-redis pings every connection it hands out; this store's pool does
+//! not (that would be a second command per checkout) and instead retires a
+//! connection as soon as a command on it fails for a connection reason.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use arc_swap::ArcSwapOption;
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, Script};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use sha2::{Digest, Sha256};
 
 use super::{Charge, Decision, Store, StoreError, Verdict};
@@ -47,6 +50,9 @@ const MAX_PLAIN_CLIENT: usize = 64;
 /// Counts limits in Redis, shared by every floodgate instance using it.
 pub struct RedisStore {
     pool: managed::Pool<Lanes>,
+    /// Cached handles on pooled connections, used round-robin.
+    lanes: Box<[ArcSwapOption<Lane>]>,
+    next_lane: AtomicUsize,
     script: Script,
     key_prefix: String,
     timeout: Duration,
@@ -77,6 +83,8 @@ impl RedisStore {
             .map_err(|e| StoreError::Backend(format!("cannot build the Redis pool: {e}")))?;
         Ok(Self {
             pool,
+            lanes: (0..CONNECTIONS).map(|_| ArcSwapOption::empty()).collect(),
+            next_lane: AtomicUsize::new(0),
             script: Script::new(SCRIPT),
             key_prefix: key_prefix.to_owned(),
             timeout,
@@ -86,7 +94,8 @@ impl RedisStore {
     /// Loads the script so the first decision needs no `NOSCRIPT` retry.
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let work = async {
-            let (mut conn, lane) = self.connection().await?;
+            let lane = self.lane().await?;
+            let mut conn = lane.conn.clone();
             let loaded = self.script.load_async(&mut conn).await;
             loaded.map(drop).map_err(|e| lane.failed(e))
         };
@@ -102,38 +111,56 @@ impl RedisStore {
         charge: Charge<'_>,
         now: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let mut invocation = self.script.prepare_invoke();
-        let tag = self.hash_tag(charge.route, charge.client);
-        for (i, limit) in charge.limits.iter().enumerate() {
-            invocation.key(format!(
-                "{tag}:{i}:{}:{}",
-                limit.algorithm.name(),
-                limit.window_ms
-            ));
-        }
-        match now {
-            Some(now) => invocation.arg(now),
-            None => invocation.arg(""),
-        };
-        invocation.arg(charge.cost);
-        for limit in charge.limits {
-            invocation
-                .arg(limit.algorithm.name())
-                .arg(limit.limit)
-                .arg(limit.window_ms)
-                .arg(limit.burst);
-        }
+        let command = self.command(charge, now);
         let work = async {
-            let (mut conn, lane) = self.connection().await?;
-            let reply: Vec<i64> = invocation
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| lane.failed(e))?;
+            let lane = self.lane().await?;
+            let mut conn = lane.conn.clone();
+            let reply: Vec<i64> = match command.query_async(&mut conn).await {
+                Ok(reply) => reply,
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    // Redis lost the script (restart, SCRIPT FLUSH): load it, ask again.
+                    self.script
+                        .load_async(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))?;
+                    command
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))?
+                }
+                Err(e) => return Err(lane.failed(e)),
+            };
             decision_from_reply(&reply, charge.limits.len())
         };
         tokio::time::timeout(self.timeout, work)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    /// `EVALSHA <sha> <n> <keys…> <now> <cost> <algorithm limit window burst>…`
+    fn command(&self, charge: Charge<'_>, now: Option<u64>) -> Cmd {
+        let mut command = redis::cmd("EVALSHA");
+        command.arg(self.script.get_hash()).arg(charge.limits.len());
+        let mut key = self.hash_tag(charge.route, charge.client);
+        let tag = key.len();
+        for (i, limit) in charge.limits.iter().enumerate() {
+            key.truncate(tag);
+            let _ = write!(key, ":{i}:{}:{}", limit.algorithm.name(), limit.window_ms);
+            command.arg(key.as_str());
+        }
+        match now {
+            Some(now) => command.arg(now),
+            None => command.arg(""),
+        };
+        command.arg(charge.cost);
+        for limit in charge.limits {
+            command
+                .arg(limit.algorithm.name())
+                .arg(limit.limit)
+                .arg(limit.window_ms)
+                .arg(limit.burst);
+        }
+        command
     }
 
     /// `{prefix}:{route:client}`: the braces make one hash tag per route and
@@ -146,13 +173,23 @@ impl RedisStore {
         tag
     }
 
-    async fn connection(&self) -> Result<(MultiplexedConnection, Lane), StoreError> {
-        let lane = self.pool.get().await.map_err(|e| match e {
+    /// A connection to send on: one of a few cached multiplexed handles,
+    /// replaced from the pool when missing or broken.
+    async fn lane(&self) -> Result<Arc<Lane>, StoreError> {
+        let slot = &self.lanes[self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
+        if let Some(lane) = slot.load_full()
+            && !lane.broken.load(Ordering::Relaxed)
+        {
+            return Ok(lane);
+        }
+        let pooled = self.pool.get().await.map_err(|e| match e {
             managed::PoolError::Backend(e) => StoreError::Backend(format!("cannot connect: {e}")),
             other => StoreError::Backend(format!("connection pool: {other}")),
         })?;
-        // Hand the object straight back: the clone shares the connection.
-        Ok((lane.conn.clone(), lane.clone_handle()))
+        // The pooled object goes straight back; the clone shares its connection.
+        let lane = Arc::new(pooled.clone_handle());
+        slot.store(Some(Arc::clone(&lane)));
+        Ok(lane)
     }
 }
 
