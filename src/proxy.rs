@@ -146,16 +146,25 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Appends `peer` to `X-Forwarded-For`, folding earlier values into one.
 fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
     let peer = peer.to_canonical();
-    let mut value = String::new();
-    for v in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(s) = v.to_str() {
-            value.push_str(s);
-            value.push_str(", ");
+    let mut earlier = headers.get_all(&X_FORWARDED_FOR).iter();
+    let value = match (earlier.next(), earlier.next()) {
+        (None, _) => response::header_value(format_args!("{peer}")),
+        (Some(one), None) => match one.to_str() {
+            Ok(s) => response::header_value(format_args!("{s}, {peer}")),
+            Err(_) => response::header_value(format_args!("{peer}")),
+        },
+        _ => {
+            let mut value = String::new();
+            for v in headers.get_all(&X_FORWARDED_FOR) {
+                if let Ok(s) = v.to_str() {
+                    value.push_str(s);
+                    value.push_str(", ");
+                }
+            }
+            response::header_value(format_args!("{value}{peer}"))
         }
-    }
-    use std::fmt::Write as _;
-    let _ = write!(value, "{peer}");
-    if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+    };
+    if let Some(v) = value {
         headers.insert(X_FORWARDED_FOR.clone(), v);
     }
 }

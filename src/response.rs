@@ -59,6 +59,19 @@ pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> 
     HeaderValue::from_str(&value).ok()
 }
 
+/// Formats a header value through a stack buffer, so the value itself is
+/// the only allocation; `None` if the text is not a valid header value.
+pub fn header_value(args: std::fmt::Arguments<'_>) -> Option<HeaderValue> {
+    use std::io::Write as _;
+    let mut buf = [0u8; 256];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    if cursor.write_fmt(args).is_ok() {
+        let n = cursor.position() as usize;
+        return HeaderValue::from_bytes(&buf[..n]).ok();
+    }
+    HeaderValue::from_str(&std::fmt::format(args)).ok()
+}
+
 /// Whole seconds for headers: rounded up, so a client that waits that long is
 /// never early.
 fn seconds(ms: u64) -> u64 {
@@ -75,15 +88,12 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
         .policy_names
         .get(decision.limit)
         .map_or(&*route.name, String::as_str);
-    let mut value = String::with_capacity(name.len() + 24);
-    let _ = write!(
-        value,
+    let value = header_value(format_args!(
         "\"{name}\";r={};t={}",
         decision.remaining,
         seconds(decision.reset_ms)
-    );
-    // Hand the buffer over rather than copy it: one allocation per response.
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+    ));
+    if let Some(v) = value {
         headers.insert(RATELIMIT.clone(), v);
     }
 }
