@@ -390,14 +390,8 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         return response::text(StatusCode::BAD_REQUEST, "invalid request path\n");
     };
 
-    let client = match route
-        .client
-        .identify(request.headers(), peer.ip(), &rules.trusted_proxies)
-    {
-        Ok(client) => client,
-        Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
-    };
-
+    // Exempt clients skip identification too: a health checker need not
+    // send the API key header that limits everyone else.
     let exempt = !route.exempt.is_empty()
         && is_in(
             client_address(request.headers(), peer.ip(), &rules.trusted_proxies),
@@ -409,6 +403,14 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
     } else if route.limits.is_empty() {
         counts.count(Outcome::Allowed);
     } else {
+        let client =
+            match route
+                .client
+                .identify(request.headers(), peer.ip(), &rules.trusted_proxies)
+            {
+                Ok(client) => client,
+                Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            };
         let charge = Charge {
             route: &route.name,
             client: &client,

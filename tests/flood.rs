@@ -11,15 +11,11 @@ use floodgate::client::ClientId;
 use floodgate::config::{OnError, RedisStore, Store};
 use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
 use floodgate::metrics::Metrics;
-use support::redis::{TestRedis, unique_prefix};
+use support::redis::{TestRedis, command_calls, unique_prefix};
 use support::{Floodgate, TestClient};
 
 fn evalsha_calls(info: &str) -> u64 {
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    command_calls(info, "evalsha")
 }
 
 #[tokio::test]

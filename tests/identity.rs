@@ -155,7 +155,12 @@ async fn header_ids_ignore_name_case_and_composite_ids_split_by_both_parts() {
 
 #[tokio::test]
 async fn exempt_networks_bypass_limits_and_are_counted() {
-    let gate = Floodgate::start(&limited(r#"exempt = ["127.0.0.0/8"]"#, "")).await;
+    // Exempt clients need not even send the header everyone else must.
+    let gate = Floodgate::start(&limited(
+        r#"exempt = ["127.0.0.0/8"]"#,
+        r#"client = { from = "header", name = "X-Key", missing = "reject" }"#,
+    ))
+    .await;
     let client = TestClient::http1();
     for _ in 0..10 {
         let a = client.get(&gate.url("/"), &[]).await;

@@ -11,7 +11,7 @@ use floodgate::client::ClientId;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit};
 use http::HeaderValue;
-use support::redis::{TestRedis, unique_prefix};
+use support::redis::{TestRedis, command_calls, unique_prefix};
 use support::{Floodgate, TestClient, Upstream};
 
 fn redis_config(url: &str, prefix: &str, upstream: &str, limits: &str, on_error: &str) -> String {
@@ -172,6 +172,24 @@ async fn sliding_log_counts_every_request_in_the_same_millisecond() {
     assert_eq!(members, 50);
 }
 
+/// Every key expires: no later than its window plus the scripts' one-second
+/// expiry slack.
+async fn assert_ttl_at_most_window_plus_slack(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    window_ms: i64,
+) {
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("pttl");
+    assert!(
+        ttl > 0 && ttl <= window_ms + 1_000,
+        "TTL {ttl} of {key}: the window plus the expiry slack at most"
+    );
+}
+
 #[tokio::test]
 async fn fixed_window_script_boundaries_are_exact() {
     let redis = TestRedis::start().await;
@@ -204,15 +222,7 @@ async fn fixed_window_script_boundaries_are_exact() {
 
     let mut conn = redis.connection().await;
     let key = format!("{prefix}:{{r:h:c}}:0:fixed_window:1000");
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .expect("pttl");
-    assert!(
-        ttl > 0 && ttl <= 1_000 + 1_000,
-        "TTL {ttl}: the window plus the expiry slack at most"
-    );
+    assert_ttl_at_most_window_plus_slack(&mut conn, &key, 1_000).await;
 }
 
 #[tokio::test]
@@ -244,15 +254,7 @@ async fn sliding_log_script_boundaries_are_exact() {
 
     let mut conn = redis.connection().await;
     let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:1000");
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await
-        .expect("pttl");
-    assert!(
-        ttl > 0 && ttl <= 1_000 + 1_000,
-        "TTL {ttl}: the window plus the expiry slack at most"
-    );
+    assert_ttl_at_most_window_plus_slack(&mut conn, &key, 1_000).await;
 }
 
 #[tokio::test]
@@ -383,14 +385,6 @@ async fn script_flush_mid_run_is_recovered_from() {
     assert_eq!((d.allowed, d.remaining), (true, 1));
     assert!(decide(&store, "c", &limits, 1, t + 2).await.allowed);
     assert!(!decide(&store, "c", &limits, 1, t + 3).await.allowed);
-}
-
-fn command_calls(info: &str, command: &str) -> u64 {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]

@@ -12,6 +12,8 @@ use testcontainers_modules::redis::Redis;
 use testcontainers_modules::testcontainers::runners::AsyncRunner;
 use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
 
+use super::free_port;
+
 pub struct TestRedis {
     pub url: String,
     origin: Origin,
@@ -164,13 +166,6 @@ pub fn unique_prefix(test: &str) -> String {
     format!("t-{test}-{}-{n}-{nanos}", std::process::id())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 fn which_redis_server() -> bool {
     Command::new("redis-server")
         .arg("--version")
@@ -208,4 +203,13 @@ async fn wait_until_ready(url: &str) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Calls of `command` so far, from `INFO commandstats` text.
+pub fn command_calls(info: &str, command: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
