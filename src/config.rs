@@ -100,15 +100,24 @@ pub struct Server {
 pub enum Store {
     /// In-process counting: exact for one instance.
     Memory,
-    /// One Redis shared by every instance.
+    /// One Redis, or one Redis Cluster, shared by every instance.
     Redis(RedisStore),
 }
 
-/// Settings of a Redis-backed store.
+/// Where the Redis store is.
 #[derive(Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// One Redis: `redis://` or `rediss://` URL (may hold a password).
+    Single(String),
+    /// A Redis Cluster, found through these seed nodes.
+    Cluster(Vec<String>),
+}
+
+/// Settings of a Redis-backed store.
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct RedisStore {
-    /// `redis://` or `rediss://` URL (may hold a password: never logged).
-    pub url: String,
+    /// Where Redis is (URLs may hold passwords: never logged).
+    pub endpoint: Endpoint,
     /// Prefix of every key floodgate writes.
     pub key_prefix: String,
     /// One decision's deadline, pool wait included.
@@ -120,20 +129,17 @@ pub struct RedisStore {
     pub local_instances: u64,
 }
 
-impl fmt::Debug for RedisStore {
+impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The URL may carry a password; show only where it points.
-        let shown = match self.url.rsplit_once('@') {
-            Some((_, host)) => format!("redis://***@{host}"),
-            None => self.url.clone(),
+        // URLs may carry a password; show only where they point.
+        let shown = |url: &String| match url.split_once("://").zip(url.rsplit_once('@')) {
+            Some(((scheme, _), (_, host))) => format!("{scheme}://***@{host}"),
+            None => url.clone(),
         };
-        f.debug_struct("RedisStore")
-            .field("url", &shown)
-            .field("key_prefix", &self.key_prefix)
-            .field("timeout", &self.timeout)
-            .field("on_error", &self.on_error)
-            .field("local_instances", &self.local_instances)
-            .finish()
+        match self {
+            Self::Single(url) => write!(f, "{}", shown(url)),
+            Self::Cluster(urls) => f.debug_list().entries(urls.iter().map(shown)).finish(),
+        }
     }
 }
 
@@ -525,45 +531,62 @@ impl Validator<'_> {
                 }
                 Some(Store::Memory)
             }
-            "redis" => {
-                if let Some(urls) = &m.urls {
+            "redis" | "redis_cluster" => {
+                let cluster = backend == "redis_cluster";
+                let (wanted, unwanted, example) = if cluster {
+                    (
+                        "urls",
+                        m.url.as_ref().map(Spanned::span),
+                        "urls = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]",
+                    )
+                } else {
+                    (
+                        "url",
+                        m.urls.as_ref().map(Spanned::span),
+                        "url = \"redis://host:6379/0\"",
+                    )
+                };
+                if let Some(span) = unwanted {
                     self.problem(
-                        urls.span(),
-                        "urls is for backend \"redis_cluster\"; backend \"redis\" takes one url",
+                        span,
+                        format!("backend {backend:?} takes {wanted}, not this key"),
                     );
                 }
-                let url = match &m.url {
-                    None => {
-                        self.problem(
-                            backend_span,
-                            "backend \"redis\" needs url = \"redis://host:6379/0\"",
+                let check = |v: &mut Self, url: &str, span: Range<usize>| -> Option<String> {
+                    if url.starts_with("redis://") || url.starts_with("rediss://") {
+                        Some(url.to_owned())
+                    } else {
+                        v.problem(
+                            span,
+                            format!("{url:?} must start with redis:// or rediss://"),
                         );
                         None
                     }
-                    Some(u) => {
-                        let s = u.get_ref();
-                        if s.starts_with("redis://") || s.starts_with("rediss://") {
-                            Some(s.clone())
-                        } else {
-                            self.problem(u.span(), "url must start with redis:// or rediss://");
-                            None
-                        }
+                };
+                let endpoint = match (cluster, &m.url, &m.urls) {
+                    (false, Some(u), _) => check(self, u.get_ref(), u.span()).map(Endpoint::Single),
+                    (true, _, Some(list)) if !list.get_ref().is_empty() => {
+                        let urls: Vec<Option<String>> = list
+                            .get_ref()
+                            .iter()
+                            .map(|u| check(self, u, list.span()))
+                            .collect();
+                        urls.into_iter()
+                            .collect::<Option<Vec<_>>>()
+                            .map(Endpoint::Cluster)
+                    }
+                    _ => {
+                        self.problem(backend_span, format!("backend {backend:?} needs {example}"));
+                        None
                     }
                 };
                 Some(Store::Redis(RedisStore {
-                    url: url?,
+                    endpoint: endpoint?,
                     key_prefix: key_prefix?,
                     timeout: timeout?,
                     on_error: on_error?,
                     local_instances: local_instances?,
                 }))
-            }
-            "redis_cluster" => {
-                self.problem(
-                    backend_span,
-                    "backend \"redis_cluster\" is not yet supported; use \"redis\" or \"memory\"",
-                );
-                None
             }
             other => {
                 self.problem(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::client::ClientId;
-use floodgate::config::{OnError, RedisStore, Store};
+use floodgate::config::{Endpoint, OnError, RedisStore, Store};
 use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
 use floodgate::metrics::Metrics;
 use support::redis::{TestRedis, command_calls, unique_prefix};
@@ -86,7 +86,7 @@ limits = [{{ algorithm = "sliding_log", limit = 3, window = "1h" }}]
 
 fn limiter_config(redis: &TestRedis, prefix: &str) -> Store {
     Store::Redis(RedisStore {
-        url: redis.url.clone(),
+        endpoint: Endpoint::Single(redis.url.clone()),
         key_prefix: prefix.to_owned(),
         timeout: Duration::from_secs(1),
         on_error: OnError::Deny,

@@ -22,12 +22,16 @@ use arc_swap::ArcSwapOption;
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, Script, ServerErrorKind, Value,
+};
 use sha2::{Digest, Sha256};
 
 use super::{Charge, Decision, Store, StoreError, Verdict};
 use crate::client::ClientId;
+use crate::config::Endpoint;
 
 /// The decision script: prelude, one file per algorithm, then the driver.
 pub const SCRIPT: &str = concat!(
@@ -68,15 +72,40 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// A store for `url`; connects lazily, so it starts even while Redis is
-    /// down.
+    /// A store for one Redis at `url`; connects lazily, so it starts even
+    /// while Redis is down.
     pub fn new(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-            .set_response_timeout(None);
-        let manager = deadpool_redis::Manager::new_with_config(url, config)
-            .map_err(|e| StoreError::Backend(format!("invalid Redis URL: {e}")))?;
-        let pool = managed::Pool::builder(Lanes { inner: manager })
+        Self::connect(&Endpoint::Single(url.to_owned()), key_prefix, timeout)
+    }
+
+    /// A store for `endpoint`: one Redis or a Redis Cluster. Connects lazily.
+    pub fn connect(
+        endpoint: &Endpoint,
+        key_prefix: &str,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let connect_timeout = timeout.max(Duration::from_millis(500));
+        let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis URL: {e}"));
+        let lanes = match endpoint {
+            Endpoint::Single(url) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                Lanes::Single(
+                    deadpool_redis::Manager::new_with_config(url.as_str(), config)
+                        .map_err(invalid)?,
+                )
+            }
+            Endpoint::Cluster(urls) => {
+                let client =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+                        .connection_timeout(connect_timeout)
+                        .build()
+                        .map_err(invalid)?;
+                Lanes::Cluster(client)
+            }
+        };
+        let pool = managed::Pool::builder(lanes)
             .max_size(CONNECTIONS)
             .runtime(deadpool::Runtime::Tokio1)
             .build()
@@ -257,15 +286,55 @@ fn decision_from_reply(reply: &[i64], limits: usize) -> Result<Decision, StoreEr
 
 // === the pool ===
 
-/// Makes pooled connections without deadpool-redis's per-checkout `PING`.
-struct Lanes {
-    inner: deadpool_redis::Manager,
+/// Makes pooled connections, without deadpool-redis's per-checkout `PING`.
+enum Lanes {
+    /// Multiplexed connections to one Redis.
+    Single(deadpool_redis::Manager),
+    /// Cluster connections, which route each command to its slot's primary
+    /// and follow `MOVED`/`ASK` redirections themselves.
+    Cluster(redis::cluster::ClusterClient),
 }
 
-/// One multiplexed connection and whether a command on it failed for a
+/// A connection to one Redis or to a cluster; cheap to clone, and clones
+/// share the connection (commands from many tasks are pipelined).
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// One pooled connection and whether a command on it failed for a
 /// connection reason.
 struct Lane {
-    conn: MultiplexedConnection,
+    conn: Conn,
     broken: Arc<AtomicBool>,
 }
 
@@ -291,7 +360,10 @@ impl managed::Manager for Lanes {
     type Error = RedisError;
 
     async fn create(&self) -> Result<Lane, RedisError> {
-        let conn = managed::Manager::create(&self.inner).await?;
+        let conn = match self {
+            Self::Single(manager) => Conn::Single(managed::Manager::create(manager).await?),
+            Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+        };
         Ok(Lane {
             conn,
             broken: Arc::new(AtomicBool::new(false)),

@@ -2,6 +2,7 @@
 //! it received, floodgate itself started in process on port 0, and a client.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod cluster;
 pub mod redis;
 
 use std::convert::Infallible;

@@ -1,0 +1,145 @@
+//! A real Redis Cluster for tests: six `redis-server` processes in cluster
+//! mode on free ports (three primaries, three replicas), joined with
+//! `redis-cli --cluster create`, all killed on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, temp_dir};
+
+pub struct TestCluster {
+    nodes: Vec<(u16, Option<Child>)>,
+    dir: PathBuf,
+}
+
+impl TestCluster {
+    /// Starts and joins the cluster; waits until it serves every slot.
+    pub async fn start() -> Self {
+        let dir = temp_dir("cluster");
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let port = free_port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                .args(["--cluster-node-timeout", "1000"])
+                // Fail over whatever the replica's data age: the test kills primaries
+                // moments after the replicas first synced.
+                .args(["--cluster-replica-validity-factor", "0"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start redis-server (cluster mode)");
+            nodes.push((port, Some(child)));
+        }
+        let cluster = Self { nodes, dir };
+        for &(port, _) in &cluster.nodes {
+            cluster
+                .wait_for(port, |out| out.contains("PONG"), &["PING"])
+                .await;
+        }
+        let addresses: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli --cluster create");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        cluster.wait_until_healthy().await;
+        cluster
+    }
+
+    /// Seed URLs for floodgate's `urls`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|(p, _)| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// `redis-cli -p port args…`, its output.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    async fn wait_for(&self, port: u16, ready: impl Fn(&str) -> bool, args: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready(&self.cli(port, args)) {
+            assert!(
+                Instant::now() < deadline,
+                "node {port} never got ready for {args:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the live nodes agree the cluster serves every slot.
+    pub async fn wait_until_healthy(&self) {
+        for &(port, ref child) in &self.nodes {
+            if child.is_some() {
+                self.wait_for(
+                    port,
+                    |out| out.contains("cluster_state:ok"),
+                    &["CLUSTER", "INFO"],
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Ports of the live primaries.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|(_, child)| child.is_some())
+            .map(|&(port, _)| port)
+            .filter(|&port| self.cli(port, &["ROLE"]).starts_with("master"))
+            .collect()
+    }
+
+    /// Keys on the node at `port`.
+    pub fn keys_on(&self, port: u16) -> usize {
+        self.cli(port, &["DBSIZE"]).trim().parse().unwrap_or(0)
+    }
+
+    /// SIGKILLs the node at `port`.
+    pub fn kill(&mut self, port: u16) {
+        for (p, child) in &mut self.nodes {
+            if *p == port
+                && let Some(mut c) = child.take()
+            {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.nodes {
+            if let Some(c) = child {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
