@@ -127,6 +127,37 @@ pub struct RedisStore {
     /// With `on_error = "local"`: how many instances share the limits, so
     /// each enforces `limit / local_instances` while Redis is down.
     pub local_instances: u64,
+    /// Certificates for `rediss://` beyond the system's trusted roots.
+    pub tls: Tls,
+}
+
+/// TLS material for `rediss://`, read from files at load.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Tls {
+    /// PEM certificates to trust instead of the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// PEM client certificate and key, for Redis that requires mTLS.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print key material.
+        f.debug_struct("Tls")
+            .field("ca", &self.ca.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// True when the URLs are `rediss://`.
+    pub fn uses_tls(&self) -> bool {
+        match self {
+            Self::Single(url) => url.starts_with("rediss://"),
+            Self::Cluster(urls) => urls.iter().any(|u| u.starts_with("rediss://")),
+        }
+    }
 }
 
 impl fmt::Debug for Endpoint {
@@ -247,6 +278,9 @@ struct StoreModel {
     timeout: Option<Spanned<String>>,
     on_error: Option<Spanned<String>>,
     local_instances: Option<Spanned<i64>>,
+    tls_ca_file: Option<Spanned<String>>,
+    tls_cert_file: Option<Spanned<String>>,
+    tls_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -580,12 +614,22 @@ impl Validator<'_> {
                         None
                     }
                 };
+                let tls = self.tls(m);
+                if endpoint.as_ref().is_some_and(|e| !e.uses_tls())
+                    && let Some(key) = [&m.tls_ca_file, &m.tls_cert_file, &m.tls_key_file]
+                        .into_iter()
+                        .flatten()
+                        .next()
+                {
+                    self.problem(key.span(), "TLS files apply only to rediss:// URLs");
+                }
                 Some(Store::Redis(RedisStore {
                     endpoint: endpoint?,
                     key_prefix: key_prefix?,
                     timeout: timeout?,
                     on_error: on_error?,
                     local_instances: local_instances?,
+                    tls: tls?,
                 }))
             }
             other => {
@@ -598,6 +642,52 @@ impl Validator<'_> {
                 None
             }
         }
+    }
+
+    fn tls(&mut self, m: &StoreModel) -> Option<Tls> {
+        let read = |v: &mut Self, file: &Option<Spanned<String>>, key: &str| match file {
+            None => Some(None),
+            Some(path) => {
+                let resolved = v.path.parent().map_or_else(
+                    || PathBuf::from(path.get_ref()),
+                    |dir| dir.join(path.get_ref()),
+                );
+                match std::fs::read(&resolved) {
+                    Ok(bytes) if bytes.starts_with(b"-----BEGIN") => Some(Some(bytes)),
+                    Ok(_) => {
+                        v.problem(
+                            path.span(),
+                            format!("{key} {:?} is not a PEM file", path.get_ref()),
+                        );
+                        None
+                    }
+                    Err(e) => {
+                        v.problem(
+                            path.span(),
+                            format!("cannot read {key} {}: {e}", resolved.display()),
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let ca = read(self, &m.tls_ca_file, "tls_ca_file");
+        let cert = read(self, &m.tls_cert_file, "tls_cert_file");
+        let key = read(self, &m.tls_key_file, "tls_key_file");
+        let client = match (cert?, key?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                let span = m
+                    .tls_cert_file
+                    .as_ref()
+                    .or(m.tls_key_file.as_ref())
+                    .map_or(0..0, Spanned::span);
+                self.problem(span, "tls_cert_file and tls_key_file go together");
+                return None;
+            }
+        };
+        Some(Tls { ca: ca?, client })
     }
 
     fn routes(&mut self, models: &[Spanned<RouteModel>], server: Option<&Server>) -> Vec<Route> {

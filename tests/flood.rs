@@ -91,6 +91,7 @@ fn limiter_config(redis: &TestRedis, prefix: &str) -> Store {
         timeout: Duration::from_secs(1),
         on_error: OnError::Deny,
         local_instances: 1,
+        tls: Default::default(),
     })
 }
 

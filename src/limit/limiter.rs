@@ -65,8 +65,12 @@ impl Limiter {
             StoreConfig::Memory => return Ok(Self::Memory(MemoryStore::new(), metrics)),
             StoreConfig::Redis(settings) => settings,
         };
-        let store =
-            RedisStore::connect(&settings.endpoint, &settings.key_prefix, settings.timeout)?;
+        let store = RedisStore::connect(
+            &settings.endpoint,
+            &settings.tls,
+            &settings.key_prefix,
+            settings.timeout,
+        )?;
         let breaker = Breaker::new(
             super::breaker::DEFAULT_THRESHOLD,
             super::breaker::DEFAULT_COOLDOWN_MS,

@@ -25,13 +25,14 @@ use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, Script, ServerErrorKind, Value,
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisError,
+    RedisFuture, Script, ServerErrorKind, TlsCertificates, Value,
 };
 use sha2::{Digest, Sha256};
 
 use super::{Charge, Decision, Store, StoreError, Verdict};
 use crate::client::ClientId;
-use crate::config::Endpoint;
+use crate::config::{Endpoint, Tls};
 
 /// The decision script: prelude, one file per algorithm, then the driver.
 pub const SCRIPT: &str = concat!(
@@ -75,34 +76,53 @@ impl RedisStore {
     /// A store for one Redis at `url`; connects lazily, so it starts even
     /// while Redis is down.
     pub fn new(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
-        Self::connect(&Endpoint::Single(url.to_owned()), key_prefix, timeout)
+        let endpoint = Endpoint::Single(url.to_owned());
+        Self::connect(&endpoint, &Tls::default(), key_prefix, timeout)
     }
 
-    /// A store for `endpoint`: one Redis or a Redis Cluster. Connects lazily.
+    /// A store for `endpoint`: one Redis or a Redis Cluster, over TLS with
+    /// `tls` for `rediss://`. Connects lazily.
     pub fn connect(
         endpoint: &Endpoint,
+        tls: &Tls,
         key_prefix: &str,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
         let connect_timeout = timeout.max(Duration::from_millis(500));
-        let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis URL: {e}"));
+        let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis settings: {e}"));
+        let certificates = || TlsCertificates {
+            client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            root_cert: tls.ca.clone(),
+        };
+        let custom_tls = tls.ca.is_some() || tls.client.is_some();
         let lanes = match endpoint {
             Endpoint::Single(url) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(None);
+                let info = if custom_tls {
+                    redis::Client::build_with_tls(url.as_str(), certificates())
+                        .map_err(invalid)?
+                        .get_connection_info()
+                        .clone()
+                } else {
+                    url.as_str().into_connection_info().map_err(invalid)?
+                };
                 Lanes::Single(
-                    deadpool_redis::Manager::new_with_config(url.as_str(), config)
-                        .map_err(invalid)?,
+                    deadpool_redis::Manager::new_with_config(info, config).map_err(invalid)?,
                 )
             }
             Endpoint::Cluster(urls) => {
-                let client =
+                let mut builder =
                     redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                        .connection_timeout(connect_timeout)
-                        .build()
-                        .map_err(invalid)?;
-                Lanes::Cluster(client)
+                        .connection_timeout(connect_timeout);
+                if custom_tls {
+                    builder = builder.certs(certificates());
+                }
+                Lanes::Cluster(builder.build().map_err(invalid)?)
             }
         };
         let pool = managed::Pool::builder(lanes)

@@ -1,0 +1,236 @@
+//! Redis over TLS: a redis-server with a test CA and certificates made here
+//! with openssl; floodgate trusts the CA it is given, presents a client
+//! certificate when Redis demands one, and refuses a server it cannot trust.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::redis::unique_prefix;
+use support::{Floodgate, TestClient, free_port, temp_dir};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let ok = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "openssl {args:?} failed");
+}
+
+/// A CA named `name`, and a certificate it signed for `cn` with `ext`.
+fn issue(dir: &Path, ca: &str, cn: &str, ext: &str) {
+    std::fs::write(dir.join(format!("{cn}.ext")), ext).expect("write ext");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{cn}.key"),
+            "-out",
+            &format!("{cn}.csr"),
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{cn}.csr"),
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{cn}.crt"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{cn}.ext"),
+        ],
+    );
+}
+
+fn new_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+        ],
+    );
+}
+
+struct TlsRedis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn tls_redis(dir: &Path, clients_must_authenticate: bool) -> TlsRedis {
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--tls-cert-file",
+            "server.crt",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.crt",
+        ])
+        .args([
+            "--tls-auth-clients",
+            if clients_must_authenticate {
+                "yes"
+            } else {
+                "no"
+            },
+        ])
+        .args(["--save", "", "--appendonly", "no"])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server with TLS");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "TLS redis-server did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    TlsRedis { child, port }
+}
+
+/// Certificates: the CA floodgate is given, a server certificate for
+/// 127.0.0.1 it signed, a client certificate it signed, and a stranger CA.
+fn certificates() -> std::path::PathBuf {
+    let dir = temp_dir("tls");
+    new_ca(&dir, "ca");
+    new_ca(&dir, "stranger");
+    issue(
+        &dir,
+        "ca",
+        "server",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    );
+    issue(&dir, "ca", "client", "extendedKeyUsage=clientAuth\n");
+    dir
+}
+
+fn config(dir: &Path, port: u16, tls: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "rediss://127.0.0.1:{port}"
+key_prefix = "{}"
+timeout = "500ms"
+on_error = "deny"
+{tls}
+
+[[routes]]
+name = "api"
+respond = {{ status = 200 }}
+limits = [{{ algorithm = "sliding_log", limit = 2, window = "1h" }}]
+"#,
+        unique_prefix("tls")
+    )
+    .replace("{dir}", &dir.display().to_string())
+}
+
+async fn statuses(gate: &Floodgate, n: usize) -> Vec<u16> {
+    let client = TestClient::http1();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(client.get(&gate.url("/"), &[]).await.status.as_u16());
+    }
+    out
+}
+
+#[tokio::test]
+async fn floodgate_limits_through_rediss_with_the_ca_it_is_given() {
+    let dir = certificates();
+    let redis = tls_redis(&dir, false).await;
+    let ca = format!("tls_ca_file = \"{}/ca.crt\"", dir.display());
+    let gate = Floodgate::start(&config(&dir, redis.port, &ca)).await;
+    assert_eq!(statuses(&gate, 3).await, [200, 200, 429]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn floodgate_presents_its_client_certificate_when_redis_requires_one() {
+    let dir = certificates();
+    let redis = tls_redis(&dir, true).await;
+    let with_cert = format!(
+        "tls_ca_file = \"{d}/ca.crt\"\ntls_cert_file = \"{d}/client.crt\"\ntls_key_file = \"{d}/client.key\"",
+        d = dir.display()
+    );
+    let gate = Floodgate::start(&config(&dir, redis.port, &with_cert)).await;
+    assert_eq!(statuses(&gate, 3).await, [200, 200, 429]);
+    // Without it, Redis refuses the handshake and on_error = deny applies.
+    let ca_only = format!("tls_ca_file = \"{}/ca.crt\"", dir.display());
+    let refused = Floodgate::start(&config(&dir, redis.port, &ca_only)).await;
+    assert_eq!(statuses(&refused, 2).await, [503, 503]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_server_signed_by_an_untrusted_ca_is_refused() {
+    let dir = certificates();
+    let redis = tls_redis(&dir, false).await;
+    for trust in [
+        format!("tls_ca_file = \"{}/stranger.crt\"", dir.display()),
+        // The system's roots do not include the test CA either.
+        String::new(),
+    ] {
+        let gate = Floodgate::start(&config(&dir, redis.port, &trust)).await;
+        assert_eq!(statuses(&gate, 2).await, [503, 503], "{trust:?}");
+        let ready = TestClient::http1()
+            .get(&gate.admin_url("/readyz"), &[])
+            .await;
+        assert_eq!(ready.status, 503);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
