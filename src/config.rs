@@ -111,6 +111,13 @@ pub enum Endpoint {
     Single(String),
     /// A Redis Cluster, found through these seed nodes.
     Cluster(Vec<String>),
+    /// The current primary of a Sentinel-monitored group.
+    Sentinel {
+        /// The Sentinels to ask.
+        urls: Vec<String>,
+        /// The monitored group's name (`sentinel monitor <name> …`).
+        master: String,
+    },
 }
 
 /// Settings of a Redis-backed store.
@@ -155,7 +162,9 @@ impl Endpoint {
     pub fn uses_tls(&self) -> bool {
         match self {
             Self::Single(url) => url.starts_with("rediss://"),
-            Self::Cluster(urls) => urls.iter().any(|u| u.starts_with("rediss://")),
+            Self::Cluster(urls) | Self::Sentinel { urls, .. } => {
+                urls.iter().any(|u| u.starts_with("rediss://"))
+            }
         }
     }
 }
@@ -170,6 +179,11 @@ impl fmt::Debug for Endpoint {
         match self {
             Self::Single(url) => write!(f, "{}", shown(url)),
             Self::Cluster(urls) => f.debug_list().entries(urls.iter().map(shown)).finish(),
+            Self::Sentinel { urls, master } => f
+                .debug_struct("Sentinel")
+                .field("master", master)
+                .field("sentinels", &urls.iter().map(shown).collect::<Vec<_>>())
+                .finish(),
         }
     }
 }
@@ -281,6 +295,7 @@ struct StoreModel {
     tls_ca_file: Option<Spanned<String>>,
     tls_cert_file: Option<Spanned<String>>,
     tls_key_file: Option<Spanned<String>>,
+    master_name: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -565,25 +580,33 @@ impl Validator<'_> {
                 }
                 Some(Store::Memory)
             }
-            "redis" | "redis_cluster" => {
-                let cluster = backend == "redis_cluster";
-                let (wanted, unwanted, example) = if cluster {
-                    (
-                        "urls",
-                        m.url.as_ref().map(Spanned::span),
-                        "urls = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]",
-                    )
-                } else {
+            "redis" | "redis_cluster" | "redis_sentinel" => {
+                let single = backend == "redis";
+                let (wanted, unwanted, example) = if single {
                     (
                         "url",
                         m.urls.as_ref().map(Spanned::span),
                         "url = \"redis://host:6379/0\"",
+                    )
+                } else {
+                    (
+                        "urls",
+                        m.url.as_ref().map(Spanned::span),
+                        "urls = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]",
                     )
                 };
                 if let Some(span) = unwanted {
                     self.problem(
                         span,
                         format!("backend {backend:?} takes {wanted}, not this key"),
+                    );
+                }
+                if backend != "redis_sentinel"
+                    && let Some(name) = &m.master_name
+                {
+                    self.problem(
+                        name.span(),
+                        "master_name is only used with backend = \"redis_sentinel\"",
                     );
                 }
                 let check = |v: &mut Self, url: &str, span: Range<usize>| -> Option<String> {
@@ -597,18 +620,35 @@ impl Validator<'_> {
                         None
                     }
                 };
-                let endpoint = match (cluster, &m.url, &m.urls) {
-                    (false, Some(u), _) => check(self, u.get_ref(), u.span()).map(Endpoint::Single),
-                    (true, _, Some(list)) if !list.get_ref().is_empty() => {
+                let urls = match &m.urls {
+                    Some(list) if !single && !list.get_ref().is_empty() => {
                         let urls: Vec<Option<String>> = list
                             .get_ref()
                             .iter()
                             .map(|u| check(self, u, list.span()))
                             .collect();
-                        urls.into_iter()
-                            .collect::<Option<Vec<_>>>()
-                            .map(Endpoint::Cluster)
+                        urls.into_iter().collect::<Option<Vec<_>>>()
                     }
+                    _ => None,
+                };
+                let endpoint = match (backend, &m.url, urls) {
+                    ("redis", Some(u), _) => {
+                        check(self, u.get_ref(), u.span()).map(Endpoint::Single)
+                    }
+                    ("redis_cluster", _, Some(urls)) => Some(Endpoint::Cluster(urls)),
+                    ("redis_sentinel", _, Some(urls)) => match &m.master_name {
+                        Some(name) if !name.get_ref().is_empty() => Some(Endpoint::Sentinel {
+                            urls,
+                            master: name.get_ref().clone(),
+                        }),
+                        _ => {
+                            self.problem(
+                                backend_span.clone(),
+                                "backend \"redis_sentinel\" needs master_name = \"mymaster\" (the monitored group)",
+                            );
+                            None
+                        }
+                    },
                     _ => {
                         self.problem(backend_span, format!("backend {backend:?} needs {example}"));
                         None
@@ -636,7 +676,7 @@ impl Validator<'_> {
                 self.problem(
                     backend_span,
                     format!(
-                        "backend {other:?} is not one of \"memory\", \"redis\", \"redis_cluster\""
+                        "backend {other:?} is not one of \"memory\", \"redis\", \"redis_cluster\", \"redis_sentinel\""
                     ),
                 );
                 None

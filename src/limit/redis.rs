@@ -124,6 +124,20 @@ impl RedisStore {
                 }
                 Lanes::Cluster(builder.build().map_err(invalid)?)
             }
+            Endpoint::Sentinel { urls, master } => {
+                let nodes = redis::sentinel::SentinelNodeConnectionInfo::default();
+                let client = redis::sentinel::SentinelClient::build(
+                    urls.iter().map(String::as_str).collect(),
+                    master.as_str(),
+                    Some(nodes),
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(invalid)?;
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                Lanes::Sentinel(tokio::sync::Mutex::new(client), config)
+            }
         };
         let pool = managed::Pool::builder(lanes)
             .max_size(CONNECTIONS)
@@ -313,6 +327,12 @@ enum Lanes {
     /// Cluster connections, which route each command to its slot's primary
     /// and follow `MOVED`/`ASK` redirections themselves.
     Cluster(redis::cluster::ClusterClient),
+    /// Connections to the primary that the Sentinels name at connect time;
+    /// after a failover the old connection fails and is replaced.
+    Sentinel(
+        tokio::sync::Mutex<redis::sentinel::SentinelClient>,
+        AsyncConnectionConfig,
+    ),
 }
 
 /// A connection to one Redis or to a cluster; cheap to clone, and clones
@@ -366,9 +386,14 @@ impl Lane {
         }
     }
 
-    /// Notes `error`; a connection-level one retires this connection.
+    /// Notes `error`; a connection-level one retires this connection, and so
+    /// does `READONLY`: the node was demoted, the primary is elsewhere now.
     fn failed(&self, error: RedisError) -> StoreError {
-        if error.is_io_error() || error.is_connection_dropped() || error.is_unrecoverable_error() {
+        if error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_unrecoverable_error()
+            || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        {
             self.broken.store(true, Ordering::Relaxed);
         }
         StoreError::Backend(error.to_string())
@@ -383,6 +408,14 @@ impl managed::Manager for Lanes {
         let conn = match self {
             Self::Single(manager) => Conn::Single(managed::Manager::create(manager).await?),
             Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            Self::Sentinel(sentinels, config) => {
+                let primary = sentinels.lock().await.async_get_client().await?;
+                Conn::Single(
+                    primary
+                        .get_multiplexed_async_connection_with_config(config)
+                        .await?,
+                )
+            }
         };
         Ok(Lane {
             conn,

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod redis;
+pub mod sentinel;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
