@@ -113,33 +113,52 @@ impl Forwarder {
     }
 }
 
+/// Hop-by-hop headers (RFC 9110 §7.6.1) that are not named in `Connection`.
+static HOP_BY_HOP: [&HeaderName; 9] = [
+    &CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+    &PROXY_AUTHENTICATE,
+    &PROXY_AUTHORIZATION,
+    &TE,
+    &TRAILER,
+    &TRANSFER_ENCODING,
+    &UPGRADE,
+];
+
 /// Removes the headers that describe one connection rather than the message
 /// (RFC 9110 §7.6.1), including any that `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if headers.contains_key(CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
+    // One pass over the names, noting which hop-by-hop headers are present:
+    // most messages carry none or only `Connection: keep-alive`, and a miss
+    // costs no hashing.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
+            present |= 1 << i;
         }
     }
-    for name in [
-        &CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &PROXY_AUTHENTICATE,
-        &PROXY_AUTHORIZATION,
-        &TE,
-        &TRAILER,
-        &TRANSFER_ENCODING,
-        &UPGRADE,
-    ] {
+    if present == 0 {
+        return;
+    }
+    // Other headers that `Connection` names (rare): `close` and `keep-alive`
+    // are not header names to remove beyond the standard set.
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
         headers.remove(name);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(*name);
+        }
     }
 }
 

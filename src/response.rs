@@ -72,6 +72,19 @@ pub fn header_value(args: std::fmt::Arguments<'_>) -> Option<HeaderValue> {
     HeaderValue::from_str(&std::fmt::format(args)).ok()
 }
 
+/// `n` in decimal, written into the end of `out`.
+fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
+    let mut i = out.len();
+    loop {
+        i -= 1;
+        out[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &out[i..];
+        }
+    }
+}
+
 /// Whole seconds for headers: rounded up, so a client that waits that long is
 /// never early.
 fn seconds(ms: u64) -> u64 {
@@ -88,12 +101,22 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
         .policy_names
         .get(decision.limit)
         .map_or(&*route.name, String::as_str);
-    let value = header_value(format_args!(
-        "\"{name}\";r={};t={}",
-        decision.remaining,
-        seconds(decision.reset_ms)
-    ));
-    if let Some(v) = value {
+    // `"name";r=N;t=M`, assembled by hand: this runs on every response.
+    let mut buf = [0u8; 128];
+    let mut len = 0;
+    let mut push = |bytes: &[u8]| {
+        let end = (len + bytes.len()).min(buf.len());
+        buf[len..end].copy_from_slice(&bytes[..end - len]);
+        len = end;
+    };
+    let mut digits = [0u8; 20];
+    push(b"\"");
+    push(name.as_bytes());
+    push(b"\";r=");
+    push(decimal(decision.remaining, &mut digits));
+    push(b";t=");
+    push(decimal(seconds(decision.reset_ms), &mut digits));
+    if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
         headers.insert(RATELIMIT.clone(), v);
     }
 }
@@ -188,6 +211,14 @@ mod tests {
         let one = policy_names("login", 1);
         let v = policy_header(&one, &limits[..1]).expect("valid header");
         assert_eq!(v, "\"login\";q=5;w=60");
+    }
+
+    #[test]
+    fn decimals_are_written_in_full() {
+        let mut buf = [0u8; 20];
+        assert_eq!(decimal(0, &mut buf), b"0");
+        assert_eq!(decimal(41, &mut buf), b"41");
+        assert_eq!(decimal(u64::MAX, &mut buf), b"18446744073709551615");
     }
 
     #[test]

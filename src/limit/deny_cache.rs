@@ -9,12 +9,11 @@
 //! the moment Redis decided, so the cache never denies for longer than Redis
 //! would.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::Decision;
+use super::shards::{Shards, Slot};
 use crate::client::ClientId;
 
 const SHARDS: usize = 32;
@@ -22,16 +21,11 @@ const SHARDS: usize = 32;
 /// Denials in force, by route and client.
 #[derive(Debug)]
 pub struct DenyCache {
-    // Keyed by a keyed hash of (route, client); the entry holds the key
-    // itself, so a hash collision only costs a cache miss.
-    shards: Box<[Mutex<HashMap<u64, Entry>>]>,
-    hasher: RandomState,
+    shards: Shards<Entry>,
 }
 
 #[derive(Debug)]
 struct Entry {
-    route: Arc<str>,
-    client: ClientId,
     decision: Decision,
     sent: Instant,
     until: Instant,
@@ -47,23 +41,17 @@ impl DenyCache {
     /// An empty cache.
     pub fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: Shards::new(SHARDS),
         }
-    }
-
-    fn slot(&self, route: &str, client: &ClientId) -> (u64, &Mutex<HashMap<u64, Entry>>) {
-        let hash = self.hasher.hash_one((route, client));
-        (hash, &self.shards[hash as usize % SHARDS])
     }
 
     /// The denial in force for `route` and `client` at `now`, with its
     /// retry-after and reset shortened by the time that has passed.
     pub fn get(&self, route: &Arc<str>, client: &ClientId, now: Instant) -> Option<Decision> {
-        let (hash, shard) = self.slot(route, client);
-        let map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.get(&hash)?;
-        if now >= entry.until || entry.route != *route || entry.client != *client {
+        let (map, hash) = self.shards.lock(route, client);
+        let slot = map.get(&hash)?;
+        let entry = &slot.value;
+        if now >= entry.until || !slot.holds(route, client) {
             return None;
         }
         let passed = now.duration_since(entry.sent).as_millis() as u64;
@@ -81,41 +69,28 @@ impl DenyCache {
             return;
         }
         let until = sent + std::time::Duration::from_millis(decision.retry_after_ms);
-        let (hash, shard) = self.slot(route, client);
-        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        map.insert(
-            hash,
-            Entry {
-                route: Arc::clone(route),
-                client: client.clone(),
-                decision,
-                sent,
-                until,
-            },
-        );
+        let (mut map, hash) = self.shards.lock(route, client);
+        let entry = Entry {
+            decision,
+            sent,
+            until,
+        };
+        map.insert(hash, Slot::new(route, client, entry));
     }
 
     /// Forgets denials that have run out.
     pub fn sweep(&self, now: Instant) {
-        for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            map.retain(|_, e| e.until > now);
-        }
+        self.shards.retain(|e| e.until > now);
     }
 
     /// Forgets everything (the rules changed).
     pub fn clear(&self) {
-        for shard in self.shards.iter() {
-            shard.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        }
+        self.shards.retain(|_| false);
     }
 
     /// Denials held.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
+        self.shards.len()
     }
 
     /// True when no denial is held.

@@ -6,24 +6,16 @@
 //! whose every limit has expired are swept, so memory follows the number of
 //! clients active within a window, not the number ever seen.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
-
 use super::algorithms::State;
+use super::shards::{Shards, Slot};
 use super::{Charge, Decision, Limit, Store, StoreError, Verdict, now_ms};
-use crate::client::ClientId;
 
 const SHARDS: usize = 64;
-
-type Key = (Arc<str>, ClientId);
 
 /// Counts limits in this process's memory.
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<HashMap<Key, Entry>>]>,
-    // Clients choose their ids, so hashing must be keyed (SipHash, random keys).
-    hasher: RandomState,
+    shards: Shards<Entry>,
 }
 
 #[derive(Debug)]
@@ -45,21 +37,22 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: Shards::new(SHARDS),
         }
     }
 
     /// Decides `charge` at time `now` (milliseconds): all of its limits allow
     /// and are consumed, or none is.
     pub fn decide_at(&self, charge: Charge<'_>, now: u64) -> Decision {
-        let key: Key = (Arc::clone(charge.route), charge.client.clone());
-        let shard = &self.shards[self.hasher.hash_one(&key) as usize % SHARDS];
-        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.entry(key).or_insert_with(|| Entry::new(charge.limits));
-        if *entry.limits != *charge.limits {
-            *entry = Entry::new(charge.limits);
+        let (route, client) = (charge.route, charge.client);
+        let (mut map, hash) = self.shards.lock(route, client);
+        let slot = map
+            .entry(hash)
+            .or_insert_with(|| Slot::new(route, client, Entry::new(charge.limits)));
+        if !slot.holds(route, client) || *slot.value.limits != *charge.limits {
+            *slot = Slot::new(route, client, Entry::new(charge.limits));
         }
+        let entry = &mut slot.value;
         let mut verdicts = [Verdict::default(); 8];
         let decision = if charge.limits.len() <= verdicts.len() {
             for (i, (state, limit)) in entry.states.iter_mut().zip(charge.limits).enumerate() {
@@ -93,21 +86,12 @@ impl MemoryStore {
     /// Forgets every client whose state has expired by `now`; returns how
     /// many entries remain.
     pub fn sweep(&self, now: u64) -> usize {
-        let mut remaining = 0;
-        for shard in self.shards.iter() {
-            let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            map.retain(|_, e| e.expires_at > now);
-            remaining += map.len();
-        }
-        remaining
+        self.shards.retain(|e| e.expires_at > now)
     }
 
     /// Number of (route, client) entries held.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
-            .sum()
+        self.shards.len()
     }
 
     /// True when no entry is held.
@@ -134,7 +118,10 @@ impl Store for MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::client::ClientId;
     use crate::limit::Algorithm;
 
     fn charge<'a>(route: &'a Arc<str>, client: &'a ClientId, limits: &'a [Limit]) -> Charge<'a> {

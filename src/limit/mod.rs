@@ -11,6 +11,7 @@ pub mod deny_cache;
 mod limiter;
 pub mod memory;
 pub mod redis;
+mod shards;
 
 pub use limiter::{Answer, Limiter};
 
