@@ -5,7 +5,8 @@
 # under test to CPU 0 and the load generator, upstream and Redis to CPU 1
 # when there are at least two cores, runs each case twice for DURATION
 # seconds, stops everything it started, and prints one markdown table (also
-# written to bench/RESULTS.md unless NO_RESULTS=1).
+# written to bench/latest-run.md unless NO_RESULTS=1; bench/RESULTS.md is the
+# curated record with the analysis).
 #   bench/run.sh [duration_seconds]        default 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -230,4 +231,4 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
   echo "- p99 at half of each one's maximum rate (hey, 16 connections, fixed rate): nginx proxy ${half_ngx} ms, floodgate with Redis ${half_fg} ms."
   echo "- The decision script through redis-benchmark: ${pipelined} calls/s pipelined (32 deep) vs ${serial} calls/s one per round trip ($(ratio "$pipelined" "$serial"))."
 } | tee "$work/results.md"
-[ "${NO_RESULTS:-0}" = 1 ] || cp "$work/results.md" bench/RESULTS.md
+[ "${NO_RESULTS:-0}" = 1 ] || cp "$work/results.md" bench/latest-run.md
