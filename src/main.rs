@@ -44,6 +44,7 @@ fn main() -> ExitCode {
         EnvFilter::try_from_env("FLOODGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match flags.log_format {
         LogFormat::Text => logs.init(),

@@ -84,7 +84,7 @@ impl Limiter {
                     store = ?settings,
                     error = %e,
                     on_error = ?settings.on_error,
-                    "Redis is not answering; starting anyway, on_error applies until it does"
+                    "cannot reach Redis; starting anyway, on_error applies until it answers"
                 );
             }
         }
