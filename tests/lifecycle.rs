@@ -38,19 +38,27 @@ async fn quickstart_serves_200s_then_429_and_stops_on_sigterm() {
     let config = dir.join("floodgate.toml");
     std::fs::write(&config, text).expect("write config");
 
-    let mut process = FloodgateProcess::spawn(&config, port).await;
-    let client = TestClient::http1();
-    for _ in 0..5 {
-        let a = client.get(&process.url("/hello"), &[]).await;
-        assert_eq!(a.status, 200);
-        assert_eq!(a.text(), "hello from floodgate\n");
-    }
-    let denied = client.get(&process.url("/hello"), &[]).await;
-    assert_eq!(denied.status, 429);
-    assert!(denied.header("retry-after").is_some());
+    // As it starts on a multi-core machine, and pinned to one core (where it
+    // runs a single-threaded runtime).
+    for one_cpu in [false, true] {
+        let mut process = if one_cpu {
+            FloodgateProcess::spawn_on_one_cpu(&config, port).await
+        } else {
+            FloodgateProcess::spawn(&config, port).await
+        };
+        let client = TestClient::http1();
+        for _ in 0..5 {
+            let a = client.get(&process.url("/hello"), &[]).await;
+            assert_eq!(a.status, 200, "one cpu: {one_cpu}");
+            assert_eq!(a.text(), "hello from floodgate\n");
+        }
+        let denied = client.get(&process.url("/hello"), &[]).await;
+        assert_eq!(denied.status, 429, "one cpu: {one_cpu}");
+        assert!(denied.header("retry-after").is_some());
 
-    process.signal("-TERM");
-    assert_eq!(process.exit_code().await, Some(0));
+        process.signal("-TERM");
+        assert_eq!(process.exit_code().await, Some(0), "one cpu: {one_cpu}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -414,7 +414,24 @@ pub struct FloodgateProcess {
 impl FloodgateProcess {
     /// Starts the binary on `config` and waits until `port` answers.
     pub async fn spawn(config: &Path, port: u16) -> Self {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        Self::start(
+            std::process::Command::new(env!("CARGO_BIN_EXE_floodgate")),
+            config,
+            port,
+        )
+        .await
+    }
+
+    /// The same, pinned to one CPU with `taskset`, where floodgate runs its
+    /// single-threaded runtime.
+    pub async fn spawn_on_one_cpu(config: &Path, port: u16) -> Self {
+        let mut command = std::process::Command::new("taskset");
+        command.args(["-c", "0", env!("CARGO_BIN_EXE_floodgate")]);
+        Self::start(command, config, port).await
+    }
+
+    async fn start(mut command: std::process::Command, config: &Path, port: u16) -> Self {
+        let child = command
             .arg("--config")
             .arg(config)
             .stdout(std::process::Stdio::null())
