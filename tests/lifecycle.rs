@@ -38,8 +38,8 @@ async fn quickstart_serves_200s_then_429_and_stops_on_sigterm() {
     let config = dir.join("floodgate.toml");
     std::fs::write(&config, text).expect("write config");
 
-    // As it starts on a multi-core machine, and pinned to one core (where it
-    // runs a single-threaded runtime).
+    // As it starts on a multi-core machine, and pinned to one core (as in a
+    // container limited to one CPU).
     for one_cpu in [false, true] {
         let mut process = if one_cpu {
             FloodgateProcess::spawn_on_one_cpu(&config, port).await

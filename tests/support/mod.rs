@@ -422,8 +422,7 @@ impl FloodgateProcess {
         .await
     }
 
-    /// The same, pinned to one CPU with `taskset`, where floodgate runs its
-    /// single-threaded runtime.
+    /// The same, pinned to one CPU with `taskset`.
     pub async fn spawn_on_one_cpu(config: &Path, port: u16) -> Self {
         let mut command = std::process::Command::new("taskset");
         command.args(["-c", "0", env!("CARGO_BIN_EXE_floodgate")]);
