@@ -307,6 +307,21 @@ pub async fn run(
     Ok(())
 }
 
+/// The path and query sent upstream: the request's own when its path was
+/// already normal, else the normalised path with the original query.
+fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Option<PathAndQuery> {
+    match (forward_path, uri.path_and_query()) {
+        (Cow::Borrowed(_), Some(pq)) => Some(pq.clone()),
+        (path, pq) => {
+            let text = match pq.and_then(PathAndQuery::query) {
+                Some(q) => format!("{path}?{q}"),
+                None => path.into_owned(),
+            };
+            PathAndQuery::try_from(text).ok()
+        }
+    }
+}
+
 /// Counts a connection as open until dropped.
 struct OpenConnection(prometheus_client::metrics::gauge::Gauge);
 
@@ -373,22 +388,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         shared.metrics.no_route.inc();
         return response::text(StatusCode::NOT_FOUND, "no route matches this request\n");
     };
-    let route = Arc::clone(route);
     let counts = &rules.metrics[index];
-    let path_and_query = match (&forward_path, request.uri().path_and_query()) {
-        (Cow::Borrowed(_), Some(pq)) => Ok(pq.clone()),
-        (_, pq) => {
-            let query = pq.and_then(PathAndQuery::query);
-            let text = match query {
-                Some(q) => format!("{forward_path}?{q}"),
-                None => forward_path.clone().into_owned(),
-            };
-            PathAndQuery::try_from(text)
-        }
-    };
-    let Ok(path_and_query) = path_and_query else {
-        return response::text(StatusCode::BAD_REQUEST, "invalid request path\n");
-    };
 
     // Exempt clients skip identification too: a health checker need not
     // send the API key header that limits everyone else.
@@ -430,7 +430,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
                 tracing::debug!(route = %route.name, client = ?client, "denied");
-                return response::too_many_requests(&route, &d);
+                return response::too_many_requests(route, &d);
             }
             Answer::Unavailable {
                 deny,
@@ -447,6 +447,9 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
     let mut response = match &route.action {
         Action::Respond(r) => response::respond(r),
         Action::Upstream(upstream) => {
+            let Some(path_and_query) = forwarded_target(forward_path, request.uri()) else {
+                return response::text(StatusCode::BAD_REQUEST, "invalid request path\n");
+            };
             let started = Instant::now();
             let response = shared
                 .forwarder
@@ -457,7 +460,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         }
     };
     if let Some(d) = &decision {
-        response::annotate(response.headers_mut(), &route, d);
+        response::annotate(response.headers_mut(), route, d);
     }
     response
 }
