@@ -4,9 +4,10 @@
 //! its own `redis-server` on a free port (or uses `REDIS_URL`) and prints a
 //! markdown table.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod support;
 
 use floodgate::client::ClientId;
 use floodgate::limit::memory::MemoryStore;
@@ -22,43 +23,6 @@ const ALGORITHMS: [Algorithm; 5] = [
 ];
 const CLIENTS: u32 = 10_000;
 const LIMIT: u64 = 100;
-
-struct Server(Option<Child>);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn start_redis() -> (String, Server) {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        return (url, Server(None));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server on PATH (apt-get install redis-server), or set REDIS_URL");
-    std::thread::sleep(Duration::from_millis(300));
-    (format!("redis://127.0.0.1:{port}"), Server(Some(child)))
-}
 
 fn client(i: u32) -> ClientId {
     ClientId::Addr(std::net::Ipv4Addr::from(0x0a00_0000 + i).into())
@@ -195,7 +159,9 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
 }
 
 fn main() {
-    let (url, _server) = start_redis();
+    let redis = support::BenchRedis::start()
+        .expect("redis-server on PATH (apt-get install redis-server), or set REDIS_URL");
+    let url = redis.url.clone();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut rows = Vec::new();
     for algorithm in ALGORITHMS {

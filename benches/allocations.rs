@@ -9,11 +9,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod support;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::BenchRedis;
 use tokio::net::TcpListener;
 
 struct Counting;
@@ -90,40 +93,13 @@ async fn per_request(url: &str, n: u64) -> f64 {
     (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / n as f64
 }
 
-fn redis_url() -> Option<(String, Option<std::process::Child>)> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        return Some((url, None));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let child = std::process::Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .ok()?;
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    Some((format!("redis://127.0.0.1:{port}"), Some(child)))
-}
-
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let redis = redis_url();
+    let redis = support::BenchRedis::start();
     runtime.block_on(async {
         let n = 20_000;
         let up = upstream().await;
@@ -140,7 +116,7 @@ fn main() {
             "| client → floodgate (memory store) → upstream | {through_memory:.1} (floodgate: {:.1}) |",
             through_memory - direct
         );
-        if let Some((url, _)) = &redis {
+        if let Some(BenchRedis { url, .. }) = &redis {
             let with_redis = floodgate(&format!(
                 "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"alloc-bench\"\n{route}"
             ))
@@ -152,8 +128,4 @@ fn main() {
             );
         }
     });
-    if let Some((_, Some(mut child))) = redis {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
 }

@@ -11,7 +11,7 @@ use floodgate::client::ClientId;
 use floodgate::config::{Endpoint, OnError, RedisStore, Store};
 use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
 use floodgate::metrics::Metrics;
-use support::redis::{TestRedis, command_calls, unique_prefix};
+use support::redis::{TestRedis, command_calls, command_stats, reset_command_stats, unique_prefix};
 use support::{Floodgate, TestClient};
 
 fn evalsha_calls(info: &str) -> u64 {
@@ -58,11 +58,7 @@ limits = [{{ algorithm = "sliding_log", limit = 3, window = "1h" }}]
         200
     );
     let mut conn = redis.connection().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .expect("reset");
+    reset_command_stats(&mut conn).await;
     let mut statuses = [0usize; 2];
     for i in 0..400 {
         let a = client
@@ -74,11 +70,7 @@ limits = [{{ algorithm = "sliding_log", limit = 3, window = "1h" }}]
         }
     }
     assert_eq!(statuses, [3, 397]);
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("info");
+    let info: String = command_stats(&mut conn).await;
     // 3 admissions, then one denial per instance; the other 395 denials came
     // from the instances' memory of those denials.
     assert_eq!(evalsha_calls(&info), 3 + 2, "{info}");
@@ -139,11 +131,7 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
                 }
             };
             assert!(retry > 0);
-            let before: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut conn)
-                .await
-                .expect("info");
+            let before: String = command_stats(&mut conn).await;
             // Halfway: still denied, from memory.
             tokio::time::sleep_until((denied_at + Duration::from_millis(retry / 2)).into()).await;
             match limiter.decide(charge).await {
@@ -153,11 +141,7 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
                 ),
                 other => panic!("{other:?}"),
             }
-            let after: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut conn)
-                .await
-                .expect("info");
+            let after: String = command_stats(&mut conn).await;
             assert_eq!(
                 evalsha_calls(&after),
                 evalsha_calls(&before),

@@ -11,7 +11,7 @@ use floodgate::client::ClientId;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit};
 use http::HeaderValue;
-use support::redis::{TestRedis, command_calls, unique_prefix};
+use support::redis::{TestRedis, command_calls, command_stats, reset_command_stats, unique_prefix};
 use support::{Floodgate, TestClient, Upstream};
 
 fn redis_config(url: &str, prefix: &str, upstream: &str, limits: &str, on_error: &str) -> String {
@@ -412,11 +412,7 @@ async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
         200
     );
     let mut conn = redis.connection().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .expect("reset");
+    reset_command_stats(&mut conn).await;
     const N: u64 = 200;
     let tasks: Vec<_> = (0..N)
         .map(|i| {
@@ -433,11 +429,7 @@ async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
     for t in tasks {
         assert_eq!(t.await.expect("task"), 200);
     }
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("info");
+    let info: String = command_stats(&mut conn).await;
     assert_eq!(command_calls(&info, "evalsha"), N, "{info}");
     for other in ["ping", "eval", "get", "incr", "script|load", "unwatch"] {
         assert_eq!(command_calls(&info, other), 0, "{other} was sent:\n{info}");

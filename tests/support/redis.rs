@@ -213,3 +213,21 @@ pub fn command_calls(info: &str, command: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// Zeroes `INFO commandstats`.
+pub async fn reset_command_stats(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
+/// The `INFO commandstats` text.
+pub async fn command_stats(conn: &mut redis::aio::MultiplexedConnection) -> String {
+    redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats")
+}
