@@ -7,7 +7,7 @@
 //! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]) |
 //! | [`routes`] | which route is this request on? |
 //! | [`client`] | who is asking? |
-//! | [`limit`] | is it allowed? (algorithms and stores) |
+//! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`) |
 //! | [`metrics`] | what happened, counted per route and outcome |
 //! | [`proxy`] | forward it upstream and stream the answer back |
 //! | [`response`] | floodgate's own answers and the rate-limit headers |
@@ -15,8 +15,10 @@
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
 //! | [`server`] | accept connections, run each request through the above, shut down gracefully |
 //!
-//! [`run`] serves a configuration on a listener until a shutdown future
-//! completes; `main` only parses flags and sets up logging.
+//! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
+//! configured) until a shutdown future completes, reloading when notified;
+//! `main` parses flags, sets up logging, binds the listeners and turns
+//! SIGHUP and SIGTERM into those two signals.
 
 pub mod admin;
 pub mod client;
