@@ -12,7 +12,7 @@
 -- Reply: four integers per limit, in order: allowed (1/0), remaining,
 -- reset_ms, retry_after_ms. Either every limit allowed and consumed the
 -- cost, or none consumed anything.
-local algorithms = {
+local loaders = {
   fixed_window = fixed_window,
   sliding_log = sliding_log,
   sliding_window = sliding_window,
@@ -27,20 +27,20 @@ if not now then
 end
 local cost = tonumber(ARGV[2])
 
-local reply, states, allowed = {}, {}, true
+local reply, commits, read_a, read_b, allowed = {}, {}, {}, {}, true
 for i = 1, #KEYS do
   local at = 2 + (i - 1) * 4
-  local algorithm = algorithms[ARGV[at + 1]]
-  if not algorithm then
+  local load = loaders[ARGV[at + 1]]
+  if not load then
     return redis.error_reply('floodgate: unknown algorithm ' .. tostring(ARGV[at + 1]))
   end
-  local verdict, state = algorithm.check(KEYS[i], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
-    now, cost, tonumber(ARGV[at + 4]))
-  states[i] = state
-  for j = 1, 4 do
-    reply[#reply + 1] = verdict[j]
-  end
-  if verdict[1] == 0 then
+  local check
+  check, commits[i] = load()
+  local ok, remaining, reset, retry, a, b = check(KEYS[i], tonumber(ARGV[at + 2]),
+    tonumber(ARGV[at + 3]), now, cost, tonumber(ARGV[at + 4]))
+  read_a[i], read_b[i] = a, b
+  reply[at - 1], reply[at], reply[at + 1], reply[at + 2] = ok, remaining, reset, retry
+  if ok == 0 then
     allowed = false
   end
 end
@@ -48,8 +48,8 @@ end
 if allowed then
   for i = 1, #KEYS do
     local at = 2 + (i - 1) * 4
-    algorithms[ARGV[at + 1]].commit(KEYS[i], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
-      now, cost, states[i], tonumber(ARGV[at + 4]))
+    commits[i](KEYS[i], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), now, cost,
+      tonumber(ARGV[at + 4]), read_a[i], read_b[i])
   end
 end
 return reply

@@ -1,20 +1,27 @@
 -- floodgate: shared helpers for the decision script.
 --
 -- The files in lua/ are joined into one script, in this order: prelude.lua,
--- one file per algorithm, decide.lua. Each algorithm file defines a table
--- with two functions that follow one convention:
+-- one file per algorithm, decide.lua. Redis runs the whole script on every
+-- call, so it is written to do little besides its redis.call()s: each
+-- algorithm file defines one loader function, and only the loaders of the
+-- algorithms a request uses run. A loader returns two functions:
 --
---   check(key, limit, window, now, cost, burst) -> verdict, state
+--   check(key, limit, window, now, cost, burst)
+--     -> allowed (1/0), remaining, reset_ms, retry_after_ms, a, b
 --     Whether `cost` units fit in the limit stored at `key` at time `now`
 --     (milliseconds). It may tidy the key (drop expired entries) but never
---     consumes. `verdict` is {allowed (1/0), remaining, reset_ms,
---     retry_after_ms}; `state` is passed back to commit.
---   commit(key, limit, window, now, cost, state, burst)
+--     consumes. `a` and `b` are what it read, handed back to commit so that
+--     commit need not read again.
+--   commit(key, limit, window, now, cost, burst, a, b)
 --     Takes the units, and sets the key's TTL in the same call.
 --
 -- decide.lua calls every limit's check, then every commit only if all
 -- allowed, so a route's limits decide all or nothing in one round trip.
 -- The pure Rust twins in src/limit/algorithms.rs follow the same steps.
+--
+-- State: every algorithm but the sliding log keeps one string of two or
+-- three whole numbers separated by spaces ("1700000000000 3"), written with
+-- SET … PX so value and TTL change in one call.
 
 -- Whole numbers as Redis arguments, never in exponent notation.
 local function int(n)
@@ -28,9 +35,28 @@ end
 -- or a test passing `now`).
 local EXPIRY_SLACK_MS = 1000
 
--- Sets `key` to expire `ms` from now (plus the slack).
-local function expire(key, ms)
-  redis.call('PEXPIRE', key, int(math.max(ms, 0) + EXPIRY_SLACK_MS))
+-- The numbers stored at `key`, or nothing when it is missing. A key that
+-- holds something else (another type, or text that is not our numbers)
+-- reads as missing, and the commit that follows overwrites it.
+local function load(key)
+  local value = redis.pcall('GET', key)
+  if type(value) ~= 'string' then
+    return nil
+  end
+  local a, b, c = string.match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+-- Stores two (or three) whole numbers at `key`, expiring `ms` from now plus
+-- the slack.
+local function save(key, ms, a, b, c)
+  local value
+  if c then
+    value = string.format('%d %d %d', a, b, c)
+  else
+    value = string.format('%d %d', a, b)
+  end
+  redis.call('SET', key, value, 'PX', int(math.max(ms, 0) + EXPIRY_SLACK_MS))
 end
 
 -- floor(a / b) for non-negative integers, exact even where the division of

@@ -5,43 +5,45 @@
 -- already at that time, so two units in the same millisecond are two
 -- members. An entry admitted at t counts while now < t + window. The key
 -- expires one window after its newest entry.
-local sliding_log = {}
-
--- Reads the score of the member at `rank` (negative counts from the end).
-local function score_at(key, rank)
-  local hit = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-  return tonumber(hit[2])
-end
-
-function sliding_log.check(key, limit, window, now, cost)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
-  local total = redis.call('ZCARD', key)
-  if total + cost <= limit then
-    return {1, limit - total - cost, window, 0}, total
+local function sliding_log()
+  -- Reads the score of the member at `rank` (negative counts from the end).
+  local function score_at(key, rank)
+    local hit = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+    return tonumber(hit[2])
   end
-  -- Wait until enough of the oldest units have left the window.
-  local excess = total + cost - limit
-  local retry = score_at(key, excess - 1) + window - now
-  local reset = score_at(key, -1) + window - now
-  return {0, limit - total, reset, retry}, total
-end
 
-function sliding_log.commit(key, limit, window, now, cost, total)
-  -- Keep scores ordered even if Redis's clock stepped back.
-  local t = now
-  local newest = score_at(key, -1)
-  if newest and newest > t then
-    t = newest
-  end
-  local seq = redis.call('ZCOUNT', key, int(t), int(t))
-  local args = {}
-  for i = 1, cost do
-    args[#args + 1] = int(t)
-    args[#args + 1] = int(t) .. ':' .. int(seq + i)
-    if #args >= 1000 or i == cost then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
+  local function check(key, limit, window, now, cost)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+    local total = redis.call('ZCARD', key)
+    if total + cost <= limit then
+      return 1, limit - total - cost, window, 0
     end
+    -- Wait until enough of the oldest units have left the window.
+    local excess = total + cost - limit
+    local retry = score_at(key, excess - 1) + window - now
+    local reset = score_at(key, -1) + window - now
+    return 0, limit - total, reset, retry
   end
-  expire(key, t + window - now)
+
+  local function commit(key, limit, window, now, cost)
+    -- Keep scores ordered even if Redis's clock stepped back.
+    local t = now
+    local newest = score_at(key, -1)
+    if newest and newest > t then
+      t = newest
+    end
+    local seq = redis.call('ZCOUNT', key, int(t), int(t))
+    local args = {}
+    for i = 1, cost do
+      args[#args + 1] = int(t)
+      args[#args + 1] = int(t) .. ':' .. int(seq + i)
+      if #args >= 1000 or i == cost then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    redis.call('PEXPIRE', key, int(t + window - now + EXPIRY_SLACK_MS))
+  end
+
+  return check, commit
 end

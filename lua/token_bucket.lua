@@ -3,42 +3,37 @@
 -- steps), holding at most `burst`. Tokens are counted in unit-milliseconds
 -- (one token = `window` of them), so refilling adds exactly `limit` per
 -- millisecond and every value is an integer.
--- Key: a hash {t = scaled tokens, l = when t was computed (ms)}. A missing
--- key is a full bucket; the key expires once the bucket is full again.
-local token_bucket = {}
-
--- Scaled tokens available at `now`, and the time they are counted from.
-local function available(key, limit, window, burst, now)
-  local capacity = burst * window
-  local stored = redis.call('HMGET', key, 't', 'l')
-  local tokens, last = tonumber(stored[1]), tonumber(stored[2])
-  if not tokens or not last then
-    return capacity, now
+-- Key: "<scaled tokens> <when they were counted (ms)>". A missing key is a
+-- full bucket; the key expires once the bucket is full again.
+local function token_bucket()
+  local function check(key, limit, window, now, cost, burst)
+    local capacity = burst * window
+    -- Scaled tokens available at `now`, and the time they are counted from.
+    local tokens, last = load(key)
+    if not tokens or not last then
+      tokens, last = capacity, now
+    else
+      local elapsed = math.max(now - last, 0)
+      if elapsed >= ceil_div(capacity - tokens, limit) then
+        tokens = capacity
+      else
+        tokens = tokens + elapsed * limit
+      end
+      last = math.max(now, last)
+    end
+    local need = cost * window
+    if tokens >= need then
+      local after = tokens - need
+      return 1, floor_div(after, window), ceil_div(capacity - after, limit), 0, tokens, last
+    end
+    return 0, floor_div(tokens, window), ceil_div(capacity - tokens, limit),
+      ceil_div(need - tokens, limit), tokens, last
   end
-  local elapsed = math.max(now - last, 0)
-  if elapsed >= ceil_div(capacity - tokens, limit) then
-    tokens = capacity
-  else
-    tokens = tokens + elapsed * limit
-  end
-  return tokens, math.max(now, last)
-end
 
-function token_bucket.check(key, limit, window, now, cost, burst)
-  local capacity = burst * window
-  local tokens = available(key, limit, window, burst, now)
-  local need = cost * window
-  if tokens >= need then
-    local after = tokens - need
-    return {1, floor_div(after, window), ceil_div(capacity - after, limit), 0}, tokens
+  local function commit(key, limit, window, now, cost, burst, tokens, last)
+    local after = tokens - cost * window
+    save(key, last - now + ceil_div(burst * window - after, limit), after, last)
   end
-  return {0, floor_div(tokens, window), ceil_div(capacity - tokens, limit),
-    ceil_div(need - tokens, limit)}, tokens
-end
 
-function token_bucket.commit(key, limit, window, now, cost, tokens, burst)
-  local _, last = available(key, limit, window, burst, now)
-  local after = tokens - cost * window
-  redis.call('HSET', key, 't', int(after), 'l', int(last))
-  expire(key, last - now + ceil_div(burst * window - after, limit))
+  return check, commit
 end

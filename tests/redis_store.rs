@@ -431,9 +431,13 @@ async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
     }
     let info: String = command_stats(&mut conn).await;
     assert_eq!(command_calls(&info, "evalsha"), N, "{info}");
-    for other in ["ping", "eval", "get", "incr", "script|load", "unwatch"] {
+    for other in ["ping", "eval", "incr", "script|load", "unwatch"] {
         assert_eq!(command_calls(&info, other), 0, "{other} was sent:\n{info}");
     }
+    // Commands a script runs count too: the fixed window reads its key with
+    // one GET per decision inside the script, so any GET floodgate sent on
+    // its own would show as more than N.
+    assert_eq!(command_calls(&info, "get"), N, "{info}");
     // 200 concurrent decisions were pipelined over a handful of connections,
     // not one connection each (the other client is this test's own).
     let clients: String = redis::cmd("CLIENT")
@@ -537,4 +541,61 @@ async fn floodgate_starts_while_redis_is_down_and_limits_once_it_is_up() {
     assert_eq!(client.get(&gate.url("/x"), &me).await.status, 200);
     assert_eq!(client.get(&gate.url("/x"), &me).await.status, 200);
     assert_eq!(client.get(&gate.url("/x"), &me).await.status, 429);
+}
+
+/// A key that holds something other than the script's numbers (a hash an
+/// older floodgate wrote, or text someone SET by hand) reads as empty and is
+/// overwritten by the next admission, instead of failing every decision on
+/// that key until it expires.
+#[tokio::test]
+async fn a_key_of_another_shape_reads_as_empty_and_is_replaced() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("shape");
+    let store = store(&redis, &prefix);
+    let mut conn = redis.connection().await;
+    let t = 1_700_000_000_000;
+    for (algorithm, client) in [
+        (Algorithm::FixedWindow, "hash"),
+        (Algorithm::Gcra, "text"),
+        (Algorithm::TokenBucket, "hash"),
+        (Algorithm::SlidingWindow, "text"),
+    ] {
+        let limits = [limit(algorithm, 2, 60_000)];
+        let key = format!("{prefix}:{{r:h:{client}}}:0:{}:60000", algorithm.name());
+        if client == "hash" {
+            let _: () = redis::cmd("HSET")
+                .arg(&key)
+                .arg("c")
+                .arg(99)
+                .query_async(&mut conn)
+                .await
+                .expect("hset");
+        } else {
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg("not numbers")
+                .query_async(&mut conn)
+                .await
+                .expect("set");
+        }
+        let first = decide(&store, client, &limits, 1, t).await;
+        assert!(first.allowed, "{algorithm:?} over a {client} key");
+        assert_eq!(first.remaining, 1, "{algorithm:?}");
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("type");
+        assert_eq!(kind, "string", "{algorithm:?}");
+        assert!(decide(&store, client, &limits, 1, t).await.allowed);
+        assert!(
+            !decide(&store, client, &limits, 1, t).await.allowed,
+            "{algorithm:?}"
+        );
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("del");
+    }
 }
