@@ -5,19 +5,19 @@
 //! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host`.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use http::header::{CONNECTION, HOST, HeaderName, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use crate::response::{self, Body};
 use crate::routes::Upstream;
+
+pub mod pool;
+
+use pool::{Pools, SendError};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -28,28 +28,25 @@ static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authentic
 static PROXY_AUTHORIZATION: HeaderName = HeaderName::from_static("proxy-authorization");
 
 /// Sends requests to upstreams over pooled keep-alive connections.
-#[derive(Debug, Clone)]
+#[derive(Debug, Default)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Incoming>,
-}
-
-impl Default for Forwarder {
-    fn default() -> Self {
-        Self::new()
-    }
+    pools: Pools,
 }
 
 impl Forwarder {
-    /// A forwarder with its own connection pool.
+    /// A forwarder with no connections yet.
     pub fn new() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .build(connector);
-        Self { client }
+        Self::default()
+    }
+
+    /// Closes idle connections that have outlived their keep-alive time.
+    pub fn sweep(&self) {
+        self.pools.sweep();
+    }
+
+    /// Idle upstream connections, across all upstreams.
+    pub fn idle_connections(&self) -> usize {
+        self.pools.idle_connections()
     }
 
     /// Forwards `request` to `upstream` as `path_and_query`, on behalf of
@@ -67,15 +64,8 @@ impl Forwarder {
             .map(|a| HeaderValue::from_str(a.as_str()))
             .and_then(Result::ok)
             .or_else(|| request.headers().get(HOST).cloned());
-        let uri = Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(upstream.authority.clone())
-            .path_and_query(path_and_query)
-            .build();
-        let Ok(uri) = uri else {
-            return response::text(StatusCode::BAD_REQUEST, "invalid request target\n");
-        };
-        *request.uri_mut() = uri;
+        // Origin form on the wire: the connection already names the host.
+        *request.uri_mut() = Uri::from(path_and_query);
         *request.version_mut() = Version::HTTP_11;
         let headers = request.headers_mut();
         strip_hop_by_hop(headers);
@@ -87,13 +77,14 @@ impl Forwarder {
         };
         headers.insert(HOST, upstream.host_header.clone());
 
-        let answer = tokio::time::timeout(upstream.timeout, self.client.request(request)).await;
+        let pool = self.pools.get(&upstream.authority);
+        let answer = tokio::time::timeout(upstream.timeout, pool.send(request)).await;
         match answer {
             Ok(Ok(mut upstream_response)) => {
                 strip_hop_by_hop(upstream_response.headers_mut());
                 upstream_response.map(Either::Left)
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(SendError::Connect(e))) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
                 response::text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
             }

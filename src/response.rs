@@ -7,18 +7,18 @@
 
 use std::fmt::Write as _;
 
+use crate::proxy::pool::PooledBody;
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 
 use crate::limit::{Decision, Limit};
 use crate::routes::Route;
 
 /// Body of every response floodgate sends: streamed from an upstream, or
 /// floodgate's own.
-pub type Body = Either<Incoming, Full<Bytes>>;
+pub type Body = Either<PooledBody, Full<Bytes>>;
 
 /// `RateLimit-Policy` header name.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

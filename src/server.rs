@@ -356,6 +356,7 @@ async fn sweep(shared: Arc<Shared>) {
     loop {
         tick.tick().await;
         shared.limiter.sweep();
+        shared.forwarder.sweep();
     }
 }
 

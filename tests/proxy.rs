@@ -203,3 +203,71 @@ async fn hundred_megabyte_upload_and_download_stream_with_bounded_memory() {
         "peak memory grew by {growth_mib} MiB while streaming 100 MiB each way"
     );
 }
+
+/// floodgate keeps one upstream connection for sequential requests, returns
+/// it after bodies of every shape (empty, streamed, HEAD, 204), and never
+/// reuses a connection whose response was abandoned half-read or that the
+/// upstream closed.
+#[tokio::test]
+async fn upstream_connections_are_reused_only_when_clean() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let client = TestClient::http1();
+    for i in 0..20 {
+        let answer = client.get(&gate.url(&format!("/seq/{i}")), &[]).await;
+        assert_eq!(answer.status, 200);
+    }
+    let download = client.get(&gate.url("/download?bytes=300000"), &[]).await;
+    assert_eq!(download.body.len(), 300_000);
+    let no_content = client.get(&gate.url("/status?code=204"), &[]).await;
+    assert_eq!(no_content.status, 204);
+    let head = client
+        .send(
+            Request::head(gate.url("/seq/head"))
+                .body(empty())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(head.status, 200);
+    assert_eq!(client.get(&gate.url("/seq/after"), &[]).await.status, 200);
+    assert_eq!(
+        upstream.connections(),
+        1,
+        "sequential requests shared one connection"
+    );
+
+    // A client that walks away from a large download: its upstream
+    // connection still has body bytes in flight and must not be reused.
+    let walker = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let response = walker
+        .get(gate.url("/download?bytes=50000000").parse().expect("uri"))
+        .await
+        .expect("download starts");
+    let mut body = response.into_body();
+    let first = http_body_util::BodyExt::frame(&mut body).await;
+    assert!(matches!(first, Some(Ok(_))), "the download began");
+    drop(body);
+    drop(walker);
+    let next = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get(&gate.url("/seq/next"), &[]),
+    )
+    .await
+    .expect("a request after an abandoned download is answered");
+    assert_eq!(next.status, 200);
+    assert_eq!(
+        upstream.connections(),
+        2,
+        "the abandoned connection was not reused"
+    );
+
+    // An upstream that closes after answering: the next request opens a new
+    // connection instead of failing on the closed one.
+    assert_eq!(client.get(&gate.url("/close"), &[]).await.status, 200);
+    assert_eq!(
+        client.get(&gate.url("/seq/reopened"), &[]).await.status,
+        200
+    );
+    assert_eq!(upstream.connections(), 3);
+}

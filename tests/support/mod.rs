@@ -35,10 +35,12 @@ use tokio::task::JoinHandle;
 /// - `/download?bytes=N` streams N bytes;
 /// - `/upload` reads the body as it streams and answers its length;
 /// - `/hop` answers with hop-by-hop headers that must not reach the client;
-/// - `/status?code=N` answers with status N.
+/// - `/status?code=N` answers with status N;
+/// - `/close` answers with `Connection: close` and closes the connection.
 pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -49,12 +51,15 @@ impl Upstream {
             .expect("bind upstream");
         let addr = listener.local_addr().expect("upstream addr");
         let hits = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&hits);
+        let accepted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let counter = Arc::clone(&counter);
                 tokio::spawn(async move {
                     let service = service_fn(move |req| {
@@ -67,7 +72,12 @@ impl Upstream {
                 });
             }
         });
-        Self { addr, hits, task }
+        Self {
+            addr,
+            hits,
+            connections,
+            task,
+        }
     }
 
     /// `http://127.0.0.1:port`
@@ -78,6 +88,11 @@ impl Upstream {
     /// Requests the upstream has received.
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// TCP connections the upstream has accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
@@ -126,6 +141,12 @@ async fn upstream_answer(req: Request<Incoming>) -> Result<Response<UpstreamBody
                 .header("keep-alive", "timeout=5")
                 .header("x-upstream-kept", "1")
                 .body(full("hop".into()))
+                .expect("response"));
+        }
+        "/close" => {
+            return Ok(Response::builder()
+                .header("connection", "close")
+                .body(full("closing".into()))
                 .expect("response"));
         }
         "/status" => {
