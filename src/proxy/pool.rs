@@ -151,7 +151,11 @@ impl Pool {
         loop {
             let (mut sender, fresh) = match self.checkout().await {
                 Some(sender) => (sender, false),
-                None => (self.connect().await.map_err(SendError::Connect)?, true),
+                // Boxed: connecting is rare and its future large.
+                None => (
+                    Box::pin(self.connect()).await.map_err(SendError::Connect)?,
+                    true,
+                ),
             };
             match sender.try_send_request(request).await {
                 Ok(response) => {
