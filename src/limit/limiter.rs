@@ -109,10 +109,7 @@ impl Limiter {
                 metrics.decided(StoreKind::Memory, started.elapsed());
                 Answer::Decided(decision)
             }
-            // Boxed: the Redis client's futures are kilobytes, and every
-            // request's future would otherwise carry (and move) them, even
-            // with the memory store.
-            Self::Redis(shared) => Box::pin(shared.decide(charge)).await,
+            Self::Redis(shared) => shared.decide(charge).await,
         }
     }
 

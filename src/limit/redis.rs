@@ -181,15 +181,20 @@ impl RedisStore {
             let reply: Vec<i64> = match command.query_async(&mut conn).await {
                 Ok(reply) => reply,
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    // Redis lost the script (restart, SCRIPT FLUSH): load it, ask again.
-                    self.script
-                        .load_async(&mut conn)
-                        .await
-                        .map_err(|e| lane.failed(e))?;
-                    command
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| lane.failed(e))?
+                    // Redis lost the script (restart, SCRIPT FLUSH): load it,
+                    // ask again. Boxed, as a rare path, to keep every
+                    // decision's future small.
+                    Box::pin(async {
+                        self.script
+                            .load_async(&mut conn)
+                            .await
+                            .map_err(|e| lane.failed(e))?;
+                        command
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| lane.failed(e))
+                    })
+                    .await?
                 }
                 Err(e) => return Err(lane.failed(e)),
             };
@@ -245,7 +250,9 @@ impl RedisStore {
         {
             return Ok(lane);
         }
-        let pooled = self.pool.get().await.map_err(|e| match e {
+        // Boxed: the pool's future holds a whole connection attempt and is
+        // needed only when a lane is missing or broken.
+        let pooled = Box::pin(self.pool.get()).await.map_err(|e| match e {
             managed::PoolError::Backend(e) => StoreError::Backend(format!("cannot connect: {e}")),
             other => StoreError::Backend(format!("connection pool: {other}")),
         })?;
