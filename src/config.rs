@@ -21,6 +21,7 @@ use toml::Spanned;
 
 use crate::client::{ClientRule, MissingHeader, Part};
 use crate::limit::{Algorithm, Limit};
+use crate::proxy::pool::PoolSlot;
 use crate::routes::{Action, Match, Respond, Route, Table, Upstream};
 
 /// Default deadline for an upstream's response head.
@@ -973,6 +974,7 @@ impl Validator<'_> {
             authority,
             host_header,
             timeout,
+            pool: PoolSlot::default(),
         })
     }
 

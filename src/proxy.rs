@@ -77,7 +77,7 @@ impl Forwarder {
         };
         headers.insert(HOST, upstream.host_header.clone());
 
-        let pool = self.pools.get(&upstream.authority);
+        let pool = self.pools.get_in(&upstream.pool, &upstream.authority);
         let answer = tokio::time::timeout(upstream.timeout, pool.send(request)).await;
         match answer {
             Ok(Ok(mut upstream_response)) => {

@@ -14,6 +14,7 @@ use http::{HeaderValue, Method, StatusCode};
 
 use crate::client::ClientRule;
 use crate::limit::Limit;
+use crate::proxy::pool::PoolSlot;
 use ipnet::IpNet;
 
 /// The compiled routes of one configuration, in file order.
@@ -86,6 +87,9 @@ pub struct Upstream {
     pub host_header: HeaderValue,
     /// Deadline for the response head (504 past it).
     pub timeout: Duration,
+    /// The connection pool for `authority`, remembered after the first
+    /// request so later ones skip the lookup.
+    pub pool: PoolSlot,
 }
 
 /// A fixed answer.

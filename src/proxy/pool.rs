@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,11 @@ impl std::fmt::Display for SendError {
     }
 }
 
+/// Where a route's upstream keeps its pool once found: the pools outlive
+/// reloads, the routes do not.
+#[derive(Debug, Clone, Default)]
+pub struct PoolSlot(Arc<OnceLock<Arc<Pool>>>);
+
 /// Every upstream's pool, by `host:port`.
 #[derive(Debug, Default)]
 pub struct Pools {
@@ -61,6 +66,11 @@ pub struct Pools {
 }
 
 impl Pools {
+    /// The pool for `authority`, remembered in `slot`.
+    pub fn get_in<'a>(&self, slot: &'a PoolSlot, authority: &Authority) -> &'a Arc<Pool> {
+        slot.0.get_or_init(|| self.get(authority))
+    }
+
     /// The pool for `authority`, created on first use.
     pub fn get(&self, authority: &Authority) -> Arc<Pool> {
         let known = self
