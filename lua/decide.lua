@@ -27,6 +27,21 @@ if not now then
 end
 local cost = tonumber(ARGV[2])
 
+-- One limit, the common case: no bookkeeping across limits.
+if #KEYS == 1 then
+  local load = loaders[ARGV[3]]
+  if not load then
+    return redis.error_reply('floodgate: unknown algorithm ' .. tostring(ARGV[3]))
+  end
+  local check, commit = load()
+  local limit, window, burst = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local ok, remaining, reset, retry, a, b = check(KEYS[1], limit, window, now, cost, burst)
+  if ok == 1 then
+    commit(KEYS[1], limit, window, now, cost, burst, a, b)
+  end
+  return {ok, remaining, reset, retry}
+end
+
 local reply, commits, read_a, read_b, allowed = {}, {}, {}, {}, true
 for i = 1, #KEYS do
   local at = 2 + (i - 1) * 4
