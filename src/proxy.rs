@@ -4,7 +4,7 @@
 //! dropped in both directions, and the upstream learns who asked through
 //! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host`.
 
-use std::net::IpAddr;
+use std::net::SocketAddr;
 
 use http::header::{CONNECTION, HOST, HeaderName, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::uri::PathAndQuery;
@@ -26,6 +26,23 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authenticate");
 static PROXY_AUTHORIZATION: HeaderName = HeaderName::from_static("proxy-authorization");
+
+/// The client end of a connection, with its address already written the way
+/// `X-Forwarded-For` carries it: once per connection, not per request.
+#[derive(Debug)]
+pub struct Peer {
+    /// The connection's remote address.
+    pub addr: SocketAddr,
+    forwarded: Option<HeaderValue>,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let forwarded = response::header_value(format_args!("{}", addr.ip().to_canonical()));
+        Self { addr, forwarded }
+    }
+}
 
 /// Sends requests to upstreams over pooled keep-alive connections.
 #[derive(Debug, Default)]
@@ -56,7 +73,7 @@ impl Forwarder {
         upstream: &Upstream,
         mut request: Request<Incoming>,
         path_and_query: PathAndQuery,
-        peer: IpAddr,
+        peer: &Peer,
     ) -> Response<Body> {
         let original_host = request
             .uri()
@@ -154,11 +171,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Appends `peer` to `X-Forwarded-For`, folding earlier values into one.
-fn append_forwarded_for(headers: &mut HeaderMap, peer: IpAddr) {
-    let peer = peer.to_canonical();
+fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
+    let Some(own) = &peer.forwarded else {
+        return;
+    };
+    // An address is ASCII, so this never falls back.
+    let peer = own.to_str().unwrap_or_default();
     let mut earlier = headers.get_all(&X_FORWARDED_FOR).iter();
     let value = match (earlier.next(), earlier.next()) {
-        (None, _) => response::header_value(format_args!("{peer}")),
+        (None, _) => Some(own.clone()),
         (Some(one), None) => match one.to_str() {
             Ok(s) => response::header_value(format_args!("{s}, {peer}")),
             Err(_) => response::header_value(format_args!("{peer}")),
@@ -200,7 +221,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        append_forwarded_for(&mut h, "::ffff:192.0.2.7".parse().expect("address"));
+        let peer = Peer::new("[::ffff:192.0.2.7]:4000".parse().expect("address"));
+        append_forwarded_for(&mut h, &peer);
         assert_eq!(
             h.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes),
             Some(&b"203.0.113.1, 10.0.0.1, 192.0.2.7"[..])

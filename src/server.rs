@@ -25,7 +25,7 @@ use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::proxy::Forwarder;
+use crate::proxy::{Forwarder, Peer};
 use crate::response::{self, Body};
 use crate::routes::{Action, RequestFacts, Table, request_paths};
 
@@ -255,10 +255,12 @@ pub async fn run(
                 open.inc();
                 let shared = Arc::clone(&shared);
                 let seen = Arc::clone(&started);
+                let client = Arc::new(Peer::new(peer));
                 let service = service_fn(move |request| {
                     seen.store(true, Ordering::Relaxed);
                     let shared = Arc::clone(&shared);
-                    async move { Ok::<_, Infallible>(handle(&shared, peer, request).await) }
+                    let client = Arc::clone(&client);
+                    async move { Ok::<_, Infallible>(handle(&shared, &client, request).await) }
                 });
                 let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 let connection = graceful.watch(connection);
@@ -361,7 +363,7 @@ async fn sweep(shared: Arc<Shared>) {
 }
 
 /// One request: route, client, limit, then forward or deny.
-async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
     if request
         .uri()
         .path_and_query()
@@ -395,7 +397,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
     // send the API key header that limits everyone else.
     let exempt = !route.exempt.is_empty()
         && is_in(
-            client_address(request.headers(), peer.ip(), &rules.trusted_proxies),
+            client_address(request.headers(), peer.addr.ip(), &rules.trusted_proxies),
             &route.exempt,
         );
     let mut decision = None;
@@ -407,7 +409,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
         let client =
             match route
                 .client
-                .identify(request.headers(), peer.ip(), &rules.trusted_proxies)
+                .identify(request.headers(), peer.addr.ip(), &rules.trusted_proxies)
             {
                 Ok(client) => client,
                 Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -454,7 +456,7 @@ async fn handle(shared: &Shared, peer: SocketAddr, request: Request<Incoming>) -
             let started = Instant::now();
             let response = shared
                 .forwarder
-                .forward(upstream, request, path_and_query, peer.ip())
+                .forward(upstream, request, path_and_query, peer)
                 .await;
             counts.upstream(response.status().as_u16(), started.elapsed());
             response
