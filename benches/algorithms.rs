@@ -55,9 +55,11 @@ async fn redis_info(conn: &mut redis::aio::MultiplexedConnection) -> String {
         .unwrap_or_default()
 }
 
+/// Microseconds per decision command: `FCALL`, or `EVALSHA` on a Redis
+/// without functions.
 fn usec_per_call(info: &str) -> f64 {
     info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .find(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
         .and_then(|l| {
             l.split(',')
                 .find_map(|kv| kv.strip_prefix("usec_per_call="))

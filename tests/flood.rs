@@ -11,12 +11,10 @@ use floodgate::client::ClientId;
 use floodgate::config::{Endpoint, OnError, RedisStore, Store};
 use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
 use floodgate::metrics::Metrics;
-use support::redis::{TestRedis, command_calls, command_stats, reset_command_stats, unique_prefix};
+use support::redis::{
+    TestRedis, command_stats, decision_calls, reset_command_stats, unique_prefix,
+};
 use support::{Floodgate, TestClient};
-
-fn evalsha_calls(info: &str) -> u64 {
-    command_calls(info, "evalsha")
-}
 
 #[tokio::test]
 async fn a_flooding_client_costs_one_redis_call_per_retry_after_period() {
@@ -73,7 +71,7 @@ limits = [{{ algorithm = "sliding_log", limit = 3, window = "1h" }}]
     let info: String = command_stats(&mut conn).await;
     // 3 admissions, then one denial per instance; the other 395 denials came
     // from the instances' memory of those denials.
-    assert_eq!(evalsha_calls(&info), 3 + 2, "{info}");
+    assert_eq!(decision_calls(&info), 3 + 2, "{info}");
 }
 
 fn limiter_config(redis: &TestRedis, prefix: &str) -> Store {
@@ -143,8 +141,8 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
             }
             let after: String = command_stats(&mut conn).await;
             assert_eq!(
-                evalsha_calls(&after),
-                evalsha_calls(&before),
+                decision_calls(&after),
+                decision_calls(&before),
                 "{limit:?}: the remembered denial asked Redis"
             );
             // Just past the retry-after: Redis would admit, and so must we.

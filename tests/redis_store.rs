@@ -11,7 +11,10 @@ use floodgate::client::ClientId;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit};
 use http::HeaderValue;
-use support::redis::{TestRedis, command_calls, command_stats, reset_command_stats, unique_prefix};
+use support::redis::{
+    TestRedis, command_calls, command_stats, decision_calls, has_functions, reset_command_stats,
+    unique_prefix,
+};
 use support::{Floodgate, TestClient, Upstream};
 
 fn redis_config(url: &str, prefix: &str, upstream: &str, limits: &str, on_error: &str) -> String {
@@ -368,27 +371,69 @@ async fn redis_time_decides_unless_a_test_passes_now() {
 }
 
 #[tokio::test]
-async fn script_flush_mid_run_is_recovered_from() {
+async fn function_and_script_flush_mid_run_are_recovered_from() {
     let redis = TestRedis::start().await;
-    let prefix = unique_prefix("flush");
-    let store = store(&redis, &prefix);
-    let limits = [limit(Algorithm::FixedWindow, 3, 60_000)];
-    let t = 1_700_000_040_000;
-    assert!(decide(&store, "c", &limits, 1, t).await.allowed);
     let mut conn = redis.connection().await;
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .expect("flush");
-    let d = decide(&store, "c", &limits, 1, t + 1).await;
-    assert_eq!((d.allowed, d.remaining), (true, 1));
-    assert!(decide(&store, "c", &limits, 1, t + 2).await.allowed);
-    assert!(!decide(&store, "c", &limits, 1, t + 3).await.allowed);
+    let functions = has_functions(&mut conn).await;
+    for (n, flush) in ["FUNCTION", "SCRIPT"].into_iter().enumerate() {
+        if flush == "FUNCTION" && !functions {
+            continue;
+        }
+        let prefix = unique_prefix("flush");
+        let store = store(&redis, &prefix);
+        let limits = [limit(Algorithm::FixedWindow, 3, 60_000)];
+        let t = 1_700_000_040_000 + n as u64 * 60_000;
+        assert!(decide(&store, "c", &limits, 1, t).await.allowed);
+        let _: () = redis::cmd(flush)
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .expect("flush");
+        let d = decide(&store, "c", &limits, 1, t + 1).await;
+        assert_eq!((d.allowed, d.remaining), (true, 1), "after {flush} FLUSH");
+        assert!(decide(&store, "c", &limits, 1, t + 2).await.allowed);
+        assert!(!decide(&store, "c", &limits, 1, t + 3).await.allowed);
+    }
+}
+
+/// A Redis without functions (before Redis 7, or with `FCALL` and
+/// `FUNCTION` renamed away, as here) gets the same decisions through
+/// `EVALSHA`, one call each.
+#[tokio::test]
+async fn redis_without_functions_decides_through_evalsha() {
+    let redis = TestRedis::start_process_with(&[
+        "--rename-command",
+        "FCALL",
+        "",
+        "--rename-command",
+        "FUNCTION",
+        "",
+    ])
+    .await;
+    let prefix = unique_prefix("nofunctions");
+    let early = store(&redis, &prefix);
+    early.load_script().await.expect("load the script");
+    let mut conn = redis.connection().await;
+    reset_command_stats(&mut conn).await;
+    let limits = [limit(Algorithm::Gcra, 3, 60_000)];
+    let t = 1_700_000_100_000;
+    for expected in [true, true, true, false] {
+        assert_eq!(decide(&early, "c", &limits, 1, t).await.allowed, expected);
+    }
+    let info = command_stats(&mut conn).await;
+    assert_eq!(command_calls(&info, "evalsha"), 4, "{info}");
+    assert_eq!(command_calls(&info, "script|load"), 0, "{info}");
+
+    // A store that never loaded anything finds out on its first decision.
+    let late = store(&redis, &unique_prefix("late"));
+    assert!(decide(&late, "c", &limits, 1, t).await.allowed);
+    assert!(decide(&late, "c", &limits, 1, t).await.allowed);
+    let info = command_stats(&mut conn).await;
+    assert_eq!(command_calls(&info, "evalsha"), 4 + 2, "{info}");
 }
 
 #[tokio::test]
-async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
+async fn each_decision_is_exactly_one_command_and_nothing_else() {
     let redis = TestRedis::start_private().await;
     let upstream = Upstream::start().await;
     let prefix = unique_prefix("commandstats");
@@ -430,8 +475,18 @@ async fn each_decision_is_exactly_one_evalsha_and_nothing_else() {
         assert_eq!(t.await.expect("task"), 200);
     }
     let info: String = command_stats(&mut conn).await;
-    assert_eq!(command_calls(&info, "evalsha"), N, "{info}");
-    for other in ["ping", "eval", "incr", "script|load", "unwatch"] {
+    assert_eq!(decision_calls(&info), N, "{info}");
+    if has_functions(&mut conn).await {
+        assert_eq!(command_calls(&info, "fcall"), N, "{info}");
+    }
+    for other in [
+        "ping",
+        "eval",
+        "incr",
+        "script|load",
+        "function|load",
+        "unwatch",
+    ] {
         assert_eq!(command_calls(&info, other), 0, "{other} was sent:\n{info}");
     }
     // Commands a script runs count too: the fixed window reads its key with

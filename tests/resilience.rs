@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::redis::{TestRedis, unique_prefix};
+use support::redis::{TestRedis, has_functions, unique_prefix};
 use support::{Floodgate, TestClient, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -221,13 +221,28 @@ async fn redis_restarted_empty_gets_the_script_again_and_limits() {
         assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
     }
     let mut conn = redis.connection().await;
-    let scripts: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(redis::Script::new(floodgate::limit::redis::SCRIPT).get_hash())
-        .query_async(&mut conn)
-        .await
-        .expect("script exists");
-    assert_eq!(scripts, [true], "the fresh Redis was given the script");
+    if has_functions(&mut conn).await {
+        let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg("floodgate_*")
+            .query_async(&mut conn)
+            .await
+            .expect("function list");
+        assert_eq!(
+            libraries.len(),
+            1,
+            "the fresh Redis was given the function library"
+        );
+    } else {
+        let scripts: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(redis::Script::new(floodgate::limit::redis::SCRIPT).get_hash())
+            .query_async(&mut conn)
+            .await
+            .expect("script exists");
+        assert_eq!(scripts, [true], "the fresh Redis was given the script");
+    }
 }
 
 #[tokio::test]

@@ -58,7 +58,7 @@ impl TestRedis {
             };
         }
         if which_redis_server() {
-            return Self::spawn(free_port()).await;
+            return Self::spawn(free_port(), &[]).await;
         }
         match std::env::var("REDIS_URL") {
             Ok(url) => Self {
@@ -78,13 +78,24 @@ impl TestRedis {
             which_redis_server(),
             "this test stops and restarts Redis: it needs redis-server on PATH"
         );
-        Self::spawn(free_port()).await
+        Self::spawn(free_port(), &[]).await
     }
 
-    async fn spawn(port: u16) -> Self {
+    /// A `redis-server` process of this test's own, started with `extra`
+    /// configuration arguments.
+    pub async fn start_process_with(extra: &[&str]) -> Self {
+        assert!(
+            which_redis_server(),
+            "this test configures Redis itself: it needs redis-server on PATH"
+        );
+        Self::spawn(free_port(), extra).await
+    }
+
+    async fn spawn(port: u16, extra: &[&str]) -> Self {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -118,7 +129,7 @@ impl TestRedis {
     pub async fn restart(&mut self) {
         if let Origin::Process { port, .. } = self.origin {
             self.kill();
-            *self = Self::spawn(port).await;
+            *self = Self::spawn(port, &[]).await;
         }
     }
 
@@ -212,6 +223,26 @@ pub fn command_calls(info: &str, command: &str) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// Decision commands in `INFO commandstats`: `FCALL` where Redis runs
+/// functions, `EVALSHA` where it does not.
+pub fn decision_calls(info: &str) -> u64 {
+    command_calls(info, "fcall") + command_calls(info, "evalsha")
+}
+
+/// Whether this Redis runs function libraries (Redis 7 and later).
+pub async fn has_functions(conn: &mut redis::aio::MultiplexedConnection) -> bool {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .expect("INFO server");
+    info.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .and_then(|v| v.split('.').next())
+        .and_then(|major| major.trim().parse::<u32>().ok())
+        .is_some_and(|major| major >= 7)
 }
 
 /// Zeroes `INFO commandstats`.

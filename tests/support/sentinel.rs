@@ -45,8 +45,16 @@ impl TestSentinels {
                 .spawn()
                 .expect("start redis-server")
         };
-        let primary = free_port();
-        let replica = free_port();
+        // Five distinct ports: two processes given the same one would leave
+        // a Sentinel group that never forms.
+        let mut ports = Vec::new();
+        while ports.len() < 5 {
+            let port = free_port();
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        let (primary, replica) = (ports[0], ports[1]);
         let mut children = Vec::new();
         let node = |port: u16| {
             vec![
@@ -69,8 +77,7 @@ impl TestSentinels {
         ]);
         children.push((replica, spawn(replica_args)));
         let mut sentinels = Vec::new();
-        for _ in 0..3 {
-            let port = free_port();
+        for &port in &ports[2..] {
             let file = dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &file,
