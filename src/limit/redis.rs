@@ -306,7 +306,13 @@ impl RedisStore {
         let tag = key.len();
         for (i, limit) in charge.limits.iter().enumerate() {
             key.truncate(tag);
-            let _ = write!(key, ":{i}:{}:{}", limit.algorithm.name(), limit.window_ms);
+            // `:{i}:{algorithm}:{window_ms}`, without the formatting machinery.
+            key.push(':');
+            push_decimal(&mut key, i as u64);
+            key.push(':');
+            key.push_str(limit.algorithm.name());
+            key.push(':');
+            push_decimal(&mut key, limit.window_ms);
             command.arg(key.as_str());
         }
         match now {
@@ -328,7 +334,10 @@ impl RedisStore {
     /// client, so Redis Cluster keeps all of a decision's keys in one slot.
     pub fn hash_tag(&self, route: &str, client: &ClientId) -> String {
         let mut tag = String::with_capacity(self.key_prefix.len() + route.len() + 80);
-        let _ = write!(tag, "{}:{{{route}:", self.key_prefix);
+        tag.push_str(&self.key_prefix);
+        tag.push_str(":{");
+        tag.push_str(route);
+        tag.push(':');
         write_client(&mut tag, client);
         tag.push('}');
         tag
@@ -360,6 +369,22 @@ impl Store for RedisStore {
     async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
         self.decide_at(charge, None).await
     }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// Whether a decision failed only because Redis lacks the code it names:
@@ -579,6 +604,15 @@ mod tests {
         );
         let key = ClientId::Header(HeaderValue::from_static("key-123"));
         assert_eq!(written(&key), "h:key-123");
+    }
+
+    #[test]
+    fn decimals_are_written_as_display_writes_them() {
+        for n in [0, 1, 9, 10, 99, 100, 60_000, 1 << 50, u64::MAX] {
+            let mut s = String::from("x");
+            push_decimal(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
     }
 
     #[test]
