@@ -147,7 +147,10 @@ run_wrk() {
 import re, sys
 text = open(sys.argv[1]).read()
 def ms(v):
-    n, unit = re.match(r"([\d.]+)(\w+)", v).groups()
+    m = re.match(r"([\d.]+)(\w+)", v)
+    if not m:
+        sys.exit(f"cannot read a latency from wrk's output:\n{text}")
+    n, unit = m.groups()
     return float(n) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
 p50 = ms(re.search(r"50%\s+(\S+)", text).group(1))
