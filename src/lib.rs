@@ -7,9 +7,9 @@
 //! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]) |
 //! | [`routes`] | which route is this request on? |
 //! | [`client`] | who is asking? |
-//! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`) |
+//! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome |
-//! | [`proxy`] | forward it upstream and stream the answer back |
+//! | [`proxy`] | forward it upstream and stream the answer back, over [`proxy::pool`]'s keep-alive connections |
 //! | [`response`] | floodgate's own answers and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
