@@ -65,11 +65,11 @@ const LIBRARY_BODY: &str = concat!(decision_code!(), include_str!("../../lua/lib
 /// code so that floodgate versions sharing a Redis never replace each
 /// other's.
 #[derive(Debug)]
-pub struct Library {
+struct Library {
     /// `FUNCTION LOAD`'s argument.
-    pub code: String,
+    code: String,
     /// What `FCALL` names.
-    pub function: String,
+    function: String,
 }
 
 impl Library {
