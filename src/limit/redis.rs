@@ -275,7 +275,7 @@ impl RedisStore {
                     self.functions.store(FUNCTIONS_YES, Ordering::Relaxed);
                     return Ok(());
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::Server(_)) => {
+                Err(e) if refuses_functions(&e) => {
                     tracing::info!(
                         error = %e,
                         "Redis does not take function libraries; deciding with EVALSHA"
@@ -385,6 +385,20 @@ fn push_decimal(out: &mut String, n: u64) {
         }
     }
     out.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
+/// Whether `FUNCTION LOAD` failed because this Redis does not take function
+/// libraries at all (no such command before Redis 7, or an ACL without it),
+/// rather than for a passing reason (`READONLY` mid-failover, `LOADING`).
+fn refuses_functions(e: &RedisError) -> bool {
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::NoPerm) => true,
+        ErrorKind::Server(ServerErrorKind::ResponseError) => e.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.contains("unknown command") || d.contains("unknown subcommand")
+        }),
+        _ => false,
+    }
 }
 
 /// Whether a decision failed only because Redis lacks the code it names:
