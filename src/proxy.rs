@@ -61,11 +61,6 @@ impl Forwarder {
         self.pools.sweep();
     }
 
-    /// Idle upstream connections, across all upstreams.
-    pub fn idle_connections(&self) -> usize {
-        self.pools.idle_connections()
-    }
-
     /// Forwards `request` to `upstream` as `path_and_query`, on behalf of
     /// `peer`. Never fails: upstream trouble becomes 502 or 504.
     pub async fn forward(
@@ -187,7 +182,7 @@ fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
         (None, _) => Some(own.clone()),
         (Some(one), None) => match one.to_str() {
             Ok(s) => response::header_value(format_args!("{s}, {peer}")),
-            Err(_) => response::header_value(format_args!("{peer}")),
+            Err(_) => Some(own.clone()),
         },
         _ => {
             let mut value = String::new();

@@ -7,13 +7,13 @@
 
 use std::fmt::Write as _;
 
-use crate::proxy::pool::PooledBody;
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 
 use crate::limit::{Decision, Limit};
+use crate::proxy::pool::PooledBody;
 use crate::routes::Route;
 
 /// Body of every response floodgate sends: streamed from an upstream, or

@@ -393,12 +393,20 @@ fn push_decimal(out: &mut String, n: u64) {
 fn refuses_functions(e: &RedisError) -> bool {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::NoPerm) => true,
-        ErrorKind::Server(ServerErrorKind::ResponseError) => e.detail().is_some_and(|d| {
-            let d = d.to_ascii_lowercase();
-            d.contains("unknown command") || d.contains("unknown subcommand")
-        }),
+        ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            detail_mentions(e, &["unknown command", "unknown subcommand"])
+        }
         _ => false,
     }
+}
+
+/// Whether a server error's text contains one of `phrases` (lower case),
+/// in any case.
+fn detail_mentions(e: &RedisError, phrases: &[&str]) -> bool {
+    e.detail().is_some_and(|d| {
+        let d = d.to_ascii_lowercase();
+        phrases.iter().any(|p| d.contains(p))
+    })
 }
 
 /// Whether a decision failed only because Redis lacks the code it names:
@@ -406,9 +414,9 @@ fn refuses_functions(e: &RedisError) -> bool {
 fn code_missing(e: &RedisError) -> bool {
     match e.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => true,
-        ErrorKind::Server(ServerErrorKind::ResponseError) => e
-            .detail()
-            .is_some_and(|d| d.contains("Function not found") || d.contains("unknown command")),
+        ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            detail_mentions(e, &["function not found", "unknown command"])
+        }
         _ => false,
     }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,7 @@ pub struct PoolSlot(Arc<OnceLock<Arc<Pool>>>);
 /// Every upstream's pool, by `host:port`.
 #[derive(Debug, Default)]
 pub struct Pools {
-    by_authority: RwLock<HashMap<Authority, Arc<Pool>>>,
+    by_authority: Mutex<HashMap<Authority, Arc<Pool>>>,
 }
 
 impl Pools {
@@ -71,20 +71,12 @@ impl Pools {
         slot.0.get_or_init(|| self.get(authority))
     }
 
-    /// The pool for `authority`, created on first use.
-    pub fn get(&self, authority: &Authority) -> Arc<Pool> {
-        let known = self
-            .by_authority
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(authority)
-            .cloned();
-        if let Some(pool) = known {
-            return pool;
-        }
+    /// The pool for `authority`, created on first use. Called once per
+    /// route and configuration, never per request.
+    fn get(&self, authority: &Authority) -> Arc<Pool> {
         let mut all = self
             .by_authority
-            .write()
+            .lock()
             .unwrap_or_else(PoisonError::into_inner);
         Arc::clone(
             all.entry(authority.clone())
@@ -97,7 +89,7 @@ impl Pools {
     pub fn sweep(&self) {
         let pools: Vec<Arc<Pool>> = self
             .by_authority
-            .read()
+            .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
             .cloned()
@@ -106,16 +98,6 @@ impl Pools {
         for pool in pools {
             pool.idle().retain(|c| c.usable(now));
         }
-    }
-
-    /// Idle connections across all pools.
-    pub fn idle_connections(&self) -> usize {
-        self.by_authority
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .map(|p| p.idle().len())
-            .sum()
     }
 }
 
