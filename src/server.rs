@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -267,19 +268,31 @@ pub async fn run(
                 tokio::spawn(async move {
                     let _open = OpenConnection(open);
                     tokio::pin!(connection);
-                    let first = tokio::select! {
-                        result = &mut connection => Some(result),
-                        () = tokio::time::sleep(header_read_timeout) => None,
-                    };
-                    let result = match first {
-                        Some(result) => result,
-                        None if started.load(Ordering::Relaxed) => connection.await,
-                        None => {
-                            // hyper is no longer polled; the socket closes
-                            // under it and it is dropped with this task.
-                            request_timeout(spare);
-                            return;
+                    // The first request head must arrive in time. Once it
+                    // has, the timer is dropped rather than polled along
+                    // with every request.
+                    let mut deadline = std::pin::pin!(Some(tokio::time::sleep(header_read_timeout)));
+                    let finished = std::future::poll_fn(|cx| {
+                        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+                            return Poll::Ready(Some(result));
                         }
+                        if started.load(Ordering::Relaxed) {
+                            if deadline.is_some() {
+                                deadline.set(None);
+                            }
+                        } else if let Some(sleep) = deadline.as_mut().as_pin_mut()
+                            && sleep.poll(cx).is_ready()
+                        {
+                            return Poll::Ready(None);
+                        }
+                        Poll::Pending
+                    })
+                    .await;
+                    let Some(result) = finished else {
+                        // hyper is no longer polled; the socket closes under
+                        // it and it is dropped with this task.
+                        request_timeout(spare);
+                        return;
                     };
                     if let Err(e) = result {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");

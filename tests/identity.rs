@@ -12,7 +12,7 @@ use floodgate::limit::redis::write_client;
 use http::HeaderValue;
 use proptest::prelude::*;
 use support::redis::{TestRedis, unique_prefix};
-use support::{Floodgate, TestClient};
+use support::{Floodgate, TestClient, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn limited(extra_server: &str, route: &str) -> String {
@@ -330,6 +330,27 @@ async fn malformed_and_oversized_requests_get_the_right_4xx() {
     assert_eq!(
         TestClient::http1().get(&gate.url("/"), &[]).await.status,
         200
+    );
+}
+
+#[tokio::test]
+async fn the_head_timeout_ends_once_the_first_head_has_arrived() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
+         [[routes]]\nname = \"a\"\nupstream = \"{}\"\n",
+        upstream.url()
+    ))
+    .await;
+    // The upstream answers well after the head timeout would have fired.
+    assert_eq!(
+        raw(
+            &gate,
+            b"GET /slow?ms=900 HTTP/1.1\r\nHost: x\r\n\r\n",
+            Duration::ZERO
+        )
+        .await,
+        "HTTP/1.1 200 OK"
     );
 }
 
