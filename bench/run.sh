@@ -153,8 +153,9 @@ def ms(v):
     n, unit = m.groups()
     return float(n) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
-p50 = ms(re.search(r"50%\s+(\S+)", text).group(1))
-p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
+# Anchored to the start of a line: the Req/Sec line can end in "50%" too.
+p50 = ms(re.search(r"^\s*50%\s+(\S+)", text, re.M).group(1))
+p99 = ms(re.search(r"^\s*99%\s+(\S+)", text, re.M).group(1))
 m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
 total = int(re.search(r"(\d+) requests in", text).group(1))
 print(rps, p50, p99, int(m.group(1)) if m else 0, total)
