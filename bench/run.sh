@@ -4,9 +4,10 @@
 # wrk, hey, redis-server), starts every server on loopback, pins the server
 # under test to CPU 0 and the load generator, upstream and Redis to CPU 1
 # when there are at least two cores, runs each case twice for DURATION
-# seconds, stops everything it started, and prints one markdown table (also
-# written to bench/latest-run.md unless NO_RESULTS=1; bench/RESULTS.md is the
-# curated record with the analysis).
+# seconds (rows 1 to 6 in two interleaved passes, so drift in the machine's
+# speed weighs on each alike), stops everything it started, and prints one
+# markdown table (also written to bench/latest-run.md unless NO_RESULTS=1;
+# bench/RESULTS.md is the curated record with the analysis).
 #   bench/run.sh [duration_seconds]        default 10
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -166,26 +167,42 @@ rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 decision_calls() { redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_\(fcall\|evalsha\):calls=\([0-9]*\),.*/\2/p' | tr -d '\r' | awk '{s+=$1} END {print s+0}'; }
 
 declare -A rps p50 p99 note
-case_run() { # key port [script]
-  local a b
-  a=$(run_wrk "$2" "${3:-}"); b=$(run_wrk "$2" "${3:-}")
-  read -r r1 l1 h1 n1 t1 <<<"$a"; read -r r2 l2 h2 n2 t2 <<<"$b"
+record() { # key run_a run_b: averages two runs of one case
+  read -r r1 l1 h1 n1 t1 <<<"$2"; read -r r2 l2 h2 n2 t2 <<<"$3"
   rps[$1]=$(python3 -c "print(round(($r1+$r2)/2))")
   p50[$1]=$(python3 -c "print(round(($l1+$l2)/2, 2))")
   p99[$1]=$(python3 -c "print(round(($h1+$h2)/2, 2))")
   last_non2xx=$((n1 + n2)); last_total=$((t1 + t2))
 }
+case_run() { # key port [script]: two runs back to back
+  local a b
+  a=$(run_wrk "$2" "${3:-}"); b=$(run_wrk "$2" "${3:-}")
+  record "$1" "$a" "$b"
+}
 
 echo "warming up..." >&2
 for p in $up $ngx_proxy $fg_mem $fg_redis; do $load_cpu wrk -t1 -c16 -d2s "http://127.0.0.1:$p/" >/dev/null; done
 
-case_run direct "$up"
-case_run ngx_proxy "$ngx_proxy"
-case_run ngx_limit "$ngx_limit"
-case_run haproxy "$hap"
-case_run fg_mem "$fg_mem"
-before=$(decision_calls); case_run fg_redis "$fg_redis"; after=$(decision_calls)
-note[fg_redis]="$(python3 -c "print(f'{($after-$before)/max(1,$last_total):.2f} Redis commands (FCALL) per request')")"
+# Rows 1 to 6, whose ratios are the targets: one run of each in order, then
+# one of each in reverse order, so that a machine getting faster or slower
+# during the run (a shared VM does) weighs on every row alike.
+declare -A port=([direct]=$up [ngx_proxy]=$ngx_proxy [ngx_limit]=$ngx_limit [haproxy]=$hap [fg_mem]=$fg_mem [fg_redis]=$fg_redis)
+interleaved=(direct ngx_proxy ngx_limit haproxy fg_mem fg_redis)
+declare -A first
+redis_calls=0; redis_requests=0
+for pass in 1 2; do
+  order=("${interleaved[@]}")
+  [ "$pass" = 2 ] && mapfile -t order < <(printf '%s\n' "${interleaved[@]}" | tac)
+  for key in "${order[@]}"; do
+    before=$(decision_calls); out=$(run_wrk "${port[$key]}"); after=$(decision_calls)
+    if [ "$key" = fg_redis ]; then
+      read -r _ _ _ _ total <<<"$out"
+      redis_calls=$((redis_calls + after - before)); redis_requests=$((redis_requests + total))
+    fi
+    if [ "$pass" = 1 ]; then first[$key]=$out; else record "$key" "${first[$key]}" "$out"; fi
+  done
+done
+note[fg_redis]="$(python3 -c "print(f'{$redis_calls/max(1,$redis_requests):.2f} Redis commands (FCALL) per request')")"
 conns=$(redis-cli -p "$redis_port" client list | grep -cE "cmd=(fcall|evalsha)" || true)
 note[fg_redis]="${note[fg_redis]}, $conns Redis connections for $connections concurrent requests"
 before=$(decision_calls); case_run fg_flood "$fg_flood" "$work/flood.lua"; after=$(decision_calls)
@@ -219,7 +236,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 {
   echo "# floodgate benchmark"
   echo
-  echo "$(date -u +%Y-%m-%d), $(nproc) cores ($cpu), $(uname -sr); nginx $(nginx -v 2>&1 | sed 's/.*\///'), HAProxy $(haproxy -v | head -1 | awk '{print $3}'), Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), wrk with 1 thread and $connections connections, ${duration} s per run, two runs per row (averaged)."
+  echo "$(date -u +%Y-%m-%d), $(nproc) cores ($cpu), $(uname -sr); nginx $(nginx -v 2>&1 | sed 's/.*\///'), HAProxy $(haproxy -v | head -1 | awk '{print $3}'), Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), wrk with 1 thread and $connections connections, ${duration} s per run, two runs per row (averaged; rows 1–6 in two passes, the second in reverse order)."
   echo "Server under test on CPU 0; load generator, upstream (nginx returning a fixed 200) and Redis on CPU 1."
   echo
   echo "| # | case | req/s | p50 ms | p99 ms | vs nginx proxy | vs nginx limit_req | notes |"
