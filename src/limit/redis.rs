@@ -232,7 +232,7 @@ impl RedisStore {
         let work = async {
             let lane = self.lane().await?;
             let mut conn = lane.conn.clone();
-            let reply: Vec<i64> = match command.query_async(&mut conn).await {
+            let reply: Value = match command.query_async(&mut conn).await {
                 Ok(reply) => reply,
                 Err(e) if code_missing(&e) => {
                     // Redis lost the code (a restart, FUNCTION or SCRIPT
@@ -480,19 +480,37 @@ pub fn write_client(out: &mut String, client: &ClientId) {
     }
 }
 
-fn decision_from_reply(reply: &[i64], limits: usize) -> Result<Decision, StoreError> {
-    if reply.len() != limits * 4 {
+/// Read straight from the reply's array, without converting it to a vector
+/// of integers first.
+fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+    let values = match reply {
+        Value::Array(values) if values.len() == limits * 4 => values,
+        Value::Array(values) => {
+            return Err(StoreError::Backend(format!(
+                "the decision script answered {} values for {limits} limits",
+                values.len()
+            )));
+        }
+        other => {
+            return Err(StoreError::Backend(format!(
+                "the decision script answered {other:?}, not integers"
+            )));
+        }
+    };
+    if let Some(other) = values.iter().find(|v| !matches!(v, Value::Int(_))) {
         return Err(StoreError::Backend(format!(
-            "the decision script answered {} values for {limits} limits",
-            reply.len()
+            "the decision script answered {other:?} among its integers"
         )));
     }
-    let non_negative = |v: i64| u64::try_from(v).unwrap_or(0);
-    Ok(Decision::combine(reply.chunks_exact(4).map(|v| Verdict {
-        allowed: v[0] == 1,
-        remaining: non_negative(v[1]),
-        reset_ms: non_negative(v[2]),
-        retry_after_ms: non_negative(v[3]),
+    let int = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+        _ => 0,
+    };
+    Ok(Decision::combine(values.chunks_exact(4).map(|v| Verdict {
+        allowed: matches!(v[0], Value::Int(1)),
+        remaining: int(&v[1]),
+        reset_ms: int(&v[2]),
+        retry_after_ms: int(&v[3]),
     })))
 }
 
@@ -613,6 +631,32 @@ impl managed::Manager for Lanes {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn the_scripts_reply_is_read_as_four_integers_per_limit() {
+        let ints = |v: &[i64]| Value::Array(v.iter().map(|&n| Value::Int(n)).collect());
+        let d = decision_from_reply(&ints(&[1, 5, 1000, 0]), 1).expect("one limit");
+        assert!(d.allowed);
+        assert_eq!((d.remaining, d.reset_ms, d.retry_after_ms), (5, 1000, 0));
+        let d = decision_from_reply(&ints(&[1, 9, 500, 0, 0, -3, 60000, 1 << 50]), 2)
+            .expect("two limits");
+        assert!(!d.allowed);
+        assert_eq!((d.limit, d.remaining, d.retry_after_ms), (1, 0, 1 << 50));
+        for bad in [
+            ints(&[1, 5, 1000]),
+            ints(&[1, 5, 1000, 0, 1]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Nil,
+                Value::Int(1000),
+                Value::Int(0),
+            ]),
+            Value::Int(1),
+            Value::BulkString(b"1 5 1000 0".to_vec()),
+        ] {
+            assert!(decision_from_reply(&bad, 1).is_err(), "{bad:?}");
+        }
+    }
 
     fn written(client: &ClientId) -> String {
         let mut s = String::new();
