@@ -480,8 +480,9 @@ pub fn write_client(out: &mut String, client: &ClientId) {
     }
 }
 
-/// Read straight from the reply's array, without converting it to a vector
-/// of integers first.
+/// The decision in the script's reply: four integers per limit (allowed,
+/// remaining, reset_ms, retry_after_ms), read from the array as it came;
+/// anything else is an error.
 fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
     let values = match reply {
         Value::Array(values) if values.len() == limits * 4 => values,
