@@ -221,7 +221,11 @@ pub async fn run(
         // 408); this closes connections that idle between requests.
         .header_read_timeout(header_read_timeout + Duration::from_secs(1))
         .max_buf_size(MAX_HEAD_BYTES)
-        .max_headers(MAX_HEADERS);
+        .max_headers(MAX_HEADERS)
+        // Head and body copied into one buffer and sent with one write:
+        // cheaper than queueing them for writev when bodies are small, and
+        // the copy of a large body is bounded by the buffer's limit.
+        .writev(false);
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -194,6 +194,9 @@ impl Pool {
             })??;
         stream.set_nodelay(true)?;
         let (sender, connection) = http1::Builder::new()
+            // One buffer and one write per request, as toward clients (see
+            // server.rs).
+            .writev(false)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(std::io::Error::other)?;
