@@ -7,7 +7,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -15,9 +14,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use ipnet::IpNet;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -29,6 +26,10 @@ use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::proxy::{Forwarder, Peer};
 use crate::response::{self, Body};
 use crate::routes::{Action, RequestFacts, Table, request_paths};
+
+mod connection;
+
+use connection::{Connections, Ended, Protocols};
 
 /// Largest request head accepted (request line and headers together); past it
 /// HTTP/1 answers 431.
@@ -213,25 +214,32 @@ pub async fn run(
     let listener = listeners.proxy;
 
     let header_read_timeout = config.server.header_read_timeout;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
-        // The first request head is timed by the accept loop (which answers
-        // 408); this closes connections that idle between requests.
+        // The first request head is timed by `connection::serve` (which
+        // answers 408); this closes connections that idle between requests.
         .header_read_timeout(header_read_timeout + Duration::from_secs(1))
+        // 431 past this: enforced on the parsed head, not left to where
+        // the read buffer happens to fill up.
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS)
         // Head and body copied into one buffer and sent with one write:
         // cheaper than queueing them for writev when bodies are small, and
         // the copy of a large body is bounded by the buffer's limit.
         .writev(false);
-    builder
-        .http2()
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HEAD_BYTES as u32);
+    let protocols = Arc::new(Protocols {
+        http1,
+        http2,
+        first_head_timeout: header_read_timeout,
+    });
 
-    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Connections::default());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -255,11 +263,10 @@ pub async fn run(
                         continue;
                     }
                 };
+                let open = connections.open(shared.metrics.open_connections.clone());
                 let started = Arc::new(AtomicBool::new(false));
-                let open = shared.metrics.open_connections.clone();
-                open.inc();
-                let shared = Arc::clone(&shared);
                 let seen = Arc::clone(&started);
+                let shared = Arc::clone(&shared);
                 let client = Arc::new(Peer::new(peer));
                 let service = service_fn(move |request| {
                     seen.store(true, Ordering::Relaxed);
@@ -267,39 +274,18 @@ pub async fn run(
                     let client = Arc::clone(&client);
                     async move { Ok::<_, Infallible>(handle(&shared, &client, request).await) }
                 });
-                let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let connection = graceful.watch(connection);
+                let protocols = Arc::clone(&protocols);
+                let connections = Arc::clone(&connections);
                 tokio::spawn(async move {
-                    let _open = OpenConnection(open);
-                    tokio::pin!(connection);
-                    // The first request head must arrive in time. Once it
-                    // has, the timer is dropped rather than polled along
-                    // with every request.
-                    let mut deadline = std::pin::pin!(Some(tokio::time::sleep(header_read_timeout)));
-                    let finished = std::future::poll_fn(|cx| {
-                        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
-                            return Poll::Ready(Some(result));
+                    let _open = open;
+                    match connection::serve(stream, service, &started, &protocols, &connections).await {
+                        Ended::Served(None) => {}
+                        Ended::Served(Some(e)) => {
+                            tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
-                        if started.load(Ordering::Relaxed) {
-                            if deadline.is_some() {
-                                deadline.set(None);
-                            }
-                        } else if let Some(sleep) = deadline.as_mut().as_pin_mut()
-                            && sleep.poll(cx).is_ready()
-                        {
-                            return Poll::Ready(None);
-                        }
-                        Poll::Pending
-                    })
-                    .await;
-                    let Some(result) = finished else {
                         // hyper is no longer polled; the socket closes under
                         // it and it is dropped with this task.
-                        request_timeout(spare);
-                        return;
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                        Ended::FirstHeadTimedOut => request_timeout(spare),
                     }
                 });
             }
@@ -308,12 +294,13 @@ pub async fn run(
     }
     drop(listener);
     tracing::info!(
-        connections = graceful.count(),
+        connections = connections.count(),
         grace = ?config.server.shutdown_grace,
         "shutting down: finishing in-flight requests"
     );
+    connections.close_all();
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = connections.all_closed() => tracing::info!("all connections closed"),
         () = tokio::time::sleep(config.server.shutdown_grace) => {
             tracing::warn!("grace period over; closing the remaining connections");
         }
@@ -338,15 +325,6 @@ fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Option<PathA
             };
             PathAndQuery::try_from(text).ok()
         }
-    }
-}
-
-/// Counts a connection as open until dropped.
-struct OpenConnection(prometheus_client::metrics::gauge::Gauge);
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

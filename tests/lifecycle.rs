@@ -27,6 +27,50 @@ async fn stop_finishes_in_flight_requests_and_refuses_new_connections() {
     gate.join().await.expect("clean stop");
 }
 
+#[tokio::test]
+async fn stop_closes_idle_connections_at_once_and_lets_http2_requests_finish() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"30s\"\n\n\
+         [[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
+        upstream.url()
+    );
+    let mut gate = Floodgate::start(&toml).await;
+
+    // An HTTP/1 keep-alive connection, idle after one answered request.
+    let mut idle = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    idle.write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = idle.read(&mut buf).await.expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+
+    // An HTTP/2 request in flight.
+    let url = gate.url("/slow?ms=800");
+    let in_flight = tokio::spawn(async move { TestClient::h2c().get(&url, &[]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    gate.begin_stop();
+    // Closed by floodgate, not left for the grace period.
+    let read = tokio::time::timeout(Duration::from_secs(10), idle.read(&mut buf))
+        .await
+        .expect("the idle connection was not closed at stop");
+    assert!(matches!(read, Ok(0)), "{read:?}");
+    let answer = in_flight.await.expect("in-flight task");
+    assert_eq!(
+        answer.status, 200,
+        "the in-flight HTTP/2 request was cut off"
+    );
+    tokio::time::timeout(Duration::from_secs(10), gate.join())
+        .await
+        .expect("stop waited for the grace period")
+        .expect("clean stop");
+}
+
 /// The README's quickstart, with its port swapped for a free one.
 #[tokio::test]
 async fn quickstart_serves_200s_then_429_and_stops_on_sigterm() {

@@ -101,6 +101,100 @@ async fn h2c_with_prior_knowledge_is_proxied_to_an_http1_upstream() {
     );
 }
 
+/// A connection whose first bytes were already sent by hand: the first
+/// `skip` bytes the client writes are taken as written without being sent.
+struct AlreadySent {
+    stream: tokio::net::TcpStream,
+    skip: usize,
+}
+
+impl tokio::io::AsyncRead for AlreadySent {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for AlreadySent {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.skip > 0 {
+            let n = self.skip.min(buf.len());
+            self.skip -= n;
+            return std::task::Poll::Ready(Ok(n));
+        }
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn first_bytes_sent_in_pieces_are_read_as_the_protocol_they_turn_out_to_be() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+
+    // HTTP/1 that begins like HTTP/2's preface ("P…") and pauses there.
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    s.write_all(b"P").await.expect("write");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(b"OST /in/pieces HTTP/1.1\r\nHost: x\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.contains(r#""method":"POST""#), "{answer}");
+
+    // HTTP/2 whose preface arrives in two pieces.
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut stream = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    stream.write_all(&PREFACE[..9]).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let io = hyper_util::rt::TokioIo::new(AlreadySent { stream, skip: 9 });
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+            .await
+            .expect("HTTP/2 handshake");
+    tokio::spawn(connection);
+    let request = Request::get(gate.url("/h2/in/pieces"))
+        .body(empty())
+        .expect("request");
+    let response = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
+        .await
+        .expect("an answer")
+        .expect("HTTP/2 response");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), http::Version::HTTP_2);
+}
+
 #[tokio::test]
 async fn refused_upstream_is_502_and_slow_upstream_is_504() {
     // A port that was just free: nothing listens there.
