@@ -90,7 +90,8 @@ pub struct Server {
     pub upstream_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
-    /// How long a client may take to send a request head (408 past it).
+    /// How long a client may take to send its first request head (408 past
+    /// it), and how long a keep-alive connection may go without a request.
     pub header_read_timeout: Duration,
     /// Reload when the file's contents change (SIGHUP always reloads).
     pub reload_on_change: bool,

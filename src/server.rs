@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -29,7 +29,7 @@ use crate::routes::{Action, RequestFacts, Table, request_paths};
 
 mod connection;
 
-use connection::{Connections, Ended, Protocols};
+use connection::{Activity, Connections, Ended, Protocols};
 
 /// Largest request head accepted (request line and headers together); past it
 /// HTTP/1 answers 431.
@@ -216,10 +216,9 @@ pub async fn run(
     let header_read_timeout = config.server.header_read_timeout;
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
-        .timer(TokioTimer::new())
-        // The first request head is timed by `connection::serve` (which
-        // answers 408); this closes connections that idle between requests.
-        .header_read_timeout(header_read_timeout + Duration::from_secs(1))
+        // Request heads and idle connections are timed by
+        // `connection::serve`, once per connection rather than per request.
+        .header_read_timeout(None)
         // 431 past this: enforced on the parsed head, not left to where
         // the read buffer happens to fill up.
         .max_header_size(MAX_HEAD_BYTES)
@@ -236,7 +235,7 @@ pub async fn run(
     let protocols = Arc::new(Protocols {
         http1,
         http2,
-        first_head_timeout: header_read_timeout,
+        idle_timeout: header_read_timeout,
     });
 
     let connections = Arc::new(Connections::default());
@@ -264,21 +263,25 @@ pub async fn run(
                     }
                 };
                 let open = connections.open(shared.metrics.open_connections.clone());
-                let started = Arc::new(AtomicBool::new(false));
-                let seen = Arc::clone(&started);
                 let shared = Arc::clone(&shared);
-                let client = Arc::new(Peer::new(peer));
+                let client = Arc::new(Client {
+                    peer: Peer::new(peer),
+                    activity: Activity::default(),
+                });
+                let on_connection = Arc::clone(&client);
                 let service = service_fn(move |request| {
-                    seen.store(true, Ordering::Relaxed);
                     let shared = Arc::clone(&shared);
                     let client = Arc::clone(&client);
-                    async move { Ok::<_, Infallible>(handle(&shared, &client, request).await) }
+                    async move {
+                        let _busy = client.activity.begin();
+                        Ok::<_, Infallible>(handle(&shared, &client.peer, request).await)
+                    }
                 });
                 let protocols = Arc::clone(&protocols);
                 let connections = Arc::clone(&connections);
                 tokio::spawn(async move {
                     let _open = open;
-                    match connection::serve(stream, service, &started, &protocols, &connections).await {
+                    match connection::serve(stream, service, &on_connection.activity, &protocols, &connections).await {
                         Ended::Served(None) => {}
                         Ended::Served(Some(e)) => {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -326,6 +329,12 @@ fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Option<PathA
             PathAndQuery::try_from(text).ok()
         }
     }
+}
+
+/// The client end of a connection, as its requests see it.
+struct Client {
+    peer: Peer,
+    activity: Activity,
 }
 
 /// Splits a connection into the stream hyper serves and a spare handle on

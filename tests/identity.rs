@@ -354,6 +354,77 @@ async fn the_head_timeout_ends_once_the_first_head_has_arrived() {
     );
 }
 
+/// Reads one answer's status line from a keep-alive connection.
+async fn status_line(s: &mut tokio::net::TcpStream) -> String {
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer, not silence")
+        .expect("read");
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Waits for floodgate to close `s`, and says how long that took.
+async fn closed_after(s: &mut tokio::net::TcpStream) -> Duration {
+    let start = std::time::Instant::now();
+    let mut buf = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("the connection was left open");
+    assert!(matches!(read, Ok(0)), "{read:?}");
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn keep_alive_connections_close_once_idle_for_the_head_timeout() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
+         [[routes]]\nname = \"a\"\nupstream = \"{}\"\n",
+        upstream.url()
+    ))
+    .await;
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    s.write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    // Idle for less than the timeout: still open.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    s.write_all(b"GET /two HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    // A request that takes three timeouts is answered, on a connection that
+    // has served requests before.
+    s.write_all(b"GET /slow?ms=900 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    // Then idle: closed, but not before the timeout.
+    let idle = closed_after(&mut s).await;
+    assert!(idle >= Duration::from_millis(250), "closed after {idle:?}");
+
+    // A connection dribbling its second head is closed too.
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    s.write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    s.write_all(b"GET /two HTTP/1.1\r\nHo")
+        .await
+        .expect("write");
+    closed_after(&mut s).await;
+}
+
 fn key_text(client: &ClientId) -> String {
     let mut s = String::new();
     write_client(&mut s, client);

@@ -1,12 +1,22 @@
 //! One client connection's life: which protocol it speaks, the deadline for
-//! its first request head, and finishing its requests when floodgate shuts
-//! down.
+//! its first request head, closing it once idle, and finishing its requests
+//! when floodgate shuts down.
 //!
 //! The protocol is told from the client's first bytes, read with `MSG_PEEK`
 //! so that they stay for hyper, which then serves the connection with its
 //! HTTP/1 or HTTP/2 connection directly. (hyper-util's protocol detection
 //! reads them itself and wraps every later read and write of the connection
 //! to replay them: work on every request, for a question settled once.)
+//!
+//! Timing is per connection, not per request. One timer ticks four times per
+//! `header_read_timeout`; a tick that finds no request started since the
+//! last one, and none in flight, is idle, and four idle ticks in a row close
+//! the connection (408 if it never sent a request head). So a first head
+//! must arrive within the timeout, an idle keep-alive connection (or one
+//! dribbling its next head) is closed between one and one and a quarter
+//! timeouts after its last request, and a request pays one flag and one
+//! counter instead of a timer of its own. (hyper's own `header_read_timeout`
+//! boxes, registers and cancels a timer for every request head.)
 //!
 //! Shutdown is a flag read on each poll, and one wakeup registered per
 //! connection, rather than a watch future polled along with every request.
@@ -41,8 +51,9 @@ pub struct Protocols {
     pub http1: http1::Builder,
     /// HTTP/2 connections (prior knowledge: `h2c` without upgrade).
     pub http2: http2::Builder<TokioExecutor>,
-    /// How long a client may take to send its first request head.
-    pub first_head_timeout: Duration,
+    /// How long a client may take to send its first request head, and how
+    /// long a keep-alive connection may idle.
+    pub idle_timeout: Duration,
 }
 
 /// The connections being served, so that shutdown can ask each one to
@@ -109,21 +120,72 @@ impl Drop for Open {
     }
 }
 
+/// What the requests on one connection are doing, as the connection's timer
+/// sees it.
+#[derive(Debug, Default)]
+pub struct Activity {
+    /// A request has started since the timer last looked.
+    requested: AtomicBool,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    /// Marks a request as started; it counts as in flight until the guard is
+    /// dropped (when its response head is ready).
+    pub fn begin(&self) -> Busy<'_> {
+        self.requested.store(true, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Busy(self)
+    }
+
+    /// Whether a request started since the last look, and if not, whether
+    /// one is still in flight.
+    fn look(&self) -> Tick {
+        if self.requested.swap(false, Ordering::Relaxed) {
+            Tick::Requested
+        } else if self.in_flight.load(Ordering::Relaxed) > 0 {
+            Tick::Busy
+        } else {
+            Tick::Idle
+        }
+    }
+}
+
+/// A request in flight.
+#[derive(Debug)]
+pub struct Busy<'a>(&'a Activity);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a timer tick found.
+enum Tick {
+    Requested,
+    Busy,
+    Idle,
+}
+
+/// Ticks per idle timeout.
+const TICKS: u32 = 4;
+
 /// How a connection ended.
 pub enum Ended {
-    /// Served until the client or shutdown closed it; hyper's error, if any.
+    /// Served until the client, idleness or shutdown closed it; hyper's
+    /// error, if any.
     Served(Option<Box<dyn StdError + Send + Sync>>),
-    /// The first request head did not arrive in time.
+    /// An HTTP/1 connection's first request head did not arrive in time.
     FirstHeadTimedOut,
 }
 
-/// Serves `stream` with `service` until the connection ends. `started` is
-/// set by the service when a request arrives, which ends the first-head
-/// deadline.
+/// Serves `stream` with `service` until the connection ends. The service
+/// reports its requests to `activity`.
 pub async fn serve<S, B>(
     stream: TcpStream,
     service: S,
-    started: &AtomicBool,
+    activity: &Activity,
     protocols: &Protocols,
     connections: &Connections,
 ) -> Ended
@@ -135,7 +197,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
-    let mut deadline = pin!(Some(tokio::time::sleep(protocols.first_head_timeout)));
+    let accepted = tokio::time::Instant::now();
     let mut close = pin!(connections.close.notified());
     close.as_mut().enable();
     if connections.closing.load(Ordering::Acquire) {
@@ -145,20 +207,34 @@ where
     let protocol = tokio::select! {
         biased;
         () = &mut close => return Ended::Served(None),
-        () = until(deadline.as_mut()) => return Ended::FirstHeadTimedOut,
+        () = tokio::time::sleep_until(accepted + protocols.idle_timeout) => {
+            return Ended::FirstHeadTimedOut;
+        }
         protocol = protocol(&stream) => protocol,
     };
     let io = TokioIo::new(stream);
+    // Ticks from the accept: any that passed while waiting for the first
+    // bytes fire at once, and count as idle.
+    let tick = protocols.idle_timeout / TICKS;
+    let timer = Timer {
+        sleep: tokio::time::sleep_until(accepted + tick),
+        tick,
+        activity,
+    };
     match protocol {
         // Closed, or reset, before sending anything.
         Ok(None) | Err(_) => Ended::Served(None),
         Ok(Some(Protocol::Http1)) => {
             let connection = protocols.http1.serve_connection(io, service);
-            drive(connection, started, deadline, close, connections).await
+            drive(connection, timer, close, connections).await
         }
         Ok(Some(Protocol::Http2)) => {
             let connection = protocols.http2.serve_connection(io, service);
-            drive(connection, started, deadline, close, connections).await
+            match drive(connection, timer, close, connections).await {
+                // No HTTP/1 answer on an HTTP/2 connection.
+                Ended::FirstHeadTimedOut => Ended::Served(None),
+                ended => ended,
+            }
         }
     }
 }
@@ -194,20 +270,18 @@ async fn protocol(stream: &TcpStream) -> std::io::Result<Option<Protocol>> {
     }
 }
 
-/// Completes when `deadline` passes; never if there is none.
-async fn until(deadline: Pin<&mut Option<Sleep>>) {
-    match deadline.as_pin_mut() {
-        Some(sleep) => sleep.await,
-        None => std::future::pending().await,
-    }
+/// A connection's idle timer.
+struct Timer<'a> {
+    sleep: Sleep,
+    tick: Duration,
+    activity: &'a Activity,
 }
 
 /// Polls `connection` to its end, closing it gracefully once shutdown
-/// begins and giving up on it if its first request head is late.
+/// begins or it has idled for four ticks of `timer`.
 async fn drive<C>(
     connection: C,
-    started: &AtomicBool,
-    mut deadline: Pin<&mut Option<Sleep>>,
+    timer: Timer<'_>,
     mut close: Pin<&mut tokio::sync::futures::Notified<'_>>,
     connections: &Connections,
 ) -> Ended
@@ -216,39 +290,69 @@ where
     C::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
     let mut connection = pin!(connection);
+    let Timer {
+        sleep,
+        tick,
+        activity,
+    } = timer;
+    let mut sleep = pin!(sleep);
     // The shutdown wakeup is registered by the first poll; after that only
     // the flag is read, and the wakeup reaches this task through that one
-    // registration.
-    let mut registered = false;
+    // registration. Likewise the timer is polled once per tick, to register
+    // this task's waker, and otherwise only asked whether it has fired.
+    let mut close_registered = false;
+    let mut timer_registered = false;
     let mut closing = false;
+    let mut served_any = false;
+    let mut idle_ticks = 0;
     std::future::poll_fn(|cx| {
-        if !closing {
-            let shutting_down = if registered {
-                connections.closing.load(Ordering::Acquire)
+        loop {
+            if !closing {
+                let shutting_down = if close_registered {
+                    connections.closing.load(Ordering::Acquire)
+                } else {
+                    close_registered = true;
+                    close.as_mut().poll(cx).is_ready()
+                };
+                if shutting_down {
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+            if let Poll::Ready(result) = connection.as_mut().poll(cx) {
+                return Poll::Ready(Ended::Served(result.err().map(Into::into)));
+            }
+            let fired = if timer_registered {
+                sleep.is_elapsed()
             } else {
-                registered = true;
-                close.as_mut().poll(cx).is_ready()
+                timer_registered = true;
+                sleep.as_mut().poll(cx).is_ready()
             };
-            if shutting_down {
-                closing = true;
-                connection.as_mut().graceful_shutdown();
+            if !fired {
+                return Poll::Pending;
             }
-        }
-        if let Poll::Ready(result) = connection.as_mut().poll(cx) {
-            return Poll::Ready(Ended::Served(result.err().map(Into::into)));
-        }
-        // The first request head must arrive in time. Once it has, the
-        // timer is dropped rather than polled along with every request.
-        if started.load(Ordering::Relaxed) {
-            if deadline.is_some() {
-                deadline.set(None);
+            match activity.look() {
+                Tick::Requested => {
+                    served_any = true;
+                    idle_ticks = 0;
+                }
+                Tick::Busy => idle_ticks = 0,
+                Tick::Idle => idle_ticks += 1,
             }
-        } else if let Some(sleep) = deadline.as_mut().as_pin_mut()
-            && sleep.poll(cx).is_ready()
-        {
-            return Poll::Ready(Ended::FirstHeadTimedOut);
+            if idle_ticks < TICKS || closing {
+                let next = sleep.deadline() + tick;
+                sleep.as_mut().reset(next);
+                timer_registered = false;
+                continue;
+            }
+            if !served_any {
+                return Poll::Ready(Ended::FirstHeadTimedOut);
+            }
+            // Idle (or dribbling its next head): hyper closes an idle
+            // connection at once and finishes one in flight first.
+            closing = true;
+            connection.as_mut().graceful_shutdown();
         }
-        Poll::Pending
     })
     .await
 }
