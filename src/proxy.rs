@@ -5,6 +5,7 @@
 //! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host`.
 
 use std::net::SocketAddr;
+use std::time::Instant;
 
 use http::header::{CONNECTION, HOST, HeaderName, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::uri::PathAndQuery;
@@ -62,13 +63,15 @@ impl Forwarder {
     }
 
     /// Forwards `request` to `upstream` as `path_and_query`, on behalf of
-    /// `peer`. Never fails: upstream trouble becomes 502 or 504.
+    /// `peer`; `now` is when forwarding began (the upstream timeout runs
+    /// from it). Never fails: upstream trouble becomes 502 or 504.
     pub async fn forward(
         &self,
         upstream: &Upstream,
         mut request: Request<Incoming>,
         path_and_query: PathAndQuery,
         peer: &Peer,
+        now: Instant,
     ) -> Response<Body> {
         let original_host = request
             .uri()
@@ -90,7 +93,10 @@ impl Forwarder {
         headers.insert(HOST, upstream.host_header.clone());
 
         let pool = self.pools.get_in(&upstream.pool, &upstream.authority);
-        let answer = tokio::time::timeout(upstream.timeout, pool.send(request)).await;
+        // The caller's clock reading serves the deadline and the pool's idle
+        // bookkeeping: no more reads of the clock per request.
+        let deadline = tokio::time::Instant::from_std(now) + upstream.timeout;
+        let answer = tokio::time::timeout_at(deadline, pool.send(request, now)).await;
         match answer {
             Ok(Ok(mut upstream_response)) => {
                 strip_hop_by_hop(upstream_response.headers_mut());

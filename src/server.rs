@@ -460,7 +460,7 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
             let started = Instant::now();
             let response = shared
                 .forwarder
-                .forward(upstream, request, path_and_query, peer)
+                .forward(upstream, request, path_and_query, peer, started)
                 .await;
             counts.upstream(response.status().as_u16(), started.elapsed());
             response

@@ -135,13 +135,15 @@ impl Pool {
     /// Sends `request` (origin-form target, `Host` set) on an idle
     /// connection, or a new one. A request that an idle connection refused
     /// unsent (the upstream had just closed it) is sent on the next one; a
-    /// request that was sent is never repeated.
+    /// request that was sent is never repeated. `now` is when the request
+    /// began: connections are judged idle, and later count as idle, from it.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<Incoming>,
+        now: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         loop {
-            let (mut sender, fresh) = match self.checkout().await {
+            let (mut sender, fresh) = match self.checkout(now).await {
                 Some(sender) => (sender, false),
                 // Boxed: connecting is rare and its future large.
                 None => (
@@ -152,7 +154,7 @@ impl Pool {
             match sender.try_send_request(request).await {
                 Ok(response) => {
                     let pool = Arc::clone(self);
-                    return Ok(response.map(|body| PooledBody::new(body, sender, pool)));
+                    return Ok(response.map(|body| PooledBody::new(body, sender, pool, now)));
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if !fresh => request = unsent,
@@ -163,8 +165,7 @@ impl Pool {
     }
 
     /// The most recently returned connection that is still open.
-    async fn checkout(&self) -> Option<SendRequest<Incoming>> {
-        let now = Instant::now();
+    async fn checkout(&self, now: Instant) -> Option<SendRequest<Incoming>> {
         loop {
             let idle = self.idle().pop()?;
             if !idle.usable(now) {
@@ -209,16 +210,15 @@ impl Pool {
         Ok(sender)
     }
 
-    fn put_back(&self, sender: SendRequest<Incoming>) {
+    /// Returns a connection whose last request began at `since`: it is
+    /// counted as idle from then, which errs toward closing it early.
+    fn put_back(&self, sender: SendRequest<Incoming>, since: Instant) {
         if sender.is_closed() {
             return;
         }
         let mut idle = self.idle();
         if idle.len() < MAX_IDLE {
-            idle.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
+            idle.push(Idle { sender, since });
         }
     }
 }
@@ -230,21 +230,29 @@ pub struct PooledBody {
     inner: Incoming,
     /// The connection, until it is returned or dropped.
     connection: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+    /// When the request began.
+    since: Instant,
     ended: bool,
 }
 
 impl PooledBody {
-    fn new(inner: Incoming, sender: SendRequest<Incoming>, pool: Arc<Pool>) -> Self {
+    fn new(
+        inner: Incoming,
+        sender: SendRequest<Incoming>,
+        pool: Arc<Pool>,
+        since: Instant,
+    ) -> Self {
         Self {
             inner,
             connection: Some((sender, pool)),
+            since,
             ended: false,
         }
     }
 
     fn release(&mut self) {
         if let Some((sender, pool)) = self.connection.take() {
-            pool.put_back(sender);
+            pool.put_back(sender, self.since);
         }
     }
 }

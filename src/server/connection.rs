@@ -215,7 +215,7 @@ where
     let io = TokioIo::new(stream);
     // Ticks from the accept: any that passed while waiting for the first
     // bytes fire at once, and count as idle.
-    let tick = protocols.idle_timeout / TICKS;
+    let tick = (protocols.idle_timeout / TICKS).max(Duration::from_millis(1));
     let timer = Timer {
         sleep: tokio::time::sleep_until(accepted + tick),
         tick,
