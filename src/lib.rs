@@ -9,7 +9,7 @@
 //! | [`client`] | who is asking? |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome |
-//! | [`proxy`] | forward it upstream and stream the answer back, over [`proxy::pool`]'s keep-alive connections |
+//! | [`proxy`] | forward it upstream and stream the answer back, over [`proxy::pool`]'s keep-alive connections, speaking HTTP/1.1 with [`proxy::http1`] |
 //! | [`response`] | floodgate's own answers and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |

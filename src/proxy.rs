@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use crate::response::{self, Body};
 use crate::routes::Upstream;
 
+pub mod http1;
 pub mod pool;
 
 use pool::{Pools, SendError};

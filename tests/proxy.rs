@@ -365,3 +365,247 @@ async fn upstream_connections_are_reused_only_when_clean() {
     );
     assert_eq!(upstream.connections(), 3);
 }
+
+/// An upstream that answers each request head it reads with the next of
+/// `answers`, byte for byte, and closes the connection after any answer
+/// marked to close. Counts the connections it accepted.
+struct ScriptedUpstream {
+    addr: std::net::SocketAddr,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ScriptedUpstream {
+    async fn start(answers: Vec<(&'static [u8], bool)>) -> Self {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = std::sync::Arc::clone(&connections);
+        let answers = std::sync::Arc::new(std::sync::Mutex::new(answers.into_iter()));
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let answers = std::sync::Arc::clone(&answers);
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        // One request head; a body is read past, never kept.
+                        while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let keep = seen.len().saturating_sub(3);
+                            seen.drain(..keep);
+                            match stream.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        seen.clear();
+                        let next = answers.lock().expect("answers").next();
+                        let Some((answer, close)) = next else { return };
+                        if stream.write_all(answer).await.is_err() || close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            connections,
+            task,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn upstream_answers_of_every_framing_reach_the_client_whole() {
+    let upstream = ScriptedUpstream::start(vec![
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+              5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: t\r\n\r\n",
+            false,
+        ),
+        (
+            b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>\r\n\r\n\
+              HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-final: 1\r\n\r\nfinal",
+            false,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", false),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the upstream closes",
+            true,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nafter", false),
+    ])
+    .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let client = TestClient::http1();
+
+    let chunked = client.get(&gate.url("/chunked"), &[]).await;
+    assert_eq!(chunked.status, 200);
+    assert_eq!(chunked.text(), "hello world");
+    assert_eq!(chunked.header("x-trailer"), None);
+
+    let after_hints = client.get(&gate.url("/hints"), &[]).await;
+    assert_eq!(after_hints.status, 200);
+    assert_eq!(after_hints.text(), "final");
+    assert_eq!(after_hints.header("x-final"), Some("1"));
+
+    let empty = client.get(&gate.url("/empty"), &[]).await;
+    assert_eq!(empty.status, 200);
+    assert_eq!(empty.text(), "");
+    assert_eq!(upstream.connections(), 1, "three answers on one connection");
+
+    let until_close = client.get(&gate.url("/until-close"), &[]).await;
+    assert_eq!(until_close.status, 200);
+    assert_eq!(until_close.text(), "until the upstream closes");
+
+    let after = client.get(&gate.url("/after"), &[]).await;
+    assert_eq!(after.text(), "after");
+    assert_eq!(
+        upstream.connections(),
+        2,
+        "a connection whose body ended with it is not reused"
+    );
+}
+
+#[tokio::test]
+async fn malformed_upstream_answers_are_502() {
+    let upstream = ScriptedUpstream::start(vec![
+        (b"this is not HTTP\r\n\r\n", true),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nxx",
+            true,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
+    ])
+    .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/garbage"), &[]).await.status, 502);
+    assert_eq!(client.get(&gate.url("/two-lengths"), &[]).await.status, 502);
+    // The head was fine, so the 200 may already be on its way when the body
+    // breaks off; either way the answer must not pass for complete.
+    let short = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>()
+        .get(gate.url("/short").parse().expect("uri"))
+        .await;
+    if let Ok(short) = short {
+        assert_eq!(short.status(), 200);
+        let body = http_body_util::BodyExt::collect(short.into_body()).await;
+        assert!(body.is_err(), "a body cut short was passed off as whole");
+    }
+    // And floodgate goes on serving.
+    let ok = client.get(&gate.url("/ok"), &[]).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.text(), "ok");
+}
+
+/// A request body of unknown length, sent in `chunks` pieces of 1 KiB.
+struct UnknownLength {
+    chunks: usize,
+}
+
+impl hyper::body::Body for UnknownLength {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        if self.chunks == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.chunks -= 1;
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
+            bytes::Bytes::from_static(&[b'u'; 1024]),
+        ))))
+    }
+}
+
+#[tokio::test]
+async fn request_bodies_of_unknown_length_are_sent_chunked() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(
+            tokio::net::TcpStream::connect(gate.addr)
+                .await
+                .expect("connect"),
+        ))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    for chunks in [300, 1, 0] {
+        let request = Request::post(gate.url("/upload"))
+            .body(UnknownLength { chunks })
+            .expect("request");
+        let response = sender.send_request(request).await.expect("response");
+        assert_eq!(response.status(), 200);
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        assert_eq!(body, (chunks * 1024).to_string());
+        sender.ready().await.expect("connection reusable");
+    }
+    // The upstream saw the framing floodgate chose.
+    let echo = TestClient::http1()
+        .send(
+            Request::post(gate.url("/echo"))
+                .body(text_body("known"))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(echo.echoed_header("content-length"), Some("5".to_owned()));
+    assert_eq!(echo.echoed_header("transfer-encoding"), None);
+}
+
+#[tokio::test]
+async fn an_answer_before_the_upload_ends_is_relayed_and_its_connection_dropped() {
+    let upstream = ScriptedUpstream::start(vec![
+        (
+            b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 8\r\n\r\ntoo big!",
+            false,
+        ),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nnext!", false),
+    ])
+    .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let client = TestClient::http1();
+    // Far more than the socket buffers hold, so the upstream's answer comes
+    // while floodgate is still sending.
+    let upload = Request::post(gate.url("/upload"))
+        .body(http_body_util::Either::Right(Generated::new(
+            64 * 1024 * 1024,
+        )))
+        .expect("request");
+    let answer = tokio::time::timeout(Duration::from_secs(10), client.send(upload))
+        .await
+        .expect("the early answer arrives while the upload is still going");
+    assert_eq!(answer.status, 413);
+    assert_eq!(answer.text(), "too big!");
+    let next = client.get(&gate.url("/next"), &[]).await;
+    assert_eq!(next.text(), "next!");
+    assert_eq!(
+        upstream.connections(),
+        2,
+        "the connection with an unsent body was not reused"
+    );
+}

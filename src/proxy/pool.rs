@@ -11,7 +11,8 @@
 //!
 //! This is a deliberately small pool: compared with hyper-util's general
 //! client it spends no hashing, boxing or extra task per request, which
-//! matters on a proxy's hot path (see bench/RESULTS.md).
+//! matters on a proxy's hot path (see bench/RESULTS.md). Requests are
+//! written and answers read by [`super::http1`], from the client's task.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -23,9 +24,9 @@ use bytes::Bytes;
 use http::uri::Authority;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+
+use super::http1::{self, Connection, Framing};
 
 /// How long an unused connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -42,7 +43,7 @@ pub enum SendError {
     /// No connection could be opened.
     Connect(std::io::Error),
     /// A connection took the request and failed before answering.
-    Failed(hyper::Error),
+    Failed(http1::Error),
 }
 
 impl std::fmt::Display for SendError {
@@ -110,13 +111,13 @@ pub struct Pool {
 
 #[derive(Debug)]
 struct Idle {
-    sender: SendRequest<Incoming>,
+    connection: Connection,
     since: Instant,
 }
 
 impl Idle {
     fn usable(&self, now: Instant) -> bool {
-        !self.sender.is_closed() && now.saturating_duration_since(self.since) < IDLE_TIMEOUT
+        now.saturating_duration_since(self.since) < IDLE_TIMEOUT && !self.connection.is_closed()
     }
 }
 
@@ -133,54 +134,44 @@ impl Pool {
     }
 
     /// Sends `request` (origin-form target, `Host` set) on an idle
-    /// connection, or a new one. A request that an idle connection refused
-    /// unsent (the upstream had just closed it) is sent on the next one; a
-    /// request that was sent is never repeated. `now` is when the request
-    /// began: connections are judged idle, and later count as idle, from it.
+    /// connection, or a new one, and reads the answer's head. An idle
+    /// connection is checked before the request goes out on it (the
+    /// upstream may have closed it); a request that was sent is never
+    /// repeated. `now` is when the request began: connections are judged
+    /// idle, and later count as idle, from it.
     pub async fn send(
         self: &Arc<Self>,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
         now: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
-        loop {
-            let (mut sender, fresh) = match self.checkout(now).await {
-                Some(sender) => (sender, false),
-                // Boxed: connecting is rare and its future large.
-                None => (
-                    Box::pin(self.connect()).await.map_err(SendError::Connect)?,
-                    true,
-                ),
-            };
-            match sender.try_send_request(request).await {
-                Ok(response) => {
-                    let pool = Arc::clone(self);
-                    return Ok(response.map(|body| PooledBody::new(body, sender, pool, now)));
-                }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if !fresh => request = unsent,
-                    _ => return Err(SendError::Failed(e.into_error())),
-                },
-            }
-        }
+        let mut connection = match self.checkout(now) {
+            Some(connection) => connection,
+            // Boxed: connecting is rare and its future large.
+            None => Box::pin(self.connect()).await.map_err(SendError::Connect)?,
+        };
+        let answer = connection.send(request).await.map_err(SendError::Failed)?;
+        let body = PooledBody {
+            connection: Some(connection),
+            framing: answer.body,
+            reusable: answer.reusable,
+            pool: Arc::clone(self),
+            since: now,
+            broken: None,
+        };
+        Ok(Response::from_parts(answer.head, body))
     }
 
     /// The most recently returned connection that is still open.
-    async fn checkout(&self, now: Instant) -> Option<SendRequest<Incoming>> {
+    fn checkout(&self, now: Instant) -> Option<Connection> {
         loop {
             let idle = self.idle().pop()?;
-            if !idle.usable(now) {
-                continue;
-            }
-            let mut sender = idle.sender;
-            // Returned after its response ended, so this is ready at once or
-            // as soon as its connection task has seen the end.
-            if sender.ready().await.is_ok() {
-                return Some(sender);
+            if idle.usable(now) {
+                return Some(idle.connection);
             }
         }
     }
 
-    async fn connect(&self) -> std::io::Result<SendRequest<Incoming>> {
+    async fn connect(&self) -> std::io::Result<Connection> {
         let connecting = async {
             if self.authority.port().is_some() {
                 TcpStream::connect(self.authority.as_str()).await
@@ -194,98 +185,92 @@ impl Pool {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
             })??;
         stream.set_nodelay(true)?;
-        let (sender, connection) = http1::Builder::new()
-            // One buffer and one write per request, as toward clients (see
-            // server.rs).
-            .writev(false)
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(std::io::Error::other)?;
-        let authority = self.authority.clone();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(upstream = %authority, error = %e, "upstream connection ended");
-            }
-        });
-        Ok(sender)
+        Ok(Connection::new(stream))
     }
 
     /// Returns a connection whose last request began at `since`: it is
     /// counted as idle from then, which errs toward closing it early.
-    fn put_back(&self, sender: SendRequest<Incoming>, since: Instant) {
-        if sender.is_closed() {
-            return;
-        }
+    fn put_back(&self, connection: Connection, since: Instant) {
         let mut idle = self.idle();
         if idle.len() < MAX_IDLE {
-            idle.push(Idle { sender, since });
+            idle.push(Idle { connection, since });
         }
     }
 }
 
-/// An upstream response body that hands its connection back to the pool
-/// once read to the end.
+/// An upstream response body, read from its connection as the client's
+/// side asks for it; the connection goes back to the pool once the body has
+/// been read to the end, if it can carry another request.
 #[derive(Debug)]
 pub struct PooledBody {
-    inner: Incoming,
     /// The connection, until it is returned or dropped.
-    connection: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+    connection: Option<Connection>,
+    framing: Framing,
+    reusable: bool,
+    pool: Arc<Pool>,
     /// When the request began.
     since: Instant,
-    ended: bool,
+    /// The connection broke; reported on the next poll, after the client's
+    /// side has sent what came before it.
+    broken: Option<http1::Error>,
 }
 
 impl PooledBody {
-    fn new(
-        inner: Incoming,
-        sender: SendRequest<Incoming>,
-        pool: Arc<Pool>,
-        since: Instant,
-    ) -> Self {
-        Self {
-            inner,
-            connection: Some((sender, pool)),
-            since,
-            ended: false,
-        }
-    }
-
     fn release(&mut self) {
-        if let Some((sender, pool)) = self.connection.take() {
-            pool.put_back(sender, self.since);
+        if let Some(connection) = self.connection.take()
+            && self.reusable
+        {
+            self.pool.put_back(connection, self.since);
         }
     }
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = http1::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => {
-                self.ended = true;
-                self.release();
-            }
-            Poll::Ready(Some(Err(_))) => {
-                // The connection is broken; never reuse it.
-                self.connection = None;
-            }
-            _ => {}
+    ) -> Poll<Option<Result<Frame<Bytes>, http1::Error>>> {
+        let this = &mut *self;
+        if let Some(e) = this.broken.take() {
+            return Poll::Ready(Some(Err(e)));
         }
-        polled
+        let Some(connection) = this.connection.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match this.framing.poll_next(connection, cx) {
+            Poll::Ready(None) => {
+                this.release();
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(data))) => {
+                if this.framing.is_done() {
+                    this.release();
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // The connection is broken; never reuse it. The error waits
+                // one poll, so that what was read before it (the head, and
+                // data already read along with it) goes out first and the
+                // client sees an answer cut short rather than none.
+                this.connection = None;
+                this.broken = Some(e);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended || self.inner.is_end_stream()
+        self.framing.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        http1::size_hint(self.framing)
     }
 }
 
@@ -293,7 +278,7 @@ impl Drop for PooledBody {
     fn drop(&mut self) {
         // A body never polled because it was empty (HEAD, 204, 304,
         // `Content-Length: 0`) also leaves its connection reusable.
-        if self.ended || self.inner.is_end_stream() {
+        if self.framing.is_done() {
             self.release();
         }
     }

@@ -1,0 +1,683 @@
+//! HTTP/1.1 to an upstream, on a connection the request's own task drives.
+//!
+//! A proxied request is written and its answer read by the task that serves
+//! the client, with no second task, channel or dispatcher in between: the
+//! request head is written from one reused buffer, the response head parsed
+//! with httparse straight into the header map the client will be sent, and
+//! the response body read as the client's side asks for it. The connection
+//! stays with the response body until that ends; then it goes back to its
+//! pool (see [`super::pool`]) if it can carry another request.
+//!
+//! What is handled, as RFC 9112 asks of a client: request bodies of known
+//! length or sent chunked; interim 1xx answers skipped; response bodies
+//! framed by `Content-Length`, by chunked coding (decoded; trailers dropped)
+//! or by the connection's close; no body for `HEAD`, 204 and 304; a
+//! connection that saw `Connection: close`, an HTTP/1.0 answer without
+//! keep-alive, an answer that came before its request was sent whole, or any
+//! error, is never reused.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use hyper::body::{Body, Incoming, SizeHint};
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Most header fields accepted in an upstream's response head.
+const MAX_HEADERS: usize = 100;
+/// Largest response head accepted.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// The read buffer's size when a new one is needed.
+const READ_SIZE: usize = 16 * 1024;
+/// Room below which a new read buffer is made before reading.
+const MIN_READ: usize = 2 * 1024;
+/// Longest chunk-size line (with extensions) accepted in a chunked body.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+
+/// Why an exchange with the upstream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading or writing the connection failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The upstream closed the connection before its answer was complete.
+    #[error("the upstream closed the connection before its answer was complete")]
+    Closed,
+    /// The upstream's answer is not HTTP/1.1 that floodgate can relay.
+    #[error("the upstream's answer is malformed: {0}")]
+    Malformed(&'static str),
+    /// The client's request body failed while it was being sent.
+    #[error("the request body broke off: {0}")]
+    RequestBody(hyper::Error),
+}
+
+/// One keep-alive connection to an upstream.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    /// Bytes read from the upstream and not yet used.
+    read: BytesMut,
+    /// The request head being written; kept for the next one.
+    head: Vec<u8>,
+}
+
+/// The answer to a request, and whether its connection may carry another
+/// once the body has been read.
+pub struct Answer {
+    /// The response head.
+    pub head: http::response::Parts,
+    /// The response body, still to be read from the connection.
+    pub body: Framing,
+    /// The connection can take another request after this body.
+    pub reusable: bool,
+}
+
+impl Connection {
+    /// A connection over `stream`.
+    pub fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            read: BytesMut::new(),
+            head: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Whether the upstream has closed (or written out of turn on) this idle
+    /// connection. Costs no system call unless the socket reported an
+    /// event since it was last read.
+    pub fn is_closed(&self) -> bool {
+        if !self.read.is_empty() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Sends `request` (origin-form target, `Host` set, hop-by-hop headers
+    /// gone) and reads the answer's head. The body is left on the
+    /// connection, to be read with [`Framing::poll_next`].
+    pub async fn send(&mut self, request: Request<Incoming>) -> Result<Answer, Error> {
+        let (parts, body) = request.into_parts();
+        let head_only = parts.method == Method::HEAD;
+        let framing = self.write_head(&parts, &body);
+        drop(parts);
+
+        let mut sent_whole = true;
+        let answer = if framing == RequestFraming::None {
+            self.stream.write_all(&self.head).await?;
+            read_head(&mut self.stream, &mut self.read, head_only).await?
+        } else {
+            // The upstream may answer before it has read the whole body
+            // (with 413, say): read while writing.
+            let (mut reader, mut writer) = self.stream.split();
+            let mut sending = std::pin::pin!(send_body(&mut writer, &self.head, body, framing));
+            let mut reading = std::pin::pin!(read_head(&mut reader, &mut self.read, head_only));
+            let mut sent = false;
+            std::future::poll_fn(|cx| {
+                if !sent && let Poll::Ready(result) = sending.as_mut().poll(cx) {
+                    result?;
+                    sent = true;
+                }
+                let answer = ready!(reading.as_mut().poll(cx))?;
+                sent_whole = sent;
+                Poll::Ready(Ok::<_, Error>(answer))
+            })
+            .await?
+        };
+        let (head, body, keep_alive) = answer;
+        Ok(Answer {
+            head,
+            body,
+            reusable: keep_alive && sent_whole,
+        })
+    }
+
+    /// Writes the request head into `self.head`, with the framing its body
+    /// needs.
+    fn write_head(&mut self, parts: &http::request::Parts, body: &Incoming) -> RequestFraming {
+        let head = &mut self.head;
+        head.clear();
+        head.extend_from_slice(parts.method.as_str().as_bytes());
+        head.push(b' ');
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        head.extend_from_slice(target.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut has_length = false;
+        for (name, value) in &parts.headers {
+            has_length |= *name == CONTENT_LENGTH;
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        let framing = if has_length {
+            RequestFraming::Length
+        } else if body.is_end_stream() {
+            // Methods that define a meaning for content say it is empty.
+            if matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+                head.extend_from_slice(b"content-length: 0\r\n");
+            }
+            RequestFraming::None
+        } else {
+            head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            RequestFraming::Chunked
+        };
+        head.extend_from_slice(b"\r\n");
+        if framing == RequestFraming::Length && body.is_end_stream() {
+            return RequestFraming::None;
+        }
+        framing
+    }
+}
+
+/// How a request's body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestFraming {
+    /// No body.
+    None,
+    /// As many bytes as its `Content-Length` says (hyper has checked it
+    /// against what the client sends).
+    Length,
+    /// Chunked: the client did not say how long it is.
+    Chunked,
+}
+
+/// Writes `head`, then `body` framed as `framing`.
+async fn send_body(
+    writer: &mut tokio::net::tcp::WriteHalf<'_>,
+    head: &[u8],
+    mut body: Incoming,
+    framing: RequestFraming,
+) -> Result<(), Error> {
+    writer.write_all(head).await?;
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(Error::RequestBody)?;
+        let Ok(data) = frame.into_data() else {
+            // Trailers are not passed on.
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if framing == RequestFraming::Chunked {
+            let size = format!("{:x}\r\n", data.len());
+            writer.write_all(size.as_bytes()).await?;
+            writer.write_all(&data).await?;
+            writer.write_all(b"\r\n").await?;
+        } else {
+            writer.write_all(&data).await?;
+        }
+    }
+    if framing == RequestFraming::Chunked {
+        writer.write_all(b"0\r\n\r\n").await?;
+    }
+    Ok(())
+}
+
+/// Reads one final response head (skipping 1xx answers) from `reader` into
+/// `buf`; returns it with how its body is framed and whether the
+/// connection may be kept.
+async fn read_head<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    head_only: bool,
+) -> Result<(http::response::Parts, Framing, bool), Error> {
+    loop {
+        if let Some(parsed) = parse_head(buf, head_only)? {
+            return Ok(parsed);
+        }
+        if buf.len() >= MAX_HEAD_BYTES {
+            return Err(Error::Malformed("response head too large"));
+        }
+        if read_more(reader, buf).await? == 0 {
+            return Err(Error::Closed);
+        }
+    }
+}
+
+/// Reads what the socket has into `buf`; 0 at the end of the stream.
+async fn read_more<R: AsyncRead + Unpin>(reader: &mut R, buf: &mut BytesMut) -> io::Result<usize> {
+    std::future::poll_fn(|cx| poll_read_more(Pin::new(&mut *reader), cx, buf)).await
+}
+
+fn poll_read_more<R: AsyncRead>(
+    reader: Pin<&mut R>,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    // A buffer serves many small answers before a new one is needed.
+    if buf.capacity() - buf.len() < MIN_READ {
+        buf.reserve(READ_SIZE);
+    }
+    let spare = buf.spare_capacity_mut();
+    let mut read = ReadBuf::uninit(spare);
+    ready!(reader.poll_read(cx, &mut read))?;
+    let n = read.filled().len();
+    // SAFETY: `poll_read` initialised the first `n` bytes of the spare
+    // capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Poll::Ready(Ok(n))
+}
+
+/// Parses a final response head at the start of `buf`, consuming it (and
+/// any 1xx heads before it); `None` if more bytes are needed.
+fn parse_head(
+    buf: &mut BytesMut,
+    head_only: bool,
+) -> Result<Option<(http::response::Parts, Framing, bool)>, Error> {
+    loop {
+        // Where each field's name and value are in the head: the head is
+        // split off the buffer before the fields become header values that
+        // share its bytes.
+        let mut spans = [[0u32; 4]; MAX_HEADERS];
+        let (len, code, minor, count) = {
+            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut fields);
+            let len = match response.parse(buf) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(Error::Malformed("too many header fields"));
+                }
+                Err(_) => return Err(Error::Malformed("not an HTTP/1 response head")),
+            };
+            if len > MAX_HEAD_BYTES {
+                return Err(Error::Malformed("response head too large"));
+            }
+            let base = buf.as_ptr() as usize;
+            let at = |part: &[u8]| (part.as_ptr() as usize - base) as u32;
+            for (span, field) in spans.iter_mut().zip(response.headers.iter()) {
+                let (name, value) = (at(field.name.as_bytes()), at(field.value));
+                *span = [
+                    name,
+                    name + field.name.len() as u32,
+                    value,
+                    value + field.value.len() as u32,
+                ];
+            }
+            (
+                len,
+                response.code.unwrap_or(0),
+                response.version,
+                response.headers.len(),
+            )
+        };
+        let status =
+            StatusCode::from_u16(code).map_err(|_| Error::Malformed("invalid status code"))?;
+        if status.is_informational() {
+            if status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(Error::Malformed("protocol upgrades are not relayed"));
+            }
+            buf.advance(len);
+            continue;
+        }
+        let version = if minor == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let head = buf.split_to(len).freeze();
+        // Room for the two RateLimit fields floodgate adds.
+        let mut headers = HeaderMap::with_capacity(count + 2);
+        let mut keep_alive = version == Version::HTTP_11;
+        let mut length: Option<u64> = None;
+        let mut chunked = false;
+        let mut coded = false;
+        for &[n0, n1, v0, v1] in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
+                .map_err(|_| Error::Malformed("invalid header name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
+                .map_err(|_| Error::Malformed("invalid header value"))?;
+            if name == CONTENT_LENGTH {
+                let n = parse_length(value.as_bytes())
+                    .ok_or(Error::Malformed("invalid Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(Error::Malformed("conflicting Content-Length"));
+                }
+                length = Some(n);
+            } else if name == TRANSFER_ENCODING {
+                coded = true;
+                chunked = last_coding_is_chunked(value.as_bytes());
+            } else if name == CONNECTION {
+                for token in value.as_bytes().split(|&b| b == b',') {
+                    let token = token.trim_ascii();
+                    if token.eq_ignore_ascii_case(b"close") {
+                        keep_alive = false;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        keep_alive |= version == Version::HTTP_10;
+                    }
+                }
+            }
+            headers.append(name, value);
+        }
+        let framing = if head_only
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            Framing::Length(0)
+        } else if coded {
+            if length.is_some() {
+                // Both: the coding wins (RFC 9112 §6.3), but such an answer
+                // may be an attempt at smuggling; the connection ends with it.
+                keep_alive = false;
+                headers.remove(CONTENT_LENGTH);
+            }
+            if chunked {
+                Framing::Chunked(Chunked::Size)
+            } else {
+                keep_alive = false;
+                Framing::UntilClose
+            }
+        } else if let Some(n) = length {
+            Framing::Length(n)
+        } else {
+            keep_alive = false;
+            Framing::UntilClose
+        };
+        let mut parts = Response::new(()).into_parts().0;
+        parts.status = status;
+        parts.version = version;
+        parts.headers = headers;
+        return Ok(Some((parts, framing, keep_alive)));
+    }
+}
+
+fn parse_length(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+fn last_coding_is_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+/// How the rest of a response body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// This many bytes are left.
+    Length(u64),
+    /// Chunked coding, at this point.
+    Chunked(Chunked),
+    /// Everything until the upstream closes.
+    UntilClose,
+}
+
+/// Where a chunked body's reader is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunked {
+    /// Before a chunk-size line.
+    Size,
+    /// In a chunk's data, with this much left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// In the trailer section after the last chunk.
+    Trailers,
+    /// Read to the end.
+    Done,
+}
+
+impl Framing {
+    /// Whether nothing is left to read.
+    pub fn is_done(self) -> bool {
+        matches!(self, Self::Length(0) | Self::Chunked(Chunked::Done))
+    }
+
+    /// Polls the next piece of body from `conn`: data, or `None` at the end.
+    pub fn poll_next(
+        &mut self,
+        conn: &mut Connection,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Error>>> {
+        loop {
+            match *self {
+                Self::Length(0) => return Poll::Ready(None),
+                Self::Length(left) => {
+                    if conn.read.is_empty() && ready!(conn.poll_fill(cx))? == 0 {
+                        return Poll::Ready(Some(Err(Error::Closed)));
+                    }
+                    let n = usize::try_from(left)
+                        .unwrap_or(usize::MAX)
+                        .min(conn.read.len());
+                    *self = Self::Length(left - n as u64);
+                    return Poll::Ready(Some(Ok(conn.read.split_to(n).freeze())));
+                }
+                Self::UntilClose => {
+                    if conn.read.is_empty() && ready!(conn.poll_fill(cx))? == 0 {
+                        *self = Self::Length(0);
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(conn.read.split().freeze())));
+                }
+                Self::Chunked(state) => match chunked_step(state, &mut conn.read)? {
+                    Step::Next(next, data) => {
+                        *self = Self::Chunked(next);
+                        if let Some(data) = data {
+                            return Poll::Ready(Some(Ok(data)));
+                        }
+                        if next == Chunked::Done {
+                            return Poll::Ready(None);
+                        }
+                    }
+                    Step::NeedMore => {
+                        if ready!(conn.poll_fill(cx))? == 0 {
+                            return Poll::Ready(Some(Err(Error::Closed)));
+                        }
+                    }
+                },
+            }
+        }
+    }
+}
+
+impl Connection {
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        poll_read_more(Pin::new(&mut self.stream), cx, &mut self.read)
+    }
+}
+
+enum Step {
+    Next(Chunked, Option<Bytes>),
+    NeedMore,
+}
+
+/// One step of decoding a chunked body from `buf`.
+fn chunked_step(state: Chunked, buf: &mut BytesMut) -> Result<Step, Error> {
+    match state {
+        Chunked::Size => {
+            let Some(end) = find_line(buf) else {
+                return if buf.len() > MAX_CHUNK_LINE {
+                    Err(Error::Malformed("chunk size line too long"))
+                } else {
+                    Ok(Step::NeedMore)
+                };
+            };
+            let line = &buf[..end];
+            let digits = line
+                .split(|&b| b == b';')
+                .next()
+                .unwrap_or(&[])
+                .trim_ascii();
+            if digits.is_empty() || digits.len() > 15 {
+                return Err(Error::Malformed("invalid chunk size"));
+            }
+            let mut size = 0u64;
+            for &d in digits {
+                let v = (d as char)
+                    .to_digit(16)
+                    .ok_or(Error::Malformed("invalid chunk size"))?;
+                size = size * 16 + u64::from(v);
+            }
+            buf.advance(end + 2);
+            Ok(Step::Next(
+                if size == 0 {
+                    Chunked::Trailers
+                } else {
+                    Chunked::Data(size)
+                },
+                None,
+            ))
+        }
+        Chunked::Data(left) => {
+            if buf.is_empty() {
+                return Ok(Step::NeedMore);
+            }
+            let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+            let data = buf.split_to(n).freeze();
+            let next = if n as u64 == left {
+                Chunked::DataEnd
+            } else {
+                Chunked::Data(left - n as u64)
+            };
+            Ok(Step::Next(next, Some(data)))
+        }
+        Chunked::DataEnd => {
+            if buf.len() < 2 {
+                return Ok(Step::NeedMore);
+            }
+            if &buf[..2] != b"\r\n" {
+                return Err(Error::Malformed("chunk data not followed by CRLF"));
+            }
+            buf.advance(2);
+            Ok(Step::Next(Chunked::Size, None))
+        }
+        Chunked::Trailers => {
+            let Some(end) = find_line(buf) else {
+                return if buf.len() > MAX_HEAD_BYTES {
+                    Err(Error::Malformed("trailer section too large"))
+                } else {
+                    Ok(Step::NeedMore)
+                };
+            };
+            buf.advance(end + 2);
+            Ok(Step::Next(
+                if end == 0 {
+                    Chunked::Done
+                } else {
+                    Chunked::Trailers
+                },
+                None,
+            ))
+        }
+        Chunked::Done => Ok(Step::Next(Chunked::Done, None)),
+    }
+}
+
+/// Where the first CRLF in `buf` starts.
+fn find_line(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\r\n")
+}
+
+/// The size hint for a body framed as `framing`.
+pub fn size_hint(framing: Framing) -> SizeHint {
+    match framing {
+        Framing::Length(n) => SizeHint::with_exact(n),
+        _ => SizeHint::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(wire: &[u8]) -> Result<Vec<u8>, Error> {
+        let mut buf = BytesMut::from(wire);
+        let mut state = Chunked::Size;
+        let mut out = Vec::new();
+        loop {
+            match chunked_step(state, &mut buf)? {
+                Step::Next(next, data) => {
+                    if let Some(d) = data {
+                        out.extend_from_slice(&d);
+                    }
+                    state = next;
+                    if state == Chunked::Done {
+                        return Ok(out);
+                    }
+                }
+                Step::NeedMore => return Err(Error::Closed),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_are_decoded_and_trailers_dropped() {
+        assert_eq!(
+            decode(b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-t: 1\r\n\r\n").ok(),
+            Some(b"hello, world".to_vec())
+        );
+        assert!(decode(b"zz\r\n").is_err());
+        assert!(decode(b"5\r\nhelloXX0\r\n\r\n").is_err());
+        assert!(matches!(decode(b"5\r\nhel"), Err(Error::Closed)));
+    }
+
+    #[test]
+    fn response_heads_say_how_their_bodies_end() {
+        let parse = |wire: &[u8], head_only| {
+            let mut buf = BytesMut::from(wire);
+            parse_head(&mut buf, head_only).map(|p| p.map(|(h, f, k)| (h.status, f, k)))
+        };
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", false).ok(),
+            Some(Some((StatusCode::OK, Framing::Length(3), true)))
+        );
+        assert_eq!(
+            parse(
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+                false
+            )
+            .ok(),
+            Some(Some((StatusCode::NO_CONTENT, Framing::Length(0), true)))
+        );
+        assert_eq!(
+            parse(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+                false
+            )
+            .ok(),
+            Some(Some((
+                StatusCode::OK,
+                Framing::Chunked(Chunked::Size),
+                true
+            )))
+        );
+        assert_eq!(
+            parse(
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 3\r\n\r\n",
+                false
+            )
+            .ok(),
+            Some(Some((StatusCode::OK, Framing::Length(3), false)))
+        );
+        assert_eq!(
+            parse(b"HTTP/1.0 200 OK\r\n\r\n", false).ok(),
+            Some(Some((StatusCode::OK, Framing::UntilClose, false)))
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n", true).ok(),
+            Some(Some((StatusCode::OK, Framing::Length(0), true)))
+        );
+        assert!(
+            parse(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                false
+            )
+            .is_err()
+        );
+        assert!(parse(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false).is_err());
+        assert!(matches!(
+            parse(b"HTTP/1.1 200 OK\r\ncontent-le", false),
+            Ok(None)
+        ));
+    }
+}
