@@ -17,6 +17,7 @@
 //! error, is never reused.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -273,11 +274,16 @@ fn parse_head(
         // Where each field's name and value are in the head: the head is
         // split off the buffer before the fields become header values that
         // share its bytes.
-        let mut spans = [[0u32; 4]; MAX_HEADERS];
+        let mut spans = [const { MaybeUninit::<[u32; 4]>::uninit() }; MAX_HEADERS];
         let (len, code, minor, count) = {
-            let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut response = httparse::Response::new(&mut fields);
-            let len = match response.parse(buf) {
+            let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut []);
+            let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+                &mut response,
+                buf,
+                &mut fields,
+            );
+            let len = match parsed {
                 Ok(httparse::Status::Complete(len)) => len,
                 Ok(httparse::Status::Partial) => return Ok(None),
                 Err(httparse::Error::TooManyHeaders) => {
@@ -292,12 +298,12 @@ fn parse_head(
             let at = |part: &[u8]| (part.as_ptr() as usize - base) as u32;
             for (span, field) in spans.iter_mut().zip(response.headers.iter()) {
                 let (name, value) = (at(field.name.as_bytes()), at(field.value));
-                *span = [
+                span.write([
                     name,
                     name + field.name.len() as u32,
                     value,
                     value + field.value.len() as u32,
-                ];
+                ]);
             }
             (
                 len,
@@ -327,11 +333,18 @@ fn parse_head(
         let mut length: Option<u64> = None;
         let mut chunked = false;
         let mut coded = false;
-        for &[n0, n1, v0, v1] in &spans[..count] {
+        for span in &spans[..count] {
+            // SAFETY: the loop above wrote the first `count` spans, one per
+            // parsed field.
+            let [n0, n1, v0, v1] = unsafe { span.assume_init() };
             let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
                 .map_err(|_| Error::Malformed("invalid header name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
-                .map_err(|_| Error::Malformed("invalid header value"))?;
+            // SAFETY: httparse accepted these bytes as a field value (tab,
+            // space, visible ASCII and obs-text), which are exactly the bytes
+            // a HeaderValue may hold.
+            let value = unsafe {
+                HeaderValue::from_maybe_shared_unchecked(head.slice(v0 as usize..v1 as usize))
+            };
             if name == CONTENT_LENGTH {
                 let n = parse_length(value.as_bytes())
                     .ok_or(Error::Malformed("invalid Content-Length"))?;
@@ -679,5 +692,26 @@ mod tests {
             parse(b"HTTP/1.1 200 OK\r\ncontent-le", false),
             Ok(None)
         ));
+
+        let with_fields = |n: usize| {
+            let mut wire = b"HTTP/1.1 200 OK\r\n".to_vec();
+            for i in 0..n {
+                wire.extend(format!("x-field-{i}: value {i}\r\n").bytes());
+            }
+            wire.extend(b"content-length: 0\r\n\r\n");
+            BytesMut::from(&wire[..])
+        };
+        let mut most = with_fields(MAX_HEADERS - 1);
+        let (head, _, _) = parse_head(&mut most, false)
+            .ok()
+            .flatten()
+            .expect("a head of 100 fields");
+        assert_eq!(head.headers.len(), MAX_HEADERS);
+        assert_eq!(
+            head.headers.get("x-field-98").map(HeaderValue::as_bytes),
+            Some(&b"value 98"[..])
+        );
+        assert!(most.is_empty(), "the head was consumed");
+        assert!(parse_head(&mut with_fields(MAX_HEADERS), false).is_err());
     }
 }
