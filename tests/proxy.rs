@@ -578,6 +578,26 @@ async fn request_bodies_of_unknown_length_are_sent_chunked() {
 }
 
 #[tokio::test]
+async fn an_answer_before_the_upload_ends_is_relayed_even_if_the_upstream_then_closes() {
+    let upstream = ScriptedUpstream::start(vec![(
+        b"HTTP/1.1 413 Content Too Large\r\nconnection: close\r\ncontent-length: 8\r\n\r\ntoo big!",
+        true,
+    )])
+    .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let upload = Request::post(gate.url("/upload"))
+        .body(http_body_util::Either::Right(Generated::new(
+            64 * 1024 * 1024,
+        )))
+        .expect("request");
+    let answer = tokio::time::timeout(Duration::from_secs(10), TestClient::http1().send(upload))
+        .await
+        .expect("the answer arrives");
+    assert_eq!(answer.status, 413);
+    assert_eq!(answer.text(), "too big!");
+}
+
+#[tokio::test]
 async fn an_answer_before_the_upload_ends_is_relayed_and_its_connection_dropped() {
     let upstream = ScriptedUpstream::start(vec![
         (

@@ -118,14 +118,28 @@ impl Connection {
             let mut sending = std::pin::pin!(send_body(&mut writer, &self.head, body, framing));
             let mut reading = std::pin::pin!(read_head(&mut reader, &mut self.read, head_only));
             let mut sent = false;
+            let mut send_failed = None;
             std::future::poll_fn(|cx| {
-                if !sent && let Poll::Ready(result) = sending.as_mut().poll(cx) {
-                    result?;
-                    sent = true;
+                if !sent
+                    && send_failed.is_none()
+                    && let Poll::Ready(result) = sending.as_mut().poll(cx)
+                {
+                    match result {
+                        Ok(()) => sent = true,
+                        // The client is gone: no one is left to answer.
+                        Err(e @ Error::RequestBody(_)) => return Poll::Ready(Err(e)),
+                        // The upstream may have answered and closed (413,
+                        // say) before the write failed: read on.
+                        Err(e) => send_failed = Some(e),
+                    }
                 }
-                let answer = ready!(reading.as_mut().poll(cx))?;
-                sent_whole = sent;
-                Poll::Ready(Ok::<_, Error>(answer))
+                match ready!(reading.as_mut().poll(cx)) {
+                    Ok(answer) => {
+                        sent_whole = sent;
+                        Poll::Ready(Ok(answer))
+                    }
+                    Err(e) => Poll::Ready(Err(send_failed.take().unwrap_or(e))),
+                }
             })
             .await?
         };
