@@ -333,15 +333,19 @@ async fn malformed_and_oversized_requests_get_the_right_4xx() {
     );
 }
 
-#[tokio::test]
-async fn the_head_timeout_ends_once_the_first_head_has_arrived() {
-    let upstream = Upstream::start().await;
-    let gate = Floodgate::start(&format!(
+/// One route to `upstream`, with a 300 ms `header_read_timeout`.
+fn head_timeout_config(upstream: &Upstream) -> String {
+    format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
          [[routes]]\nname = \"a\"\nupstream = \"{}\"\n",
         upstream.url()
-    ))
-    .await;
+    )
+}
+
+#[tokio::test]
+async fn the_head_timeout_ends_once_the_first_head_has_arrived() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&head_timeout_config(&upstream)).await;
     // The upstream answers well after the head timeout would have fired.
     assert_eq!(
         raw(
@@ -352,6 +356,25 @@ async fn the_head_timeout_ends_once_the_first_head_has_arrived() {
         .await,
         "HTTP/1.1 200 OK"
     );
+}
+
+/// A keep-alive connection to `gate` that has had one request answered.
+async fn served_once(gate: &Floodgate) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    assert_eq!(
+        ask(&mut s, b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n").await,
+        "HTTP/1.1 200 OK"
+    );
+    s
+}
+
+/// Sends `head` on a keep-alive connection and returns the answer's status
+/// line.
+async fn ask(s: &mut tokio::net::TcpStream, head: &[u8]) -> String {
+    s.write_all(head).await.expect("write");
+    status_line(s).await
 }
 
 /// Reads one answer's status line from a keep-alive connection.
@@ -382,43 +405,26 @@ async fn closed_after(s: &mut tokio::net::TcpStream) -> Duration {
 #[tokio::test]
 async fn keep_alive_connections_close_once_idle_for_the_head_timeout() {
     let upstream = Upstream::start().await;
-    let gate = Floodgate::start(&format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"300ms\"\n\
-         [[routes]]\nname = \"a\"\nupstream = \"{}\"\n",
-        upstream.url()
-    ))
-    .await;
-    let mut s = tokio::net::TcpStream::connect(gate.addr)
-        .await
-        .expect("connect");
-    s.write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
-    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    let gate = Floodgate::start(&head_timeout_config(&upstream)).await;
+    let mut s = served_once(&gate).await;
     // Idle for less than the timeout: still open.
     tokio::time::sleep(Duration::from_millis(150)).await;
-    s.write_all(b"GET /two HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
-    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    assert_eq!(
+        ask(&mut s, b"GET /two HTTP/1.1\r\nHost: x\r\n\r\n").await,
+        "HTTP/1.1 200 OK"
+    );
     // A request that takes three timeouts is answered, on a connection that
     // has served requests before.
-    s.write_all(b"GET /slow?ms=900 HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
-    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    assert_eq!(
+        ask(&mut s, b"GET /slow?ms=900 HTTP/1.1\r\nHost: x\r\n\r\n").await,
+        "HTTP/1.1 200 OK"
+    );
     // Then idle: closed, but not before the timeout.
     let idle = closed_after(&mut s).await;
     assert!(idle >= Duration::from_millis(250), "closed after {idle:?}");
 
     // A connection dribbling its second head is closed too.
-    let mut s = tokio::net::TcpStream::connect(gate.addr)
-        .await
-        .expect("connect");
-    s.write_all(b"GET /one HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("write");
-    assert_eq!(status_line(&mut s).await, "HTTP/1.1 200 OK");
+    let mut s = served_once(&gate).await;
     s.write_all(b"GET /two HTTP/1.1\r\nHo")
         .await
         .expect("write");
