@@ -22,8 +22,6 @@ pub mod pool;
 use pool::{Pools, SendError};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authenticate");
@@ -83,21 +81,19 @@ impl Forwarder {
         // Origin form on the wire: the connection already names the host.
         *request.uri_mut() = Uri::from(path_and_query);
         *request.version_mut() = Version::HTTP_11;
-        let headers = request.headers_mut();
-        strip_hop_by_hop(headers);
-        append_forwarded_for(headers, peer);
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
-        match original_host {
-            Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host),
-            None => headers.remove(&X_FORWARDED_HOST),
+        let headers = request.headers();
+        let rewrite = Rewrite {
+            named: connection_named(headers),
+            host: upstream.host_header.clone(),
+            forwarded_for: forwarded_for(headers, peer),
+            forwarded_host: original_host,
         };
-        headers.insert(HOST, upstream.host_header.clone());
 
         let pool = self.pools.get_in(&upstream.pool, &upstream.authority);
         // The caller's clock reading serves the deadline and the pool's idle
         // bookkeeping: no more reads of the clock per request.
         let deadline = tokio::time::Instant::from_std(now) + upstream.timeout;
-        let answer = tokio::time::timeout_at(deadline, pool.send(request, now)).await;
+        let answer = tokio::time::timeout_at(deadline, pool.send(request, &rewrite, now)).await;
         match answer {
             Ok(Ok(mut upstream_response)) => {
                 strip_hop_by_hop(upstream_response.headers_mut());
@@ -168,30 +164,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
-    // Other headers that `Connection` names (rare): `close` and `keep-alive`
-    // are not header names to remove beyond the standard set. Most messages
-    // say only one of those two, which is answered without parsing a list.
-    let mut named: Vec<HeaderName> = Vec::new();
     // `Connection` is HOP_BY_HOP[0].
-    if present & 1 != 0 {
-        for value in headers.get_all(CONNECTION) {
-            let bytes = value.as_bytes();
-            if bytes.eq_ignore_ascii_case(b"keep-alive") || bytes.eq_ignore_ascii_case(b"close") {
-                continue;
-            }
-            named.extend(
-                value
-                    .to_str()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|t| {
-                        !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
-                    })
-                    .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok()),
-            );
-        }
-    }
+    let named = if present & 1 != 0 {
+        connection_named(headers)
+    } else {
+        Vec::new()
+    };
     for name in named {
         headers.remove(name);
     }
@@ -202,33 +180,101 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Appends `peer` to `X-Forwarded-For`, folding earlier values into one.
-fn append_forwarded_for(headers: &mut HeaderMap, peer: &Peer) {
-    let Some(own) = &peer.forwarded else {
-        return;
-    };
-    // An address is ASCII, so this never falls back.
-    let peer = own.to_str().unwrap_or_default();
+/// Headers that `headers`' `Connection` fields name, to be dropped with the
+/// standard hop-by-hop ones (rare: `close` and `keep-alive` are not header
+/// names, and most messages say only one of those two, which is answered
+/// without parsing a list).
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    let mut named = Vec::new();
+    for value in headers.get_all(CONNECTION) {
+        let bytes = value.as_bytes();
+        if bytes.eq_ignore_ascii_case(b"keep-alive") || bytes.eq_ignore_ascii_case(b"close") {
+            continue;
+        }
+        named.extend(
+            value
+                .to_str()
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|t| {
+                    !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
+                })
+                .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok()),
+        );
+    }
+    named
+}
+
+/// How a request's header section changes on its way upstream. It is
+/// applied as the request head is written, so the client's header map is
+/// not edited (each edit of a header map hashes and may grow it).
+#[derive(Debug)]
+pub struct Rewrite {
+    /// Headers the request's `Connection` names, dropped besides the
+    /// standard hop-by-hop ones.
+    named: Vec<HeaderName>,
+    /// The upstream's own address.
+    host: HeaderValue,
+    /// Earlier `X-Forwarded-For` values folded into one, then the peer.
+    forwarded_for: Option<HeaderValue>,
+    /// The host the client asked for.
+    forwarded_host: Option<HeaderValue>,
+}
+
+static FORWARDED_PROTO: HeaderValue = HeaderValue::from_static("http");
+
+impl Rewrite {
+    /// Whether the client's `name` field goes upstream: not if it is
+    /// hop-by-hop, or one of the fields [`Rewrite::added`] writes instead.
+    pub fn keeps(&self, name: &HeaderName) -> bool {
+        match name.as_str() {
+            "host" | "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => false,
+            other => hop_by_hop_index(other).is_none() && !self.named.contains(name),
+        }
+    }
+
+    /// The fields written after the client's own: `Host` and
+    /// `X-Forwarded-*`.
+    pub fn added(&self) -> impl Iterator<Item = (&'static str, &HeaderValue)> {
+        [
+            ("host", Some(&self.host)),
+            ("x-forwarded-for", self.forwarded_for.as_ref()),
+            ("x-forwarded-proto", Some(&FORWARDED_PROTO)),
+            ("x-forwarded-host", self.forwarded_host.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name, value?)))
+    }
+}
+
+/// `X-Forwarded-For` for the upstream: the request's earlier values folded
+/// into one, then `peer`.
+fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> Option<HeaderValue> {
+    let own = peer.forwarded.as_ref();
     let mut earlier = headers.get_all(&X_FORWARDED_FOR).iter();
-    let value = match (earlier.next(), earlier.next()) {
-        (None, _) => Some(own.clone()),
-        (Some(one), None) => match one.to_str() {
-            Ok(s) => response::header_value(format_args!("{s}, {peer}")),
+    match (earlier.next(), earlier.next(), own) {
+        (None, _, own) => own.cloned(),
+        (Some(one), None, None) => Some(one.clone()),
+        (Some(one), None, Some(own)) => match one.to_str() {
+            // An address is ASCII, so `own` always reads as text.
+            Ok(s) => {
+                response::header_value(format_args!("{s}, {}", own.to_str().unwrap_or_default()))
+            }
             Err(_) => Some(own.clone()),
         },
         _ => {
-            let mut value = String::new();
-            for v in headers.get_all(&X_FORWARDED_FOR) {
-                if let Ok(s) = v.to_str() {
-                    value.push_str(s);
-                    value.push_str(", ");
-                }
+            let values = headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .chain(own)
+                .filter_map(|v| v.to_str().ok())
+                .collect::<Vec<_>>();
+            if values.is_empty() {
+                return None;
             }
-            response::header_value(format_args!("{value}{peer}"))
+            response::header_value(format_args!("{}", values.join(", ")))
         }
-    };
-    if let Some(v) = value {
-        headers.insert(X_FORWARDED_FOR.clone(), v);
     }
 }
 
@@ -269,10 +315,19 @@ mod tests {
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
         let peer = Peer::new("[::ffff:192.0.2.7]:4000".parse().expect("address"));
-        append_forwarded_for(&mut h, &peer);
         assert_eq!(
-            h.get(&X_FORWARDED_FOR).map(HeaderValue::as_bytes),
+            forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
             Some(&b"203.0.113.1, 10.0.0.1, 192.0.2.7"[..])
+        );
+        h.remove(&X_FORWARDED_FOR);
+        assert_eq!(
+            forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
+            Some(&b"192.0.2.7"[..])
+        );
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
+        assert_eq!(
+            forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
+            Some(&b"203.0.113.1, 192.0.2.7"[..])
         );
     }
 }

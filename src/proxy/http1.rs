@@ -28,6 +28,8 @@ use hyper::body::{Body, Incoming, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::Rewrite;
+
 /// Most header fields accepted in an upstream's response head.
 const MAX_HEADERS: usize = 100;
 /// Largest response head accepted.
@@ -98,13 +100,17 @@ impl Connection {
         !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// Sends `request` (origin-form target, `Host` set, hop-by-hop headers
-    /// gone) and reads the answer's head. The body is left on the
+    /// Sends `request` (origin-form target), its header section changed by
+    /// `rewrite`, and reads the answer's head. The body is left on the
     /// connection, to be read with [`Framing::poll_next`].
-    pub async fn send(&mut self, request: Request<Incoming>) -> Result<Answer, Error> {
+    pub async fn send(
+        &mut self,
+        request: Request<Incoming>,
+        rewrite: &Rewrite,
+    ) -> Result<Answer, Error> {
         let (parts, body) = request.into_parts();
         let head_only = parts.method == Method::HEAD;
-        let framing = self.write_head(&parts, &body);
+        let framing = self.write_head(&parts, &body, rewrite);
         drop(parts);
 
         let mut sent_whole = true;
@@ -153,7 +159,12 @@ impl Connection {
 
     /// Writes the request head into `self.head`, with the framing its body
     /// needs.
-    fn write_head(&mut self, parts: &http::request::Parts, body: &Incoming) -> RequestFraming {
+    fn write_head(
+        &mut self,
+        parts: &http::request::Parts,
+        body: &Incoming,
+        rewrite: &Rewrite,
+    ) -> RequestFraming {
         let head = &mut self.head;
         head.clear();
         head.extend_from_slice(parts.method.as_str().as_bytes());
@@ -162,12 +173,20 @@ impl Connection {
         head.extend_from_slice(target.as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\n");
         let mut has_length = false;
-        for (name, value) in &parts.headers {
-            has_length |= *name == CONTENT_LENGTH;
-            head.extend_from_slice(name.as_str().as_bytes());
+        let mut field = |name: &str, value: &HeaderValue| {
+            head.extend_from_slice(name.as_bytes());
             head.extend_from_slice(b": ");
             head.extend_from_slice(value.as_bytes());
             head.extend_from_slice(b"\r\n");
+        };
+        for (name, value) in &parts.headers {
+            if rewrite.keeps(name) {
+                has_length |= *name == CONTENT_LENGTH;
+                field(name.as_str(), value);
+            }
+        }
+        for (name, value) in rewrite.added() {
+            field(name, value);
         }
         let framing = if has_length {
             RequestFraming::Length

@@ -26,6 +26,7 @@ use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::net::TcpStream;
 
+use super::Rewrite;
 use super::http1::{self, Connection, Framing};
 
 /// How long an unused connection is kept.
@@ -133,7 +134,8 @@ impl Pool {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends `request` (origin-form target, `Host` set) on an idle
+    /// Sends `request` (origin-form target), its headers changed by
+    /// `rewrite`, on an idle
     /// connection, or a new one, and reads the answer's head. An idle
     /// connection is checked before the request goes out on it (the
     /// upstream may have closed it); a request that was sent is never
@@ -142,6 +144,7 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         request: Request<Incoming>,
+        rewrite: &Rewrite,
         now: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         let mut connection = match self.checkout(now) {
@@ -149,7 +152,10 @@ impl Pool {
             // Boxed: connecting is rare and its future large.
             None => Box::pin(self.connect()).await.map_err(SendError::Connect)?,
         };
-        let answer = connection.send(request).await.map_err(SendError::Failed)?;
+        let answer = connection
+            .send(request, rewrite)
+            .await
+            .map_err(SendError::Failed)?;
         let body = PooledBody {
             connection: Some(connection),
             framing: answer.body,
