@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use http::header::{CONNECTION, HOST, HeaderName, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, HOST, HeaderName};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
@@ -22,10 +22,6 @@ pub mod pool;
 use pool::{Pools, SendError};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-static PROXY_AUTHENTICATE: HeaderName = HeaderName::from_static("proxy-authenticate");
-static PROXY_AUTHORIZATION: HeaderName = HeaderName::from_static("proxy-authorization");
 
 /// The client end of a connection, with its address already written the way
 /// `X-Forwarded-For` carries it: once per connection, not per request.
@@ -95,10 +91,8 @@ impl Forwarder {
         let deadline = tokio::time::Instant::from_std(now) + upstream.timeout;
         let answer = tokio::time::timeout_at(deadline, pool.send(request, &rewrite, now)).await;
         match answer {
-            Ok(Ok(mut upstream_response)) => {
-                strip_hop_by_hop(upstream_response.headers_mut());
-                upstream_response.map(Either::Left)
-            }
+            // proxy::http1 leaves the upstream's hop-by-hop fields out.
+            Ok(Ok(upstream_response)) => upstream_response.map(Either::Left),
             Ok(Err(SendError::Connect(e))) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
                 response::text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
@@ -119,65 +113,22 @@ impl Forwarder {
     }
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) that are not named in `Connection`.
-static HOP_BY_HOP: [&HeaderName; 9] = [
-    &CONNECTION,
-    &KEEP_ALIVE,
-    &PROXY_CONNECTION,
-    &PROXY_AUTHENTICATE,
-    &PROXY_AUTHORIZATION,
-    &TE,
-    &TRAILER,
-    &TRANSFER_ENCODING,
-    &UPGRADE,
-];
-
-/// Where `name` is in [`HOP_BY_HOP`]: a match on the text, which the
-/// compiler turns into a switch on length and a comparison or two.
-fn hop_by_hop_index(name: &str) -> Option<usize> {
-    Some(match name {
-        "connection" => 0,
-        "keep-alive" => 1,
-        "proxy-connection" => 2,
-        "proxy-authenticate" => 3,
-        "proxy-authorization" => 4,
-        "te" => 5,
-        "trailer" => 6,
-        "transfer-encoding" => 7,
-        "upgrade" => 8,
-        _ => return None,
-    })
-}
-
-/// Removes the headers that describe one connection rather than the message
-/// (RFC 9110 §7.6.1), including any that `Connection` names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names, noting which hop-by-hop headers are present:
-    // most messages carry none or only `Connection: keep-alive`, and a miss
-    // costs no hashing.
-    let mut present = 0u16;
-    for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name.as_str()) {
-            present |= 1 << i;
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    // `Connection` is HOP_BY_HOP[0].
-    let named = if present & 1 != 0 {
-        connection_named(headers)
-    } else {
-        Vec::new()
-    };
-    for name in named {
-        headers.remove(name);
-    }
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            headers.remove(*name);
-        }
-    }
+/// Whether `name` is a hop-by-hop field (RFC 9110 §7.6.1) that every
+/// message drops, whatever its `Connection` names: a match on the text,
+/// which the compiler turns into a switch on length and a comparison or two.
+pub(crate) fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
 }
 
 /// Headers that `headers`' `Connection` fields name, to be dropped with the
@@ -230,7 +181,7 @@ impl Rewrite {
     pub fn keeps(&self, name: &HeaderName) -> bool {
         match name.as_str() {
             "host" | "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => false,
-            other => hop_by_hop_index(other).is_none() && !self.named.contains(name),
+            other => !is_hop_by_hop(other) && !self.named.contains(name),
         }
     }
 
@@ -283,30 +234,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connection_named_headers_are_stripped() {
+    fn hop_by_hop_fields_and_the_ones_connection_names_stay_behind() {
         let mut h = HeaderMap::new();
         h.insert(CONNECTION, HeaderValue::from_static("close, X-Secret"));
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
+        h.insert("te", HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-kept"));
+        let rewrite = Rewrite {
+            named: connection_named(&h),
+            host: HeaderValue::from_static("upstream:80"),
+            forwarded_for: None,
+            forwarded_host: None,
+        };
+        let kept: Vec<&str> = h
+            .keys()
+            .filter(|name| rewrite.keeps(name))
+            .map(HeaderName::as_str)
+            .collect();
+        assert_eq!(kept, ["x-kept"]);
 
         let mut h = HeaderMap::new();
         h.insert(CONNECTION, HeaderValue::from_static("Keep-Alive"));
-        h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key("x-kept"));
+        assert!(connection_named(&h).is_empty());
     }
 
     #[test]
-    fn every_hop_by_hop_name_is_found_at_its_place() {
-        for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop_index(name.as_str()), Some(i), "{name}");
+    fn every_hop_by_hop_name_is_known() {
+        for name in [
+            CONNECTION,
+            HeaderName::from_static("keep-alive"),
+            HeaderName::from_static("proxy-connection"),
+            http::header::PROXY_AUTHENTICATE,
+            http::header::PROXY_AUTHORIZATION,
+            http::header::TE,
+            http::header::TRAILER,
+            http::header::TRANSFER_ENCODING,
+            http::header::UPGRADE,
+        ] {
+            assert!(is_hop_by_hop(name.as_str()), "{name}");
         }
-        assert_eq!(hop_by_hop_index("content-length"), None);
+        assert!(!is_hop_by_hop("content-length"));
     }
 
     #[test]

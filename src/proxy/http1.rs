@@ -28,7 +28,7 @@ use hyper::body::{Body, Incoming, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::Rewrite;
+use super::{Rewrite, is_hop_by_hop};
 
 /// Most header fields accepted in an upstream's response head.
 const MAX_HEADERS: usize = 100;
@@ -366,6 +366,9 @@ fn parse_head(
         let mut length: Option<u64> = None;
         let mut chunked = false;
         let mut coded = false;
+        // Fields the answer's `Connection` names (rare), dropped with the
+        // standard hop-by-hop ones, which never enter the map.
+        let mut named: Vec<HeaderName> = Vec::new();
         for span in &spans[..count] {
             // SAFETY: the loop above wrote the first `count` spans, one per
             // parsed field.
@@ -395,10 +398,17 @@ fn parse_head(
                         keep_alive = false;
                     } else if token.eq_ignore_ascii_case(b"keep-alive") {
                         keep_alive |= version == Version::HTTP_10;
+                    } else if let Ok(other) = HeaderName::from_bytes(token) {
+                        named.push(other);
                     }
                 }
             }
-            headers.append(name, value);
+            if !is_hop_by_hop(name.as_str()) {
+                headers.append(name, value);
+            }
+        }
+        for name in &named {
+            headers.remove(name);
         }
         let framing = if head_only
             || status == StatusCode::NO_CONTENT
@@ -746,5 +756,16 @@ mod tests {
         );
         assert!(most.is_empty(), "the head was consumed");
         assert!(parse_head(&mut with_fields(MAX_HEADERS), false).is_err());
+
+        let mut hops = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nconnection: x-secret, keep-alive\r\nx-secret: 1\r\n\
+               keep-alive: timeout=5\r\ntransfer-encoding: chunked\r\nx-kept: 1\r\n\r\n"[..],
+        );
+        let (head, framing, keep_alive) =
+            parse_head(&mut hops, false).ok().flatten().expect("a head");
+        let names: Vec<&str> = head.headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["x-kept"]);
+        assert_eq!(framing, Framing::Chunked(Chunked::Size));
+        assert!(keep_alive);
     }
 }
