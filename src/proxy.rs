@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use http::header::{CONNECTION, HOST, HeaderName};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
@@ -76,7 +76,6 @@ impl Forwarder {
             .or_else(|| request.headers().get(HOST).cloned());
         // Origin form on the wire: the connection already names the host.
         *request.uri_mut() = Uri::from(path_and_query);
-        *request.version_mut() = Version::HTTP_11;
         let headers = request.headers();
         let rewrite = Rewrite {
             named: connection_named(headers),
