@@ -629,3 +629,23 @@ async fn an_answer_before_the_upload_ends_is_relayed_and_its_connection_dropped(
         "the connection with an unsent body was not reused"
     );
 }
+
+#[tokio::test]
+async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_used() {
+    // Answers that say nothing of closing, from an upstream that closes
+    // each connection right after answering.
+    let upstream = ScriptedUpstream::start(vec![
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecond", true),
+    ])
+    .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/first"), &[]).await.text(), "first");
+    // The upstream's close reaches floodgate while the connection is idle.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = client.get(&gate.url("/second"), &[]).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.text(), "second");
+    assert_eq!(upstream.connections(), 2);
+}
