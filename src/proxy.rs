@@ -79,7 +79,7 @@ impl Forwarder {
         let headers = request.headers();
         let rewrite = Rewrite {
             named: connection_named(headers),
-            host: upstream.host_header.clone(),
+            host: &upstream.host_header,
             forwarded_for: forwarded_for(headers, peer),
             forwarded_host: original_host,
         };
@@ -160,12 +160,12 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 /// applied as the request head is written, so the client's header map is
 /// not edited (each edit of a header map hashes and may grow it).
 #[derive(Debug)]
-pub struct Rewrite {
+pub struct Rewrite<'a> {
     /// Headers the request's `Connection` names, dropped besides the
     /// standard hop-by-hop ones.
     named: Vec<HeaderName>,
     /// The upstream's own address.
-    host: HeaderValue,
+    host: &'a HeaderValue,
     /// Earlier `X-Forwarded-For` values folded into one, then the peer.
     forwarded_for: Option<HeaderValue>,
     /// The host the client asked for.
@@ -174,7 +174,7 @@ pub struct Rewrite {
 
 static FORWARDED_PROTO: HeaderValue = HeaderValue::from_static("http");
 
-impl Rewrite {
+impl Rewrite<'_> {
     /// Whether the client's `name` field goes upstream: not if it is
     /// hop-by-hop, or one of the fields [`Rewrite::added`] writes instead.
     pub fn keeps(&self, name: &HeaderName) -> bool {
@@ -188,7 +188,7 @@ impl Rewrite {
     /// `X-Forwarded-*`.
     pub fn added(&self) -> impl Iterator<Item = (&'static str, &HeaderValue)> {
         [
-            ("host", Some(&self.host)),
+            ("host", Some(self.host)),
             ("x-forwarded-for", self.forwarded_for.as_ref()),
             ("x-forwarded-proto", Some(&FORWARDED_PROTO)),
             ("x-forwarded-host", self.forwarded_host.as_ref()),
@@ -243,7 +243,7 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("1"));
         let rewrite = Rewrite {
             named: connection_named(&h),
-            host: HeaderValue::from_static("upstream:80"),
+            host: &HeaderValue::from_static("upstream:80"),
             forwarded_for: None,
             forwarded_host: None,
         };

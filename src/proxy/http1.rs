@@ -75,7 +75,8 @@ pub struct Answer {
     pub head: http::response::Parts,
     /// The response body, still to be read from the connection.
     pub body: Framing,
-    /// The connection can take another request after this body.
+    /// The connection can take another request after this body: the answer
+    /// allows it and the request went out whole.
     pub reusable: bool,
 }
 
@@ -106,7 +107,7 @@ impl Connection {
     pub async fn send(
         &mut self,
         request: Request<Incoming>,
-        rewrite: &Rewrite,
+        rewrite: &Rewrite<'_>,
     ) -> Result<Answer, Error> {
         let (parts, body) = request.into_parts();
         let head_only = parts.method == Method::HEAD;
@@ -149,12 +150,9 @@ impl Connection {
             })
             .await?
         };
-        let (head, body, keep_alive) = answer;
-        Ok(Answer {
-            head,
-            body,
-            reusable: keep_alive && sent_whole,
-        })
+        let mut answer = answer;
+        answer.reusable &= sent_whole;
+        Ok(answer)
     }
 
     /// Writes the request head into `self.head`, with the framing its body
@@ -163,7 +161,7 @@ impl Connection {
         &mut self,
         parts: &http::request::Parts,
         body: &Incoming,
-        rewrite: &Rewrite,
+        rewrite: &Rewrite<'_>,
     ) -> RequestFraming {
         let head = &mut self.head;
         head.clear();
@@ -259,7 +257,7 @@ async fn read_head<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut BytesMut,
     head_only: bool,
-) -> Result<(http::response::Parts, Framing, bool), Error> {
+) -> Result<Answer, Error> {
     loop {
         if let Some(parsed) = parse_head(buf, head_only)? {
             return Ok(parsed);
@@ -299,10 +297,7 @@ fn poll_read_more<R: AsyncRead>(
 
 /// Parses a final response head at the start of `buf`, consuming it (and
 /// any 1xx heads before it); `None` if more bytes are needed.
-fn parse_head(
-    buf: &mut BytesMut,
-    head_only: bool,
-) -> Result<Option<(http::response::Parts, Framing, bool)>, Error> {
+fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Answer>, Error> {
     loop {
         // Where each field's name and value are in the head: the head is
         // split off the buffer before the fields become header values that
@@ -438,7 +433,11 @@ fn parse_head(
         parts.status = status;
         parts.version = version;
         parts.headers = headers;
-        return Ok(Some((parts, framing, keep_alive)));
+        return Ok(Some(Answer {
+            head: parts,
+            body: framing,
+            reusable: keep_alive,
+        }));
     }
 }
 
@@ -681,7 +680,7 @@ mod tests {
     fn response_heads_say_how_their_bodies_end() {
         let parse = |wire: &[u8], head_only| {
             let mut buf = BytesMut::from(wire);
-            parse_head(&mut buf, head_only).map(|p| p.map(|(h, f, k)| (h.status, f, k)))
+            parse_head(&mut buf, head_only).map(|p| p.map(|a| (a.head.status, a.body, a.reusable)))
         };
         assert_eq!(
             parse(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", false).ok(),
@@ -745,7 +744,7 @@ mod tests {
             BytesMut::from(&wire[..])
         };
         let mut most = with_fields(MAX_HEADERS - 1);
-        let (head, _, _) = parse_head(&mut most, false)
+        let Answer { head, .. } = parse_head(&mut most, false)
             .ok()
             .flatten()
             .expect("a head of 100 fields");
@@ -761,8 +760,11 @@ mod tests {
             &b"HTTP/1.1 200 OK\r\nconnection: x-secret, keep-alive\r\nx-secret: 1\r\n\
                keep-alive: timeout=5\r\ntransfer-encoding: chunked\r\nx-kept: 1\r\n\r\n"[..],
         );
-        let (head, framing, keep_alive) =
-            parse_head(&mut hops, false).ok().flatten().expect("a head");
+        let Answer {
+            head,
+            body: framing,
+            reusable: keep_alive,
+        } = parse_head(&mut hops, false).ok().flatten().expect("a head");
         let names: Vec<&str> = head.headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["x-kept"]);
         assert_eq!(framing, Framing::Chunked(Chunked::Size));

@@ -144,7 +144,7 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         request: Request<Incoming>,
-        rewrite: &Rewrite,
+        rewrite: &Rewrite<'_>,
         now: Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         let mut connection = match self.checkout(now) {
