@@ -291,14 +291,20 @@ pub fn request_paths(path: &str) -> Result<(Cow<'_, str>, Cow<'_, str>), PathErr
     Ok((forward, matched))
 }
 
+/// Whether `path` has anything [`normalize`] changes: an escape, a
+/// backslash (when `separators`), `//`, or a `.` or `..` segment. One pass,
+/// as this runs twice on every request.
 fn needs_work(path: &str, separators: bool) -> bool {
     let b = path.as_bytes();
-    b.iter().any(|&c| c == b'%' || (separators && c == b'\\'))
-        || path.contains("//")
-        || path.contains("/./")
-        || path.contains("/../")
-        || path.ends_with("/.")
-        || path.ends_with("/..")
+    b.iter().enumerate().any(|(i, &c)| match c {
+        b'%' => true,
+        b'\\' => separators,
+        b'/' => matches!(
+            &b[i + 1..],
+            [b'/', ..] | [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..]
+        ),
+        _ => false,
+    })
 }
 
 fn normalize(path: &str, separators: bool) -> Result<Cow<'_, str>, PathError> {
@@ -413,6 +419,41 @@ mod tests {
         assert_eq!(request_paths("/a%zz").err(), Some(PathError::BadEscape));
         assert_eq!(request_paths("/a%4").err(), Some(PathError::BadEscape));
         assert_eq!(request_paths("*").err(), Some(PathError::NotAbsolute));
+    }
+
+    #[test]
+    fn needs_work_spots_exactly_what_normalising_changes() {
+        // The plain definition, checked against the one-pass scan on every
+        // path of up to six characters from the alphabet that matters.
+        let reference = |path: &str, separators: bool| {
+            path.contains('%')
+                || (separators && path.contains('\\'))
+                || path.contains("//")
+                || path.contains("/./")
+                || path.contains("/../")
+                || path.ends_with("/.")
+                || path.ends_with("/..")
+        };
+        let alphabet = ['/', '.', 'a', '%', '\\'];
+        let mut paths = vec![String::new()];
+        let mut checked = 0;
+        for _ in 0..6 {
+            paths = paths
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |c| format!("{p}{c}")))
+                .collect();
+            for path in &paths {
+                for separators in [false, true] {
+                    assert_eq!(
+                        needs_work(path, separators),
+                        reference(path, separators),
+                        "{path:?} separators={separators}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 2 * (5 + 25 + 125 + 625 + 3125 + 15625));
     }
 
     #[test]
