@@ -5,9 +5,10 @@
 //! and `RateLimit: "login";r=2;t=41` reports the most constrained one.
 //! Denials are RFC 9457 problem documents.
 
+use std::cell::RefCell;
 use std::fmt::Write as _;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
@@ -116,9 +117,31 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
     push(decimal(decision.remaining, &mut digits));
     push(b";t=");
     push(decimal(seconds(decision.reset_ms), &mut digits));
-    if let Ok(v) = HeaderValue::from_bytes(&buf[..len]) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(shared_bytes(&buf[..len])) {
         headers.insert(RATELIMIT.clone(), v);
     }
+}
+
+/// Size of the blocks `RateLimit` values are written into.
+const VALUE_BLOCK: usize = 4096;
+
+thread_local! {
+    /// The block this thread writes `RateLimit` values into.
+    static VALUES: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// `bytes` as a share of this thread's value block: one block serves about
+/// a hundred responses, so a value costs no allocation of its own. A block
+/// is freed with the last value in it, or reused once all its values are
+/// gone.
+fn shared_bytes(bytes: &[u8]) -> Bytes {
+    VALUES.with_borrow_mut(|block| {
+        if block.capacity() - block.len() < bytes.len() {
+            block.reserve(VALUE_BLOCK.max(bytes.len()));
+        }
+        block.extend_from_slice(bytes);
+        block.split().freeze()
+    })
 }
 
 fn retry_after(ms: u64) -> HeaderValue {
@@ -211,6 +234,26 @@ mod tests {
         let one = policy_names("login", 1);
         let v = policy_header(&one, &limits[..1]).expect("valid header");
         assert_eq!(v, "\"login\";q=5;w=60");
+    }
+
+    #[test]
+    fn values_keep_their_bytes_across_blocks() {
+        // Enough values to fill several blocks, all alive at once, then one
+        // longer than a block.
+        let values: Vec<(String, Bytes)> = (0..1000)
+            .map(|i| {
+                let text = format!("\"api\";r={i};t=1");
+                let shared = shared_bytes(text.as_bytes());
+                (text, shared)
+            })
+            .collect();
+        for (text, shared) in &values {
+            assert_eq!(shared.as_ref(), text.as_bytes());
+        }
+        drop(values);
+        let long = vec![b'x'; VALUE_BLOCK + 1];
+        assert_eq!(shared_bytes(&long).as_ref(), &long[..]);
+        assert_eq!(shared_bytes(b"after").as_ref(), b"after");
     }
 
     #[test]
