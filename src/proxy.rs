@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use http::header::{CONNECTION, HOST, HeaderName};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, Uri, request};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
@@ -57,26 +57,29 @@ impl Forwarder {
         self.pools.sweep();
     }
 
-    /// Forwards `request` to `upstream` as `path_and_query`, on behalf of
-    /// `peer`; `now` is when forwarding began (the upstream timeout runs
-    /// from it). Never fails: upstream trouble becomes 502 or 504.
+    /// Forwards the request with head `request` and `body` to `upstream` as
+    /// `path_and_query`, on behalf of `peer`; `now` is when forwarding began
+    /// (the upstream timeout runs from it). The head's header map is taken
+    /// for the answer's fields. Never fails: upstream trouble becomes 502 or
+    /// 504.
     pub async fn forward(
         &self,
         upstream: &Upstream,
-        mut request: Request<Incoming>,
+        request: &mut request::Parts,
+        body: Incoming,
         path_and_query: PathAndQuery,
         peer: &Peer,
         now: Instant,
     ) -> Response<Body> {
         let original_host = request
-            .uri()
+            .uri
             .authority()
             .map(|a| HeaderValue::from_str(a.as_str()))
             .and_then(Result::ok)
-            .or_else(|| request.headers().get(HOST).cloned());
+            .or_else(|| request.headers.get(HOST).cloned());
         // Origin form on the wire: the connection already names the host.
-        *request.uri_mut() = Uri::from(path_and_query);
-        let headers = request.headers();
+        request.uri = Uri::from(path_and_query);
+        let headers = &request.headers;
         let rewrite = Rewrite {
             named: connection_named(headers),
             host: &upstream.host_header,
@@ -88,19 +91,18 @@ impl Forwarder {
         // The caller's clock reading serves the deadline and the pool's idle
         // bookkeeping: no more reads of the clock per request.
         let deadline = tokio::time::Instant::from_std(now) + upstream.timeout;
-        let answer = tokio::time::timeout_at(deadline, pool.send(request, &rewrite, now)).await;
-        match answer {
+        match pool.send(request, body, &rewrite, now, deadline).await {
             // proxy::http1 leaves the upstream's hop-by-hop fields out.
-            Ok(Ok(upstream_response)) => upstream_response.map(Either::Left),
-            Ok(Err(SendError::Connect(e))) => {
+            Ok(upstream_response) => upstream_response.map(Either::Left),
+            Err(SendError::Connect(e)) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
                 response::text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
             }
-            Ok(Err(e)) => {
+            Err(e @ SendError::Failed(_)) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream failed");
                 response::text(StatusCode::BAD_GATEWAY, "upstream failed to answer\n")
             }
-            Err(_) => {
+            Err(SendError::TimedOut) => {
                 tracing::warn!(
                     upstream = %upstream.authority,
                     timeout = ?upstream.timeout,

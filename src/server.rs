@@ -368,26 +368,28 @@ async fn sweep(shared: Arc<Shared>) {
 
 /// One request: route, client, limit, then forward or deny.
 async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
+    // Taken apart once: the head is lent, not moved, on its way upstream.
+    let (mut request, body) = request.into_parts();
     if request
-        .uri()
+        .uri
         .path_and_query()
         .is_some_and(|pq| pq.as_str().len() > MAX_URI_BYTES)
     {
         return response::text(StatusCode::URI_TOO_LONG, "request target too long\n");
     }
     let rules = shared.rules.load_full();
-    let (forward_path, matched_path) = match request_paths(request.uri().path()) {
+    let (forward_path, matched_path) = match request_paths(request.uri.path()) {
         Ok(paths) => paths,
         Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
     };
-    let host = request.uri().authority().map(|a| a.as_str()).or_else(|| {
+    let host = request.uri.authority().map(|a| a.as_str()).or_else(|| {
         request
-            .headers()
+            .headers
             .get(http::header::HOST)
             .and_then(|h| h.to_str().ok())
     });
     let facts = RequestFacts {
-        method: request.method(),
+        method: &request.method,
         host,
         path: &matched_path,
     };
@@ -401,7 +403,7 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     // send the API key header that limits everyone else.
     let exempt = !route.exempt.is_empty()
         && is_in(
-            client_address(request.headers(), peer.addr.ip(), &rules.trusted_proxies),
+            client_address(&request.headers, peer.addr.ip(), &rules.trusted_proxies),
             &route.exempt,
         );
     let mut decision = None;
@@ -413,7 +415,7 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
         let client =
             match route
                 .client
-                .identify(request.headers(), peer.addr.ip(), &rules.trusted_proxies)
+                .identify(&request.headers, peer.addr.ip(), &rules.trusted_proxies)
             {
                 Ok(client) => client,
                 Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
@@ -454,13 +456,13 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     let mut response = match &route.action {
         Action::Respond(r) => response::respond(r),
         Action::Upstream(upstream) => {
-            let Some(path_and_query) = forwarded_target(forward_path, request.uri()) else {
+            let Some(path_and_query) = forwarded_target(forward_path, &request.uri) else {
                 return response::text(StatusCode::BAD_REQUEST, "invalid request path\n");
             };
             let started = Instant::now();
             let response = shared
                 .forwarder
-                .forward(upstream, request, path_and_query, peer, started)
+                .forward(upstream, &mut request, body, path_and_query, peer, started)
                 .await;
             counts.upstream(response.status().as_u16(), started.elapsed());
             response

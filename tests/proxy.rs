@@ -208,18 +208,33 @@ async fn refused_upstream_is_502_and_slow_upstream_is_504() {
 
     let upstream = Upstream::start().await;
     let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
-    let started = std::time::Instant::now();
-    let a = TestClient::http1()
-        .get(&gate.url("/slow?ms=3000"), &[])
-        .await;
-    assert_eq!(a.status, 504);
-    assert_eq!(a.text(), "upstream timed out\n");
-    assert!(
-        started.elapsed() < Duration::from_millis(2500),
-        "504 came late"
-    );
-    let a = TestClient::http1().get(&gate.url("/slow?ms=10"), &[]).await;
-    assert_eq!(a.status, 200);
+    let client = TestClient::http1();
+    let timed_out = |path: &'static str| {
+        let (client, url) = (&client, gate.url(path));
+        async move {
+            let started = std::time::Instant::now();
+            let a = client.get(&url, &[]).await;
+            assert_eq!(a.status, 504);
+            assert_eq!(a.text(), "upstream timed out\n");
+            assert!(
+                started.elapsed() < Duration::from_millis(2500),
+                "504 came late"
+            );
+        }
+    };
+    // On a new connection; then on a pooled one whose last request had a
+    // deadline before this one's; then on one whose last request (another
+    // route, 30 s) had a deadline after it.
+    timed_out("/slow?ms=3000").await;
+    assert_eq!(client.get(&gate.url("/slow?ms=10"), &[]).await.status, 200);
+    assert_eq!(upstream.connections(), 2);
+    timed_out("/slow?ms=3000").await;
+    assert_eq!(upstream.connections(), 2, "the pooled connection was used");
+    assert_eq!(client.get(&gate.url("/anything"), &[]).await.status, 200);
+    assert_eq!(upstream.connections(), 3);
+    timed_out("/slow?ms=3000").await;
+    assert_eq!(upstream.connections(), 3, "the pooled connection was used");
+    assert_eq!(client.get(&gate.url("/slow?ms=10"), &[]).await.status, 200);
 }
 
 #[tokio::test]

@@ -23,10 +23,11 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version, request};
 use hyper::body::{Body, Incoming, SizeHint};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use super::{Rewrite, is_hop_by_hop};
 
@@ -53,6 +54,9 @@ pub enum Error {
     /// The upstream's answer is not HTTP/1.1 that floodgate can relay.
     #[error("the upstream's answer is malformed: {0}")]
     Malformed(&'static str),
+    /// The deadline passed before the answer's head arrived.
+    #[error("the upstream did not answer in time")]
+    TimedOut,
     /// The client's request body failed while it was being sent.
     #[error("the request body broke off: {0}")]
     RequestBody(hyper::Error),
@@ -66,6 +70,45 @@ pub struct Connection {
     read: BytesMut,
     /// The request head being written; kept for the next one.
     head: Vec<u8>,
+    /// The deadline of the request on this connection: one timer per
+    /// connection, moved on for each request. Moving a registered timer
+    /// later is one atomic exchange; a new timer per request was an
+    /// insertion into the runtime's timer wheel and a removal after.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The field names of this connection's last answer.
+    names: Names,
+}
+
+/// Most field names a connection remembers.
+const REMEMBERED_NAMES: usize = 32;
+
+/// The field names of a connection's last answer, by position, each with
+/// the bytes it was parsed from. An upstream sends the same names in the
+/// same order answer after answer, so a name is mostly taken from here
+/// after one comparison of bytes, instead of being parsed again (and, for
+/// a name that is not a standard one, copied into an allocation of its
+/// own).
+#[derive(Debug, Default)]
+struct Names(Vec<(Box<[u8]>, HeaderName)>);
+
+impl Names {
+    /// The name of the field at position `at` of a head, spelt `raw`.
+    fn get(&mut self, at: usize, raw: &[u8]) -> Result<HeaderName, Error> {
+        if let Some((seen, name)) = self.0.get(at)
+            && **seen == *raw
+        {
+            return Ok(name.clone());
+        }
+        let name =
+            HeaderName::from_bytes(raw).map_err(|_| Error::Malformed("invalid header name"))?;
+        let remembered = (Box::from(raw), name.clone());
+        if let Some(slot) = self.0.get_mut(at) {
+            *slot = remembered;
+        } else if at == self.0.len() && at < REMEMBERED_NAMES {
+            self.0.push(remembered);
+        }
+        Ok(name)
+    }
 }
 
 /// The answer to a request, and whether its connection may carry another
@@ -87,6 +130,8 @@ impl Connection {
             stream,
             read: BytesMut::new(),
             head: Vec::with_capacity(1024),
+            timer: None,
+            names: Names::default(),
         }
     }
 
@@ -101,29 +146,79 @@ impl Connection {
         !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// Sends `request` (origin-form target), its header section changed by
-    /// `rewrite`, and reads the answer's head. The body is left on the
-    /// connection, to be read with [`Framing::poll_next`].
+    /// Sends the request with head `request` (origin-form target) and
+    /// `body`, its header section changed by `rewrite`, and reads the
+    /// answer's head into the request's header map, taken and emptied,
+    /// unless `deadline` comes first. The body is left on the connection, to be read with
+    /// [`Framing::poll_next`]; after [`Error::TimedOut`] the connection must
+    /// be dropped.
     pub async fn send(
         &mut self,
-        request: Request<Incoming>,
+        request: &mut request::Parts,
+        body: Incoming,
+        rewrite: &Rewrite<'_>,
+        deadline: Instant,
+    ) -> Result<Answer, Error> {
+        let mut timer = match self.timer.take() {
+            Some(mut timer) => {
+                timer.as_mut().reset(deadline);
+                timer
+            }
+            None => Box::pin(tokio::time::sleep_until(deadline)),
+        };
+        let answer = {
+            let mut exchange = std::pin::pin!(self.exchange(request, body, rewrite));
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(answer) = exchange.as_mut().poll(cx) {
+                    return Poll::Ready(answer);
+                }
+                ready!(timer.as_mut().poll(cx));
+                Poll::Ready(Err(Error::TimedOut))
+            })
+            .await
+        };
+        self.timer = Some(timer);
+        answer
+    }
+
+    /// [`Connection::send`] without the deadline.
+    async fn exchange(
+        &mut self,
+        request: &mut request::Parts,
+        body: Incoming,
         rewrite: &Rewrite<'_>,
     ) -> Result<Answer, Error> {
-        let (parts, body) = request.into_parts();
-        let head_only = parts.method == Method::HEAD;
-        let framing = self.write_head(&parts, &body, rewrite);
-        drop(parts);
+        let head_only = request.method == Method::HEAD;
+        let framing = self.write_head(request, &body, rewrite);
+        // The request's header map, emptied, takes the answer's fields. hyper
+        // hands each response's map back as the next request's, so one map
+        // serves a client connection for its whole life, never reallocated.
+        let mut fields = std::mem::take(&mut request.headers);
+        fields.clear();
 
         let mut sent_whole = true;
         let answer = if framing == RequestFraming::None {
             self.stream.write_all(&self.head).await?;
-            read_head(&mut self.stream, &mut self.read, head_only).await?
+            read_head(
+                &mut self.stream,
+                &mut self.read,
+                head_only,
+                &mut fields,
+                &mut self.names,
+            )
+            .await?
         } else {
             // The upstream may answer before it has read the whole body
             // (with 413, say): read while writing.
             let (mut reader, mut writer) = self.stream.split();
             let mut sending = std::pin::pin!(send_body(&mut writer, &self.head, body, framing));
-            let mut reading = std::pin::pin!(read_head(&mut reader, &mut self.read, head_only));
+            let mut reading = std::pin::pin!(read_head(
+                &mut reader,
+                &mut self.read,
+                head_only,
+                &mut fields,
+                &mut self.names,
+            ));
             let mut sent = false;
             let mut send_failed = None;
             std::future::poll_fn(|cx| {
@@ -251,15 +346,17 @@ async fn send_body(
 }
 
 /// Reads one final response head (skipping 1xx answers) from `reader` into
-/// `buf`; returns it with how its body is framed and whether the
-/// connection may be kept.
+/// `buf`, its fields into `fields`; returns it with how its body is framed
+/// and whether the connection may be kept.
 async fn read_head<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut BytesMut,
     head_only: bool,
+    fields: &mut HeaderMap,
+    names: &mut Names,
 ) -> Result<Answer, Error> {
     loop {
-        if let Some(parsed) = parse_head(buf, head_only)? {
+        if let Some(parsed) = parse_head(buf, head_only, fields, names)? {
             return Ok(parsed);
         }
         if buf.len() >= MAX_HEAD_BYTES {
@@ -296,8 +393,15 @@ fn poll_read_more<R: AsyncRead>(
 }
 
 /// Parses a final response head at the start of `buf`, consuming it (and
-/// any 1xx heads before it); `None` if more bytes are needed.
-fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Answer>, Error> {
+/// any 1xx heads before it); `None` if more bytes are needed. The head's
+/// fields go into `fields` (an empty map whose room is reused), which the
+/// answer then takes; their names are looked up in `names` first.
+fn parse_head(
+    buf: &mut BytesMut,
+    head_only: bool,
+    fields: &mut HeaderMap,
+    names: &mut Names,
+) -> Result<Option<Answer>, Error> {
     loop {
         // Where each field's name and value are in the head: the head is
         // split off the buffer before the fields become header values that
@@ -356,7 +460,11 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Answer>, Err
         };
         let head = buf.split_to(len).freeze();
         // Room for the two RateLimit fields floodgate adds.
-        let mut headers = HeaderMap::with_capacity(count + 2);
+        let mut headers = std::mem::take(fields);
+        headers.clear();
+        headers
+            .try_reserve(count + 2)
+            .map_err(|_| Error::Malformed("too many header fields"))?;
         let mut keep_alive = version == Version::HTTP_11;
         let mut length: Option<u64> = None;
         let mut chunked = false;
@@ -364,12 +472,11 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Answer>, Err
         // Fields the answer's `Connection` names (rare), dropped with the
         // standard hop-by-hop ones, which never enter the map.
         let mut named: Vec<HeaderName> = Vec::new();
-        for span in &spans[..count] {
+        for (at, span) in spans[..count].iter().enumerate() {
             // SAFETY: the loop above wrote the first `count` spans, one per
             // parsed field.
             let [n0, n1, v0, v1] = unsafe { span.assume_init() };
-            let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
-                .map_err(|_| Error::Malformed("invalid header name"))?;
+            let name = names.get(at, &head[n0 as usize..n1 as usize])?;
             // SAFETY: httparse accepted these bytes as a field value (tab,
             // space, visible ASCII and obs-text), which are exactly the bytes
             // a HeaderValue may hold.
@@ -677,10 +784,74 @@ mod tests {
     }
 
     #[test]
+    fn remembered_names_follow_each_answer() {
+        let mut names = Names::default();
+        let mut fields = HeaderMap::new();
+        let mut parse = |wire: &[u8]| {
+            let mut buf = BytesMut::from(wire);
+            let answer = parse_head(&mut buf, false, &mut fields, &mut names)
+                .ok()
+                .flatten()
+                .expect("a head");
+            let seen: Vec<(String, String)> = answer
+                .head
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                .collect();
+            (seen, answer.body)
+        };
+        let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let first = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Request-Id: a\r\n\r\n";
+        let expected = pairs(&[("content-length", "2"), ("x-request-id", "a")]);
+        assert_eq!(parse(first), (expected.clone(), Framing::Length(2)));
+        // The same names again, then other names (and another spelling) in
+        // the same places, then fewer and more fields.
+        assert_eq!(parse(first), (expected, Framing::Length(2)));
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\nX-Other: b\r\ncontent-LENGTH: 0\r\nX-Request-Id: c\r\n\r\n"),
+            (
+                pairs(&[
+                    ("x-other", "b"),
+                    ("content-length", "0"),
+                    ("x-request-id", "c")
+                ]),
+                Framing::Length(0)
+            )
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 200 OK\r\nX-Other: d\r\n\r\n"),
+            (pairs(&[("x-other", "d")]), Framing::UntilClose)
+        );
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..REMEMBERED_NAMES + 5 {
+            many.extend(format!("x-f{i}: {i}\r\n").bytes());
+        }
+        many.extend(b"content-length: 0\r\n\r\n");
+        for _ in 0..2 {
+            let (seen, body) = parse(&many);
+            assert_eq!(seen.len(), REMEMBERED_NAMES + 6);
+            let last = REMEMBERED_NAMES + 4;
+            assert_eq!(seen[last], (format!("x-f{last}"), last.to_string()));
+            assert_eq!(body, Framing::Length(0));
+        }
+    }
+
+    #[test]
     fn response_heads_say_how_their_bodies_end() {
         let parse = |wire: &[u8], head_only| {
             let mut buf = BytesMut::from(wire);
-            parse_head(&mut buf, head_only).map(|p| p.map(|a| (a.head.status, a.body, a.reusable)))
+            parse_head(
+                &mut buf,
+                head_only,
+                &mut HeaderMap::new(),
+                &mut Names::default(),
+            )
+            .map(|p| p.map(|a| (a.head.status, a.body, a.reusable)))
         };
         assert_eq!(
             parse(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", false).ok(),
@@ -744,17 +915,30 @@ mod tests {
             BytesMut::from(&wire[..])
         };
         let mut most = with_fields(MAX_HEADERS - 1);
-        let Answer { head, .. } = parse_head(&mut most, false)
-            .ok()
-            .flatten()
-            .expect("a head of 100 fields");
+        let Answer { head, .. } = parse_head(
+            &mut most,
+            false,
+            &mut HeaderMap::new(),
+            &mut Names::default(),
+        )
+        .ok()
+        .flatten()
+        .expect("a head of 100 fields");
         assert_eq!(head.headers.len(), MAX_HEADERS);
         assert_eq!(
             head.headers.get("x-field-98").map(HeaderValue::as_bytes),
             Some(&b"value 98"[..])
         );
         assert!(most.is_empty(), "the head was consumed");
-        assert!(parse_head(&mut with_fields(MAX_HEADERS), false).is_err());
+        assert!(
+            parse_head(
+                &mut with_fields(MAX_HEADERS),
+                false,
+                &mut HeaderMap::new(),
+                &mut Names::default()
+            )
+            .is_err()
+        );
 
         let mut hops = BytesMut::from(
             &b"HTTP/1.1 200 OK\r\nconnection: x-secret, keep-alive\r\nx-secret: 1\r\n\
@@ -764,7 +948,15 @@ mod tests {
             head,
             body: framing,
             reusable: keep_alive,
-        } = parse_head(&mut hops, false).ok().flatten().expect("a head");
+        } = parse_head(
+            &mut hops,
+            false,
+            &mut HeaderMap::new(),
+            &mut Names::default(),
+        )
+        .ok()
+        .flatten()
+        .expect("a head");
         let names: Vec<&str> = head.headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["x-kept"]);
         assert_eq!(framing, Framing::Chunked(Chunked::Size));

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::Authority;
-use http::{Request, Response};
+use http::{Response, request};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::net::TcpStream;
 
@@ -45,6 +45,8 @@ pub enum SendError {
     Connect(std::io::Error),
     /// A connection took the request and failed before answering.
     Failed(http1::Error),
+    /// The deadline passed before the answer's head arrived.
+    TimedOut,
 }
 
 impl std::fmt::Display for SendError {
@@ -52,6 +54,7 @@ impl std::fmt::Display for SendError {
         match self {
             Self::Connect(e) => write!(f, "cannot connect: {e}"),
             Self::Failed(e) => write!(f, "{e}"),
+            Self::TimedOut => f.write_str("the upstream did not answer in time"),
         }
     }
 }
@@ -112,7 +115,7 @@ pub struct Pool {
 
 #[derive(Debug)]
 struct Idle {
-    connection: Connection,
+    connection: Box<Connection>,
     since: Instant,
 }
 
@@ -134,28 +137,36 @@ impl Pool {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends `request` (origin-form target), its headers changed by
-    /// `rewrite`, on an idle
-    /// connection, or a new one, and reads the answer's head. An idle
+    /// Sends the request with head `request` (origin-form target) and
+    /// `body`, its headers changed by `rewrite`, on an idle connection or a
+    /// new one, and reads the answer's head (see [`Connection::send`]). An
+    /// idle
     /// connection is checked before the request goes out on it (the
     /// upstream may have closed it); a request that was sent is never
     /// repeated. `now` is when the request began: connections are judged
-    /// idle, and later count as idle, from it.
+    /// idle, and later count as idle, from it. Past `deadline` (connecting
+    /// included) the answer is [`SendError::TimedOut`].
     pub async fn send(
         self: &Arc<Self>,
-        request: Request<Incoming>,
+        request: &mut request::Parts,
+        body: Incoming,
         rewrite: &Rewrite<'_>,
         now: Instant,
+        deadline: tokio::time::Instant,
     ) -> Result<Response<PooledBody>, SendError> {
         let mut connection = match self.checkout(now) {
             Some(connection) => connection,
             // Boxed: connecting is rare and its future large.
-            None => Box::pin(self.connect()).await.map_err(SendError::Connect)?,
+            None => tokio::time::timeout_at(deadline, Box::pin(self.connect()))
+                .await
+                .map_err(|_| SendError::TimedOut)?
+                .map_err(SendError::Connect)?,
         };
-        let answer = connection
-            .send(request, rewrite)
-            .await
-            .map_err(SendError::Failed)?;
+        let answer = match connection.send(request, body, rewrite, deadline).await {
+            Ok(answer) => answer,
+            Err(http1::Error::TimedOut) => return Err(SendError::TimedOut),
+            Err(e) => return Err(SendError::Failed(e)),
+        };
         let body = PooledBody {
             connection: Some(connection),
             framing: answer.body,
@@ -168,7 +179,7 @@ impl Pool {
     }
 
     /// The most recently returned connection that is still open.
-    fn checkout(&self, now: Instant) -> Option<Connection> {
+    fn checkout(&self, now: Instant) -> Option<Box<Connection>> {
         loop {
             let idle = self.idle().pop()?;
             if idle.usable(now) {
@@ -177,7 +188,9 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> std::io::Result<Connection> {
+    /// A new connection, boxed so that handing it between the pool, the
+    /// exchange and the response body moves a pointer.
+    async fn connect(&self) -> std::io::Result<Box<Connection>> {
         let connecting = async {
             if self.authority.port().is_some() {
                 TcpStream::connect(self.authority.as_str()).await
@@ -191,12 +204,12 @@ impl Pool {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
             })??;
         stream.set_nodelay(true)?;
-        Ok(Connection::new(stream))
+        Ok(Box::new(Connection::new(stream)))
     }
 
     /// Returns a connection whose last request began at `since`: it is
     /// counted as idle from then, which errs toward closing it early.
-    fn put_back(&self, connection: Connection, since: Instant) {
+    fn put_back(&self, connection: Box<Connection>, since: Instant) {
         let mut idle = self.idle();
         if idle.len() < MAX_IDLE {
             idle.push(Idle { connection, since });
@@ -210,7 +223,7 @@ impl Pool {
 #[derive(Debug)]
 pub struct PooledBody {
     /// The connection, until it is returned or dropped.
-    connection: Option<Connection>,
+    connection: Option<Box<Connection>>,
     framing: Framing,
     reusable: bool,
     pool: Arc<Pool>,
