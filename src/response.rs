@@ -117,9 +117,14 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
     push(decimal(decision.remaining, &mut digits));
     push(b";t=");
     push(decimal(seconds(decision.reset_ms), &mut digits));
-    if let Ok(v) = HeaderValue::from_maybe_shared(shared_bytes(&buf[..len])) {
-        headers.insert(RATELIMIT.clone(), v);
-    }
+    let value = shared_bytes(&buf[..len]);
+    debug_assert!(HeaderValue::from_bytes(&value).is_ok(), "{value:?}");
+    // SAFETY: the value is a quote, a policy name (a route's name, which
+    // configuration allows only letters, digits, '_', '-' and '.', maybe
+    // with '.' and a digit appended), `";r=`, digits, `;t=` and digits:
+    // visible ASCII, which a header value may hold.
+    let value = unsafe { HeaderValue::from_maybe_shared_unchecked(value) };
+    headers.insert(RATELIMIT.clone(), value);
 }
 
 /// Size of the blocks `RateLimit` values are written into.
