@@ -664,3 +664,67 @@ async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_used() {
     assert_eq!(second.text(), "second");
     assert_eq!(upstream.connections(), 2);
 }
+
+#[tokio::test]
+async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe() {
+    // Connections that close on a request without answering it: the race
+    // between a keep-alive upstream closing an idle connection and a
+    // request arriving on it, made to happen every time. Answers are taken
+    // in the order requests reach the upstream, whatever their connection.
+    let upstream = ScriptedUpstream::start(vec![
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst", false),
+        (b"", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nagain", false),
+        (b"", true),
+        (b"", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nafter", false),
+        (b"", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", false),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nlast", false),
+    ])
+    .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/first"), &[]).await.text(), "first");
+    // A GET on the pooled connection goes again, on a new one.
+    let again = client.get(&gate.url("/again"), &[]).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.text(), "again");
+    assert_eq!(upstream.connections(), 2);
+    // A POST with a body is never sent twice.
+    let post = client
+        .send(
+            Request::post(gate.url("/post"))
+                .body(text_body("once"))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(post.status, 502);
+    assert_eq!(upstream.connections(), 2, "the POST was not sent again");
+    // Nor is a request whose connection was new: that upstream is failing.
+    let new = client.get(&gate.url("/new"), &[]).await;
+    assert_eq!(new.status, 502);
+    assert_eq!(
+        upstream.connections(),
+        3,
+        "the GET on a new connection was not sent again"
+    );
+    assert_eq!(client.get(&gate.url("/after"), &[]).await.text(), "after");
+    // A HEAD goes again as a HEAD: its answer has no body to wait for.
+    let head = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.send(
+            Request::head(gate.url("/head"))
+                .body(empty())
+                .expect("request"),
+        ),
+    )
+    .await
+    .expect("the HEAD is answered at once");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.text(), "");
+    assert_eq!(upstream.connections(), 5);
+    // The connection the HEAD went on again is reused, in step.
+    assert_eq!(client.get(&gate.url("/last"), &[]).await.text(), "last");
+    assert_eq!(upstream.connections(), 5);
+}

@@ -77,6 +77,9 @@ pub struct Connection {
     timer: Option<Pin<Box<Sleep>>>,
     /// The field names of this connection's last answer.
     names: Names,
+    /// Whether the request in `head` may be sent again, and if so whether
+    /// it is a `HEAD`: it has no body and its method is idempotent.
+    replay: Option<bool>,
 }
 
 /// Most field names a connection remembers.
@@ -132,6 +135,7 @@ impl Connection {
             head: Vec::with_capacity(1024),
             timer: None,
             names: Names::default(),
+            replay: None,
         }
     }
 
@@ -159,26 +163,51 @@ impl Connection {
         rewrite: &Rewrite<'_>,
         deadline: Instant,
     ) -> Result<Answer, Error> {
-        let mut timer = match self.timer.take() {
+        let mut timer = self.timer_until(deadline);
+        let answer = until(&mut timer, self.exchange(request, body, rewrite)).await;
+        self.timer = Some(timer);
+        answer
+    }
+
+    /// Whether the request this connection failed on with `error` may be
+    /// sent again on another connection: it has no body, its method is
+    /// idempotent, and no byte of an answer came back. That is how the
+    /// race every keep-alive client meets looks: the upstream closed the
+    /// idle connection just as the request reached it.
+    pub fn may_resend(&self, error: &Error) -> bool {
+        self.replay.is_some()
+            && self.read.is_empty()
+            && matches!(error, Error::Closed | Error::Io(_))
+    }
+
+    /// Sends the request `failed` could not deliver (see
+    /// [`Connection::may_resend`]) on this connection, as it was written
+    /// for `failed`, and reads the answer's head, unless `deadline` comes
+    /// first.
+    pub async fn resend(
+        &mut self,
+        failed: &mut Connection,
+        deadline: Instant,
+    ) -> Result<Answer, Error> {
+        let head_only = failed.replay.take().unwrap_or(false);
+        std::mem::swap(&mut self.head, &mut failed.head);
+        self.replay = Some(head_only);
+        let mut timer = self.timer_until(deadline);
+        let mut fields = HeaderMap::new();
+        let answer = until(&mut timer, self.bodiless(head_only, &mut fields)).await;
+        self.timer = Some(timer);
+        answer
+    }
+
+    /// This connection's timer, set for `deadline`.
+    fn timer_until(&mut self, deadline: Instant) -> Pin<Box<Sleep>> {
+        match self.timer.take() {
             Some(mut timer) => {
                 timer.as_mut().reset(deadline);
                 timer
             }
             None => Box::pin(tokio::time::sleep_until(deadline)),
-        };
-        let answer = {
-            let mut exchange = std::pin::pin!(self.exchange(request, body, rewrite));
-            std::future::poll_fn(|cx| {
-                if let Poll::Ready(answer) = exchange.as_mut().poll(cx) {
-                    return Poll::Ready(answer);
-                }
-                ready!(timer.as_mut().poll(cx));
-                Poll::Ready(Err(Error::TimedOut))
-            })
-            .await
-        };
-        self.timer = Some(timer);
-        answer
+        }
     }
 
     /// [`Connection::send`] without the deadline.
@@ -196,17 +225,20 @@ impl Connection {
         let mut fields = std::mem::take(&mut request.headers);
         fields.clear();
 
+        let idempotent = matches!(
+            request.method,
+            Method::GET
+                | Method::HEAD
+                | Method::OPTIONS
+                | Method::TRACE
+                | Method::PUT
+                | Method::DELETE
+        );
+        self.replay = (framing == RequestFraming::None && idempotent).then_some(head_only);
+
         let mut sent_whole = true;
         let answer = if framing == RequestFraming::None {
-            self.stream.write_all(&self.head).await?;
-            read_head(
-                &mut self.stream,
-                &mut self.read,
-                head_only,
-                &mut fields,
-                &mut self.names,
-            )
-            .await?
+            self.bodiless(head_only, &mut fields).await?
         } else {
             // The upstream may answer before it has read the whole body
             // (with 413, say): read while writing.
@@ -248,6 +280,20 @@ impl Connection {
         let mut answer = answer;
         answer.reusable &= sent_whole;
         Ok(answer)
+    }
+
+    /// Writes the request in `self.head`, which has no body, and reads the
+    /// answer's head.
+    async fn bodiless(&mut self, head_only: bool, fields: &mut HeaderMap) -> Result<Answer, Error> {
+        self.stream.write_all(&self.head).await?;
+        read_head(
+            &mut self.stream,
+            &mut self.read,
+            head_only,
+            fields,
+            &mut self.names,
+        )
+        .await
     }
 
     /// Writes the request head into `self.head`, with the framing its body
@@ -343,6 +389,22 @@ async fn send_body(
         writer.write_all(b"0\r\n\r\n").await?;
     }
     Ok(())
+}
+
+/// `work`'s outcome, or [`Error::TimedOut`] if `timer` fires first.
+async fn until<T>(
+    timer: &mut Pin<Box<Sleep>>,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(outcome) = work.as_mut().poll(cx) {
+            return Poll::Ready(outcome);
+        }
+        ready!(timer.as_mut().poll(cx));
+        Poll::Ready(Err(Error::TimedOut))
+    })
+    .await
 }
 
 /// Reads one final response head (skipping 1xx answers) from `reader` into

@@ -49,6 +49,15 @@ pub enum SendError {
     TimedOut,
 }
 
+impl From<http1::Error> for SendError {
+    fn from(e: http1::Error) -> Self {
+        match e {
+            http1::Error::TimedOut => Self::TimedOut,
+            e => Self::Failed(e),
+        }
+    }
+}
+
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -142,7 +151,9 @@ impl Pool {
     /// new one, and reads the answer's head (see [`Connection::send`]). An
     /// idle
     /// connection is checked before the request goes out on it (the
-    /// upstream may have closed it); a request that was sent is never
+    /// upstream may have closed it); if the upstream closes it as the
+    /// request arrives, a request without a body and with an idempotent
+    /// method is sent once more on a new connection, and any other is not
     /// repeated. `now` is when the request began: connections are judged
     /// idle, and later count as idle, from it. Past `deadline` (connecting
     /// included) the answer is [`SendError::TimedOut`].
@@ -154,18 +165,27 @@ impl Pool {
         now: Instant,
         deadline: tokio::time::Instant,
     ) -> Result<Response<PooledBody>, SendError> {
-        let mut connection = match self.checkout(now) {
-            Some(connection) => connection,
-            // Boxed: connecting is rare and its future large.
-            None => tokio::time::timeout_at(deadline, Box::pin(self.connect()))
-                .await
-                .map_err(|_| SendError::TimedOut)?
-                .map_err(SendError::Connect)?,
+        let (mut connection, pooled) = match self.checkout(now) {
+            Some(connection) => (connection, true),
+            None => (self.connect_by(deadline).await?, false),
         };
         let answer = match connection.send(request, body, rewrite, deadline).await {
             Ok(answer) => answer,
-            Err(http1::Error::TimedOut) => return Err(SendError::TimedOut),
-            Err(e) => return Err(SendError::Failed(e)),
+            Err(e) if pooled && connection.may_resend(&e) => {
+                // The upstream closed this idle connection as the request
+                // reached it (too late for the check at checkout to see):
+                // the request goes once more, on a new connection.
+                tracing::debug!(
+                    upstream = %self.authority,
+                    error = %e,
+                    "a pooled connection closed as the request arrived; sending it again"
+                );
+                let mut fresh = self.connect_by(deadline).await?;
+                let answer = fresh.resend(&mut connection, deadline).await;
+                connection = fresh;
+                answer.map_err(SendError::from)?
+            }
+            Err(e) => return Err(e.into()),
         };
         let body = PooledBody {
             connection: Some(connection),
@@ -176,6 +196,18 @@ impl Pool {
             broken: None,
         };
         Ok(Response::from_parts(answer.head, body))
+    }
+
+    /// A new connection, unless `deadline` comes first.
+    async fn connect_by(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Box<Connection>, SendError> {
+        // Boxed: connecting is rare and its future large.
+        tokio::time::timeout_at(deadline, Box::pin(self.connect()))
+            .await
+            .map_err(|_| SendError::TimedOut)?
+            .map_err(SendError::Connect)
     }
 
     /// The most recently returned connection that is still open.
