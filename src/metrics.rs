@@ -365,7 +365,7 @@ impl RouteMetrics {
         self.outcomes[outcome as usize].inc();
     }
 
-    /// Records an upstream answer (or floodgate's 502/504 in its place).
+    /// Records an upstream answer (or floodgate's 400/502/504 in its place).
     pub fn upstream(&self, status: u16, took: Duration) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.upstream_classes[class].inc();

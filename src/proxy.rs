@@ -98,6 +98,15 @@ impl Forwarder {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
                 response::text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
             }
+            // The client's fault, not the upstream's: its body was
+            // malformed, or it went away while sending it.
+            Err(SendError::Failed(http1::Error::RequestBody(e))) => {
+                tracing::debug!(upstream = %upstream.authority, error = %e, "the request body broke off");
+                response::text(
+                    StatusCode::BAD_REQUEST,
+                    "request body malformed or incomplete\n",
+                )
+            }
             Err(e @ SendError::Failed(_)) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream failed");
                 response::text(StatusCode::BAD_GATEWAY, "upstream failed to answer\n")

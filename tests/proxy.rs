@@ -728,3 +728,26 @@ async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe
     assert_eq!(client.get(&gate.url("/last"), &[]).await.text(), "last");
     assert_eq!(upstream.connections(), 5);
 }
+
+#[tokio::test]
+async fn a_malformed_request_body_is_the_clients_fault() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    // A chunk, then a chunk size that is not hexadecimal.
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+}
