@@ -147,9 +147,20 @@ impl tokio::io::AsyncWrite for AlreadySent {
     }
 }
 
+/// What one read of a raw connection brings back, within 5 s.
+async fn first_answer(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .expect("read");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
 #[tokio::test]
 async fn first_bytes_sent_in_pieces_are_read_as_the_protocol_they_turn_out_to_be() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let upstream = Upstream::start().await;
     let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
 
@@ -162,12 +173,7 @@ async fn first_bytes_sent_in_pieces_are_read_as_the_protocol_they_turn_out_to_be
     s.write_all(b"OST /in/pieces HTTP/1.1\r\nHost: x\r\ncontent-length: 0\r\n\r\n")
         .await
         .expect("write");
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .expect("an answer")
-        .expect("read");
-    let answer = String::from_utf8_lossy(&buf[..n]);
+    let answer = first_answer(&mut s).await;
     assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
     assert!(answer.contains(r#""method":"POST""#), "{answer}");
 
@@ -731,7 +737,7 @@ async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe
 
 #[tokio::test]
 async fn a_malformed_request_body_is_the_clients_fault() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let upstream = Upstream::start().await;
     let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
     let mut s = tokio::net::TcpStream::connect(gate.addr)
@@ -743,11 +749,6 @@ async fn a_malformed_request_body_is_the_clients_fault() {
     )
     .await
     .expect("write");
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .expect("an answer")
-        .expect("read");
-    let answer = String::from_utf8_lossy(&buf[..n]);
+    let answer = first_answer(&mut s).await;
     assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
 }

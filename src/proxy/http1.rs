@@ -814,6 +814,11 @@ pub fn size_hint(framing: Framing) -> SizeHint {
 mod tests {
     use super::*;
 
+    /// `parse_head` with a new map and no remembered names.
+    fn parse_fresh(buf: &mut BytesMut, head_only: bool) -> Result<Option<Answer>, Error> {
+        parse_head(buf, head_only, &mut HeaderMap::new(), &mut Names::default())
+    }
+
     fn decode(wire: &[u8]) -> Result<Vec<u8>, Error> {
         let mut buf = BytesMut::from(wire);
         let mut state = Chunked::Size;
@@ -907,13 +912,7 @@ mod tests {
     fn response_heads_say_how_their_bodies_end() {
         let parse = |wire: &[u8], head_only| {
             let mut buf = BytesMut::from(wire);
-            parse_head(
-                &mut buf,
-                head_only,
-                &mut HeaderMap::new(),
-                &mut Names::default(),
-            )
-            .map(|p| p.map(|a| (a.head.status, a.body, a.reusable)))
+            parse_fresh(&mut buf, head_only).map(|p| p.map(|a| (a.head.status, a.body, a.reusable)))
         };
         assert_eq!(
             parse(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc", false).ok(),
@@ -977,30 +976,17 @@ mod tests {
             BytesMut::from(&wire[..])
         };
         let mut most = with_fields(MAX_HEADERS - 1);
-        let Answer { head, .. } = parse_head(
-            &mut most,
-            false,
-            &mut HeaderMap::new(),
-            &mut Names::default(),
-        )
-        .ok()
-        .flatten()
-        .expect("a head of 100 fields");
+        let Answer { head, .. } = parse_fresh(&mut most, false)
+            .ok()
+            .flatten()
+            .expect("a head of 100 fields");
         assert_eq!(head.headers.len(), MAX_HEADERS);
         assert_eq!(
             head.headers.get("x-field-98").map(HeaderValue::as_bytes),
             Some(&b"value 98"[..])
         );
         assert!(most.is_empty(), "the head was consumed");
-        assert!(
-            parse_head(
-                &mut with_fields(MAX_HEADERS),
-                false,
-                &mut HeaderMap::new(),
-                &mut Names::default()
-            )
-            .is_err()
-        );
+        assert!(parse_fresh(&mut with_fields(MAX_HEADERS), false).is_err());
 
         let mut hops = BytesMut::from(
             &b"HTTP/1.1 200 OK\r\nconnection: x-secret, keep-alive\r\nx-secret: 1\r\n\
@@ -1010,15 +996,10 @@ mod tests {
             head,
             body: framing,
             reusable: keep_alive,
-        } = parse_head(
-            &mut hops,
-            false,
-            &mut HeaderMap::new(),
-            &mut Names::default(),
-        )
-        .ok()
-        .flatten()
-        .expect("a head");
+        } = parse_fresh(&mut hops, false)
+            .ok()
+            .flatten()
+            .expect("a head");
         let names: Vec<&str> = head.headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["x-kept"]);
         assert_eq!(framing, Framing::Chunked(Chunked::Size));
