@@ -153,9 +153,9 @@ impl Connection {
     /// Sends the request with head `request` (origin-form target) and
     /// `body`, its header section changed by `rewrite`, and reads the
     /// answer's head into the request's header map, taken and emptied,
-    /// unless `deadline` comes first. The body is left on the connection, to be read with
-    /// [`Framing::poll_next`]; after [`Error::TimedOut`] the connection must
-    /// be dropped.
+    /// unless `deadline` comes first. The body is left on the connection,
+    /// to be read with [`Framing::poll_next`]; after [`Error::TimedOut`]
+    /// the connection must be dropped.
     pub async fn send(
         &mut self,
         request: &mut request::Parts,

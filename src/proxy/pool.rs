@@ -148,15 +148,15 @@ impl Pool {
 
     /// Sends the request with head `request` (origin-form target) and
     /// `body`, its headers changed by `rewrite`, on an idle connection or a
-    /// new one, and reads the answer's head (see [`Connection::send`]). An
-    /// idle
-    /// connection is checked before the request goes out on it (the
-    /// upstream may have closed it); if the upstream closes it as the
-    /// request arrives, a request without a body and with an idempotent
-    /// method is sent once more on a new connection, and any other is not
-    /// repeated. `now` is when the request began: connections are judged
-    /// idle, and later count as idle, from it. Past `deadline` (connecting
-    /// included) the answer is [`SendError::TimedOut`].
+    /// new one, and reads the answer's head (see [`Connection::send`]).
+    ///
+    /// An idle connection is checked before the request goes out on it
+    /// (the upstream may have closed it). If the upstream closes it anyway
+    /// as the request arrives, a request without a body and with an
+    /// idempotent method is sent once more on a new connection; any other
+    /// is not repeated. `now` is when the request began: connections are
+    /// judged idle, and later count as idle, from it. Past `deadline`
+    /// (connecting included) the answer is [`SendError::TimedOut`].
     pub async fn send(
         self: &Arc<Self>,
         request: &mut request::Parts,
