@@ -12,7 +12,7 @@ use floodgate::limit::redis::write_client;
 use http::HeaderValue;
 use proptest::prelude::*;
 use support::redis::{TestRedis, unique_prefix};
-use support::{Floodgate, TestClient, Upstream};
+use support::{Floodgate, TestClient, Upstream, first_answer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn limited(extra_server: &str, route: &str) -> String {
@@ -379,12 +379,8 @@ async fn ask(s: &mut tokio::net::TcpStream, head: &[u8]) -> String {
 
 /// Reads one answer's status line from a keep-alive connection.
 async fn status_line(s: &mut tokio::net::TcpStream) -> String {
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+    first_answer(s)
         .await
-        .expect("an answer, not silence")
-        .expect("read");
-    String::from_utf8_lossy(&buf[..n])
         .lines()
         .next()
         .unwrap_or("")

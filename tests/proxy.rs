@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use http::Request;
-use support::{Floodgate, Generated, TestClient, Upstream, empty, text_body};
+use support::{Floodgate, Generated, TestClient, Upstream, empty, first_answer, text_body};
 
 fn proxy_config(upstream: &str) -> String {
     format!(
@@ -145,17 +145,6 @@ impl tokio::io::AsyncWrite for AlreadySent {
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
-}
-
-/// What one read of a raw connection brings back, within 5 s.
-async fn first_answer(s: &mut tokio::net::TcpStream) -> String {
-    use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .expect("an answer")
-        .expect("read");
-    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 #[tokio::test]

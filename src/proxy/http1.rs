@@ -219,11 +219,11 @@ impl Connection {
     ) -> Result<Answer, Error> {
         let head_only = request.method == Method::HEAD;
         let framing = self.write_head(request, &body, rewrite);
-        // The request's header map, emptied, takes the answer's fields. hyper
-        // hands each response's map back as the next request's, so one map
-        // serves a client connection for its whole life, never reallocated.
+        // The request's header map takes the answer's fields (parse_head
+        // empties it first). hyper hands each response's map back as the
+        // next request's, so one map serves a client connection for its
+        // whole life, never reallocated.
         let mut fields = std::mem::take(&mut request.headers);
-        fields.clear();
 
         let idempotent = matches!(
             request.method,

@@ -416,6 +416,17 @@ impl TestClient {
     }
 }
 
+/// What one read of a raw connection brings back, within 5 s.
+pub async fn first_answer(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer, not silence")
+        .expect("read");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
 pub fn empty() -> ClientBody {
     http_body_util::Either::Left(Full::new(Bytes::new()))
 }
