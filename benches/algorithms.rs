@@ -55,15 +55,12 @@ async fn redis_info(conn: &mut redis::aio::MultiplexedConnection) -> String {
         .unwrap_or_default()
 }
 
-/// Microseconds per decision command: `FCALL`, or `EVALSHA` on a Redis
-/// without functions.
-fn usec_per_call(info: &str) -> f64 {
+/// Microseconds Redis spent in decision commands (`FCALL`, or `EVALSHA` on
+/// a Redis without functions). One command may carry several decisions.
+fn usec_in_calls(info: &str) -> f64 {
     info.lines()
         .find(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| {
-            l.split(',')
-                .find_map(|kv| kv.strip_prefix("usec_per_call="))
-        })
+        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
         .and_then(|v| v.parse().ok())
         .unwrap_or(f64::NAN)
 }
@@ -124,7 +121,7 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
         total += t.await.unwrap_or(0);
     }
     let per_second = total as f64 / started.elapsed().as_secs_f64();
-    let redis_us = usec_per_call(&redis_info(&mut conn).await);
+    let redis_us = usec_in_calls(&redis_info(&mut conn).await) / total as f64;
 
     // Memory of one client's key with the limit fully used.
     let route: Arc<str> = "bench".into();

@@ -16,7 +16,8 @@
 --     Takes the units, and sets the key's TTL in the same call.
 --
 -- decide.lua calls every limit's check, then every commit only if all
--- allowed, so a route's limits decide all or nothing in one round trip.
+-- allowed, so a route's limits decide all or nothing in one round trip; one
+-- call may decide several requests this way, one after another.
 -- The pure Rust twins in src/limit/algorithms.rs follow the same steps.
 --
 -- State: every algorithm but the sliding log keeps one string of two or

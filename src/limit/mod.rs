@@ -176,7 +176,7 @@ pub struct Charge<'a> {
 }
 
 /// Why a store could not decide.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store did not answer within its deadline.
     #[error("the store did not answer within {0:?}")]

@@ -1,23 +1,34 @@
-//! The Redis store: every instance counts in one Redis, one command per
-//! decision.
+//! The Redis store: every instance counts in one Redis, at most one command
+//! per decision.
 //!
-//! The Lua files in `lua/` are joined into a function library and each
-//! decision is one `FCALL` (Redis 7 and later: the algorithms are loaded
-//! once, when the library is, which costs Redis about a fifth less CPU per
+//! The Lua files in `lua/` are joined into a function library and decisions
+//! are sent with `FCALL` (Redis 7 and later: the algorithms are loaded once,
+//! when the library is, which costs Redis about a fifth less CPU per
 //! decision than a script). Where Redis refuses functions, the same code runs
 //! as a script with `EVALSHA`. Either is loaded again when Redis answers that
 //! it lacks it (a restart, `FUNCTION FLUSH`, `SCRIPT FLUSH`). Time comes from
 //! Redis `TIME` inside the code, so instances with skewed clocks agree.
 //!
+//! Calls: one `FCALL` decides one or more requests, one after another, each
+//! all or nothing, in one atomic run of the code. On one Redis, decisions
+//! queue for a few tasks that send the calls (at most `IN_FLIGHT` in
+//! flight): a decision that finds a task free goes at once, alone; decisions
+//! that arrive while every task waits for Redis go together in the next
+//! call. Redis then pays a call's fixed cost (the command, `TIME`, the reply)
+//! once for all of them, which is what makes it keep up under load. A Redis
+//! Cluster gets one call per decision, since one call's keys must share a
+//! slot.
+//!
 //! Connections: a deadpool pool of redis-rs multiplexed connections. The
-//! store keeps a handle on a few of them and sends every decision on one of
-//! those, round-robin, so concurrent decisions are pipelined on a few TCP
+//! store keeps a handle on a few of them and sends every call on one of
+//! those, round-robin, so calls in flight are pipelined on a few TCP
 //! connections; the pool is asked only for a missing or broken one.
 //! deadpool-redis pings every connection it hands out; this store's pool does
 //! not (that would be a second command per checkout) and instead retires a
 //! connection as soon as a command on it fails for a connection reason.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -30,11 +41,12 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisError,
-    RedisFuture, Script, ServerErrorKind, TlsCertificates, Value,
+    RedisFuture, RedisWrite, Script, ServerErrorKind, TlsCertificates, ToRedisArgs, Value,
 };
 use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
 
-use super::{Charge, Decision, Store, StoreError, Verdict};
+use super::{Charge, Decision, Limit, Store, StoreError, Verdict};
 use crate::client::ClientId;
 use crate::config::{Endpoint, Tls};
 
@@ -93,8 +105,15 @@ const FUNCTIONS_UNKNOWN: u8 = 0;
 const FUNCTIONS_YES: u8 = 1;
 const FUNCTIONS_NO: u8 = 2;
 
-/// Multiplexed connections in the pool; each carries many decisions at once.
+/// Multiplexed connections in the pool; each carries many calls at once.
 const CONNECTIONS: usize = 4;
+
+/// Calls in flight at once to one Redis. Decisions that arrive while all
+/// are in flight wait, and go together in the next call.
+const IN_FLIGHT: usize = 2;
+
+/// Most decisions in one call.
+const MAX_BATCH: usize = 32;
 
 /// Header values up to this length made of safe characters appear in keys
 /// as they are; anything else is hashed.
@@ -102,6 +121,16 @@ const MAX_PLAIN_CLIENT: usize = 64;
 
 /// Counts limits in Redis, shared by every floodgate instance using it.
 pub struct RedisStore {
+    link: Arc<Link>,
+    /// Where decisions wait for a call to one Redis (not a cluster); set by
+    /// the first decision, which starts the tasks that send the calls.
+    queue: ArcSwapOption<mpsc::UnboundedSender<Pending>>,
+    key_prefix: String,
+}
+
+/// What a store shares with the tasks that send its calls: the connections
+/// and the decision code.
+struct Link {
     pool: managed::Pool<Lanes>,
     /// Cached handles on pooled connections, used round-robin.
     lanes: Box<[ArcSwapOption<Lane>]>,
@@ -110,7 +139,9 @@ pub struct RedisStore {
     library: Library,
     /// One of `FUNCTIONS_*`.
     functions: AtomicU8,
-    key_prefix: String,
+    /// Redis Cluster: every call carries one decision, whose keys share a
+    /// slot.
+    cluster: bool,
     timeout: Duration,
 }
 
@@ -118,7 +149,8 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("key_prefix", &self.key_prefix)
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.link.timeout)
+            .field("cluster", &self.link.cluster)
             .finish_non_exhaustive()
     }
 }
@@ -190,73 +222,167 @@ impl RedisStore {
                 Lanes::Sentinel(tokio::sync::Mutex::new(client), config)
             }
         };
+        let cluster = matches!(lanes, Lanes::Cluster(_));
         let pool = managed::Pool::builder(lanes)
             .max_size(CONNECTIONS)
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Backend(format!("cannot build the Redis pool: {e}")))?;
         Ok(Self {
-            pool,
-            lanes: (0..CONNECTIONS).map(|_| ArcSwapOption::empty()).collect(),
-            next_lane: AtomicUsize::new(0),
-            script: Script::new(SCRIPT),
-            library: Library::new(),
-            functions: AtomicU8::new(FUNCTIONS_UNKNOWN),
+            link: Arc::new(Link {
+                pool,
+                lanes: (0..CONNECTIONS).map(|_| ArcSwapOption::empty()).collect(),
+                next_lane: AtomicUsize::new(0),
+                script: Script::new(SCRIPT),
+                library: Library::new(),
+                functions: AtomicU8::new(FUNCTIONS_UNKNOWN),
+                cluster,
+                timeout,
+            }),
+            queue: ArcSwapOption::empty(),
             key_prefix: key_prefix.to_owned(),
-            timeout,
         })
     }
 
     /// Gives Redis the decision code (the function library, or the script
     /// where Redis has no functions) so the first decision needs no retry.
     pub async fn load_script(&self) -> Result<(), StoreError> {
+        let link = &*self.link;
         let work = async {
-            let lane = self.lane().await?;
+            let lane = link.lane().await?;
             let mut conn = lane.conn.clone();
-            let loaded = self.load_code(&mut conn).await;
+            let loaded = link.load_code(&mut conn).await;
             loaded.map_err(|e| lane.failed(e))
         };
-        tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), work)
+        tokio::time::timeout(link.timeout.max(Duration::from_secs(1)), work)
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| StoreError::Timeout(link.timeout))?
     }
 
     /// Decides `charge`. `now` (milliseconds) replaces Redis `TIME`: tests
     /// only, never in production.
+    ///
+    /// On one Redis, the decision waits in a queue for a free call (at most
+    /// `IN_FLIGHT` are in flight): at low load it goes at once, alone;
+    /// under load, the decisions that arrived during the calls in flight go
+    /// together in one call. On a cluster, each decision is its own call.
     pub async fn decide_at(
         &self,
         charge: Charge<'_>,
         now: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let command = self.command(charge, now);
-        let work = async {
-            let lane = self.lane().await?;
-            let mut conn = lane.conn.clone();
-            let reply: Value = match command.query_async(&mut conn).await {
-                Ok(reply) => reply,
-                Err(e) if code_missing(&e) => {
-                    // Redis lost the code (a restart, FUNCTION or SCRIPT
-                    // FLUSH) or never runs functions: give it the code, ask
-                    // again. Boxed, as a rare path, to keep every decision's
-                    // future small.
-                    Box::pin(async {
-                        self.load_code(&mut conn)
-                            .await
-                            .map_err(|e| lane.failed(e))?;
-                        self.command(charge, now)
-                            .query_async(&mut conn)
-                            .await
-                            .map_err(|e| lane.failed(e))
-                    })
-                    .await?
-                }
-                Err(e) => return Err(lane.failed(e)),
+        let timeout = self.link.timeout;
+        let tag = self.hash_tag(charge.route, charge.client);
+        if self.link.cluster {
+            let ask = Ask {
+                tag: &tag,
+                limits: charge.limits,
+                cost: charge.cost,
+                now,
             };
-            decision_from_reply(&reply, charge.limits.len())
+            let work = async {
+                // Sized up front, so that building it allocates twice
+                // rather than once per doubling of its buffers: a key and
+                // seven short arguments per limit, three per decision.
+                let n = charge.limits.len();
+                let mut command = Cmd::with_capacity(6 + 5 * n, 64 + n * (tag.len() + 64));
+                let reply = self.link.call(&mut command, std::iter::once(ask)).await?;
+                decision_from_reply(&reply, charge.limits.len())
+            };
+            return tokio::time::timeout(timeout, work)
+                .await
+                .map_err(|_| StoreError::Timeout(timeout))?;
+        }
+        let (reply, decided) = oneshot::channel();
+        self.enqueue(Pending {
+            tag,
+            limits: Limits::new(charge.limits),
+            cost: charge.cost,
+            now,
+            reply,
+        })?;
+        match tokio::time::timeout(timeout, decided).await {
+            Ok(Ok(decided)) => decided,
+            Ok(Err(_)) => Err(StoreError::Backend(
+                "the task sending calls to Redis stopped".to_owned(),
+            )),
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
+    }
+
+    /// Queues `pending` for the tasks that send calls, starting them first
+    /// if there are none yet (or they ended with the runtime they ran on).
+    fn enqueue(&self, pending: Pending) -> Result<(), StoreError> {
+        let pending = match self.queue.load().as_deref() {
+            Some(queue) => match queue.send(pending) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(pending)) => pending,
+            },
+            None => pending,
         };
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
+        let (queue, waiting) = mpsc::unbounded_channel();
+        let waiting = Arc::new(tokio::sync::Mutex::new(waiting));
+        for _ in 0..IN_FLIGHT {
+            tokio::spawn(send_calls(Arc::clone(&self.link), Arc::clone(&waiting)));
+        }
+        queue.send(pending).map_err(|_| {
+            StoreError::Backend("cannot start the tasks that send calls to Redis".to_owned())
+        })?;
+        self.queue.store(Some(Arc::new(queue)));
+        Ok(())
+    }
+
+    /// `{prefix}:{route:client}`: the braces make one hash tag per route and
+    /// client, so Redis Cluster keeps all of a decision's keys in one slot.
+    pub fn hash_tag(&self, route: &str, client: &ClientId) -> String {
+        let mut tag = String::with_capacity(self.key_prefix.len() + route.len() + 80);
+        tag.push_str(&self.key_prefix);
+        tag.push_str(":{");
+        tag.push_str(route);
+        tag.push(':');
+        write_client(&mut tag, client);
+        tag.push('}');
+        tag
+    }
+}
+
+impl Store for RedisStore {
+    async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
+        self.decide_at(charge, None).await
+    }
+}
+
+impl Link {
+    /// Sends one call deciding `asks`, in order, and returns Redis's reply.
+    /// `command` is a buffer to build the call in.
+    async fn call<'a>(
+        &self,
+        command: &mut Cmd,
+        asks: impl Iterator<Item = Ask<'a>> + Clone,
+    ) -> Result<Value, StoreError> {
+        let lane = self.lane().await?;
+        let mut conn = lane.conn.clone();
+        self.command(command, asks.clone());
+        match command.query_async(&mut conn).await {
+            Ok(reply) => Ok(reply),
+            Err(e) if code_missing(&e) => {
+                // Redis lost the code (a restart, FUNCTION or SCRIPT FLUSH)
+                // or never runs functions: give it the code, ask again.
+                // Boxed, as a rare path, to keep the common future small.
+                Box::pin(async {
+                    self.load_code(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))?;
+                    self.command(command, asks);
+                    command
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))
+                })
+                .await
+            }
+            Err(e) => Err(lane.failed(e)),
+        }
     }
 
     /// Loads the function library, or the script where Redis refuses
@@ -288,61 +414,41 @@ impl RedisStore {
         self.script.load_async(conn).await.map(drop)
     }
 
-    /// `FCALL <function> <n> <keys…> <now> <cost> <algorithm limit window
-    /// burst>…`, or `EVALSHA <sha> …` with the same arguments where Redis has
-    /// no functions.
-    fn command(&self, charge: Charge<'_>, now: Option<u64>) -> Cmd {
-        // Sized up front, so that building the command allocates twice
-        // rather than once per doubling of its buffers: six arguments, and
-        // per limit a key (about a hash tag long) and four short ones.
-        let n = charge.limits.len();
-        let key = self.key_prefix.len() + charge.route.len() + 80;
-        let mut command = Cmd::with_capacity(6 + 5 * n, 64 + n * (key + 48));
+    /// Builds in `command`: `FCALL <function> <number of keys> <keys…>`, then
+    /// per decision `<now> <cost> <n> <algorithm limit window burst>…`; or
+    /// `EVALSHA <sha> …` with the same arguments where Redis has no
+    /// functions.
+    fn command<'a>(&self, command: &mut Cmd, asks: impl Iterator<Item = Ask<'a>> + Clone) {
+        command.clear();
         if self.functions.load(Ordering::Relaxed) == FUNCTIONS_NO {
             command.arg("EVALSHA").arg(self.script.get_hash());
         } else {
             command.arg("FCALL").arg(self.library.function.as_str());
         }
-        command.arg(charge.limits.len());
-        let mut key = self.hash_tag(charge.route, charge.client);
-        let tag = key.len();
-        for (i, limit) in charge.limits.iter().enumerate() {
-            key.truncate(tag);
-            // `:{i}:{algorithm}:{window_ms}`, without the formatting machinery.
-            key.push(':');
-            push_decimal(&mut key, i as u64);
-            key.push(':');
-            key.push_str(limit.algorithm.name());
-            key.push(':');
-            push_decimal(&mut key, limit.window_ms);
-            command.arg(key.as_str());
+        command.arg(asks.clone().map(|a| a.limits.len()).sum::<usize>());
+        for ask in asks.clone() {
+            for (index, limit) in ask.limits.iter().enumerate() {
+                command.arg(Key {
+                    tag: ask.tag,
+                    index,
+                    limit,
+                });
+            }
         }
-        match now {
-            Some(now) => command.arg(now),
-            None => command.arg(""),
-        };
-        command.arg(charge.cost);
-        for limit in charge.limits {
-            command
-                .arg(limit.algorithm.name())
-                .arg(limit.limit)
-                .arg(limit.window_ms)
-                .arg(limit.burst);
+        for ask in asks {
+            match ask.now {
+                Some(now) => command.arg(now),
+                None => command.arg(""),
+            };
+            command.arg(ask.cost).arg(ask.limits.len());
+            for limit in ask.limits {
+                command
+                    .arg(limit.algorithm.name())
+                    .arg(limit.limit)
+                    .arg(limit.window_ms)
+                    .arg(limit.burst);
+            }
         }
-        command
-    }
-
-    /// `{prefix}:{route:client}`: the braces make one hash tag per route and
-    /// client, so Redis Cluster keeps all of a decision's keys in one slot.
-    pub fn hash_tag(&self, route: &str, client: &ClientId) -> String {
-        let mut tag = String::with_capacity(self.key_prefix.len() + route.len() + 80);
-        tag.push_str(&self.key_prefix);
-        tag.push_str(":{");
-        tag.push_str(route);
-        tag.push(':');
-        write_client(&mut tag, client);
-        tag.push('}');
-        tag
     }
 
     /// A connection to send on: one of a few cached multiplexed handles,
@@ -367,15 +473,139 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
-        self.decide_at(charge, None).await
+// === calls of several decisions ===
+
+/// One decision as a call carries it.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    /// The hash tag of its keys.
+    tag: &'a str,
+    limits: &'a [Limit],
+    cost: u64,
+    /// Replaces Redis `TIME` (tests only).
+    now: Option<u64>,
+}
+
+/// A decision waiting for a call, and where its answer goes.
+struct Pending {
+    tag: String,
+    limits: Limits,
+    cost: u64,
+    now: Option<u64>,
+    reply: oneshot::Sender<Result<Decision, StoreError>>,
+}
+
+impl Pending {
+    fn ask(&self) -> Ask<'_> {
+        Ask {
+            tag: &self.tag,
+            limits: self.limits.as_slice(),
+            cost: self.cost,
+            now: self.now,
+        }
     }
 }
 
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
+/// A route's limits, owned while the decision waits: most routes have one,
+/// which needs no allocation.
+enum Limits {
+    One(Limit),
+    Many(Box<[Limit]>),
+}
+
+impl Limits {
+    fn new(limits: &[Limit]) -> Self {
+        match limits {
+            [one] => Self::One(*one),
+            many => Self::Many(many.into()),
+        }
+    }
+
+    fn as_slice(&self) -> &[Limit] {
+        match self {
+            Self::One(one) => std::slice::from_ref(one),
+            Self::Many(many) => many,
+        }
+    }
+}
+
+/// One of the tasks that send a store's calls: takes every decision waiting
+/// (up to [`MAX_BATCH`]), sends them in one call, hands each its answer,
+/// and starts over. Ends when the store is dropped.
+async fn send_calls(
+    link: Arc<Link>,
+    waiting: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
+) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
+    let mut command = Cmd::new();
+    loop {
+        // One task at a time waits for decisions; the others are in flight.
+        if waiting.lock().await.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
+        // A decision whose request gave up (timed out, or the client left)
+        // is not sent: nothing would see its answer.
+        batch.retain(|p| !p.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let asks = batch.iter().map(Pending::ask);
+        let sent = tokio::time::timeout(link.timeout, link.call(&mut command, asks));
+        let answer = match sent.await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::Timeout(link.timeout)),
+        };
+        deliver(&mut batch, answer);
+    }
+}
+
+/// Hands each decision of `batch` its part of `answer`, in order, and
+/// empties `batch`.
+fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError>) {
+    let limits = batch.iter().map(|p| p.limits.as_slice().len()).sum();
+    let failed = match answer.as_ref().map(|reply| verdict_values(reply, limits)) {
+        Ok(Ok(values)) => {
+            let mut rest = values;
+            for pending in batch.drain(..) {
+                let (mine, others) = rest.split_at(pending.limits.as_slice().len() * 4);
+                rest = others;
+                let _ = pending.reply.send(Ok(decision_from_values(mine)));
+            }
+            return;
+        }
+        Ok(Err(e)) => e,
+        Err(e) => e.clone(),
+    };
+    for pending in batch.drain(..) {
+        let _ = pending.reply.send(Err(failed.clone()));
+    }
+}
+
+/// A key: `{tag}:{index}:{algorithm}:{window_ms}`, written straight into
+/// the command, without a buffer of its own.
+struct Key<'a> {
+    tag: &'a str,
+    index: usize,
+    limit: &'a Limit,
+}
+
+impl ToRedisArgs for Key<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut key = out.writer_for_next_arg();
+        let mut digits = [0u8; 20];
+        // Writing into the command's buffer cannot fail.
+        let _ = key.write_all(self.tag.as_bytes());
+        let _ = key.write_all(b":");
+        let _ = key.write_all(decimal(self.index as u64, &mut digits));
+        let _ = key.write_all(b":");
+        let _ = key.write_all(self.limit.algorithm.name().as_bytes());
+        let _ = key.write_all(b":");
+        let _ = key.write_all(decimal(self.limit.window_ms, &mut digits));
+    }
+}
+
+/// `n` in decimal, written at the end of `digits`.
+fn decimal(n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     let mut n = n;
     loop {
@@ -386,7 +616,7 @@ fn push_decimal(out: &mut String, n: u64) {
             break;
         }
     }
-    out.extend(digits[at..].iter().map(|&d| char::from(d)));
+    &digits[at..]
 }
 
 /// Whether `FUNCTION LOAD` failed because this Redis does not take function
@@ -480,10 +710,10 @@ pub fn write_client(out: &mut String, client: &ClientId) {
     }
 }
 
-/// The decision in the script's reply: four integers per limit (allowed,
-/// remaining, reset_ms, retry_after_ms), read from the array as it came;
-/// anything else is an error.
-fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+/// The verdicts in the reply to a call: four integers per limit (allowed,
+/// remaining, reset_ms, retry_after_ms), `limits` limits in all, read from
+/// the array as it came; anything else is an error.
+fn verdict_values(reply: &Value, limits: usize) -> Result<&[Value], StoreError> {
     let values = match reply {
         Value::Array(values) if values.len() == limits * 4 => values,
         Value::Array(values) => {
@@ -503,16 +733,27 @@ fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreEr
             "the decision script answered {other:?} among its integers"
         )));
     }
+    Ok(values)
+}
+
+/// One decision from its verdicts (already checked to be integers, four per
+/// limit).
+fn decision_from_values(values: &[Value]) -> Decision {
     let int = |v: &Value| match v {
         Value::Int(n) => u64::try_from(*n).unwrap_or(0),
         _ => 0,
     };
-    Ok(Decision::combine(values.chunks_exact(4).map(|v| Verdict {
+    Decision::combine(values.chunks_exact(4).map(|v| Verdict {
         allowed: matches!(v[0], Value::Int(1)),
         remaining: int(&v[1]),
         reset_ms: int(&v[2]),
         retry_after_ms: int(&v[3]),
-    })))
+    }))
+}
+
+/// The decision in the reply to a call that carried only it.
+fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
+    verdict_values(reply, limits).map(decision_from_values)
 }
 
 // === the pool ===
@@ -678,9 +919,8 @@ mod tests {
     #[test]
     fn decimals_are_written_as_display_writes_them() {
         for n in [0, 1, 9, 10, 99, 100, 60_000, 1 << 50, u64::MAX] {
-            let mut s = String::from("x");
-            push_decimal(&mut s, n);
-            assert_eq!(s, format!("x{n}"));
+            let mut digits = [0u8; 20];
+            assert_eq!(decimal(n, &mut digits), n.to_string().as_bytes());
         }
     }
 
