@@ -228,7 +228,7 @@ half_fg=$(half_p99 "$fg_redis" "${rps[fg_redis]}")
 # Redis: script calls per second pipelined vs one per round trip.
 # floodgate loaded its function library into this Redis; call it directly.
 fn=$(redis-cli -p "$redis_port" function list | grep -o 'floodgate_decide_[0-9a-f]*' | head -1)
-rb() { $load_cpu redis-benchmark -p "$redis_port" -n 100000 -c 1 -P "$1" -q fcall "$fn" 1 "bench:{k}:0" "" 1 gcra 1000000000 1000 1000000000 | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1; }
+rb() { $load_cpu redis-benchmark -p "$redis_port" -n 100000 -c 1 -P "$1" -q fcall "$fn" 1 "bench:{k}:0" "" 1 "gcra 1000000000 1000 1000000000" | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1; }
 pipelined=$(rb 32); serial=$(rb 1)
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}×')"; }

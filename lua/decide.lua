@@ -7,14 +7,13 @@
 --          Cluster keeps them in one slot; floodgate sends requests of
 --          several clients in one call only to a Redis that is not a
 --          cluster.
--- ARGV     per request, in the same order:
+-- ARGV     three per request, in the same order:
 --            now in milliseconds, or "" to take it from Redis TIME (always
 --              "" in production, so every instance shares Redis's clock;
 --              tests pass it to be deterministic)
 --            cost: units the request consumes
---            n: how many limits (and keys) the request has
---            then for each of its limits, four arguments: algorithm name,
---              limit, window (ms), burst
+--            the route's limits, "<algorithm> <limit> <window ms> <burst>"
+--              for each, separated by spaces; one key per limit
 --
 -- Reply: four integers per limit, request after request, in order:
 -- allowed (1/0), remaining, reset_ms, retry_after_ms. For each request,
@@ -50,40 +49,54 @@ local function algorithm(name)
   return nil
 end
 
-local function unknown(name)
-  return redis.error_reply('floodgate: unknown algorithm ' .. tostring(name))
+-- Routes' limits, parsed: the text of ARGV's third argument -> a list of
+-- {check, commit, limit, window, burst}. The same text comes with every
+-- request of a route, so a function library parses it once, not per call.
+-- The texts come from floodgate's configuration, so they are few; the
+-- table starts over if it ever holds many.
+local parsed, parsed_count = {}, 0
+
+-- The limits in `text`, or nothing and the name of an unknown algorithm.
+local function limits_of(text)
+  local limits = parsed[text]
+  if limits then
+    return limits
+  end
+  limits = {}
+  for name, limit, window, burst in gmatch(text, '(%S+) (%d+) (%d+) (%d+)') do
+    local check, commit = algorithm(name)
+    if not check then
+      return nil, name
+    end
+    limits[#limits + 1] = {check, commit, tonumber(limit), tonumber(window), tonumber(burst)}
+  end
+  if parsed_count >= 1000 then
+    parsed, parsed_count = {}, 0
+  end
+  parsed[text], parsed_count = limits, parsed_count + 1
+  return limits
 end
 
--- Decides one request whose `n` limits have their keys from KEYS[key] and
--- their arguments from ARGV[at], writing its verdicts into `reply` from
--- reply[out]. Returns an error reply, or nothing.
-local function decide_one(KEYS, key, ARGV, at, n, now, cost, reply, out)
+-- Decides one request against `limits`, whose keys start at KEYS[key],
+-- writing its verdicts into `reply` from reply[out].
+local function decide_one(KEYS, key, limits, now, cost, reply, out)
+  local n = #limits
   -- One limit, the common case: no bookkeeping across limits.
   if n == 1 then
-    local check, commit = algorithm(ARGV[at])
-    if not check then
-      return unknown(ARGV[at])
-    end
-    local k = KEYS[key]
-    local limit, window, burst = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
-    local ok, remaining, reset, retry, a, b = check(k, limit, window, now, cost, burst)
+    local l, k = limits[1], KEYS[key]
+    local limit, window, burst = l[3], l[4], l[5]
+    local ok, remaining, reset, retry, a, b = l[1](k, limit, window, now, cost, burst)
     if ok == 1 then
-      commit(k, limit, window, now, cost, burst, a, b)
+      l[2](k, limit, window, now, cost, burst, a, b)
     end
     reply[out], reply[out + 1], reply[out + 2], reply[out + 3] = ok, remaining, reset, retry
-    return nil
+    return
   end
 
-  local commits, read_a, read_b, allowed = {}, {}, {}, true
+  local read_a, read_b, allowed = {}, {}, true
   for i = 1, n do
-    local arg, o = at + (i - 1) * 4, out + (i - 1) * 4
-    local check
-    check, commits[i] = algorithm(ARGV[arg])
-    if not check then
-      return unknown(ARGV[arg])
-    end
-    local ok, remaining, reset, retry, a, b = check(KEYS[key + i - 1], tonumber(ARGV[arg + 1]),
-      tonumber(ARGV[arg + 2]), now, cost, tonumber(ARGV[arg + 3]))
+    local l, o = limits[i], out + (i - 1) * 4
+    local ok, remaining, reset, retry, a, b = l[1](KEYS[key + i - 1], l[3], l[4], now, cost, l[5])
     read_a[i], read_b[i] = a, b
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = ok, remaining, reset, retry
     if ok == 0 then
@@ -93,36 +106,52 @@ local function decide_one(KEYS, key, ARGV, at, n, now, cost, reply, out)
 
   if allowed then
     for i = 1, n do
-      local arg = at + (i - 1) * 4
-      commits[i](KEYS[key + i - 1], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2]), now, cost,
-        tonumber(ARGV[arg + 3]), read_a[i], read_b[i])
+      local l = limits[i]
+      l[2](KEYS[key + i - 1], l[3], l[4], now, cost, l[5], read_a[i], read_b[i])
     end
   end
-  return nil
 end
 
+local bound = false
+
 local function decide(KEYS, ARGV)
+  if not bound then
+    bind()
+    bound = true
+  end
+  -- Every request's limits first, so that a malformed call decides
+  -- nothing at all.
+  local requests, keys = {}, 0
+  for at = 1, #ARGV, 3 do
+    local limits, unknown = limits_of(ARGV[at + 2])
+    if not limits then
+      return redis.error_reply('floodgate: unknown algorithm ' .. tostring(unknown))
+    end
+    requests[#requests + 1] = limits
+    keys = keys + #limits
+  end
+  if keys ~= #KEYS then
+    return redis.error_reply('floodgate: ' .. #KEYS .. ' keys for ' .. keys .. ' limits')
+  end
+
   local reply = {}
   -- Redis TIME, asked at most once per call: the requests of one call are
   -- decided at one moment.
   local time = nil
-  local key, at, last = 1, 1, #ARGV
-  while at <= last do
+  local key = 1
+  for i = 1, #requests do
+    local at = i * 3 - 2
     local now = tonumber(ARGV[at])
     if not now then
       if not time then
-        local t = redis.call('TIME')
-        time = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        local t = redis_call('TIME')
+        time = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
       end
       now = time
     end
-    local cost, n = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-    local failed = decide_one(KEYS, key, ARGV, at + 3, n, now, cost, reply, key * 4 - 3)
-    if failed then
-      return failed
-    end
-    key = key + n
-    at = at + 3 + 4 * n
+    local limits = requests[i]
+    decide_one(KEYS, key, limits, now, tonumber(ARGV[at + 1]), reply, key * 4 - 3)
+    key = key + #limits
   end
   return reply
 end

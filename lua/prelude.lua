@@ -24,9 +24,23 @@
 -- three whole numbers separated by spaces ("1700000000000 3"), written with
 -- SET … PX so value and TTL change in one call.
 
+-- The library functions the code uses, as locals: reaching a local costs
+-- Redis less than looking up a global on every use. A function library may
+-- not touch the globals while Redis loads it, so decide() binds these on
+-- its first call (the plain script, which runs whole on every call, binds
+-- them on every call).
+local floor, max, format, match, gmatch, tonumber, type, redis_call, redis_pcall
+local function bind()
+  floor, max = math.floor, math.max
+  format, match, gmatch = string.format, string.match, string.gmatch
+  -- _G: the bare names would be these very locals, still unbound.
+  tonumber, type = _G.tonumber, _G.type
+  redis_call, redis_pcall = redis.call, redis.pcall
+end
+
 -- Whole numbers as Redis arguments, never in exponent notation.
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- Keys outlive the moment their state stops mattering by this much. A late
@@ -40,11 +54,11 @@ local EXPIRY_SLACK_MS = 1000
 -- holds something else (another type, or text that is not our numbers)
 -- reads as missing, and the commit that follows overwrites it.
 local function load(key)
-  local value = redis.pcall('GET', key)
+  local value = redis_pcall('GET', key)
   if type(value) ~= 'string' then
     return nil
   end
-  local a, b, c = string.match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
+  local a, b, c = match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
   return tonumber(a), tonumber(b), tonumber(c)
 end
 
@@ -53,17 +67,17 @@ end
 local function save(key, ms, a, b, c)
   local value
   if c then
-    value = string.format('%d %d %d', a, b, c)
+    value = format('%d %d %d', a, b, c)
   else
-    value = string.format('%d %d', a, b)
+    value = format('%d %d', a, b)
   end
-  redis.call('SET', key, value, 'PX', int(math.max(ms, 0) + EXPIRY_SLACK_MS))
+  redis_call('SET', key, value, 'PX', int(max(ms, 0) + EXPIRY_SLACK_MS))
 end
 
 -- floor(a / b) for non-negative integers, exact even where the division of
 -- two doubles would round up to the next whole number.
 local function floor_div(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then

@@ -8,13 +8,13 @@
 local function sliding_log()
   -- Reads the score of the member at `rank` (negative counts from the end).
   local function score_at(key, rank)
-    local hit = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+    local hit = redis_call('ZRANGE', key, rank, rank, 'WITHSCORES')
     return tonumber(hit[2])
   end
 
   local function check(key, limit, window, now, cost)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
-    local total = redis.call('ZCARD', key)
+    redis_call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
+    local total = redis_call('ZCARD', key)
     if total + cost <= limit then
       return 1, limit - total - cost, window, 0
     end
@@ -32,17 +32,17 @@ local function sliding_log()
     if newest and newest > t then
       t = newest
     end
-    local seq = redis.call('ZCOUNT', key, int(t), int(t))
+    local seq = redis_call('ZCOUNT', key, int(t), int(t))
     local args = {}
     for i = 1, cost do
       args[#args + 1] = int(t)
       args[#args + 1] = int(t) .. ':' .. int(seq + i)
       if #args >= 1000 or i == cost then
-        redis.call('ZADD', key, unpack(args))
+        redis_call('ZADD', key, unpack(args))
         args = {}
       end
     end
-    redis.call('PEXPIRE', key, int(t + window - now + EXPIRY_SLACK_MS))
+    redis_call('PEXPIRE', key, int(t + window - now + EXPIRY_SLACK_MS))
   end
 
   return check, commit

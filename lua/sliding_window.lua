@@ -25,7 +25,7 @@ local function sliding_window()
     if allowed then
       used = used + cost
     end
-    local remaining = math.max(limit - used, 0)
+    local remaining = max(limit - used, 0)
     local reset = 0
     if cur > 0 or allowed then
       reset = start + 2 * window - now

@@ -13,13 +13,13 @@ local function token_bucket()
     if not tokens or not last then
       tokens, last = capacity, now
     else
-      local elapsed = math.max(now - last, 0)
+      local elapsed = max(now - last, 0)
       if elapsed >= ceil_div(capacity - tokens, limit) then
         tokens = capacity
       else
         tokens = tokens + elapsed * limit
       end
-      last = math.max(now, last)
+      last = max(now, last)
     end
     local need = cost * window
     if tokens >= need then

@@ -396,6 +396,71 @@ async fn function_and_script_flush_mid_run_are_recovered_from() {
     }
 }
 
+/// A call that floodgate would never send (an algorithm the code does not
+/// know, or keys that do not match the limits) is refused whole: not even
+/// the well-formed requests before the bad one are decided.
+#[tokio::test]
+async fn a_malformed_call_decides_nothing() {
+    let redis = TestRedis::start().await;
+    let mut conn = redis.connection().await;
+    let prefix = unique_prefix("malformed");
+    let first = format!("{prefix}:{{r:a}}:0:fixed_window:60000");
+    let second = format!("{prefix}:{{r:b}}:0:fixed_window:60000");
+    let script = redis::Script::new(floodgate::limit::redis::SCRIPT);
+    let calls: [(&[&str], &[&str], &str); 3] = [
+        (
+            &[&first, &second],
+            &[
+                "",
+                "1",
+                "fixed_window 3 60000 3",
+                "",
+                "1",
+                "leaky 3 60000 3",
+            ],
+            "unknown algorithm leaky",
+        ),
+        (
+            &[&first],
+            &[
+                "",
+                "1",
+                "fixed_window 3 60000 3",
+                "",
+                "1",
+                "fixed_window 3 60000 3",
+            ],
+            "1 keys for 2 limits",
+        ),
+        (
+            &[&first, &second],
+            &["", "1", "fixed_window 3 60000 3"],
+            "2 keys for 1 limits",
+        ),
+    ];
+    for (keys, args, expected) in calls {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let error = invocation
+            .invoke_async::<redis::Value>(&mut conn)
+            .await
+            .expect_err("a malformed call must fail");
+        assert!(error.to_string().contains(expected), "{error}");
+        let exists: u64 = redis::cmd("EXISTS")
+            .arg(&first)
+            .arg(&second)
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        assert_eq!(exists, 0, "a malformed call wrote a key: {expected}");
+    }
+}
+
 /// A Redis without functions (before Redis 7, or with `FCALL` and
 /// `FUNCTION` renamed away, as here) gets the same decisions through
 /// `EVALSHA`, one call each.

@@ -283,9 +283,9 @@ impl RedisStore {
             let work = async {
                 // Sized up front, so that building it allocates twice
                 // rather than once per doubling of its buffers: a key and
-                // seven short arguments per limit, three per decision.
+                // about 40 bytes of limits per limit, six more arguments.
                 let n = charge.limits.len();
-                let mut command = Cmd::with_capacity(6 + 5 * n, 64 + n * (tag.len() + 64));
+                let mut command = Cmd::with_capacity(6 + n, 64 + n * (tag.len() + 72));
                 let reply = self.link.call(&mut command, std::iter::once(ask)).await?;
                 decision_from_reply(&reply, charge.limits.len())
             };
@@ -415,8 +415,8 @@ impl Link {
     }
 
     /// Builds in `command`: `FCALL <function> <number of keys> <keys…>`, then
-    /// per decision `<now> <cost> <n> <algorithm limit window burst>…`; or
-    /// `EVALSHA <sha> …` with the same arguments where Redis has no
+    /// per decision `<now> <cost> "<algorithm> <limit> <window> <burst>…"`;
+    /// or `EVALSHA <sha> …` with the same arguments where Redis has no
     /// functions.
     fn command<'a>(&self, command: &mut Cmd, asks: impl Iterator<Item = Ask<'a>> + Clone) {
         command.clear();
@@ -440,14 +440,7 @@ impl Link {
                 Some(now) => command.arg(now),
                 None => command.arg(""),
             };
-            command.arg(ask.cost).arg(ask.limits.len());
-            for limit in ask.limits {
-                command
-                    .arg(limit.algorithm.name())
-                    .arg(limit.limit)
-                    .arg(limit.window_ms)
-                    .arg(limit.burst);
-            }
+            command.arg(ask.cost).arg(Spec(ask.limits));
         }
     }
 
@@ -578,6 +571,29 @@ fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError>) {
     };
     for pending in batch.drain(..) {
         let _ = pending.reply.send(Err(failed.clone()));
+    }
+}
+
+/// A route's limits as the Lua code reads them: `<algorithm> <limit>
+/// <window_ms> <burst>` for each, separated by spaces. A route sends the
+/// same text with every decision, so Redis parses it once.
+struct Spec<'a>(&'a [Limit]);
+
+impl ToRedisArgs for Spec<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut spec = out.writer_for_next_arg();
+        let mut digits = [0u8; 20];
+        // Writing into the command's buffer cannot fail.
+        for (i, limit) in self.0.iter().enumerate() {
+            if i > 0 {
+                let _ = spec.write_all(b" ");
+            }
+            let _ = spec.write_all(limit.algorithm.name().as_bytes());
+            for n in [limit.limit, limit.window_ms, limit.burst] {
+                let _ = spec.write_all(b" ");
+                let _ = spec.write_all(decimal(n, &mut digits));
+            }
+        }
     }
 }
 
@@ -872,6 +888,7 @@ impl managed::Manager for Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Algorithm;
     use http::HeaderValue;
 
     #[test]
@@ -914,6 +931,55 @@ mod tests {
         );
         let key = ClientId::Header(HeaderValue::from_static("key-123"));
         assert_eq!(written(&key), "h:key-123");
+    }
+
+    #[test]
+    fn calls_carry_keys_first_then_now_cost_and_limits_per_decision() {
+        let store =
+            RedisStore::new("redis://127.0.0.1:1", "p", Duration::from_secs(1)).expect("store");
+        let one = [Limit::new(Algorithm::Gcra, 5, 1_000).with_burst(7)];
+        let two = [
+            Limit::new(Algorithm::FixedWindow, 3, 60_000),
+            Limit::new(Algorithm::SlidingLog, 10, 2_500),
+        ];
+        let asks = [
+            Ask {
+                tag: "t1",
+                limits: &one,
+                cost: 1,
+                now: None,
+            },
+            Ask {
+                tag: "t2",
+                limits: &two,
+                cost: 4,
+                now: Some(1_700_000_000_123),
+            },
+        ];
+        let mut command = Cmd::new();
+        store.link.command(&mut command, asks.iter().copied());
+        let args: Vec<String> = command
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a plain argument>".to_owned(),
+            })
+            .collect();
+        assert_eq!(
+            args[2..],
+            [
+                "3",
+                "t1:0:gcra:1000",
+                "t2:0:fixed_window:60000",
+                "t2:1:sliding_log:2500",
+                "",
+                "1",
+                "gcra 5 1000 7",
+                "1700000000123",
+                "4",
+                "fixed_window 3 60000 3 sliding_log 10 2500 10",
+            ]
+        );
     }
 
     #[test]
