@@ -1,6 +1,7 @@
 //! The Redis store against a real Redis: the scripts' arithmetic at every
 //! boundary, atomicity under concurrency across instances, Redis's clock,
-//! script reloading, one command per decision, and `on_error`.
+//! script reloading, at most one command per decision (decisions made together
+//! share one), and `on_error`.
 
 mod support;
 
