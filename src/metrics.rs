@@ -139,6 +139,8 @@ pub struct Metrics {
     pub open_connections: Gauge,
     /// 1 while the shared store's circuit breaker is open.
     pub circuit_open: Gauge,
+    /// Calls sent to Redis to decide requests.
+    pub redis_calls: Counter,
 }
 
 /// One route's metric handles, resolved once per load.
@@ -156,6 +158,9 @@ pub struct StoreMetrics {
     errors: [Counter; 3],
     /// 1 while the circuit breaker is open.
     pub circuit_open: Gauge,
+    /// Calls sent to Redis to decide requests; one carries one or more
+    /// decisions.
+    pub redis_calls: Counter,
 }
 
 impl Default for Metrics {
@@ -198,6 +203,12 @@ impl Metrics {
             "floodgate_store_circuit_open",
             "1 while the circuit breaker around the shared store is open",
             circuit_open.clone(),
+        );
+        let redis_calls = Counter::default();
+        registry.register(
+            "floodgate_redis_calls",
+            "Calls sent to Redis to decide requests; under load one call carries several decisions",
+            redis_calls.clone(),
         );
         let upstream_responses = Family::default();
         registry.register(
@@ -248,6 +259,7 @@ impl Metrics {
             no_route,
             open_connections,
             circuit_open,
+            redis_calls,
         }
     }
 
@@ -314,6 +326,7 @@ impl Metrics {
                 counter("circuit_open"),
             ],
             circuit_open: self.circuit_open.clone(),
+            redis_calls: self.redis_calls.clone(),
         }
     }
 

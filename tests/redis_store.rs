@@ -23,6 +23,7 @@ fn redis_config(url: &str, prefix: &str, upstream: &str, limits: &str, on_error:
         r#"
 [server]
 listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
 
 [store]
 backend = "redis"
@@ -38,6 +39,15 @@ client = {{ from = "header", name = "X-Client" }}
 limits = [{limits}]
 "#
     )
+}
+
+/// `floodgate_redis_calls_total` from the admin listener's `/metrics`.
+async fn redis_calls_metric(client: &TestClient, gate: &Floodgate) -> u64 {
+    let text = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("floodgate_redis_calls_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no floodgate_redis_calls_total in:\n{text}"))
 }
 
 fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
@@ -524,6 +534,7 @@ async fn each_decision_runs_once_in_at_most_one_command_and_nothing_else() {
     );
     let mut conn = redis.connection().await;
     reset_command_stats(&mut conn).await;
+    let calls_before = redis_calls_metric(&client, &gate).await;
     const N: u64 = 200;
     let tasks: Vec<_> = (0..N)
         .map(|i| {
@@ -550,6 +561,12 @@ async fn each_decision_runs_once_in_at_most_one_command_and_nothing_else() {
     }
     // Each call asks Redis's clock once, whatever it carries.
     assert_eq!(command_calls(&info, "time"), calls, "{info}");
+    // floodgate counts the calls it sends, as Redis does.
+    assert_eq!(
+        redis_calls_metric(&client, &gate).await - calls_before,
+        calls,
+        "{info}"
+    );
     // Commands a script runs count too: the fixed window reads its key with
     // one GET per decision inside the script, so any GET floodgate sent on
     // its own would show as more than N.

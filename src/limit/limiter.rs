@@ -70,6 +70,7 @@ impl Limiter {
             &settings.tls,
             &settings.key_prefix,
             settings.timeout,
+            metrics.redis_calls.clone(),
         )?;
         let breaker = Breaker::new(
             super::breaker::DEFAULT_THRESHOLD,

@@ -37,6 +37,7 @@ use arc_swap::ArcSwapOption;
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
+use prometheus_client::metrics::counter::Counter;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -143,6 +144,8 @@ struct Link {
     /// slot.
     cluster: bool,
     timeout: Duration,
+    /// Counts the calls sent (`floodgate_redis_calls_total`).
+    calls: Counter,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -160,16 +163,24 @@ impl RedisStore {
     /// while Redis is down.
     pub fn new(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
         let endpoint = Endpoint::Single(url.to_owned());
-        Self::connect(&endpoint, &Tls::default(), key_prefix, timeout)
+        Self::connect(
+            &endpoint,
+            &Tls::default(),
+            key_prefix,
+            timeout,
+            Counter::default(),
+        )
     }
 
     /// A store for `endpoint`: one Redis or a Redis Cluster, over TLS with
-    /// `tls` for `rediss://`. Connects lazily.
+    /// `tls` for `rediss://`, counting the calls it sends in `calls`.
+    /// Connects lazily.
     pub fn connect(
         endpoint: &Endpoint,
         tls: &Tls,
         key_prefix: &str,
         timeout: Duration,
+        calls: Counter,
     ) -> Result<Self, StoreError> {
         let connect_timeout = timeout.max(Duration::from_millis(500));
         let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis settings: {e}"));
@@ -238,6 +249,7 @@ impl RedisStore {
                 functions: AtomicU8::new(FUNCTIONS_UNKNOWN),
                 cluster,
                 timeout,
+                calls,
             }),
             queue: ArcSwapOption::empty(),
             key_prefix: key_prefix.to_owned(),
@@ -363,6 +375,7 @@ impl Link {
         let lane = self.lane().await?;
         let mut conn = lane.conn.clone();
         self.command(command, asks.clone());
+        self.calls.inc();
         match command.query_async(&mut conn).await {
             Ok(reply) => Ok(reply),
             Err(e) if code_missing(&e) => {
@@ -374,6 +387,7 @@ impl Link {
                         .await
                         .map_err(|e| lane.failed(e))?;
                     self.command(command, asks);
+                    self.calls.inc();
                     command
                         .query_async(&mut conn)
                         .await
