@@ -135,6 +135,9 @@ local function decide(KEYS, ARGV)
   end
 
   local reply = {}
+  -- Keys are read once per call and written back once, after the last
+  -- request (prelude.lua: load, save, write_back).
+  begin()
   -- Redis TIME, asked at most once per call: the requests of one call are
   -- decided at one moment.
   local time = nil
@@ -153,5 +156,6 @@ local function decide(KEYS, ARGV)
     decide_one(KEYS, key, limits, now, tonumber(ARGV[at + 1]), reply, key * 4 - 3)
     key = key + #limits
   end
+  write_back()
   return reply
 end

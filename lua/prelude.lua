@@ -21,8 +21,10 @@
 -- The pure Rust twins in src/limit/algorithms.rs follow the same steps.
 --
 -- State: every algorithm but the sliding log keeps one string of two or
--- three whole numbers separated by spaces ("1700000000000 3"), written with
--- SET … PX so value and TTL change in one call.
+-- three whole numbers separated by spaces ("1700000000000 3"), read through
+-- load() and kept through save(): a call reads such a key at most once and
+-- writes it at most once, at its end, with SET … PX so value and TTL change
+-- in one command.
 
 -- The library functions the code uses, as locals: reaching a local costs
 -- Redis less than looking up a global on every use. A function library may
@@ -50,28 +52,65 @@ end
 -- or a test passing `now`).
 local EXPIRY_SLACK_MS = 1000
 
--- The numbers stored at `key`, or nothing when it is missing. A key that
--- holds something else (another type, or text that is not our numbers)
--- reads as missing, and the commit that follows overwrites it.
-local function load(key)
-  local value = redis_pcall('GET', key)
-  if type(value) ~= 'string' then
-    return nil
-  end
-  local a, b, c = match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
-  return tonumber(a), tonumber(b), tonumber(c)
+-- The state one call has read or will write, by key: {a, b, c, ms}, where
+-- ms is set once a decision has changed the numbers, and `written` lists
+-- those keys in order. A call's decisions of one client (the requests of a
+-- busy client that arrived together) read its key once and write it once:
+-- each decision still sees every earlier one, exactly as if each had been
+-- its own call, because no one else runs between them. decide() starts a
+-- new table per call and writes everything back at its end.
+local held, written
+
+local function begin()
+  held, written = {}, {}
 end
 
--- Stores two (or three) whole numbers at `key`, expiring `ms` from now plus
--- the slack.
-local function save(key, ms, a, b, c)
-  local value
-  if c then
-    value = format('%d %d %d', a, b, c)
-  else
-    value = format('%d %d', a, b)
+-- The numbers at `key`, or nothing when it is missing. A key that holds
+-- something else (another type, or text that is not our numbers) reads as
+-- missing, and the commit that follows overwrites it.
+local function load(key)
+  local state = held[key]
+  if not state then
+    local value = redis_pcall('GET', key)
+    local a, b, c
+    if type(value) == 'string' then
+      a, b, c = match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
+      a, b, c = tonumber(a), tonumber(b), tonumber(c)
+    end
+    state = {a, b, c}
+    held[key] = state
   end
-  redis_call('SET', key, value, 'PX', int(max(ms, 0) + EXPIRY_SLACK_MS))
+  return state[1], state[2], state[3]
+end
+
+-- Keeps two (or three) whole numbers for `key`, to expire `ms` from now
+-- plus the slack once written.
+local function save(key, ms, a, b, c)
+  local state = held[key]
+  if not state then
+    state = {}
+    held[key] = state
+  end
+  if not state[4] then
+    written[#written + 1] = key
+  end
+  state[1], state[2], state[3], state[4] = a, b, c, ms
+end
+
+-- Writes every key the call changed, each once, value and TTL together.
+local function write_back()
+  for i = 1, #written do
+    local key = written[i]
+    local state = held[key]
+    local a, b, c = state[1], state[2], state[3]
+    local value
+    if c then
+      value = format('%d %d %d', a, b, c)
+    else
+      value = format('%d %d', a, b)
+    end
+    redis_call('SET', key, value, 'PX', int(max(state[4], 0) + EXPIRY_SLACK_MS))
+  end
 end
 
 -- floor(a / b) for non-negative integers, exact even where the division of

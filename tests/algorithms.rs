@@ -115,19 +115,48 @@ fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
         })
 }
 
-/// A trace: (time step 0..=2×window, cost 1..=capacity, client 0..3).
-fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<(u64, u64, u8)>)> {
+/// A step of a trace: time since the previous step, cost, client, and
+/// whether it goes to Redis in one call with the steps before it.
+type Step = (u64, u64, u8, bool);
+
+/// A trace: (time step 0..=2×window, cost 1..=capacity, client 0..3, and
+/// one call with the previous step, mostly).
+fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step>)> {
     let window = limits.iter().map(|l| l.window_ms).max().unwrap_or(1);
     let capacity = limits.iter().map(Limit::capacity).min().unwrap_or(1);
     (
         Just(limits),
         1_700_000_000_000u64..1_700_100_000_000,
-        prop::collection::vec((0..=2 * window, 1..=capacity.min(6), 0u8..3), 1..48),
+        prop::collection::vec(
+            (
+                0..=2 * window,
+                1..=capacity.min(6),
+                0u8..3,
+                prop::bool::weighted(0.7),
+            ),
+            1..48,
+        ),
     )
 }
 
+/// The steps cut into Redis calls: each runs of steps that go together, at
+/// most 12 per call.
+fn calls(steps: &[Step]) -> Vec<&[Step]> {
+    let mut calls = Vec::new();
+    let mut start = 0;
+    for i in 1..=steps.len() {
+        if i == steps.len() || !steps[i].3 || i - start == 12 {
+            calls.push(&steps[start..i]);
+            start = i;
+        }
+    }
+    calls
+}
+
 /// Runs random traces through Lua on Redis and through the Rust twin; every
-/// decision must agree in every field.
+/// decision must agree in every field. The trace goes to Redis in calls of
+/// one decision and in shared calls of several, as a loaded instance sends
+/// them, where one call may decide one client many times.
 fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
     let seed = seed();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -137,18 +166,52 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
         rt.block_on(async {
             let both = Both::new(&redis, name);
             let mut now = start;
-            for (i, &(dt, cost, client)) in steps.iter().enumerate() {
-                now += dt;
-                let (lua, rust) = both.decide_both(client, &limits, cost, now).await;
-                prop_assert_eq!(
-                    lua,
-                    rust,
-                    "step {} at +{} ms, cost {}, client {}",
-                    i,
-                    now - start,
-                    cost,
-                    client
-                );
+            let mut i = 0;
+            for call in calls(&steps) {
+                let clients: Vec<ClientId> = call
+                    .iter()
+                    .map(|&(_, _, client, _)| ClientId::Addr([10, 0, 0, client].into()))
+                    .collect();
+                let mut charges = Vec::with_capacity(call.len());
+                for (&(dt, cost, _, _), client) in call.iter().zip(&clients) {
+                    now += dt;
+                    let charge = Charge {
+                        route: &both.route,
+                        client,
+                        limits: &limits,
+                        cost,
+                    };
+                    charges.push((charge, Some(now)));
+                }
+                let lua = if let [(charge, now)] = charges[..] {
+                    vec![
+                        both.redis
+                            .decide_at(charge, now)
+                            .await
+                            .expect("redis decision"),
+                    ]
+                } else {
+                    both.redis
+                        .decide_together_at(&charges)
+                        .await
+                        .expect("redis decisions")
+                };
+                prop_assert_eq!(lua.len(), charges.len());
+                for (lua, (charge, at)) in lua.into_iter().zip(&charges) {
+                    let now = at.unwrap_or_default();
+                    let rust = both.memory.decide_at(*charge, now);
+                    prop_assert_eq!(
+                        lua,
+                        rust,
+                        "step {} at +{} ms, cost {}, client {:?}, in a call of {}",
+                        i,
+                        now - start,
+                        charge.cost,
+                        charge.client,
+                        charges.len()
+                    );
+                    i += 1;
+                }
             }
             Ok(())
         })
@@ -213,7 +276,7 @@ fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
         let limit = limits[0];
         let mut state = State::new(limit.algorithm);
         let mut now = start;
-        for &(dt, cost, _) in &steps {
+        for &(dt, cost, _, _) in &steps {
             now += dt;
             let verdict = state.check(&limit, now, cost);
             if verdict.allowed {

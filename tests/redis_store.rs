@@ -542,7 +542,7 @@ async fn each_decision_runs_once_in_at_most_one_command_and_nothing_else() {
             let url = gate.url("/x");
             tokio::spawn(async move {
                 client
-                    .get(&url, &[("x-client", &format!("c{}", i % 7))])
+                    .get(&url, &[("x-client", &format!("c{i}"))])
                     .await
                     .status
             })
@@ -568,9 +568,11 @@ async fn each_decision_runs_once_in_at_most_one_command_and_nothing_else() {
         "{info}"
     );
     // Commands a script runs count too: the fixed window reads its key with
-    // one GET per decision inside the script, so any GET floodgate sent on
-    // its own would show as more than N.
+    // one GET and writes it with one SET inside the script, and no two
+    // decisions share a client here, so any GET or SET floodgate sent on its
+    // own would show as more than N.
     assert_eq!(command_calls(&info, "get"), N, "{info}");
+    assert_eq!(command_calls(&info, "set"), N, "{info}");
     // 200 concurrent decisions were pipelined over a handful of connections,
     // not one connection each (the other client is this test's own).
     let clients: String = redis::cmd("CLIENT")
@@ -630,8 +632,14 @@ async fn concurrent_decisions_share_calls_and_stay_exact() {
     let info = command_stats(&mut conn).await;
     let calls = decision_calls(&info);
     assert!(calls < N, "{calls} calls for {} decisions:\n{info}", N + 12);
-    // Each decision's own work ran once: one GET per fixed-window decision.
-    assert_eq!(command_calls(&info, "get"), N + 12, "{info}");
+    // A call reads the flooding client's key once, however many of its
+    // decisions it carries; the 12 others read one key each (the sliding
+    // log reads none).
+    let reads = command_calls(&info, "get");
+    assert!(
+        reads <= calls + 12,
+        "{reads} reads in {calls} calls:\n{info}"
+    );
 
     // The same decisions for a and b, one at a time, in a fresh prefix.
     others.sort_by_key(|&(_, i, _)| i);
@@ -639,6 +647,90 @@ async fn concurrent_decisions_share_calls_and_stay_exact() {
     for (client, i, decision) in others {
         let expected = decide(&alone, client, &two, 1, t + i).await;
         assert_eq!(decision, expected, "{client} decision {i}");
+    }
+}
+
+/// One call carrying several decisions of one client reads that client's
+/// key once and writes it once, and leaves the same state and answers as
+/// the same decisions sent one call each.
+#[tokio::test]
+async fn a_call_reads_and_writes_each_key_once() {
+    let redis = TestRedis::start_private().await;
+    let prefix = unique_prefix("together");
+    let together = store(&redis, &prefix);
+    together.load_script().await.expect("load the code");
+    let mut conn = redis.connection().await;
+    let t = 1_700_000_500_000;
+    let window = [limit(Algorithm::FixedWindow, 4, 60_000)];
+    let bucket = [limit(Algorithm::Gcra, 6, 60_000).with_burst(2)];
+    let route: Arc<str> = "r".into();
+    let (a, b) = (
+        ClientId::Header(HeaderValue::from_static("a")),
+        ClientId::Header(HeaderValue::from_static("b")),
+    );
+    // a, b, a, a, b, a, a, b, a: six of a against 4 per minute, three of b
+    // against a burst of 2, each a millisecond after the one before.
+    let order = [&a, &b, &a, &a, &b, &a, &a, &b, &a];
+    let charges: Vec<_> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &client)| {
+            let limits: &[Limit] = if client == &a { &window } else { &bucket };
+            let charge = Charge {
+                route: &route,
+                client,
+                limits,
+                cost: 1,
+            };
+            (charge, Some(t + i as u64))
+        })
+        .collect();
+    reset_command_stats(&mut conn).await;
+    let decisions = together
+        .decide_together_at(&charges)
+        .await
+        .expect("decisions");
+    let info = command_stats(&mut conn).await;
+    assert_eq!(decision_calls(&info), 1, "{info}");
+    assert_eq!(command_calls(&info, "get"), 2, "{info}");
+    assert_eq!(command_calls(&info, "set"), 2, "{info}");
+    let allowed: Vec<bool> = decisions.iter().map(|d| d.allowed).collect();
+    assert_eq!(
+        allowed,
+        [true, true, true, true, true, true, false, false, false],
+        "{decisions:?}"
+    );
+
+    // The same decisions, one call each, under another prefix.
+    let alone_prefix = unique_prefix("one_by_one");
+    let alone = store(&redis, &alone_prefix);
+    for (i, (charge, now)) in charges.iter().enumerate() {
+        let expected = alone.decide_at(*charge, *now).await.expect("decision");
+        assert_eq!(decisions[i], expected, "decision {i}");
+    }
+    for key in ["{r:h:a}:0:fixed_window:60000", "{r:h:b}:0:gcra:60000"] {
+        let mut stored = Vec::new();
+        for prefix in [&prefix, &alone_prefix] {
+            let key = format!("{prefix}:{key}");
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("GET");
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("PTTL");
+            stored.push((value.unwrap_or_else(|| panic!("{key} is missing")), ttl));
+        }
+        assert_eq!(stored[0].0, stored[1].0, "{key}");
+        // Both TTLs were set from the same `now`, moments apart in Redis's
+        // clock.
+        assert!(
+            stored[0].1 > 0 && stored[0].1.abs_diff(stored[1].1) < 1_000,
+            "{key}: {stored:?}"
+        );
     }
 }
 

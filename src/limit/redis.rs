@@ -322,6 +322,42 @@ impl RedisStore {
         }
     }
 
+    /// Decides `charges` in one call, in order, each at its own `now` or at
+    /// Redis `TIME`: what the shared calls of a loaded instance do, with the
+    /// call's make-up fixed, for tests and benchmarks. Each decision sees
+    /// the ones before it, as if each had been its own call. On a cluster
+    /// the charges must share one route and client (one slot).
+    pub async fn decide_together_at(
+        &self,
+        charges: &[(Charge<'_>, Option<u64>)],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let tags: Vec<String> = charges
+            .iter()
+            .map(|(charge, _)| self.hash_tag(charge.route, charge.client))
+            .collect();
+        let asks = charges.iter().zip(&tags).map(|((charge, now), tag)| Ask {
+            tag,
+            limits: charge.limits,
+            cost: charge.cost,
+            now: *now,
+        });
+        let work = async {
+            let reply = self.link.call(&mut Cmd::new(), asks).await?;
+            let limits = charges.iter().map(|(charge, _)| charge.limits.len());
+            let mut rest = verdict_values(&reply, limits.clone().sum())?;
+            Ok(limits
+                .map(|n| {
+                    let (mine, others) = rest.split_at(n * 4);
+                    rest = others;
+                    decision_from_values(mine)
+                })
+                .collect())
+        };
+        tokio::time::timeout(self.link.timeout, work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.link.timeout))?
+    }
+
     /// Queues `pending` for the tasks that send calls, starting them first
     /// if there are none yet (or they ended with the runtime they ran on).
     fn enqueue(&self, pending: Pending) -> Result<(), StoreError> {
