@@ -135,9 +135,9 @@ local function decide(KEYS, ARGV)
   end
 
   local reply = {}
-  -- Keys are read once per call and written back once, after the last
-  -- request (prelude.lua: load, save, write_back).
-  begin()
+  -- A key several requests use is read once and written back once, after
+  -- the last request (prelude.lua: begin, load, save, write_back).
+  begin(KEYS)
   -- Redis TIME, asked at most once per call: the requests of one call are
   -- decided at one moment.
   local time = nil

@@ -22,9 +22,8 @@
 --
 -- State: every algorithm but the sliding log keeps one string of two or
 -- three whole numbers separated by spaces ("1700000000000 3"), read through
--- load() and kept through save(): a call reads such a key at most once and
--- writes it at most once, at its end, with SET … PX so value and TTL change
--- in one command.
+-- load() and written through save(), at most once each per call, with
+-- SET … PX so value and TTL change in one command.
 
 -- The library functions the code uses, as locals: reaching a local costs
 -- Redis less than looking up a global on every use. A function library may
@@ -52,40 +51,78 @@ end
 -- or a test passing `now`).
 local EXPIRY_SLACK_MS = 1000
 
--- The state one call has read or will write, by key: {a, b, c, ms}, where
--- ms is set once a decision has changed the numbers, and `written` lists
--- those keys in order. A call's decisions of one client (the requests of a
--- busy client that arrived together) read its key once and write it once:
--- each decision still sees every earlier one, exactly as if each had been
--- its own call, because no one else runs between them. decide() starts a
--- new table per call and writes everything back at its end.
-local held, written
+-- Keys that several requests of one call use (a busy client's requests that
+-- arrived together) are read once and written once per call: `held` keeps
+-- their numbers, {a, b, c, ms}, where ms is set once a decision has changed
+-- them, and `written` lists those keys in order for write_back() at the
+-- call's end. Each decision still sees every earlier one, exactly as if each
+-- had been its own call, since nothing else runs between them. A key that
+-- only one request uses is read and written directly, as that is cheaper
+-- than keeping it.
+local shared, held, written
 
-local function begin()
-  held, written = {}, {}
+-- Starts a call whose keys are KEYS: finds the ones used more than once.
+local function begin(KEYS)
+  shared, held, written = nil, nil, nil
+  local n = #KEYS
+  if n < 2 then
+    return
+  end
+  local seen = {}
+  for i = 1, n do
+    local key = KEYS[i]
+    if not seen[key] then
+      seen[key] = true
+    elseif not shared then
+      shared, held, written = {[key] = true}, {}, {}
+    else
+      shared[key] = true
+    end
+  end
 end
 
--- The numbers at `key`, or nothing when it is missing. A key that holds
--- something else (another type, or text that is not our numbers) reads as
--- missing, and the commit that follows overwrites it.
+-- The numbers in a stored value, or nothing for a missing key. A key that
+-- holds something else (another type, or text that is not our numbers)
+-- reads as missing, and the commit that follows overwrites it.
+local function parse(value)
+  if type(value) ~= 'string' then
+    return nil
+  end
+  local a, b, c = match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+-- The numbers at `key`, or nothing when it is missing.
 local function load(key)
+  if not (shared and shared[key]) then
+    return parse(redis_pcall('GET', key))
+  end
   local state = held[key]
   if not state then
-    local value = redis_pcall('GET', key)
-    local a, b, c
-    if type(value) == 'string' then
-      a, b, c = match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
-      a, b, c = tonumber(a), tonumber(b), tonumber(c)
-    end
-    state = {a, b, c}
+    state = {parse(redis_pcall('GET', key))}
     held[key] = state
   end
   return state[1], state[2], state[3]
 end
 
--- Keeps two (or three) whole numbers for `key`, to expire `ms` from now
--- plus the slack once written.
+-- Writes two (or three) whole numbers at `key`, expiring `ms` from now plus
+-- the slack.
+local function store(key, ms, a, b, c)
+  local value
+  if c then
+    value = format('%d %d %d', a, b, c)
+  else
+    value = format('%d %d', a, b)
+  end
+  redis_call('SET', key, value, 'PX', int(max(ms, 0) + EXPIRY_SLACK_MS))
+end
+
+-- Stores two (or three) whole numbers at `key`: now, or at the call's end
+-- if other requests of the call use the key too.
 local function save(key, ms, a, b, c)
+  if not (shared and shared[key]) then
+    return store(key, ms, a, b, c)
+  end
   local state = held[key]
   if not state then
     state = {}
@@ -97,19 +134,15 @@ local function save(key, ms, a, b, c)
   state[1], state[2], state[3], state[4] = a, b, c, ms
 end
 
--- Writes every key the call changed, each once, value and TTL together.
+-- Writes the shared keys the call changed, each once.
 local function write_back()
+  if not written then
+    return
+  end
   for i = 1, #written do
     local key = written[i]
     local state = held[key]
-    local a, b, c = state[1], state[2], state[3]
-    local value
-    if c then
-      value = format('%d %d %d', a, b, c)
-    else
-      value = format('%d %d', a, b)
-    end
-    redis_call('SET', key, value, 'PX', int(max(state[4], 0) + EXPIRY_SLACK_MS))
+    store(key, state[4], state[1], state[2], state[3])
   end
 end
 
