@@ -203,6 +203,7 @@ pub async fn run(
         shadow_logged: AtomicU64::new(0),
     });
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
+    let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
     let watcher = tokio::spawn(crate::reload::watch(
         Arc::clone(&shared),
         config.clone(),
@@ -309,6 +310,7 @@ pub async fn run(
         }
     }
     sweeper.abort();
+    recoverer.abort();
     watcher.abort();
     if let Some(admin) = admin {
         admin.abort();
@@ -363,6 +365,17 @@ async fn sweep(shared: Arc<Shared>) {
         tick.tick().await;
         shared.limiter.sweep();
         shared.forwarder.sweep();
+    }
+}
+
+/// Checks a store that is considered down twice a second, so that it is
+/// used again as soon as it answers, with or without requests.
+async fn recover(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        shared.limiter.recover().await;
     }
 }
 

@@ -217,6 +217,70 @@ limits = [{{ algorithm = "token_bucket", limit = 1000, window = "1s" }}]
     assert_eq!(value(&m, "floodgate_store_circuit_open{}"), 0.0);
 }
 
+/// An instance that started while Redis was down is out of service
+/// (`/readyz` answers 503), so a load balancer sends it no requests: it must
+/// find Redis again by itself, and then limit from the first request on.
+#[tokio::test]
+async fn readyz_recovers_without_requests_once_redis_is_up() {
+    let mut redis = TestRedis::start_process().await;
+    redis.kill();
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[store]
+backend = "redis"
+url = "{}"
+key_prefix = "{}"
+timeout = "100ms"
+on_error = "allow"
+
+[[routes]]
+name = "api"
+respond = {{ status = 200 }}
+limits = [{{ algorithm = "fixed_window", limit = 2, window = "60s" }}]
+"#,
+        redis.url,
+        unique_prefix("recover")
+    );
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let status = |path: &'static str| {
+        let client = client.clone();
+        let url = gate.admin_url(path);
+        async move { client.get(&url, &[]).await.status.as_u16() }
+    };
+    assert_eq!(status("/readyz").await, 503);
+    redis.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status("/readyz").await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz did not recover without requests"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The first requests, all at once, are Redis's to decide: none goes
+    // through on `on_error = "allow"`.
+    let requests: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            let url = gate.url("/");
+            tokio::spawn(async move { client.get(&url, &[]).await.status.as_u16() })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for request in requests {
+        codes.push(request.await.expect("request"));
+    }
+    codes.sort_unstable();
+    assert_eq!(codes, [[200; 2].as_slice(), &[429; 18]].concat());
+    let m = scrape(&client.get(&gate.admin_url("/metrics"), &[]).await.text());
+    assert_eq!(value(&m, "floodgate_store_circuit_open{}"), 0.0);
+}
+
 #[tokio::test]
 async fn the_probe_flag_checks_health_for_container_runtimes() {
     let gate = Floodgate::start(

@@ -3,8 +3,9 @@
 //!
 //! Closed: every decision goes to the store; `threshold` failures in a row
 //! open it. Open: decisions skip the store (the `on_error` policy answers at
-//! once) until `cooldown` has passed. Then one decision at a time is let
-//! through as a probe: success closes the breaker, failure opens it again.
+//! once) until `cooldown` has passed. Then one probe at a time goes to the
+//! store, a decision or the limiter's own check (`Limiter::recover`): success
+//! closes the breaker, failure opens it again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 

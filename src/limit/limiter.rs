@@ -122,6 +122,28 @@ impl Limiter {
         }
     }
 
+    /// While the breaker around Redis is open and its cooldown has passed,
+    /// asks Redis without waiting for a request: connects, loads the
+    /// decision code, and closes the breaker if that works. An instance
+    /// that a load balancer took out of service while Redis was down (its
+    /// `/readyz` answers 503) gets no requests to probe with, and would
+    /// otherwise never come back; one that does get requests limits them
+    /// again as soon as Redis answers, instead of after a request's probe.
+    pub async fn recover(&self) {
+        let Self::Redis(shared) = self else {
+            return;
+        };
+        if !shared.breaker.is_open() {
+            return;
+        }
+        let Pass::Probe(probe) = shared.breaker.pass(now_ms()) else {
+            return;
+        };
+        let result = shared.store.load_script().await;
+        let change = probe.finish(result.is_ok(), now_ms());
+        shared.log_change(change, result.as_ref().err());
+    }
+
     /// Evicts expired in-process state.
     pub fn sweep(&self) {
         let now = now_ms();
