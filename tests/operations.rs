@@ -163,10 +163,11 @@ upstream = "{}"
     );
 }
 
-#[tokio::test]
-async fn readyz_follows_redis_and_healthz_stays_up() {
-    let mut redis = TestRedis::start_process().await;
-    let toml = format!(
+/// An instance with an admin listener and one route that answers 200 by
+/// itself under `limit`, counting in the Redis at `url` and letting
+/// requests through while Redis cannot answer.
+fn redis_instance(url: &str, prefix: &str, limit: &str) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -174,25 +175,35 @@ admin_listen = "127.0.0.1:0"
 
 [store]
 backend = "redis"
-url = "{}"
-key_prefix = "{}"
+url = "{url}"
+key_prefix = "{prefix}"
 timeout = "100ms"
+on_error = "allow"
 
 [[routes]]
 name = "api"
 respond = {{ status = 200 }}
-limits = [{{ algorithm = "token_bucket", limit = 1000, window = "1s" }}]
-"#,
-        redis.url,
-        unique_prefix("readyz")
-    );
-    let gate = Floodgate::start(&toml).await;
+limits = [{limit}]
+"#
+    )
+}
+
+/// The status `path` on `gate`'s admin listener answers with.
+async fn admin_status(client: &TestClient, gate: &Floodgate, path: &str) -> u16 {
+    client.get(&gate.admin_url(path), &[]).await.status.as_u16()
+}
+
+#[tokio::test]
+async fn readyz_follows_redis_and_healthz_stays_up() {
+    let mut redis = TestRedis::start_process().await;
+    let gate = Floodgate::start(&redis_instance(
+        &redis.url,
+        &unique_prefix("readyz"),
+        r#"{ algorithm = "token_bucket", limit = 1000, window = "1s" }"#,
+    ))
+    .await;
     let client = TestClient::http1();
-    let status = |path: &'static str| {
-        let client = client.clone();
-        let url = gate.admin_url(path);
-        async move { client.get(&url, &[]).await.status.as_u16() }
-    };
+    let status = |path| admin_status(&client, &gate, path);
     assert_eq!(status("/readyz").await, 200);
     redis.kill();
     // Traffic finds out: the breaker opens after a few failed decisions.
@@ -224,34 +235,14 @@ limits = [{{ algorithm = "token_bucket", limit = 1000, window = "1s" }}]
 async fn readyz_recovers_without_requests_once_redis_is_up() {
     let mut redis = TestRedis::start_process().await;
     redis.kill();
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "{}"
-key_prefix = "{}"
-timeout = "100ms"
-on_error = "allow"
-
-[[routes]]
-name = "api"
-respond = {{ status = 200 }}
-limits = [{{ algorithm = "fixed_window", limit = 2, window = "60s" }}]
-"#,
-        redis.url,
-        unique_prefix("recover")
-    );
-    let gate = Floodgate::start(&toml).await;
+    let gate = Floodgate::start(&redis_instance(
+        &redis.url,
+        &unique_prefix("recover"),
+        r#"{ algorithm = "fixed_window", limit = 2, window = "60s" }"#,
+    ))
+    .await;
     let client = TestClient::http1();
-    let status = |path: &'static str| {
-        let client = client.clone();
-        let url = gate.admin_url(path);
-        async move { client.get(&url, &[]).await.status.as_u16() }
-    };
+    let status = |path| admin_status(&client, &gate, path);
     assert_eq!(status("/readyz").await, 503);
     redis.restart().await;
     let deadline = Instant::now() + Duration::from_secs(10);
