@@ -345,13 +345,7 @@ impl RedisStore {
             let reply = self.link.call(&mut Cmd::new(), asks).await?;
             let limits = charges.iter().map(|(charge, _)| charge.limits.len());
             let mut rest = verdict_values(&reply, limits.clone().sum())?;
-            Ok(limits
-                .map(|n| {
-                    let (mine, others) = rest.split_at(n * 4);
-                    rest = others;
-                    decision_from_values(mine)
-                })
-                .collect())
+            Ok(limits.map(|n| next_decision(&mut rest, n)).collect())
         };
         tokio::time::timeout(self.link.timeout, work)
             .await
@@ -610,9 +604,8 @@ fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError>) {
         Ok(Ok(values)) => {
             let mut rest = values;
             for pending in batch.drain(..) {
-                let (mine, others) = rest.split_at(pending.limits.as_slice().len() * 4);
-                rest = others;
-                let _ = pending.reply.send(Ok(decision_from_values(mine)));
+                let decision = next_decision(&mut rest, pending.limits.as_slice().len());
+                let _ = pending.reply.send(Ok(decision));
             }
             return;
         }
@@ -815,6 +808,15 @@ fn decision_from_values(values: &[Value]) -> Decision {
         reset_ms: int(&v[2]),
         retry_after_ms: int(&v[3]),
     }))
+}
+
+/// The next decision of a call's verdicts, of `limits` limits, taken off
+/// the front of `rest` (already checked to hold four integers per limit of
+/// every decision).
+fn next_decision(rest: &mut &[Value], limits: usize) -> Decision {
+    let (mine, others) = rest.split_at((limits * 4).min(rest.len()));
+    *rest = others;
+    decision_from_values(mine)
 }
 
 /// The decision in the reply to a call that carried only it.
