@@ -14,17 +14,32 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Starts and joins the cluster; waits until it serves every slot.
+    /// Starts and joins a cluster whose nodes declare a peer failed after
+    /// 5 s without an answer: no failover unless a test kills a node and
+    /// waits, however slow the machine.
     pub async fn start() -> Self {
+        Self::start_with(Duration::from_secs(5)).await
+    }
+
+    /// Starts and joins the cluster, with `node_timeout` as the nodes'
+    /// `cluster-node-timeout`; waits until it serves every slot.
+    pub async fn start_with(node_timeout: Duration) -> Self {
         let dir = temp_dir("cluster");
         let mut nodes = Vec::new();
         for _ in 0..6 {
             let port = free_port();
+            // The bus port is chosen too: by default it is the port plus
+            // 10000, which may be taken, or above 65535 (the node exits).
+            let bus_port = free_port();
             let child = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-port", &bus_port.to_string()])
                 .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                .args(["--cluster-node-timeout", "1000"])
+                .args([
+                    "--cluster-node-timeout",
+                    &node_timeout.as_millis().to_string(),
+                ])
                 // Fail over whatever the replica's data age: the test kills primaries
                 // moments after the replicas first synced.
                 .args(["--cluster-replica-validity-factor", "0"])
@@ -117,6 +132,20 @@ impl TestCluster {
     /// Keys on the node at `port`.
     pub fn keys_on(&self, port: u16) -> usize {
         self.cli(port, &["DBSIZE"]).trim().parse().unwrap_or(0)
+    }
+
+    /// The node id of the node at `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        self.cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// The keys on the node at `port` that match `pattern`.
+    pub fn keys(&self, port: u16, pattern: &str) -> Vec<String> {
+        self.cli(port, &["KEYS", pattern])
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(str::to_owned)
+            .collect()
     }
 
     /// SIGKILLs the node at `port`.

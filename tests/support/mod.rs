@@ -27,6 +27,16 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// Sends floodgate's log lines (info and up) to the output of the test
+/// that caused them, which the test runner shows when that test fails:
+/// why a store call failed, when the breaker opened.
+fn show_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("floodgate=info"))
+        .with_test_writer()
+        .try_init();
+}
+
 // === the upstream ===
 
 /// A real HTTP/1.1 upstream on loopback. Every path echoes the request as
@@ -259,6 +269,7 @@ impl Floodgate {
     }
 
     async fn serve(config: floodgate::config::Config) -> Self {
+        show_logs();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind floodgate");
