@@ -18,13 +18,15 @@ const ALGORITHMS: [&str; 5] = [
     "gcra",
 ];
 
-fn config(urls: &[String], prefix: &str, on_error: &str, limit: u64) -> String {
+/// The `[server]` and `[store]` sections for floodgate on the cluster at
+/// `urls`.
+fn store(urls: &[String], prefix: &str, on_error: &str, timeout: &str) -> String {
     let urls = urls
         .iter()
         .map(|u| format!("\"{u}\""))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut toml = format!(
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -33,10 +35,14 @@ listen = "127.0.0.1:0"
 backend = "redis_cluster"
 urls = [{urls}]
 key_prefix = "{prefix}"
-timeout = "300ms"
+timeout = "{timeout}"
 on_error = "{on_error}"
 "#
-    );
+    )
+}
+
+fn config(urls: &[String], prefix: &str, on_error: &str, limit: u64) -> String {
+    let mut toml = store(urls, prefix, on_error, "300ms");
     for algorithm in ALGORITHMS {
         toml.push_str(&format!(
             r#"
@@ -112,7 +118,8 @@ async fn every_algorithm_limits_exactly_with_clients_on_every_primary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_is_replaced_and_limits_are_exact_again() {
-    let mut cluster = TestCluster::start().await;
+    // Peers declare a node failed after 1 s, so the replica takes over soon.
+    let mut cluster = TestCluster::start_with(Duration::from_secs(1)).await;
     let prefix = unique_prefix("failover");
     let toml = config(&cluster.urls(), &prefix, "deny", 3);
     let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
@@ -175,4 +182,111 @@ async fn a_killed_primary_is_replaced_and_limits_are_exact_again() {
             "{algorithm} after failover: {counts:?}"
         );
     }
+}
+
+/// `errorstat_TRYAGAIN` of the node at `port`: how many times it answered
+/// `TRYAGAIN`.
+fn tryagain_answers(cluster: &TestCluster, port: u16) -> u64 {
+    cluster
+        .cli(port, &["INFO", "errorstats"])
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_TRYAGAIN:count="))
+        .map_or(0, |n| n.trim().parse().expect("a TRYAGAIN count"))
+}
+
+/// A slot moving between primaries, as `redis-cli --cluster reshard` moves
+/// them, while a decision for it is asked. Halfway, with one of the
+/// decision's two keys on each node, Redis answers `TRYAGAIN`. floodgate
+/// asks again soon enough to decide within its timeout once the slot has
+/// moved, and the counts move with the keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_caught_by_a_moving_slot_is_decided_once_the_slot_has_moved() {
+    let cluster = TestCluster::start().await;
+    let prefix = unique_prefix("reshard");
+    let mut toml = store(&cluster.urls(), &prefix, "deny", "1s");
+    toml.push_str(
+        r#"
+[[routes]]
+name = "two_limits"
+match = { path_prefix = "/" }
+respond = { status = 200 }
+client = { from = "header", name = "X-Client" }
+limits = [
+  { algorithm = "fixed_window", limit = 3, window = "1h" },
+  { algorithm = "gcra", limit = 3, window = "1h" },
+]
+"#,
+    );
+    let gate = Floodgate::start(&toml).await;
+    let http = TestClient::http1();
+    let url = gate.url("/");
+    let ask = || {
+        let (http, url) = (http.clone(), url.clone());
+        async move { http.get(&url, &[("x-client", "mover")]).await.status }
+    };
+    assert_eq!(ask().await, 200);
+
+    let pattern = format!("{prefix}:*");
+    let (source, keys) = cluster
+        .primaries()
+        .into_iter()
+        .map(|port| (port, cluster.keys(port, &pattern)))
+        .find(|(_, keys)| !keys.is_empty())
+        .expect("the client's keys on one primary");
+    assert_eq!(keys.len(), 2, "one key per limit: {keys:?}");
+    let target = cluster
+        .primaries()
+        .into_iter()
+        .find(|&port| port != source)
+        .expect("a second primary");
+    let slot = cluster.cli(source, &["CLUSTER", "KEYSLOT", &keys[0]]);
+    let slot = slot.trim();
+    let (source_id, target_id) = (cluster.node_id(source), cluster.node_id(target));
+    let ok = |port: u16, args: &[&str]| {
+        let out = cluster.cli(port, args);
+        assert_eq!(out.trim(), "OK", "{args:?} on {port}");
+    };
+    let target_port = target.to_string();
+    let migrate = |key: &str| {
+        ok(
+            source,
+            &["MIGRATE", "127.0.0.1", &target_port, key, "0", "5000"],
+        )
+    };
+    ok(
+        target,
+        &["CLUSTER", "SETSLOT", slot, "IMPORTING", &source_id],
+    );
+    ok(
+        source,
+        &["CLUSTER", "SETSLOT", slot, "MIGRATING", &target_id],
+    );
+    migrate(&keys[0]);
+
+    // Halfway: the decision is refused with TRYAGAIN until the slot moves.
+    let refused = tryagain_answers(&cluster, source);
+    let caught = tokio::spawn(ask());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tryagain_answers(&cluster, source) == refused {
+        assert!(
+            Instant::now() < deadline,
+            "the decision never reached the moving slot"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    migrate(&keys[1]);
+    for port in [target, source] {
+        ok(port, &["CLUSTER", "SETSLOT", slot, "NODE", &target_id]);
+    }
+    assert_eq!(
+        caught.await.expect("the caught request"),
+        200,
+        "the decision caught by the move was not decided within the timeout"
+    );
+
+    // The counts moved with the keys: one more admitted, then denied.
+    assert_eq!(ask().await, 200);
+    assert_eq!(ask().await, 429);
+    assert_eq!(cluster.keys(target, &pattern).len(), 2);
+    assert!(cluster.keys(source, &pattern).is_empty());
 }

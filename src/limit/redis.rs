@@ -210,9 +210,12 @@ impl RedisStore {
                 )
             }
             Endpoint::Cluster(urls) => {
+                let (min_wait, max_wait) = cluster_retry_waits(timeout);
                 let mut builder =
                     redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                        .connection_timeout(connect_timeout);
+                        .connection_timeout(connect_timeout)
+                        .min_retry_wait(min_wait)
+                        .max_retry_wait(max_wait);
                 if custom_tls {
                     builder = builder.certs(certificates());
                 }
@@ -386,6 +389,20 @@ impl RedisStore {
         tag.push('}');
         tag
     }
+}
+
+/// How long the cluster client waits before it asks again after
+/// `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`, or when no node holds a slot:
+/// (at least, at most), in milliseconds. redis-rs waits 1.28 s at least by
+/// default, more than a decision's whole `timeout`, so a decision caught by
+/// a slot moving or a replica being promoted would always end in `on_error`
+/// however soon the cluster was whole again. Here each wait is random
+/// between 2 ms and a ceiling that doubles from 20 ms up to a quarter of
+/// the timeout, so a decision asks several times within its timeout and is
+/// decided soon after the cluster can.
+fn cluster_retry_waits(timeout: Duration) -> (u64, u64) {
+    let quarter = u64::try_from(timeout.as_millis() / 4).unwrap_or(u64::MAX);
+    (2, quarter.clamp(10, 1000))
 }
 
 impl Store for RedisStore {
@@ -942,6 +959,15 @@ mod tests {
     use super::*;
     use crate::limit::Algorithm;
     use http::HeaderValue;
+
+    #[test]
+    fn cluster_retries_wait_a_quarter_of_the_timeout_at_most() {
+        let waits = |ms| cluster_retry_waits(Duration::from_millis(ms));
+        assert_eq!(waits(50), (2, 12));
+        assert_eq!(waits(300), (2, 75));
+        assert_eq!(waits(20), (2, 10));
+        assert_eq!(waits(60_000), (2, 1000));
+    }
 
     #[test]
     fn the_scripts_reply_is_read_as_four_integers_per_limit() {
