@@ -1,6 +1,6 @@
 //! Scale out: floodgate on a real three-primary Redis Cluster, limits exact
-//! for every algorithm with clients spread over every slot, and through the
-//! loss of a primary.
+//! for every algorithm with clients spread over every slot, through the
+//! loss of a primary, and through a slot moving between primaries.
 
 mod support;
 

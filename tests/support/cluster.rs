@@ -2,7 +2,7 @@
 //! mode on free ports (three primaries, three replicas), joined with
 //! `redis-cli --cluster create`, all killed on drop.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,37 +27,10 @@ impl TestCluster {
         let dir = temp_dir("cluster");
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            let port = free_port();
-            // The bus port is chosen too: by default it is the port plus
-            // 10000, which may be taken, or above 65535 (the node exits).
-            let bus_port = free_port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-port", &bus_port.to_string()])
-                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                .args([
-                    "--cluster-node-timeout",
-                    &node_timeout.as_millis().to_string(),
-                ])
-                // Fail over whatever the replica's data age: the test kills primaries
-                // moments after the replicas first synced.
-                .args(["--cluster-replica-validity-factor", "0"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start redis-server (cluster mode)");
+            let (port, child) = start_node(&dir, node_timeout).await;
             nodes.push((port, Some(child)));
         }
         let cluster = Self { nodes, dir };
-        for &(port, _) in &cluster.nodes {
-            cluster
-                .wait_for(port, |out| out.contains("PONG"), &["PING"])
-                .await;
-        }
         let addresses: Vec<String> = cluster
             .nodes
             .iter()
@@ -86,12 +59,7 @@ impl TestCluster {
 
     /// `redis-cli -p port args…`, its output.
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        cli(port, args)
     }
 
     async fn wait_for(&self, port: u16, ready: impl Fn(&str) -> bool, args: &[&str]) {
@@ -159,6 +127,61 @@ impl TestCluster {
             }
         }
     }
+}
+
+/// `redis-cli -p port args…`, its output.
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts one cluster node in `dir` and returns its port once the node
+/// answers there as itself (by process id). Another process may take a
+/// free port before the node binds it, and the node then exits: it is
+/// started again on other ports.
+async fn start_node(dir: &Path, node_timeout: Duration) -> (u16, Child) {
+    for _ in 0..5 {
+        let port = free_port();
+        // The bus port is chosen too: by default it is the port plus 10000,
+        // which may be taken, or above 65535 (the node exits).
+        let bus_port = free_port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-port", &bus_port.to_string()])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args([
+                "--cluster-node-timeout",
+                &node_timeout.as_millis().to_string(),
+            ])
+            // Fail over whatever the replica's data age: a test may kill a
+            // primary moments after the replicas first synced.
+            .args(["--cluster-replica-validity-factor", "0"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server (cluster mode)");
+        let itself = format!("process_id:{}\r", child.id());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if cli(port, &["INFO", "server"]).contains(&itself) {
+                return (port, child);
+            }
+            if child.try_wait().expect("poll redis-server").is_some() {
+                break; // a port was taken: try others
+            }
+            assert!(Instant::now() < deadline, "node {port} never got ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    panic!("no cluster node started in 5 tries on free ports");
 }
 
 impl Drop for TestCluster {

@@ -530,12 +530,24 @@ impl Drop for FloodgateProcess {
     }
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago and that no other caller in this
+/// test process got: tests start servers in parallel, and the kernel may
+/// hand a port just released to the next bind.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A fresh temporary directory for a test's files.
