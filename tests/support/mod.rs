@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod redis;
+pub mod relay;
 pub mod sentinel;
 
 use std::convert::Infallible;
@@ -34,6 +35,7 @@ fn show_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("floodgate=info"))
         .with_test_writer()
+        .with_ansi(false)
         .try_init();
 }
 

@@ -108,6 +108,35 @@ impl TestRedis {
         }
     }
 
+    /// The address this Redis listens on.
+    pub async fn addr(&self) -> std::net::SocketAddr {
+        let authority = self.authority();
+        let host_port = authority.rsplit('@').next().unwrap_or(authority);
+        tokio::net::lookup_host(host_port)
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .unwrap_or_else(|| panic!("cannot resolve {host_port} of {}", self.url))
+    }
+
+    /// This Redis's URL with `addr` in place of its host and port (its
+    /// user, password and database kept), for a relay in between.
+    pub fn url_via(&self, addr: std::net::SocketAddr) -> String {
+        let authority = self.authority();
+        let host_port = authority.rsplit('@').next().unwrap_or(authority);
+        let user = &authority[..authority.len() - host_port.len()];
+        self.url.replacen(authority, &format!("{user}{addr}"), 1)
+    }
+
+    /// What follows `redis://` up to the path.
+    fn authority(&self) -> &str {
+        let rest = self
+            .url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, rest)| rest);
+        rest.split('/').next().unwrap_or(rest)
+    }
+
     /// A connection for inspecting what floodgate wrote.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url.as_str())
