@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::redis::{TestRedis, has_functions, unique_prefix};
+use support::relay::Relay;
 use support::{Floodgate, TestClient, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -189,6 +190,39 @@ async fn redis_frozen_decisions_stay_within_the_timeout_and_resume_after_sigcont
             .status,
         200
     );
+    let me = [("x-client", "after")];
+    for expected in [200, 200, 200, 429] {
+        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
+    }
+}
+
+/// Redis lost without a word: its connections stay open and nothing
+/// answers on them, nor on new ones. Then the address answers again, for
+/// new connections only (a new host under the same name). The breaker's
+/// probes connect afresh instead of waiting on the silent connections, so
+/// limiting resumes by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_without_a_word_is_reached_again_on_new_connections() {
+    let redis = TestRedis::start_private().await;
+    let relay = Relay::start(redis.addr().await).await;
+    let url = redis.url_via(relay.addr);
+    let gate = Floodgate::start(&config(&url, &unique_prefix("silent"), "deny", "", 3)).await;
+    let client = TestClient::http1();
+    let me = [("x-client", "before")];
+    assert_eq!(client.get(&gate.url("/api"), &me).await.status, 200);
+
+    relay.go_silent();
+    let me = [("x-client", "during")];
+    for _ in 0..8 {
+        assert_eq!(client.get(&gate.url("/api"), &me).await.status, 503);
+    }
+    assert_eq!(
+        client.get(&gate.admin_url("/readyz"), &[]).await.status,
+        503
+    );
+
+    relay.serve_new_connections();
+    until_redis_decides(&gate, "probe").await;
     let me = [("x-client", "after")];
     for expected in [200, 200, 200, 429] {
         assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);

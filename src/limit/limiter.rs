@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::breaker::{Breaker, Change, Pass};
+use super::breaker::{Breaker, Change, Pass, Probe};
 use super::deny_cache::DenyCache;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
@@ -140,8 +140,7 @@ impl Limiter {
             return;
         };
         let result = shared.store.load_script().await;
-        let change = probe.finish(result.is_ok(), now_ms());
-        shared.log_change(change, result.as_ref().err());
+        shared.probed(probe, result.as_ref().err());
     }
 
     /// Evicts expired in-process state.
@@ -181,13 +180,15 @@ impl Shared {
                     Ok(_) => self.breaker.success(),
                     Err(_) => self.breaker.failure(now_ms()),
                 };
+                if change == Change::Opened {
+                    self.store.reconnect();
+                }
                 self.log_change(change, result.as_ref().err());
                 result
             }
             Pass::Probe(probe) => {
                 let result = self.store.decide(charge).await;
-                let change = probe.finish(result.is_ok(), now_ms());
-                self.log_change(change, result.as_ref().err());
+                self.probed(probe, result.as_ref().err());
                 result
             }
             Pass::Open => Err(StoreError::CircuitOpen),
@@ -208,6 +209,18 @@ impl Shared {
                 self.fallback(charge, &e)
             }
         }
+    }
+
+    /// Ends `probe` with its `error`, if any. The breaker opens again on a
+    /// failed probe, and the store's connections are retired (as when the
+    /// breaker first opened): they may be ones Redis will never answer, and
+    /// the next probe must not wait on them.
+    fn probed(&self, probe: Probe<'_>, error: Option<&StoreError>) {
+        let change = probe.finish(error.is_none(), now_ms());
+        if error.is_some() {
+            self.store.reconnect();
+        }
+        self.log_change(change, error);
     }
 
     fn log_change(&self, change: Change, error: Option<&StoreError>) {

@@ -259,6 +259,22 @@ impl RedisStore {
         })
     }
 
+    /// Retires every connection this store sends on; the next call opens a
+    /// new one. A Redis whose host vanished, or a network that drops its
+    /// packets, leaves connections open that will never answer and that
+    /// TCP gives up on only after many minutes; a new connection reaches
+    /// whatever answers at the address now (a restarted Redis, the new
+    /// primary behind a managed endpoint's name or the Sentinels, a
+    /// cluster's current topology). Calls in flight end by their timeout.
+    pub fn reconnect(&self) {
+        for slot in &self.link.lanes {
+            if let Some(lane) = slot.swap(None) {
+                // The pool discards the connection instead of handing it out.
+                lane.broken.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Gives Redis the decision code (the function library, or the script
     /// where Redis has no functions) so the first decision needs no retry.
     pub async fn load_script(&self) -> Result<(), StoreError> {
