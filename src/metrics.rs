@@ -4,7 +4,8 @@
 //! a metric up by label: each route's handles are resolved once when rules
 //! are loaded, so counting is an atomic add. Labels are route names,
 //! outcomes, status classes and store kinds: never client ids, so the number
-//! of series is bounded by the configuration.
+//! of series is bounded by the configuration. A reload that removes a route
+//! removes its series too, so `/metrics` lists only routes in force.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -133,6 +134,9 @@ pub struct Metrics {
     reloads: Family<ResultLabel, Counter>,
     config_info: Family<DigestLabel, Gauge>,
     config_digest: Mutex<String>,
+    /// The route names of the rules last bound: the series to remove when
+    /// a reload drops one of them.
+    bound_routes: Mutex<Vec<String>>,
     /// Requests that matched no route.
     pub no_route: Counter,
     /// Connections open on the proxy listener.
@@ -256,6 +260,7 @@ impl Metrics {
             reloads,
             config_info,
             config_digest: Mutex::new(String::new()),
+            bound_routes: Mutex::new(Vec::new()),
             no_route,
             open_connections,
             circuit_open,
@@ -263,8 +268,21 @@ impl Metrics {
         }
     }
 
-    /// Resolves every route's handles, in table order.
+    /// Resolves every route's handles, in table order, and removes the
+    /// series of routes the previous rules had and these do not. (A request
+    /// still in flight on a removed route counts into handles that are no
+    /// longer exported.)
     pub fn bind(&self, routes: &Table) -> Vec<RouteMetrics> {
+        let names: Vec<String> = routes.iter().map(|r| r.name.to_string()).collect();
+        let mut bound = self
+            .bound_routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for gone in bound.iter().filter(|name| !names.contains(name)) {
+            self.remove_route(gone);
+        }
+        *bound = names;
+        drop(bound);
         routes
             .iter()
             .map(|route| {
@@ -297,6 +315,25 @@ impl Metrics {
                 }
             })
             .collect()
+    }
+
+    /// Removes every series labelled with route `name`.
+    fn remove_route(&self, name: &str) {
+        for outcome in Outcome::ALL {
+            self.requests.remove(&RouteOutcome {
+                route: name.to_owned(),
+                outcome: outcome.name().into(),
+            });
+        }
+        for class in 1..=5 {
+            self.upstream_responses.remove(&RouteClass {
+                route: name.to_owned(),
+                class: format!("{class}xx"),
+            });
+        }
+        self.upstream_seconds.remove(&RouteLabel {
+            route: name.to_owned(),
+        });
     }
 
     /// The store's handles.

@@ -124,6 +124,54 @@ async fn a_changed_file_applies_a_broken_one_is_refused_and_in_flight_requests_f
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A reload that removes a route removes its series from `/metrics`; a
+/// route that stays keeps its counts.
+#[tokio::test]
+async fn a_reload_that_removes_a_route_removes_its_metrics() {
+    let dir = temp_dir("reload-metrics");
+    let path = dir.join("floodgate.toml");
+    let without_old = rules("127.0.0.1:0", 100, "");
+    let with_old = without_old.replace(
+        "[[routes]]\nname = \"api\"",
+        "[[routes]]\nname = \"old\"\nmatch = { path_prefix = \"/old\" }\nrespond = { status = 200 }\n\n[[routes]]\nname = \"api\"",
+    );
+    std::fs::write(&path, &with_old).expect("write");
+    let gate = Floodgate::start_file(&path).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/old"), &[]).await.status, 200);
+    assert_eq!(client.get(&gate.url("/api"), &[]).await.status, 200);
+    let scrape = || async {
+        TestClient::http1()
+            .get(&gate.admin_url("/metrics"), &[])
+            .await
+            .text()
+    };
+    let old_allowed = "floodgate_requests_total{route=\"old\",outcome=\"allowed\"}";
+    let api_allowed = "floodgate_requests_total{route=\"api\",outcome=\"allowed\"}";
+    let text = scrape().await;
+    assert_eq!(metric(&text, old_allowed), 1, "{text}");
+
+    std::fs::write(&path, &without_old).expect("rewrite");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = scrape().await;
+        if !text.contains("route=\"old\"") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the removed route's series stayed:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(metric(&text, api_allowed), 1, "{text}");
+    assert_eq!(client.get(&gate.url("/old"), &[]).await.status, 200);
+    let text = scrape().await;
+    assert_eq!(metric(&text, api_allowed), 2, "/old is now the api route");
+    assert!(!text.contains("route=\"old\""), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn reload_notification_applies_the_file_when_watching_is_off() {
     let dir = temp_dir("sighup");
