@@ -229,6 +229,44 @@ async fn redis_lost_without_a_word_is_reached_again_on_new_connections() {
     }
 }
 
+/// A Redis at its `maxmemory` under `noeviction` refuses decisions, as it
+/// refuses every write: floodgate answers per `on_error` and limits
+/// exactly again once Redis has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_out_of_memory_refuses_decisions_until_it_has_room() {
+    let redis = TestRedis::start_private().await;
+    let gate = Floodgate::start(&config(&redis.url, &unique_prefix("oom"), "deny", "", 3)).await;
+    let client = TestClient::http1();
+    let me = [("x-client", "before")];
+    assert_eq!(client.get(&gate.url("/api"), &me).await.status, 200);
+
+    let mut conn = redis.connection().await;
+    let mut config_set = async |key: &str, value: &str| {
+        let set: redis::RedisResult<()> = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(key)
+            .arg(value)
+            .query_async(&mut conn)
+            .await;
+        set.unwrap_or_else(|e| panic!("CONFIG SET {key} {value}: {e}"));
+    };
+    config_set("maxmemory-policy", "noeviction").await;
+    config_set("maxmemory", "1").await;
+    let me = [("x-client", "full")];
+    for _ in 0..3 {
+        let a = client.get(&gate.url("/api"), &me).await;
+        assert_eq!(a.status, 503);
+        assert!(a.header("retry-after").is_some());
+    }
+
+    config_set("maxmemory", "0").await;
+    until_redis_decides(&gate, "probe").await;
+    let me = [("x-client", "after")];
+    for expected in [200, 200, 200, 429] {
+        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
+    }
+}
+
 #[tokio::test]
 async fn redis_restarted_empty_gets_the_script_again_and_limits() {
     let mut redis = TestRedis::start_process().await;
