@@ -65,6 +65,17 @@ async fn until_redis_decides(gate: &Floodgate, client: &str) {
     }
 }
 
+/// Waits until Redis decides again, then expects the route's limit of 3
+/// to hold exactly for a fresh client: three admitted, the fourth denied.
+async fn limits_exactly_again(gate: &Floodgate) {
+    until_redis_decides(gate, "probe").await;
+    let client = TestClient::http1();
+    let me = [("x-client", "after")];
+    for expected in [200, 200, 200, 429] {
+        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_every_request_is_answered_and_the_breaker_stops_waiting() {
     let mut redis = TestRedis::start_process().await;
@@ -182,7 +193,7 @@ async fn redis_frozen_decisions_stay_within_the_timeout_and_resume_after_sigcont
         503
     );
     redis.resume();
-    until_redis_decides(&gate, "probe").await;
+    limits_exactly_again(&gate).await;
     assert_eq!(
         TestClient::http1()
             .get(&gate.admin_url("/readyz"), &[])
@@ -190,10 +201,6 @@ async fn redis_frozen_decisions_stay_within_the_timeout_and_resume_after_sigcont
             .status,
         200
     );
-    let me = [("x-client", "after")];
-    for expected in [200, 200, 200, 429] {
-        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
-    }
 }
 
 /// Redis lost without a word: its connections stay open and nothing
@@ -222,11 +229,7 @@ async fn redis_lost_without_a_word_is_reached_again_on_new_connections() {
     );
 
     relay.serve_new_connections();
-    until_redis_decides(&gate, "probe").await;
-    let me = [("x-client", "after")];
-    for expected in [200, 200, 200, 429] {
-        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
-    }
+    limits_exactly_again(&gate).await;
 }
 
 /// A Redis at its `maxmemory` under `noeviction` refuses decisions, as it
@@ -260,11 +263,7 @@ async fn redis_out_of_memory_refuses_decisions_until_it_has_room() {
     }
 
     config_set("maxmemory", "0").await;
-    until_redis_decides(&gate, "probe").await;
-    let me = [("x-client", "after")];
-    for expected in [200, 200, 200, 429] {
-        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
-    }
+    limits_exactly_again(&gate).await;
 }
 
 #[tokio::test]
@@ -287,11 +286,7 @@ async fn redis_restarted_empty_gets_the_script_again_and_limits() {
         200
     );
     redis.restart().await;
-    until_redis_decides(&gate, "probe").await;
-    let me = [("x-client", "after")];
-    for expected in [200, 200, 200, 429] {
-        assert_eq!(client.get(&gate.url("/api"), &me).await.status, expected);
-    }
+    limits_exactly_again(&gate).await;
     let mut conn = redis.connection().await;
     if has_functions(&mut conn).await {
         let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
