@@ -58,7 +58,7 @@ impl TestRedis {
             };
         }
         if which_redis_server() {
-            return Self::spawn(free_port(), &[]).await;
+            return Self::spawn_on_a_free_port(&[]).await;
         }
         match std::env::var("REDIS_URL") {
             Ok(url) => Self {
@@ -78,7 +78,7 @@ impl TestRedis {
             which_redis_server(),
             "this test stops and restarts Redis: it needs redis-server on PATH"
         );
-        Self::spawn(free_port(), &[]).await
+        Self::spawn_on_a_free_port(&[]).await
     }
 
     /// A `redis-server` process of this test's own, started with `extra`
@@ -88,11 +88,31 @@ impl TestRedis {
             which_redis_server(),
             "this test configures Redis itself: it needs redis-server on PATH"
         );
-        Self::spawn(free_port(), extra).await
+        Self::spawn_on_a_free_port(extra).await
+    }
+
+    /// A `redis-server` on a free port; on another if a process took that
+    /// one before Redis could bind it.
+    async fn spawn_on_a_free_port(extra: &[&str]) -> Self {
+        for _ in 0..5 {
+            if let Some(redis) = Self::try_spawn(free_port(), extra).await {
+                return redis;
+            }
+        }
+        panic!("redis-server found no free port in 5 tries");
     }
 
     async fn spawn(port: u16, extra: &[&str]) -> Self {
-        let child = Command::new("redis-server")
+        Self::try_spawn(port, extra)
+            .await
+            .unwrap_or_else(|| panic!("redis-server could not listen on port {port}"))
+    }
+
+    /// Starts `redis-server` on `port` and waits until it answers there as
+    /// itself (by process id), so a test never talks to another process's
+    /// Redis; `None` if it exited (the port was taken).
+    async fn try_spawn(port: u16, extra: &[&str]) -> Option<Self> {
+        let mut child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(extra)
@@ -101,10 +121,30 @@ impl TestRedis {
             .spawn()
             .expect("start redis-server");
         let url = format!("redis://127.0.0.1:{port}");
-        wait_until_ready(&url).await;
-        Self {
-            url,
-            origin: Origin::Process { child, port },
+        let client = redis::Client::open(url.as_str()).expect("redis url");
+        let itself = format!("process_id:{}\r", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let info: redis::RedisResult<String> = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut conn)
+                    .await;
+                if info.is_ok_and(|info| info.contains(&itself)) {
+                    return Some(Self {
+                        url,
+                        origin: Origin::Process { child, port },
+                    });
+                }
+            }
+            if child.try_wait().expect("poll redis-server").is_some() {
+                return None;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Redis at {url} did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
