@@ -45,15 +45,8 @@ impl TestSentinels {
                 .spawn()
                 .expect("start redis-server")
         };
-        // Five distinct ports: two processes given the same one would leave
-        // a Sentinel group that never forms.
-        let mut ports = Vec::new();
-        while ports.len() < 5 {
-            let port = free_port();
-            if !ports.contains(&port) {
-                ports.push(port);
-            }
-        }
+        // Five distinct ports (free_port never repeats one).
+        let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
         let (primary, replica) = (ports[0], ports[1]);
         let mut children = Vec::new();
         let node = |port: u16| {
