@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::redis::answers_as_itself;
 use super::{free_port, temp_dir};
 
 pub struct TestCluster {
@@ -168,17 +169,8 @@ async fn start_node(dir: &Path, node_timeout: Duration) -> (u16, Child) {
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server (cluster mode)");
-        let itself = format!("process_id:{}\r", child.id());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if cli(port, &["INFO", "server"]).contains(&itself) {
-                return (port, child);
-            }
-            if child.try_wait().expect("poll redis-server").is_some() {
-                break; // a port was taken: try others
-            }
-            assert!(Instant::now() < deadline, "node {port} never got ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if answers_as_itself(&mut child, port).await {
+            return (port, child);
         }
     }
     panic!("no cluster node started in 5 tries on free ports");

@@ -120,32 +120,13 @@ impl TestRedis {
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server");
-        let url = format!("redis://127.0.0.1:{port}");
-        let client = redis::Client::open(url.as_str()).expect("redis url");
-        let itself = format!("process_id:{}\r", child.id());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                let info: redis::RedisResult<String> = redis::cmd("INFO")
-                    .arg("server")
-                    .query_async(&mut conn)
-                    .await;
-                if info.is_ok_and(|info| info.contains(&itself)) {
-                    return Some(Self {
-                        url,
-                        origin: Origin::Process { child, port },
-                    });
-                }
-            }
-            if child.try_wait().expect("poll redis-server").is_some() {
-                return None;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Redis at {url} did not become ready"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if !answers_as_itself(&mut child, port).await {
+            return None;
         }
+        Some(Self {
+            url: format!("redis://127.0.0.1:{port}"),
+            origin: Origin::Process { child, port },
+        })
     }
 
     /// The address this Redis listens on.
@@ -280,6 +261,34 @@ async fn wait_until_ready(url: &str) {
         assert!(
             Instant::now() < deadline,
             "Redis at {url} did not become ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the `redis-server` `child` answers on `port` as itself (by
+/// process id), so a test never talks to another process's Redis; false
+/// if it exited first (another process had taken one of its ports).
+pub async fn answers_as_itself(child: &mut Child, port: u16) -> bool {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("redis url");
+    let itself = format!("process_id:{}\r", child.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            let info: redis::RedisResult<String> = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await;
+            if info.is_ok_and(|info| info.contains(&itself)) {
+                return true;
+            }
+        }
+        if child.try_wait().expect("poll redis-server").is_some() {
+            return false;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} did not become ready"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -70,11 +70,6 @@ impl Relay {
         Self { addr, state, task }
     }
 
-    /// `redis://` URL of the relay.
-    pub fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-
     /// Every connection goes silent, and so does every new one.
     pub fn go_silent(&self) {
         self.state.refuse_service.store(true, Ordering::SeqCst);
