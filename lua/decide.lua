@@ -85,19 +85,19 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   if n == 1 then
     local l, k = limits[1], KEYS[key]
     local limit, window, burst = l[3], l[4], l[5]
-    local ok, remaining, reset, retry, a, b = l[1](k, limit, window, now, cost, burst)
+    local ok, remaining, reset, retry, a, b, c = l[1](k, limit, window, now, cost, burst)
     if ok == 1 then
-      l[2](k, limit, window, now, cost, burst, a, b)
+      l[2](k, limit, window, now, cost, burst, a, b, c)
     end
     reply[out], reply[out + 1], reply[out + 2], reply[out + 3] = ok, remaining, reset, retry
     return
   end
 
-  local read_a, read_b, allowed = {}, {}, true
+  local read_a, read_b, read_c, allowed = {}, {}, {}, true
   for i = 1, n do
     local l, o = limits[i], out + (i - 1) * 4
-    local ok, remaining, reset, retry, a, b = l[1](KEYS[key + i - 1], l[3], l[4], now, cost, l[5])
-    read_a[i], read_b[i] = a, b
+    local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, cost, l[5])
+    read_a[i], read_b[i], read_c[i] = a, b, c
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = ok, remaining, reset, retry
     if ok == 0 then
       allowed = false
@@ -107,7 +107,7 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   if allowed then
     for i = 1, n do
       local l = limits[i]
-      l[2](KEYS[key + i - 1], l[3], l[4], now, cost, l[5], read_a[i], read_b[i])
+      l[2](KEYS[key + i - 1], l[3], l[4], now, cost, l[5], read_a[i], read_b[i], read_c[i])
     end
   end
 end

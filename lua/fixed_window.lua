@@ -1,24 +1,31 @@
 -- floodgate: fixed window.
 -- At most `limit` units in each window aligned to multiples of `window`.
 -- Key: "<window start> <units counted in it>"; it expires when its window
--- ends. A key left from an earlier window reads as empty.
+-- ends. A key left from an earlier window reads as empty; a `now` before
+-- the key's window (the clock stepped back) is read as that window's start,
+-- so the window that was counted is never counted afresh.
 local function fixed_window()
   local function check(key, limit, window, now, cost)
-    local start = now - (now % window)
     local s, c = load(key)
+    -- The window is chosen at `t`, never before the key's; waits are told
+    -- from `now`.
+    local t = now
+    if s and s > now then
+      t = s
+    end
+    local start = t - (t % window)
     local count = 0
     if s == start then
       count = c
     end
     local reset = start + window - now
     if count + cost <= limit then
-      return 1, limit - count - cost, reset, 0, count
+      return 1, limit - count - cost, reset, 0, count, start
     end
-    return 0, limit - count, reset, reset, count
+    return 0, limit - count, reset, reset, count, start
   end
 
-  local function commit(key, limit, window, now, cost, burst, count)
-    local start = now - (now % window)
+  local function commit(key, limit, window, now, cost, burst, count, start)
     save(key, start + window - now, start, count + cost)
   end
 

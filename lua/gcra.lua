@@ -19,7 +19,9 @@ local function gcra()
     if after <= tolerance then
       return 1, floor_div(tolerance - after, window), ceil_div(after, limit), 0, after
     end
-    return 0, floor_div(tolerance - before, window), ceil_div(before, limit),
+    -- A clock that stepped back leaves the TAT further ahead than the
+    -- tolerance: nothing remains.
+    return 0, floor_div(max(tolerance - before, 0), window), ceil_div(before, limit),
       ceil_div(after - tolerance, limit), after
   end
 

@@ -7,13 +7,25 @@
 -- algorithms a request uses run. A loader returns two functions:
 --
 --   check(key, limit, window, now, cost, burst)
---     -> allowed (1/0), remaining, reset_ms, retry_after_ms, a, b
+--     -> allowed (1/0), remaining, reset_ms, retry_after_ms, a, b, c
 --     Whether `cost` units fit in the limit stored at `key` at time `now`
 --     (milliseconds). It may tidy the key (drop expired entries) but never
---     consumes. `a` and `b` are what it read, handed back to commit so that
---     commit need not read again.
---   commit(key, limit, window, now, cost, burst, a, b)
+--     consumes. `a`, `b` and `c` are what it read, handed back to commit so
+--     that commit need not read again.
+--   commit(key, limit, window, now, cost, burst, a, b, c)
 --     Takes the units, and sets the key's TTL in the same call.
+--
+-- Time never runs backwards inside a key. Redis `TIME` can step back (an
+-- NTP step, a failover to a replica whose clock is behind); each algorithm
+-- decides at the later of `now` and the latest time its key has seen, so a
+-- step back never reopens a window that was already counted:
+--   fixed_window, sliding_window: the key's window start (decisions in a
+--     window do not depend on where in it `now` falls beyond that, except
+--     the sliding weight, which an earlier time only makes stricter);
+--   token_bucket: the time its tokens were counted at;
+--   sliding_log: its newest entry (an earlier `now` only expires less);
+--   gcra: its theoretical arrival time (an earlier `now` only leaves the
+--     TAT further ahead, which is stricter).
 --
 -- decide.lua calls every limit's check, then every commit only if all
 -- allowed, so a route's limits decide all or nothing in one round trip; one

@@ -5,20 +5,26 @@
 -- compared in whole unit-milliseconds so no rounding can admit extra units.
 -- Key: "<current window start> <its count> <previous window's count>"; it
 -- expires when the current window stops mattering (two windows after the
--- start).
+-- start). A `now` before the key's window (the clock stepped back) is read
+-- as that window's start.
 local function sliding_window()
   local function check(key, limit, window, now, cost)
-    -- The counts as seen from the window that `now` is in.
-    local start = now - (now % window)
-    local cur, prev = 0, 0
     local s, c, p = load(key)
+    -- The counts are read at `t`, never before the key's window; waits are
+    -- told from `now`.
+    local t = now
+    if s and s > now then
+      t = s
+    end
+    local start = t - (t % window)
+    local cur, prev = 0, 0
     if s == start then
       cur, prev = c, p or 0
     elseif s == start - window then
       prev = c
     end
 
-    local elapsed = now - start
+    local elapsed = t - start
     local weighted = prev * (window - elapsed)
     local allowed = weighted + (cur + cost) * window <= limit * window
     local used = ceil_div(weighted, window) + cur
@@ -33,21 +39,20 @@ local function sliding_window()
       reset = start + window - now
     end
     if allowed then
-      return 1, remaining, reset, 0, cur, prev
+      return 1, remaining, reset, 0, cur, prev, start
     end
     local retry
     if cur + cost <= limit then
       -- Later in this window, once enough of the previous one has slid out.
-      retry = (window - floor_div((limit - cost - cur) * window, prev)) - elapsed
+      retry = start + window - floor_div((limit - cost - cur) * window, prev) - now
     else
       -- Not before the next window, where this one's count is the previous.
       retry = (start + window - now) + (window - floor_div((limit - cost) * window, cur))
     end
-    return 0, remaining, reset, retry, cur, prev
+    return 0, remaining, reset, retry, cur, prev, start
   end
 
-  local function commit(key, limit, window, now, cost, burst, cur, prev)
-    local start = now - (now % window)
+  local function commit(key, limit, window, now, cost, burst, cur, prev, start)
     save(key, start + 2 * window - now, start, cur + cost, prev)
   end
 

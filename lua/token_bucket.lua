@@ -21,13 +21,15 @@ local function token_bucket()
       end
       last = max(now, last)
     end
+    -- Tokens are counted at `last`, never before; waits are told from `now`.
+    local shift = last - now
     local need = cost * window
     if tokens >= need then
       local after = tokens - need
-      return 1, floor_div(after, window), ceil_div(capacity - after, limit), 0, tokens, last
+      return 1, floor_div(after, window), ceil_div(capacity - after, limit) + shift, 0, tokens, last
     end
-    return 0, floor_div(tokens, window), ceil_div(capacity - tokens, limit),
-      ceil_div(need - tokens, limit), tokens, last
+    return 0, floor_div(tokens, window), ceil_div(capacity - tokens, limit) + shift,
+      ceil_div(need - tokens, limit) + shift, tokens, last
   end
 
   local function commit(key, limit, window, now, cost, burst, tokens, last)

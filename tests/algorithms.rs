@@ -103,12 +103,15 @@ fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
         })
 }
 
-/// A step of a trace: time since the previous step, cost, client, and
-/// whether it goes to Redis in one call with the steps before it.
-type Step = (u64, u64, u8, bool);
+/// A step of a trace: time since the previous step (negative where the
+/// clock stepped back), cost, client, and whether it goes to Redis in one
+/// call with the steps before it.
+type Step = (i64, u64, u8, bool);
 
-/// A trace: (time step 0..=2×window, cost 1..=capacity, client 0..3, and
-/// one call with the previous step, mostly).
+/// A trace: (time step 0..=2×window, or now and then a step back of up to
+/// a window, as an NTP step or a failover to a replica whose clock is
+/// behind makes; cost 1..=capacity; client 0..3; and one call with the
+/// previous step, mostly).
 fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step>)> {
     let window = limits.iter().map(|l| l.window_ms).max().unwrap_or(1);
     let capacity = limits.iter().map(Limit::capacity).min().unwrap_or(1);
@@ -117,7 +120,10 @@ fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step
         1_700_000_000_000u64..1_700_100_000_000,
         prop::collection::vec(
             (
-                0..=2 * window,
+                prop_oneof![
+                    9 => 0..=2 * window as i64,
+                    1 => -(window as i64)..0,
+                ],
                 1..=capacity.min(6),
                 0u8..3,
                 prop::bool::weighted(0.7),
@@ -162,7 +168,7 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
                     .collect();
                 let mut charges = Vec::with_capacity(call.len());
                 for (&(dt, cost, _, _), client) in call.iter().zip(&clients) {
-                    now += dt;
+                    now = now.saturating_add_signed(dt);
                     let charge = Charge {
                         route: &both.route,
                         client,
@@ -193,7 +199,7 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
                         rust,
                         "step {} at +{} ms, cost {}, client {:?}, in a call of {}",
                         i,
-                        now - start,
+                        now as i64 - start as i64,
                         charge.cost,
                         charge.client,
                         charges.len()
@@ -265,7 +271,7 @@ fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
         let mut state = State::new(limit.algorithm);
         let mut now = start;
         for &(dt, cost, _, _) in &steps {
-            now += dt;
+            now = now.saturating_add_signed(dt);
             let verdict = state.check(&limit, now, cost);
             if verdict.allowed {
                 state.consume(&limit, now, cost);
@@ -419,6 +425,22 @@ async fn fixed_window_edge_burst_is_twice_the_limit_and_sliding_log_has_none() {
         [10, 5, 5],
         "fixed, log, sliding window across one boundary"
     );
+}
+
+/// Redis `TIME` stepping back 1 ms across a window boundary (an NTP step,
+/// a failover to a replica whose clock is behind) reopens no window.
+#[tokio::test]
+async fn a_clock_stepping_back_across_a_boundary_admits_no_more_than_the_limit() {
+    let redis = TestRedis::start().await;
+    for algorithm in ALL {
+        let both = Both::new(&redis, "step-back");
+        let l = [Limit::new(algorithm, 5, 1_000)];
+        let mut admitted = 0;
+        for now in [T0 + 1_000; 5].into_iter().chain([T0 + 999; 5]) {
+            admitted += usize::from(both.decide(&l, 1, now).await.allowed);
+        }
+        assert_eq!(admitted, 5, "{algorithm:?}");
+    }
 }
 
 #[tokio::test]

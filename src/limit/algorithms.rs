@@ -81,20 +81,22 @@ impl State {
     }
 
     /// Whether `cost` units fit at `now`, and the verdict if they are taken.
+    ///
+    /// Time never runs backwards inside a state: a `now` before the
+    /// window a window state counts in (the clock stepped back) is read as
+    /// that window's start, and the others already decide at the later of
+    /// `now` and the latest time they hold, or grow only stricter when
+    /// `now` is earlier (see `lua/prelude.lua`).
     pub fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
         let w = limit.window_ms;
         match self {
             Self::FixedWindow { start, count } => {
-                let window_start = now - now % w;
-                if *start != window_start {
-                    *start = window_start;
-                    *count = 0;
-                }
+                let (window_start, counted) = fixed_window_at(*start, *count, now, w);
                 let reset_ms = window_start + w - now;
-                let allowed = *count + cost <= limit.limit;
+                let allowed = counted + cost <= limit.limit;
                 Verdict {
                     allowed,
-                    remaining: limit.limit - *count - if allowed { cost } else { 0 },
+                    remaining: limit.limit - counted - if allowed { cost } else { 0 },
                     reset_ms,
                     retry_after_ms: if allowed { 0 } else { reset_ms },
                 }
@@ -141,19 +143,9 @@ impl State {
                 current,
                 previous,
             } => {
-                let window_start = now - now % w;
-                // Roll the counts forward to the window `now` is in.
-                if *start != window_start {
-                    *previous = if *start + w == window_start {
-                        *current
-                    } else {
-                        0
-                    };
-                    *current = 0;
-                    *start = window_start;
-                }
-                let (cur, prev) = (*current, *previous);
-                let elapsed = now - window_start;
+                let (t, window_start, cur, prev) =
+                    sliding_window_at(*start, *current, *previous, now, w);
+                let elapsed = t - window_start;
                 // Exact in integers: prev × (w − elapsed)/w + cur + cost ≤ limit.
                 let weighted = prev * (w - elapsed);
                 let allowed = weighted + (cur + cost) * w <= limit.limit * w;
@@ -171,7 +163,7 @@ impl State {
                 } else if cur + cost <= limit.limit {
                     // Later in this window, once enough of the previous one has slid out.
                     let room = limit.limit - cost - cur;
-                    (w - room * w / prev) - elapsed
+                    window_start + w - room * w / prev - now
                 } else {
                     // Not before the next window, where this one's count is the previous.
                     let room = limit.limit - cost;
@@ -186,31 +178,19 @@ impl State {
             }
             Self::TokenBucket { tokens, last } => {
                 let capacity = limit.burst * w;
-                let available = match *last {
-                    None => capacity,
-                    Some(last) => {
-                        let elapsed = now.saturating_sub(last);
-                        let missing = capacity - *tokens;
-                        if elapsed >= missing.div_ceil(limit.limit) {
-                            capacity
-                        } else {
-                            *tokens + elapsed * limit.limit
-                        }
-                    }
-                };
-                *tokens = available;
-                *last = Some(now.max(last.unwrap_or(now)));
+                let (available, t) = token_bucket_at(*tokens, *last, capacity, now, limit.limit);
+                let shift = t - now;
                 let need = cost * w;
                 let allowed = available >= need;
                 let after = if allowed { available - need } else { available };
                 Verdict {
                     allowed,
                     remaining: after / w,
-                    reset_ms: (capacity - after).div_ceil(limit.limit),
+                    reset_ms: (capacity - after).div_ceil(limit.limit) + shift,
                     retry_after_ms: if allowed {
                         0
                     } else {
-                        (need - available).div_ceil(limit.limit)
+                        (need - available).div_ceil(limit.limit) + shift
                     },
                 }
             }
@@ -228,7 +208,9 @@ impl State {
                 let held = if allowed { after } else { ahead };
                 Verdict {
                     allowed,
-                    remaining: (tolerance - held) / w,
+                    // A clock that stepped back leaves the TAT further ahead
+                    // than the tolerance: nothing remains.
+                    remaining: tolerance.saturating_sub(held) / w,
                     reset_ms: held.div_ceil(rate),
                     retry_after_ms: if allowed {
                         0
@@ -244,9 +226,24 @@ impl State {
     /// at the same `now`.
     pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
         match self {
-            Self::FixedWindow { count, .. } => *count += cost,
-            Self::SlidingWindow { current, .. } => *current += cost,
-            Self::TokenBucket { tokens, .. } => *tokens -= cost * limit.window_ms,
+            Self::FixedWindow { start, count } => {
+                let (window_start, counted) = fixed_window_at(*start, *count, now, limit.window_ms);
+                (*start, *count) = (window_start, counted + cost);
+            }
+            Self::SlidingWindow {
+                start,
+                current,
+                previous,
+            } => {
+                let (_, window_start, cur, prev) =
+                    sliding_window_at(*start, *current, *previous, now, limit.window_ms);
+                (*start, *current, *previous) = (window_start, cur + cost, prev);
+            }
+            Self::TokenBucket { tokens, last } => {
+                let capacity = limit.burst * limit.window_ms;
+                let (available, t) = token_bucket_at(*tokens, *last, capacity, now, limit.limit);
+                (*tokens, *last) = (available - cost * limit.window_ms, Some(t));
+            }
             Self::Gcra { tat_ms, tat_frac } => {
                 let rate = limit.limit;
                 let ahead = if *tat_ms >= now {
@@ -282,6 +279,57 @@ impl State {
             Self::Gcra { tat_ms, tat_frac } => tat_ms + u64::from(*tat_frac > 0),
         }
     }
+}
+
+/// A fixed window's start and count as seen at `now`: the window is chosen
+/// at the later of `now` and the state's own window (a clock that stepped
+/// back never reopens a counted window), and an earlier window counts 0.
+fn fixed_window_at(start: u64, count: u64, now: u64, w: u64) -> (u64, u64) {
+    let t = now.max(start);
+    let window_start = t - t % w;
+    (window_start, if start == window_start { count } else { 0 })
+}
+
+/// The time the counts are read at (the later of `now` and the state's
+/// window start), that window's start, and its current and previous counts.
+fn sliding_window_at(
+    start: u64,
+    current: u64,
+    previous: u64,
+    now: u64,
+    w: u64,
+) -> (u64, u64, u64, u64) {
+    let t = now.max(start);
+    let window_start = t - t % w;
+    let (cur, prev) = if start == window_start {
+        (current, previous)
+    } else if start + w == window_start {
+        (0, current)
+    } else {
+        (0, 0)
+    };
+    (t, window_start, cur, prev)
+}
+
+/// Scaled tokens available, counted at the later of `now` and when they
+/// were last counted, and that time.
+fn token_bucket_at(
+    tokens: u64,
+    last: Option<u64>,
+    capacity: u64,
+    now: u64,
+    rate: u64,
+) -> (u64, u64) {
+    let Some(last) = last else {
+        return (capacity, now);
+    };
+    let elapsed = now.saturating_sub(last);
+    let available = if elapsed >= (capacity - tokens).div_ceil(rate) {
+        capacity
+    } else {
+        tokens + elapsed * rate
+    };
+    (available, now.max(last))
 }
 
 #[cfg(test)]
@@ -380,6 +428,35 @@ mod tests {
         assert_eq!(v.retry_after_ms, 900);
         assert!(!take(&mut s, &l, 1199, 3).allowed);
         assert!(take(&mut s, &l, 1200, 3).allowed);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_across_a_boundary_admits_no_more_than_the_limit() {
+        // Five admitted right after a boundary, then the clock steps back
+        // 1 ms into the window before: the counted window must hold.
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            let l = limit(alg, 5, 1000);
+            let mut s = State::new(alg);
+            let admitted = [10_000; 5]
+                .into_iter()
+                .chain([9_999; 5])
+                .filter(|&now| take(&mut s, &l, now, 1).allowed)
+                .count();
+            assert_eq!(admitted, 5, "{alg:?}");
+            // The wait is told from the stepped-back clock and is exact.
+            let v = s.clone().check(&l, 9_999, 1);
+            assert!(!s.clone().check(&l, 9_999 + v.retry_after_ms - 1, 1).allowed);
+            assert!(
+                s.clone().check(&l, 9_999 + v.retry_after_ms, 1).allowed,
+                "{alg:?}"
+            );
+        }
     }
 
     #[test]
