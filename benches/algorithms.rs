@@ -125,7 +125,7 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
 
     // Memory of one client's key with the limit fully used.
     let route: Arc<str> = "bench".into();
-    let id = ClientId::Header(http::HeaderValue::from_static("memory-probe"));
+    let id = ClientId::header("memory-probe");
     let limits = [limit];
     for _ in 0..LIMIT {
         let charge = Charge {

@@ -3,12 +3,22 @@
 //! The id decides which bucket a request counts against, so a client must not
 //! be able to choose it freely: `X-Forwarded-For` is believed only when the
 //! TCP peer is a trusted proxy, and only its rightmost untrusted entry counts.
+//!
+//! Nor may a client make floodgate hold what it sends: an id is an owned
+//! copy of the header value it came from (never a slice of the request's
+//! read buffer, which would keep the whole request head alive as long as the
+//! client's state), at most `max_client_id` bytes long; a longer value is
+//! refused or kept as its SHA-256, as the operator chooses. And what is
+//! counted is what the upstream reads: an identifying header sent twice, or
+//! as a comma list, is refused, or cut down to the one value counted before
+//! it is forwarded ([`ClientRule::single_values`]).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
+use sha2::{Digest as _, Sha256};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -22,7 +32,38 @@ pub struct ClientRule {
     /// IPv6 addresses count by this prefix (`64`: one bucket per /64, since
     /// one host commonly owns a whole /64); 128 keeps whole addresses.
     pub ipv6_prefix: u8,
+    /// What to do when an identifying header comes more than once, or as a
+    /// comma-separated list.
+    pub repeated: Repeated,
+    /// The longest header value used as an id as it is, in bytes.
+    pub max_len: usize,
+    /// What to do with a longer one.
+    pub too_long: TooLong,
 }
+
+/// What a rule does when its header comes in several lines or as a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repeated {
+    /// Answer 400: the upstream might read another value than the one
+    /// counted.
+    Reject,
+    /// Count the first value, and forward only that one.
+    First,
+    /// Count the last value, and forward only that one.
+    Last,
+}
+
+/// What a rule does with a header value longer than its `max_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TooLong {
+    /// Answer 400.
+    Reject,
+    /// Count it by its SHA-256, which is as long as any other id.
+    Hash,
+}
+
+/// The default longest client id, in bytes.
+pub const DEFAULT_MAX_CLIENT_ID: usize = 256;
 
 /// One part of a client id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,16 +89,30 @@ pub enum MissingHeader {
 
 /// The identity a request is counted under.
 ///
-/// Header values are kept as raw bytes; stores must escape or hash them
-/// before using them in keys.
+/// Header values are kept as raw bytes, owned; stores must escape or hash
+/// them before using them in keys.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ClientId {
     /// A network address (IPv6 possibly reduced to its prefix).
     Addr(IpAddr),
-    /// A header's value.
-    Header(HeaderValue),
+    /// A header's value, copied out of the request.
+    Header(Box<[u8]>),
+    /// The SHA-256 of a header value longer than the rule's `max_len`.
+    Digest(Box<[u8; 32]>),
     /// Several parts, in the rule's order.
     Composite(Box<[ClientId]>),
+}
+
+impl ClientId {
+    /// An id made of a header value (copied).
+    pub fn header(value: impl AsRef<[u8]>) -> Self {
+        Self::Header(value.as_ref().into())
+    }
+
+    /// The id of a header value too long to keep: its SHA-256.
+    pub fn digest_of(value: impl AsRef<[u8]>) -> Self {
+        Self::Digest(Box::new(Sha256::digest(value.as_ref()).into()))
+    }
 }
 
 /// Why no client id could be derived.
@@ -66,6 +121,12 @@ pub enum ClientError {
     /// The route identifies clients by a header that the request lacks.
     #[error("this route requires the {0} header")]
     MissingHeader(HeaderName),
+    /// The identifying header came in several lines or as a list.
+    #[error("the {0} header must hold exactly one value, in one line")]
+    Repeated(HeaderName),
+    /// The identifying header's value is longer than the rule allows.
+    #[error("the {0} header is longer than {1} bytes")]
+    TooLong(HeaderName, usize),
 }
 
 impl ClientRule {
@@ -75,7 +136,52 @@ impl ClientRule {
             parts: vec![Part::RemoteAddr],
             missing: MissingHeader::Fallback,
             ipv6_prefix: 128,
+            repeated: Repeated::Reject,
+            max_len: DEFAULT_MAX_CLIENT_ID,
+            too_long: TooLong::Reject,
         }
+    }
+
+    /// Makes sure each header this rule reads holds one value, so that the
+    /// value counted is the value forwarded: a header sent in several lines
+    /// or as a comma list is refused, or (`first`, `last`) replaced by the
+    /// one value that will be counted. Call before [`ClientRule::identify`],
+    /// on the headers that will be forwarded.
+    pub fn single_values(&self, headers: &mut HeaderMap) -> Result<(), ClientError> {
+        for part in &self.parts {
+            let Part::Header(name) = part else {
+                continue;
+            };
+            let mut values = headers.get_all(name).iter();
+            let Some(first) = values.next() else {
+                continue;
+            };
+            let several = values.next().is_some();
+            if !several && !first.as_bytes().contains(&b',') {
+                continue;
+            }
+            let chosen = {
+                let mut items = headers
+                    .get_all(name)
+                    .iter()
+                    .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+                    .map(<[u8]>::trim_ascii)
+                    .filter(|item| !item.is_empty());
+                match self.repeated {
+                    Repeated::Reject => None,
+                    Repeated::First => items.next(),
+                    Repeated::Last => items.next_back(),
+                }
+                .and_then(|item| HeaderValue::from_bytes(item).ok())
+            };
+            match chosen {
+                Some(value) => {
+                    headers.insert(name, value);
+                }
+                None => return Err(ClientError::Repeated(name.clone())),
+            }
+        }
+        Ok(())
     }
 
     /// Derives the client id of a request that arrived from `peer`.
@@ -107,7 +213,11 @@ impl ClientRule {
             Part::RemoteAddr => Ok(address(peer.to_canonical())),
             Part::ForwardedFor => Ok(address(client_address(headers, peer, trusted))),
             Part::Header(name) => match headers.get(name) {
-                Some(value) => Ok(ClientId::Header(value.clone())),
+                Some(value) if value.len() <= self.max_len => Ok(ClientId::header(value)),
+                Some(value) => match self.too_long {
+                    TooLong::Reject => Err(ClientError::TooLong(name.clone(), self.max_len)),
+                    TooLong::Hash => Ok(ClientId::digest_of(value)),
+                },
                 None => match self.missing {
                     MissingHeader::Fallback => Ok(address(client_address(headers, peer, trusted))),
                     MissingHeader::Reject => Err(ClientError::MissingHeader(name.clone())),
@@ -282,15 +392,101 @@ mod tests {
         assert_eq!(
             id,
             Ok(ClientId::Composite(
-                vec![
-                    ClientId::Header(HeaderValue::from_static("k1")),
-                    ClientId::Addr(ip("192.0.2.1"))
-                ]
-                .into()
+                vec![ClientId::header("k1"), ClientId::Addr(ip("192.0.2.1"))].into()
             ))
         );
         let other_addr = r.identify(&h, ip("192.0.2.2"), &[]);
         assert_ne!(id, other_addr);
+    }
+
+    #[test]
+    fn header_ids_are_copies_not_slices_of_the_request() {
+        let key = HeaderName::from_static("x-api-key");
+        let head = bytes::Bytes::from(format!("k1{}", "x".repeat(50_000)));
+        let mut h = HeaderMap::new();
+        h.insert(
+            &key,
+            HeaderValue::from_maybe_shared(head.slice(0..2)).unwrap_or_else(|_| unreachable!()),
+        );
+        let id = rule(vec![Part::Header(key)]).identify(&h, ip("192.0.2.1"), &[]);
+        assert_eq!(id, Ok(ClientId::header("k1")));
+        drop(h);
+        // The id owns two bytes; the 50 kB head it came from is the test's
+        // alone again.
+        assert!(head.is_unique());
+    }
+
+    #[test]
+    fn long_header_ids_are_refused_or_hashed_as_the_rule_says() {
+        let key = HeaderName::from_static("x-api-key");
+        let mut h = HeaderMap::new();
+        h.insert(&key, HeaderValue::from_static("0123456789"));
+        let refuse = ClientRule {
+            max_len: 9,
+            ..rule(vec![Part::Header(key.clone())])
+        };
+        assert_eq!(
+            refuse.identify(&h, ip("192.0.2.1"), &[]),
+            Err(ClientError::TooLong(key.clone(), 9))
+        );
+        let hash = ClientRule {
+            too_long: TooLong::Hash,
+            ..refuse.clone()
+        };
+        assert_eq!(
+            hash.identify(&h, ip("192.0.2.1"), &[]),
+            Ok(ClientId::digest_of("0123456789"))
+        );
+        let fits = ClientRule {
+            max_len: 10,
+            ..refuse
+        };
+        assert_eq!(
+            fits.identify(&h, ip("192.0.2.1"), &[]),
+            Ok(ClientId::header("0123456789"))
+        );
+    }
+
+    #[test]
+    fn a_repeated_or_listed_header_is_refused_or_cut_to_the_value_counted() {
+        let key = HeaderName::from_static("x-api-key");
+        let lines = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(
+                    &key,
+                    HeaderValue::from_str(v).unwrap_or_else(|_| unreachable!()),
+                );
+            }
+            h
+        };
+        let with = |repeated| ClientRule {
+            repeated,
+            ..rule(vec![Part::Header(key.clone())])
+        };
+        for sent in [
+            &["victim", "throwaway-1"][..],
+            &["victim, throwaway-1"],
+            &["victim,"],
+        ] {
+            let mut h = lines(sent);
+            assert_eq!(
+                with(Repeated::Reject).single_values(&mut h),
+                Err(ClientError::Repeated(key.clone())),
+                "{sent:?}"
+            );
+        }
+        for (repeated, want) in [(Repeated::First, "victim"), (Repeated::Last, "throwaway-1")] {
+            for sent in [&["victim", "throwaway-1"][..], &["victim , throwaway-1"]] {
+                let mut h = lines(sent);
+                assert_eq!(with(repeated).single_values(&mut h), Ok(()));
+                let forwarded: Vec<_> = h.get_all(&key).iter().collect();
+                assert_eq!(forwarded, [want], "{repeated:?} {sent:?}");
+            }
+        }
+        let mut one = lines(&["victim"]);
+        assert_eq!(with(Repeated::Reject).single_values(&mut one), Ok(()));
+        assert_eq!(one.get_all(&key).iter().count(), 1);
     }
 
     #[test]

@@ -19,10 +19,10 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::client::{ClientRule, MissingHeader, Part};
+use crate::client::{ClientRule, DEFAULT_MAX_CLIENT_ID, MissingHeader, Part, Repeated, TooLong};
 use crate::limit::{Algorithm, Limit};
 use crate::proxy::pool::PoolSlot;
-use crate::routes::{Action, Match, Respond, Route, Table, Upstream};
+use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table, Upstream};
 
 /// Default deadline for an upstream's response head.
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,6 +30,8 @@ const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Default deadline for one store decision, pool wait included.
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default cap on (route, client) entries in each in-process table.
+pub const DEFAULT_MAX_CLIENT_ENTRIES: usize = 100_000;
 /// Default timeout for a client to send a request head.
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,6 +70,9 @@ impl Config {
         if a.header_read_timeout != b.header_read_timeout {
             out.push("header_read_timeout");
         }
+        if a.max_client_entries != b.max_client_entries {
+            out.push("max_client_entries");
+        }
         if self.store != new.store {
             out.push("store");
         }
@@ -95,6 +100,15 @@ pub struct Server {
     pub header_read_timeout: Duration,
     /// Reload when the file's contents change (SIGHUP always reloads).
     pub reload_on_change: bool,
+    /// The longest header value used as a client id as it is, in bytes.
+    pub max_client_id: usize,
+    /// What happens to a longer one.
+    pub on_long_client_id: TooLong,
+    /// What `%2F`, `%5C` and `\` in a request path do.
+    pub escaped_slashes: EscapedSlashes,
+    /// Most (route, client) entries each in-process table holds: the
+    /// memory store, the local fallback, the remembered denials.
+    pub max_client_entries: usize,
 }
 
 /// `[store]`: where limits are counted.
@@ -278,6 +292,10 @@ struct ServerModel {
     header_read_timeout: Option<Spanned<String>>,
     #[serde(default = "yes")]
     reload_on_change: bool,
+    max_client_id: Option<Spanned<i64>>,
+    on_long_client_id: Option<Spanned<String>>,
+    escaped_slashes: Option<Spanned<String>>,
+    max_client_entries: Option<Spanned<i64>>,
 }
 
 fn yes() -> bool {
@@ -325,6 +343,8 @@ struct MatchModel {
     path: Option<Spanned<String>>,
     methods: Option<Spanned<Vec<Spanned<String>>>>,
     host: Option<Spanned<String>>,
+    #[serde(default)]
+    ignore_case: bool,
 }
 
 #[derive(Deserialize)]
@@ -344,6 +364,7 @@ struct ClientModel {
     missing: Option<Spanned<String>>,
     parts: Option<Spanned<Vec<Spanned<String>>>>,
     ipv6_prefix: Option<Spanned<i64>>,
+    repeated: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -411,6 +432,33 @@ impl Validator<'_> {
             column,
             message: message.into(),
         });
+    }
+
+    /// One of `choices` by name (the first when `value` is absent).
+    fn choice<T: Copy>(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        key: &str,
+        choices: &[(&str, T)],
+    ) -> Option<T> {
+        let Some(value) = value else {
+            return choices.first().map(|&(_, c)| c);
+        };
+        let found = choices
+            .iter()
+            .find(|(name, _)| *name == value.get_ref().as_str());
+        if found.is_none() {
+            let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
+            self.problem(
+                value.span(),
+                format!(
+                    "{key} {:?} is not one of {}",
+                    value.get_ref(),
+                    names.join(", ")
+                ),
+            );
+        }
+        found.map(|&(_, c)| c)
     }
 
     fn duration(&mut self, value: &Spanned<String>, what: &str) -> Option<Duration> {
@@ -496,6 +544,46 @@ impl Validator<'_> {
             "header_read_timeout",
             DEFAULT_HEADER_READ_TIMEOUT,
         );
+        let max_client_id = match &m.max_client_id {
+            None => Some(DEFAULT_MAX_CLIENT_ID),
+            Some(n) => match usize::try_from(*n.get_ref()) {
+                Ok(n @ 16..=8192) => Some(n),
+                _ => {
+                    self.problem(
+                        n.span(),
+                        "max_client_id must be a number of bytes from 16 to 8192",
+                    );
+                    None
+                }
+            },
+        };
+        let on_long_client_id = self.choice(
+            m.on_long_client_id.as_ref(),
+            "on_long_client_id",
+            &[("reject", TooLong::Reject), ("hash", TooLong::Hash)],
+        );
+        let escaped_slashes = self.choice(
+            m.escaped_slashes.as_ref(),
+            "escaped_slashes",
+            &[
+                ("reject", EscapedSlashes::Reject),
+                ("decode", EscapedSlashes::Decode),
+                ("keep", EscapedSlashes::Keep),
+            ],
+        );
+        let max_client_entries = match &m.max_client_entries {
+            None => Some(DEFAULT_MAX_CLIENT_ENTRIES),
+            Some(n) => match usize::try_from(*n.get_ref()) {
+                Ok(n @ 1_000..=100_000_000) => Some(n),
+                _ => {
+                    self.problem(
+                        n.span(),
+                        "max_client_entries must be a whole number from 1000 to 100000000",
+                    );
+                    None
+                }
+            },
+        };
         Some(Server {
             listen: listen?,
             admin_listen,
@@ -505,6 +593,10 @@ impl Validator<'_> {
             shutdown_grace: shutdown_grace?,
             header_read_timeout: header_read_timeout?,
             reload_on_change: m.reload_on_change,
+            max_client_id: max_client_id?,
+            on_long_client_id: on_long_client_id?,
+            escaped_slashes: escaped_slashes?,
+            max_client_entries: max_client_entries?,
         })
     }
 
@@ -737,6 +829,9 @@ impl Validator<'_> {
         let mut routes: Vec<Route> = Vec::new();
         let default_timeout = server.map_or(DEFAULT_UPSTREAM_TIMEOUT, |s| s.upstream_timeout);
         let server_exempt = server.map_or(&[][..], |s| &s.exempt);
+        let long_ids = server.map_or((DEFAULT_MAX_CLIENT_ID, TooLong::Reject), |s| {
+            (s.max_client_id, s.on_long_client_id)
+        });
         for model in models {
             let span = model.span();
             let route = self.route(
@@ -744,6 +839,7 @@ impl Validator<'_> {
                 span.clone(),
                 default_timeout,
                 server_exempt,
+                long_ids,
             );
             let Some(route) = route else {
                 continue;
@@ -777,6 +873,7 @@ impl Validator<'_> {
         span: Range<usize>,
         default_timeout: Duration,
         server_exempt: &[IpNet],
+        long_ids: (usize, TooLong),
     ) -> Option<Route> {
         let name = m.name.get_ref();
         let name_ok = valid_name(name);
@@ -819,7 +916,7 @@ impl Validator<'_> {
                 None
             }
         };
-        let client = self.client(m.client.as_ref());
+        let client = self.client(m.client.as_ref(), long_ids);
         let cost = match &m.cost {
             None => Some(1),
             Some(c) if *c.get_ref() < 1 => {
@@ -863,6 +960,15 @@ impl Validator<'_> {
             let s = p.get_ref();
             if !s.starts_with('/') {
                 v.problem(p.span(), format!("{key} must start with '/'"));
+                return None;
+            }
+            if s.contains(';') {
+                v.problem(
+                    p.span(),
+                    format!(
+                        "{key} {s:?} has ';': requests are matched without their ;parameters, so write the path without them"
+                    ),
+                );
                 return None;
             }
             let normal = crate::routes::normalize_path(s);
@@ -940,6 +1046,7 @@ impl Validator<'_> {
             path,
             methods,
             host,
+            ignore_case: m.ignore_case,
         })
     }
 
@@ -1011,7 +1118,11 @@ impl Validator<'_> {
         })
     }
 
-    fn client(&mut self, model: Option<&Spanned<ClientModel>>) -> Option<ClientRule> {
+    fn client(
+        &mut self,
+        model: Option<&Spanned<ClientModel>>,
+        (max_len, too_long): (usize, TooLong),
+    ) -> Option<ClientRule> {
         let Some(model) = model else {
             return Some(ClientRule::remote_addr());
         };
@@ -1110,19 +1221,33 @@ impl Validator<'_> {
                 None
             }
         };
+        let repeated = self.choice(
+            m.repeated.as_ref(),
+            "repeated",
+            &[
+                ("reject", Repeated::Reject),
+                ("first", Repeated::First),
+                ("last", Repeated::Last),
+            ],
+        );
         let parts = parts?;
         if !parts.iter().any(|p| matches!(p, Part::Header(_))) {
-            misplaced(
-                self,
-                "missing",
-                m.missing.as_ref().map(Spanned::span),
-                "a header part",
-            );
+            for (key, value) in [("missing", &m.missing), ("repeated", &m.repeated)] {
+                misplaced(
+                    self,
+                    key,
+                    value.as_ref().map(Spanned::span),
+                    "a header part",
+                );
+            }
         }
         Some(ClientRule {
             parts,
             missing: missing?,
             ipv6_prefix: ipv6_prefix?,
+            repeated: repeated?,
+            max_len,
+            too_long,
         })
     }
 

@@ -5,6 +5,7 @@
 //! | module | question |
 //! |---|---|
 //! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]) |
+//! | [`head`] | does the request head have one meaning? (method spelling, one `Host`, no CONNECT) |
 //! | [`routes`] | which route is this request on? |
 //! | [`client`] | who is asking? |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
@@ -23,6 +24,7 @@
 pub mod admin;
 pub mod client;
 pub mod config;
+pub mod head;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;

@@ -103,6 +103,11 @@ struct StoreLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabel {
+    table: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
 }
@@ -133,6 +138,8 @@ pub struct Metrics {
     store_errors: Family<KindLabel, Counter>,
     reloads: Family<ResultLabel, Counter>,
     config_info: Family<DigestLabel, Gauge>,
+    client_entries: Family<TableLabel, Gauge>,
+    client_entries_full: Family<TableLabel, Counter>,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -165,6 +172,18 @@ pub struct StoreMetrics {
     /// Calls sent to Redis to decide requests; one carries one or more
     /// decisions.
     pub redis_calls: Counter,
+    /// The in-process tables: the memory store, the local fallback, the
+    /// remembered denials.
+    pub tables: [TableMetrics; 3],
+}
+
+/// One in-process table's size and the clients it had no room for.
+#[derive(Debug, Clone, Default)]
+pub struct TableMetrics {
+    /// Entries held, as of the last sweep.
+    pub entries: Gauge,
+    /// New clients that found the table full.
+    pub full: Counter,
 }
 
 impl Default for Metrics {
@@ -245,6 +264,18 @@ impl Metrics {
             "The configuration in force, by the first 16 hex digits of its SHA-256",
             config_info.clone(),
         );
+        let client_entries = Family::default();
+        registry.register(
+            "floodgate_client_entries",
+            "(route, client) entries held in this instance's memory, by table (memory, local, denials), as of the last sweep (every second)",
+            client_entries.clone(),
+        );
+        let client_entries_full = Family::default();
+        registry.register(
+            "floodgate_client_entries_full",
+            "New clients that found their table full (max_client_entries): counted in their route's shared overflow bucket (memory, local), or their denial not remembered (denials)",
+            client_entries_full.clone(),
+        );
         for result in ["success", "failure"] {
             let _ = reloads.get_or_create(&ResultLabel {
                 result: result.into(),
@@ -259,6 +290,8 @@ impl Metrics {
             store_errors,
             reloads,
             config_info,
+            client_entries,
+            client_entries_full,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
             no_route,
@@ -364,6 +397,15 @@ impl Metrics {
             ],
             circuit_open: self.circuit_open.clone(),
             redis_calls: self.redis_calls.clone(),
+            tables: ["memory", "local", "denials"].map(|table| {
+                let label = TableLabel {
+                    table: table.into(),
+                };
+                TableMetrics {
+                    entries: self.client_entries.get_or_create(&label).clone(),
+                    full: self.client_entries_full.get_or_create(&label).clone(),
+                }
+            }),
         }
     }
 

@@ -1,8 +1,10 @@
 //! The compiled rule table: which route a request belongs to.
 //!
 //! Routes are tried in file order and the first match wins. Matching happens
-//! on a normalised path (see [`normalize_path`]) so that `/api/../login`,
-//! `//login` and `/%6Cogin` all meet the `/login` route's limit.
+//! on a normalised path (see [`request_paths`]) so that `/api/../login`,
+//! `//login` and `/%6Cogin` all meet the `/login` route's limit, and that
+//! same normalised path is what the upstream receives: the path that decided
+//! the route is the path the upstream acts on.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -60,6 +62,9 @@ pub struct Match {
     pub methods: Vec<Method>,
     /// Host, compared without case.
     pub host: Option<HostMatch>,
+    /// Paths and methods compared without case, for upstreams that route
+    /// without it (`/SEARCH` is `/search`, `post` is `POST`).
+    pub ignore_case: bool,
 }
 
 /// A host to match, with an optional port.
@@ -110,7 +115,7 @@ pub struct RequestFacts<'a> {
     pub method: &'a Method,
     /// The host from the URI authority or `Host` header, with any port.
     pub host: Option<&'a str>,
-    /// The path as matched: normalised, with encoded and back slashes as `/`.
+    /// The path as matched: normalised (see [`request_paths`]).
     pub path: &'a str,
 }
 
@@ -153,7 +158,13 @@ impl Table {
 impl Match {
     /// Whether a request belongs here.
     pub fn matches(&self, request: &RequestFacts<'_>) -> bool {
-        if !self.methods.is_empty() && !self.methods.contains(request.method) {
+        if !self.methods.is_empty()
+            && !self.methods.iter().any(|m| {
+                m == request.method
+                    || (self.ignore_case
+                        && m.as_str().eq_ignore_ascii_case(request.method.as_str()))
+            })
+        {
             return false;
         }
         if let Some(host) = &self.host
@@ -162,12 +173,12 @@ impl Match {
             return false;
         }
         if let Some(path) = &self.path
-            && path != request.path
+            && !exact_path(path, request.path, self.ignore_case)
         {
             return false;
         }
         if let Some(prefix) = &self.path_prefix
-            && !segment_prefix(prefix, request.path)
+            && !segment_prefix(prefix, request.path, self.ignore_case)
         {
             return false;
         }
@@ -182,27 +193,53 @@ impl Match {
             (Some(a), Some(b)) => a == b,
             (Some(_), None) => false,
         };
+        let case = self.ignore_case || !later.ignore_case;
         let methods = self.methods.is_empty()
             || (!later.methods.is_empty()
                 && later.methods.iter().all(|m| self.methods.contains(m)));
         let path = match (&self.path_prefix, &self.path) {
             (None, None) => true,
             (Some(p), _) => match (&later.path_prefix, &later.path) {
-                (Some(q), _) | (None, Some(q)) => segment_prefix(p, q),
+                (Some(q), _) | (None, Some(q)) => segment_prefix(p, q, self.ignore_case),
                 (None, None) => p == "/",
             },
-            (None, Some(x)) => later.path.as_ref() == Some(x),
+            (None, Some(x)) => later
+                .path
+                .as_ref()
+                .is_some_and(|y| exact_path(x, y, self.ignore_case)),
         };
-        host && methods && path
+        host && case && methods && path
     }
 }
 
 /// `prefix` matches whole segments of `path`: `/api` matches `/api` and
 /// `/api/x`, never `/apix`.
-fn segment_prefix(prefix: &str, path: &str) -> bool {
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || prefix.ends_with('/') || rest.starts_with('/'),
-        None => false,
+fn segment_prefix(prefix: &str, path: &str, ignore_case: bool) -> bool {
+    let (p, q) = (prefix.as_bytes(), path.as_bytes());
+    let Some(head) = q.get(..p.len()) else {
+        return false;
+    };
+    let same = if ignore_case {
+        head.eq_ignore_ascii_case(p)
+    } else {
+        head == p
+    };
+    let rest = &q[p.len()..];
+    same && (rest.is_empty() || p.ends_with(b"/") || rest.starts_with(b"/"))
+}
+
+/// `path` is the exact path `want`, or it with a trailing slash (which
+/// `/login/` and `/login/.` normalise to): upstreams commonly serve both
+/// alike, so both must meet the route's limit.
+fn exact_path(want: &str, path: &str, ignore_case: bool) -> bool {
+    let path = match path.strip_suffix('/') {
+        Some(trimmed) if !want.ends_with('/') && !trimmed.is_empty() => trimmed,
+        _ => path,
+    };
+    if ignore_case {
+        want.eq_ignore_ascii_case(path)
+    } else {
+        want == path
     }
 }
 
@@ -252,6 +289,22 @@ fn split_host_port(host: &str) -> (&str, Option<u16>) {
 
 // === path normalisation ===
 
+/// What `%2F`, `%5C` and `\` in a request path do. Upstreams disagree on
+/// them (some decode `%2F` into a separator before routing, Windows servers
+/// read `\` as one), so a path holding them could be counted on one route
+/// and served on another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EscapedSlashes {
+    /// Answer 400 (the default): no upstream can read them differently.
+    #[default]
+    Reject,
+    /// Read all three as `/`, normalise, and forward the result.
+    Decode,
+    /// Keep them as sent, as ordinary characters of a segment, for
+    /// matching and forwarding alike: for upstreams known to do the same.
+    Keep,
+}
+
 /// Why a request path was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -261,11 +314,13 @@ pub enum PathError {
     /// Not an absolute path (`*`, or no leading `/`).
     #[error("the request path must start with '/'")]
     NotAbsolute,
+    /// `%2F`, `%5C` or `\` under [`EscapedSlashes::Reject`].
+    #[error("encoded slashes and backslashes (%2F, %5C, \\) are not accepted in the request path")]
+    EscapedSlash,
 }
 
-/// Normalises a request path for matching and forwarding: percent-encoded
-/// unreserved characters are decoded, other escapes get upper-case hex,
-/// dot-segments are removed (RFC 3986 §5.2.4) and repeated slashes
+/// Normalises a path as configuration files write it: percent-encoded
+/// unreserved characters decoded, dot-segments removed, repeated slashes
 /// collapsed. Returns the input borrowed when it is already normal.
 pub fn normalize_path(path: &str) -> Cow<'_, str> {
     match normalize(path, false) {
@@ -276,24 +331,69 @@ pub fn normalize_path(path: &str) -> Cow<'_, str> {
 
 /// The forwarded path and the matched path of a request.
 ///
-/// The matched path additionally reads `%2F`, `%5C` and `\` as `/`, so an
-/// encoded separator cannot carry a request past a route that an upstream
-/// decoding it would serve; the forwarded path keeps them as sent.
-pub fn request_paths(path: &str) -> Result<(Cow<'_, str>, Cow<'_, str>), PathError> {
+/// The forwarded path is the request's path normalised: percent-encoded
+/// unreserved characters decoded (other escapes get upper-case hex),
+/// dot-segments removed (RFC 3986 §5.2.4; a dot-segment with parameters,
+/// `..;x`, counts as one, as servlet containers read it), repeated slashes
+/// collapsed, and `%2F`, `%5C` and `\` refused, decoded to `/` or kept as
+/// `escaped` says. The matched path is the same path with each segment's
+/// `;parameters` left out, as servlet containers and Spring route it, so
+/// `/search;v=1` meets the `/search` route. Both are borrowed from the
+/// input when there is nothing to change.
+pub fn request_paths(
+    path: &str,
+    escaped: EscapedSlashes,
+) -> Result<(Cow<'_, str>, Cow<'_, str>), PathError> {
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
-    let forward = normalize(path, false)?;
+    if escaped == EscapedSlashes::Reject && has_escaped_slash(path) {
+        return Err(PathError::EscapedSlash);
+    }
+    let forward = normalize(path, escaped == EscapedSlashes::Decode)?;
     let matched = match &forward {
-        Cow::Borrowed(p) => normalize(p, true)?,
-        Cow::Owned(p) => Cow::Owned(normalize(p, true)?.into_owned()),
+        Cow::Borrowed(p) => without_parameters(p),
+        Cow::Owned(p) => Cow::Owned(without_parameters(p).into_owned()),
     };
     Ok((forward, matched))
 }
 
+/// Whether `path` holds `\`, `%2F` or `%5C` (either case).
+fn has_escaped_slash(path: &str) -> bool {
+    let b = path.as_bytes();
+    b.iter().enumerate().any(|(i, &c)| match c {
+        b'\\' => true,
+        b'%' => matches!(
+            b.get(i + 1..i + 3),
+            Some([b'2', b'f' | b'F'] | [b'5', b'c' | b'C'])
+        ),
+        _ => false,
+    })
+}
+
+/// `path` with each segment's `;parameters` left out (`/a;x/b;y` is
+/// `/a/b`); segments that were only parameters are left out too.
+fn without_parameters(path: &str) -> Cow<'_, str> {
+    if !path.contains(';') {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    for segment in path.split('/').skip(1) {
+        let bare = segment.split(';').next().unwrap_or_default();
+        if !bare.is_empty() {
+            out.push('/');
+            out.push_str(bare);
+        }
+    }
+    if out.is_empty() || path.ends_with('/') {
+        out.push('/');
+    }
+    Cow::Owned(out)
+}
+
 /// Whether `path` has anything [`normalize`] changes: an escape, a
-/// backslash (when `separators`), `//`, or a `.` or `..` segment. One pass,
-/// as this runs twice on every request.
+/// backslash (when `separators`), `//`, or a `.` or `..` segment (with or
+/// without parameters). One pass, as this runs on every request.
 fn needs_work(path: &str, separators: bool) -> bool {
     let b = path.as_bytes();
     b.iter().enumerate().any(|(i, &c)| match c {
@@ -301,10 +401,22 @@ fn needs_work(path: &str, separators: bool) -> bool {
         b'\\' => separators,
         b'/' => matches!(
             &b[i + 1..],
-            [b'/', ..] | [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..]
+            [b'/', ..]
+                | [b'.']
+                | [b'.', b'/' | b';', ..]
+                | [b'.', b'.']
+                | [b'.', b'.', b'/' | b';', ..]
         ),
         _ => false,
     })
+}
+
+/// A segment's name without its parameters: `..;x` is a `..` segment.
+fn dot_segment(segment: &str) -> Option<&str> {
+    match segment.split(';').next() {
+        Some(bare @ ("." | "..")) => Some(bare),
+        _ => None,
+    }
 }
 
 fn normalize(path: &str, separators: bool) -> Result<Cow<'_, str>, PathError> {
@@ -312,16 +424,16 @@ fn normalize(path: &str, separators: bool) -> Result<Cow<'_, str>, PathError> {
         return Ok(Cow::Borrowed(path));
     }
     let decoded = decode_unreserved(path, separators)?;
-    let trailing_slash =
-        decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
+    let last = decoded.rsplit('/').next().unwrap_or_default();
+    let trailing_slash = decoded.ends_with('/') || dot_segment(last).is_some();
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
-        match segment {
-            "" | "." => {}
-            ".." => {
+        match (segment, dot_segment(segment)) {
+            ("", _) | (_, Some(".")) => {}
+            (_, Some(_)) => {
                 segments.pop();
             }
-            s => segments.push(s),
+            (s, None) => segments.push(s),
         }
     }
     let mut out = String::with_capacity(decoded.len());
@@ -383,8 +495,15 @@ fn hex(c: u8) -> Option<u8> {
 mod tests {
     use super::*;
 
+    fn paths(path: &str, escaped: EscapedSlashes) -> (String, String) {
+        match request_paths(path, escaped) {
+            Ok((forward, matched)) => (forward.into_owned(), matched.into_owned()),
+            Err(e) => panic!("{path:?}: {e}"),
+        }
+    }
+
     #[test]
-    fn path_tricks_all_normalise_to_the_same_matched_path() {
+    fn path_tricks_all_normalise_to_the_same_matched_and_forwarded_path() {
         for trick in [
             "/login",
             "//login",
@@ -395,30 +514,86 @@ mod tests {
             "/a/b/../../login",
             "/../login",
             "/login/.",
+            "/api/..;/login",
+            "/api/..;x=1/login",
+            "/.;/login",
+            "/%2e%2e/login",
         ] {
-            let (_, matched) = request_paths(trick)
-                .map_err(|e| format!("{trick}: {e}"))
-                .unwrap_or_default();
-            let matched = matched.trim_end_matches('/');
-            assert_eq!(matched, "/login", "{trick:?}");
+            let (forward, matched) = paths(trick, EscapedSlashes::Reject);
+            assert_eq!(matched.trim_end_matches('/'), "/login", "{trick:?}");
+            assert_eq!(forward, matched, "{trick:?} is forwarded as matched");
         }
     }
 
     #[test]
-    fn encoded_separators_match_as_slashes_but_are_forwarded_as_sent() {
-        let (forward, matched) = request_paths("/login%2fadmin").unwrap_or_default();
-        assert_eq!(forward, "/login%2Fadmin");
-        assert_eq!(matched, "/login/admin");
-        let (forward, matched) = request_paths("/login\\admin").unwrap_or_default();
-        assert_eq!(forward, "/login\\admin");
-        assert_eq!(matched, "/login/admin");
+    fn escaped_slashes_are_refused_by_default() {
+        for path in [
+            "/search/q%2F..%2F..%2F",
+            "/search/q%5c..",
+            "/search/q\\..\\..\\",
+            "/a%2fb",
+        ] {
+            assert_eq!(
+                request_paths(path, EscapedSlashes::Reject).err(),
+                Some(PathError::EscapedSlash),
+                "{path:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn decoded_escaped_slashes_are_forwarded_as_matched() {
+        for (sent, want) in [
+            ("/search/q%2F..%2F..%2F", "/"),
+            ("/search/q%5C..%5C..%5C", "/"),
+            ("/search/q\\..\\..\\", "/"),
+            ("/public%2F..%2Fsearch", "/search"),
+            ("/login%2fadmin", "/login/admin"),
+        ] {
+            let (forward, matched) = paths(sent, EscapedSlashes::Decode);
+            assert_eq!(
+                (forward.as_str(), matched.as_str()),
+                (want, want),
+                "{sent:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kept_escaped_slashes_are_ordinary_characters_on_both_sides() {
+        for sent in ["/search/q%2F..%2F..%2F", "/search/q\\..\\..\\"] {
+            let (forward, matched) = paths(sent, EscapedSlashes::Keep);
+            assert_eq!(forward, sent);
+            assert_eq!(matched, sent);
+            assert!(segment_prefix("/search", &matched, false));
+        }
+        assert_eq!(paths("/a%2fb", EscapedSlashes::Keep).0, "/a%2Fb");
+    }
+
+    #[test]
+    fn parameters_are_left_out_of_the_matched_path_only() {
+        for (sent, forward, matched) in [
+            ("/search;v=1", "/search;v=1", "/search"),
+            ("/search;v=1/q;x", "/search;v=1/q;x", "/search/q"),
+            ("/;x/search", "/;x/search", "/search"),
+            ("/search;v=1/", "/search;v=1/", "/search/"),
+            ("/public/..;/search", "/search", "/search"),
+        ] {
+            let got = paths(sent, EscapedSlashes::Reject);
+            assert_eq!(
+                (got.0.as_str(), got.1.as_str()),
+                (forward, matched),
+                "{sent:?}"
+            );
+        }
     }
 
     #[test]
     fn malformed_escapes_and_relative_paths_are_refused() {
-        assert_eq!(request_paths("/a%zz").err(), Some(PathError::BadEscape));
-        assert_eq!(request_paths("/a%4").err(), Some(PathError::BadEscape));
-        assert_eq!(request_paths("*").err(), Some(PathError::NotAbsolute));
+        let refused = |p| request_paths(p, EscapedSlashes::Decode).err();
+        assert_eq!(refused("/a%zz"), Some(PathError::BadEscape));
+        assert_eq!(refused("/a%4"), Some(PathError::BadEscape));
+        assert_eq!(refused("*"), Some(PathError::NotAbsolute));
     }
 
     #[test]
@@ -431,10 +606,12 @@ mod tests {
                 || path.contains("//")
                 || path.contains("/./")
                 || path.contains("/../")
+                || path.contains("/.;")
+                || path.contains("/..;")
                 || path.ends_with("/.")
                 || path.ends_with("/..")
         };
-        let alphabet = ['/', '.', 'a', '%', '\\'];
+        let alphabet = ['/', '.', 'a', '%', '\\', ';'];
         let mut paths = vec![String::new()];
         let mut checked = 0;
         for _ in 0..6 {
@@ -453,21 +630,41 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 2 * (5 + 25 + 125 + 625 + 3125 + 15625));
+        assert_eq!(checked, 2 * (6 + 36 + 216 + 1296 + 7776 + 46656));
     }
 
     #[test]
     fn normal_paths_are_borrowed() {
         assert!(matches!(normalize_path("/api/v1/users"), Cow::Borrowed(_)));
+        let (forward, matched) =
+            request_paths("/api/v1/users", EscapedSlashes::Reject).unwrap_or_default();
+        assert!(matches!(
+            (forward, matched),
+            (Cow::Borrowed(_), Cow::Borrowed(_))
+        ));
     }
 
     #[test]
     fn prefixes_match_whole_segments() {
-        assert!(segment_prefix("/login", "/login"));
-        assert!(segment_prefix("/login", "/login/x"));
-        assert!(!segment_prefix("/login", "/loginx"));
-        assert!(segment_prefix("/", "/anything"));
-        assert!(segment_prefix("/api/", "/api/x"));
+        assert!(segment_prefix("/login", "/login", false));
+        assert!(segment_prefix("/login", "/login/x", false));
+        assert!(!segment_prefix("/login", "/loginx", false));
+        assert!(segment_prefix("/", "/anything", false));
+        assert!(segment_prefix("/api/", "/api/x", false));
+        assert!(!segment_prefix("/search", "/SEARCH/q", false));
+        assert!(segment_prefix("/search", "/SEARCH/q", true));
+        assert!(!segment_prefix("/search", "/SEARCHx", true));
+    }
+
+    #[test]
+    fn exact_paths_match_with_a_trailing_slash_too() {
+        assert!(exact_path("/login", "/login", false));
+        assert!(exact_path("/login", "/login/", false));
+        assert!(!exact_path("/login", "/login/x", false));
+        assert!(!exact_path("/login", "/LOGIN", false));
+        assert!(exact_path("/login", "/LOGIN/", true));
+        assert!(exact_path("/", "/", false));
+        assert!(!exact_path("/api/", "/api", false));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::proxy::{Forwarder, Peer};
 use crate::response::{self, Body};
-use crate::routes::{Action, RequestFacts, Table, request_paths};
+use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
 
 mod connection;
 
@@ -48,6 +48,8 @@ pub struct Rules {
     pub metrics: Vec<RouteMetrics>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// What `%2F`, `%5C` and `\` in a request path do.
+    pub escaped_slashes: EscapedSlashes,
 }
 
 impl Rules {
@@ -57,6 +59,7 @@ impl Rules {
             metrics: metrics.bind(&config.routes),
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
+            escaped_slashes: config.server.escaped_slashes,
         }
     }
 }
@@ -194,7 +197,12 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Metrics::new();
     metrics.config_loaded(&config.digest);
-    let limiter = Limiter::new(&config.store, metrics.store()).await?;
+    let limiter = Limiter::new(
+        &config.store,
+        config.server.max_client_entries,
+        metrics.store(),
+    )
+    .await?;
     let shared = Arc::new(Shared {
         rules: ArcSwap::from_pointee(Rules::new(&config, &metrics)),
         limiter,
@@ -390,17 +398,16 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     {
         return response::text(StatusCode::URI_TOO_LONG, "request target too long\n");
     }
-    let rules = shared.rules.load_full();
-    let (forward_path, matched_path) = match request_paths(request.uri.path()) {
-        Ok(paths) => paths,
-        Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
+    let host = match crate::head::check(&request) {
+        Ok(host) => host,
+        Err(e) => return response::text_owned(e.status(), format!("{e}\n")),
     };
-    let host = request.uri.authority().map(|a| a.as_str()).or_else(|| {
-        request
-            .headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-    });
+    let rules = shared.rules.load_full();
+    let (forward_path, matched_path) =
+        match request_paths(request.uri.path(), rules.escaped_slashes) {
+            Ok(paths) => paths,
+            Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        };
     let facts = RequestFacts {
         method: &request.method,
         host,
@@ -410,6 +417,14 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
         shared.metrics.no_route.inc();
         return response::text(StatusCode::NOT_FOUND, "no route matches this request\n");
     };
+    // `post` is not `POST` to floodgate, but is to many servers: it is
+    // served only on a route that compares methods without case.
+    if !route.matcher.ignore_case
+        && let Some(standard) = crate::head::miscased_standard(&request.method)
+    {
+        let e = crate::head::HeadError::MethodCase(standard);
+        return response::text_owned(e.status(), format!("{e}\n"));
+    }
     let counts = &rules.metrics[index];
 
     // Exempt clients skip identification too: a health checker need not
@@ -425,14 +440,17 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     } else if route.limits.is_empty() {
         counts.count(Outcome::Allowed);
     } else {
-        let client =
-            match route
-                .client
-                .identify(&request.headers, peer.addr.ip(), &rules.trusted_proxies)
-            {
-                Ok(client) => client,
-                Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
-            };
+        let client = match route
+            .client
+            .single_values(&mut request.headers)
+            .and_then(|()| {
+                route
+                    .client
+                    .identify(&request.headers, peer.addr.ip(), &rules.trusted_proxies)
+            }) {
+            Ok(client) => client,
+            Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        };
         let charge = Charge {
             route: &route.name,
             client: &client,

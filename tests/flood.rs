@@ -94,6 +94,7 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
     let metrics = Metrics::new();
     let limiter = Limiter::new(
         &limiter_config(&redis, &unique_prefix("cache-exact")),
+        floodgate::config::DEFAULT_MAX_CLIENT_ENTRIES,
         metrics.store(),
     )
     .await

@@ -209,13 +209,18 @@ respond = { status = 200, body = "rest" }
         "/%6c%6F%67%69%6e",
         "/login/",
         "/login?x=1",
-        "/login%2Fadmin",
-        "/login%5cadmin",
-        "/x/..%2Flogin",
+        "/login;jsessionid=1",
+        "/x/..;/login",
         "/a/b/c/../../../login",
     ] {
         let a = client.get(&gate.url(trick), &[]).await;
         assert_eq!(a.status, 429, "{trick} dodged the login limit");
+    }
+    // Encoded slashes and backslashes, which upstreams read differently,
+    // are refused by default (`escaped_slashes`).
+    for refused in ["/login%2Fadmin", "/login%5cadmin", "/x/..%2Flogin"] {
+        let a = client.get(&gate.url(refused), &[]).await;
+        assert_eq!(a.status, 400, "{refused}");
     }
     for other in ["/loginx", "/log/in", "/%4cogin2"] {
         let a = client.get(&gate.url(other), &[]).await;
@@ -318,7 +323,6 @@ async fn malformed_and_oversized_requests_get_the_right_4xx() {
         &b"\x01\x02garbage\r\n\r\n"[..],
         b"GET /a%zz HTTP/1.1\r\nHost: x\r\n\r\n",
         b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"CONNECT evil.com:443 HTTP/1.1\r\nHost: evil.com:443\r\n\r\n",
     ] {
         assert_eq!(
             raw(&gate, bad, Duration::ZERO).await,
@@ -326,6 +330,15 @@ async fn malformed_and_oversized_requests_get_the_right_4xx() {
             "{bad:?}"
         );
     }
+    assert_eq!(
+        raw(
+            &gate,
+            b"CONNECT evil.com:443 HTTP/1.1\r\nHost: evil.com:443\r\n\r\n",
+            Duration::ZERO
+        )
+        .await,
+        "HTTP/1.1 405 Method Not Allowed"
+    );
     // After all that, floodgate still serves.
     assert_eq!(
         TestClient::http1().get(&gate.url("/"), &[]).await.status,
@@ -452,7 +465,7 @@ proptest! {
 
     #[test]
     fn no_header_value_breaks_the_hash_tag_or_grows_the_key(value in header_value()) {
-        let text = key_text(&ClientId::Header(value));
+        let text = key_text(&ClientId::header(value));
         prop_assert!(!text.contains('{') && !text.contains('}'), "{}", text);
         prop_assert!(text.len() <= 2 + 64, "{} bytes", text.len());
         prop_assert!(text.is_ascii());
@@ -461,11 +474,11 @@ proptest! {
     #[test]
     fn different_clients_never_share_a_key(a in header_value(), b in header_value(), ip in any::<[u8; 4]>()) {
         let ids = [
-            ClientId::Header(a.clone()),
-            ClientId::Header(b.clone()),
+            ClientId::header(&a),
+            ClientId::header(&b),
             ClientId::Addr(ip.into()),
-            ClientId::Composite(vec![ClientId::Header(a.clone()), ClientId::Addr(ip.into())].into()),
-            ClientId::Composite(vec![ClientId::Header(b.clone()), ClientId::Addr(ip.into())].into()),
+            ClientId::Composite(vec![ClientId::header(&a), ClientId::Addr(ip.into())].into()),
+            ClientId::Composite(vec![ClientId::header(&b), ClientId::Addr(ip.into())].into()),
         ];
         let mut seen = HashSet::new();
         for id in &ids {
@@ -487,6 +500,7 @@ async fn hostile_client_ids_get_their_own_buckets_in_redis() {
         r#"
 [server]
 listen = "127.0.0.1:0"
+on_long_client_id = "hash"
 
 [store]
 backend = "redis"

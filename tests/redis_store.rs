@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use floodgate::client::ClientId;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit};
-use http::HeaderValue;
 use support::redis::{
     TestRedis, command_calls, command_stats, decision_calls, has_functions, reset_command_stats,
     unique_prefix,
@@ -66,7 +65,7 @@ async fn decide(
     now: u64,
 ) -> Decision {
     let route: Arc<str> = "r".into();
-    let client = ClientId::Header(HeaderValue::from_str(client).expect("client"));
+    let client = ClientId::header(client);
     store
         .decide_at(
             Charge {
@@ -327,7 +326,7 @@ async fn redis_time_decides_unless_a_test_passes_now() {
     // ...but production decisions pass no time: Redis's clock is now, and
     // the 1970 entry is decades outside the window.
     let route: Arc<str> = "r".into();
-    let client = ClientId::Header(HeaderValue::from_static("c"));
+    let client = ClientId::header("c");
     let charge = Charge {
         route: &route,
         client: &client,
@@ -664,10 +663,7 @@ async fn a_call_reads_and_writes_each_key_once() {
     let window = [limit(Algorithm::FixedWindow, 4, 60_000)];
     let bucket = [limit(Algorithm::Gcra, 6, 60_000).with_burst(2)];
     let route: Arc<str> = "r".into();
-    let (a, b) = (
-        ClientId::Header(HeaderValue::from_static("a")),
-        ClientId::Header(HeaderValue::from_static("b")),
-    );
+    let (a, b) = (ClientId::header("a"), ClientId::header("b"));
     // a, b, a, a, b, a, a, b, a: six of a against 4 per minute, three of b
     // against a burst of 2, each a millisecond after the one before.
     let order = [&a, &b, &a, &a, &b, &a, &a, &b, &a];

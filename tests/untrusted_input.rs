@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use floodgate::client::{ClientId, ClientRule, MissingHeader, Part, client_address};
-use floodgate::routes::request_paths;
+use floodgate::routes::{EscapedSlashes, request_paths};
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
@@ -83,17 +83,29 @@ proptest! {
 
     #[test]
     fn path_normalisation_never_panics_and_is_stable(p in path()) {
-        if let Ok((forward, matched)) = request_paths(&p) {
+        for escaped in [EscapedSlashes::Reject, EscapedSlashes::Decode, EscapedSlashes::Keep] {
+            let Ok((forward, matched)) = request_paths(&p, escaped) else {
+                continue;
+            };
             for normal in [forward.as_ref(), matched.as_ref()] {
                 prop_assert!(normal.starts_with('/'), "{:?} -> {:?}", p, normal);
                 prop_assert!(!normal.contains("//"), "{:?} -> {:?}", p, normal);
                 prop_assert!(!normal.contains("/./") && !normal.contains("/../"), "{:?} -> {:?}", p, normal);
             }
+            // What is matched is what is forwarded, ;parameters aside.
+            if !forward.contains(';') {
+                prop_assert_eq!(forward.as_ref(), matched.as_ref());
+            }
             // Normalising again changes nothing.
-            let (again_forward, again_matched) = request_paths(&forward).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let (again_forward, again_matched) = request_paths(&forward, escaped).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(again_forward.as_ref(), forward.as_ref());
             prop_assert_eq!(again_matched.as_ref(), matched.as_ref());
-            prop_assert!(!matched.contains('\\') && !matched.to_ascii_uppercase().contains("%2F"));
+            if escaped != EscapedSlashes::Keep {
+                for normal in [forward.as_ref(), matched.as_ref()] {
+                    let upper = normal.to_ascii_uppercase();
+                    prop_assert!(!normal.contains('\\') && !upper.contains("%2F") && !upper.contains("%5C"));
+                }
+            }
         }
     }
 
@@ -115,7 +127,7 @@ proptest! {
             Part::RemoteAddr,
         ];
         for missing in [MissingHeader::Fallback, MissingHeader::Reject] {
-            let rule = ClientRule { parts: parts.clone(), missing, ipv6_prefix: prefix };
+            let rule = ClientRule { parts: parts.clone(), missing, ipv6_prefix: prefix, ..ClientRule::remote_addr() };
             if let Ok(ClientId::Composite(ids)) = rule.identify(&h, peer, &trusted) {
                 prop_assert_eq!(ids.len(), 3);
             }

@@ -8,6 +8,10 @@
 //! counted from when the request was sent to Redis, which is no later than
 //! the moment Redis decided, so the cache never denies for longer than Redis
 //! would.
+//!
+//! The cache holds at most its capacity of denials; one that finds no room
+//! is simply not remembered, which costs a Redis call per request of that
+//! client and changes no decision.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +19,7 @@ use std::time::Instant;
 use super::Decision;
 use super::shards::{Shards, Slot};
 use crate::client::ClientId;
+use crate::metrics::TableMetrics;
 
 const SHARDS: usize = 32;
 
@@ -22,6 +27,7 @@ const SHARDS: usize = 32;
 #[derive(Debug)]
 pub struct DenyCache {
     shards: Shards<Entry>,
+    metrics: TableMetrics,
 }
 
 #[derive(Debug)]
@@ -38,10 +44,20 @@ impl Default for DenyCache {
 }
 
 impl DenyCache {
-    /// An empty cache.
+    /// An empty cache of the default capacity.
     pub fn new() -> Self {
+        Self::with_capacity(
+            crate::config::DEFAULT_MAX_CLIENT_ENTRIES,
+            TableMetrics::default(),
+        )
+    }
+
+    /// An empty cache holding at most `entries` denials, counting its size
+    /// and the denials it had no room for in `metrics`.
+    pub fn with_capacity(entries: usize, metrics: TableMetrics) -> Self {
         Self {
-            shards: Shards::new(SHARDS),
+            shards: Shards::new(SHARDS, entries),
+            metrics,
         }
     }
 
@@ -70,6 +86,10 @@ impl DenyCache {
         }
         let until = sent + std::time::Duration::from_millis(decision.retry_after_ms);
         let (mut map, hash) = self.shards.lock(route, client);
+        if !self.shards.has_room(&map, hash) {
+            self.metrics.full.inc();
+            return;
+        }
         let entry = Entry {
             decision,
             sent,
@@ -80,7 +100,8 @@ impl DenyCache {
 
     /// Forgets denials that have run out.
     pub fn sweep(&self, now: Instant) {
-        self.shards.retain(|e| e.until > now);
+        let remaining = self.shards.retain(|e| e.until > now);
+        self.metrics.entries.set(remaining as i64);
     }
 
     /// Forgets everything (the rules changed).

@@ -19,7 +19,7 @@ const STORE_RETRY_AFTER_MS: u64 = 1_000;
 #[derive(Debug)]
 pub enum Limiter {
     /// In-process counting.
-    Memory(MemoryStore, StoreMetrics),
+    Memory(Box<(MemoryStore, StoreMetrics)>),
     /// Shared counting in Redis, behind a circuit breaker.
     Redis(Box<Shared>),
 }
@@ -60,9 +60,21 @@ impl Limiter {
     /// Sets up the store `config` names. A Redis that is down at startup is
     /// logged, not fatal: the breaker starts open and `on_error` applies
     /// until Redis answers.
-    pub async fn new(config: &StoreConfig, metrics: StoreMetrics) -> Result<Self, StoreError> {
+    ///
+    /// Each in-process table (the memory store, the local fallback, the
+    /// remembered denials) holds at most `max_entries` (route, client)
+    /// entries.
+    pub async fn new(
+        config: &StoreConfig,
+        max_entries: usize,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
+        let [memory, local, denials] = metrics.tables.clone();
         let settings = match config {
-            StoreConfig::Memory => return Ok(Self::Memory(MemoryStore::new(), metrics)),
+            StoreConfig::Memory => {
+                let store = MemoryStore::with_capacity(max_entries, memory);
+                return Ok(Self::Memory(Box::new((store, metrics))));
+            }
             StoreConfig::Redis(settings) => settings,
         };
         let store = RedisStore::connect(
@@ -93,18 +105,19 @@ impl Limiter {
             store,
             breaker,
             on_error: settings.on_error,
-            local: MemoryStore::new(),
+            local: MemoryStore::with_capacity(max_entries, local),
             local_instances: settings.local_instances,
             last_logged: AtomicU64::new(0),
             metrics,
-            denials: DenyCache::new(),
+            denials: DenyCache::with_capacity(max_entries, denials),
         })))
     }
 
     /// Decides one request.
     pub async fn decide(&self, charge: Charge<'_>) -> Answer {
         match self {
-            Self::Memory(store, metrics) => {
+            Self::Memory(memory) => {
+                let (store, metrics) = &**memory;
                 let started = Instant::now();
                 let decision = store.decide_at(charge, now_ms());
                 metrics.decided(StoreKind::Memory, started.elapsed());
@@ -147,7 +160,8 @@ impl Limiter {
     pub fn sweep(&self) {
         let now = now_ms();
         match self {
-            Self::Memory(store, _) => {
+            Self::Memory(memory) => {
+                let (store, _) = &**memory;
                 store.sweep(now);
             }
             Self::Redis(shared) => {

@@ -5,10 +5,21 @@
 //! shard for a few hundred nanoseconds and never across an await. Entries
 //! whose every limit has expired are swept, so memory follows the number of
 //! clients active within a window, not the number ever seen.
+//!
+//! However many ids clients invent, the store holds at most its capacity of
+//! (route, client) entries. A new client that finds its shard full is
+//! counted in its route's overflow bucket, shared by every client without
+//! room, until sweeping frees space: clients already counted keep their
+//! state (evicting one would hand it a fresh limit), and newcomers stay
+//! limited, together.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::algorithms::State;
 use super::shards::{Shards, Slot};
 use super::{Charge, Decision, Limit, Store, StoreError, Verdict, now_ms};
+use crate::metrics::TableMetrics;
 
 const SHARDS: usize = 64;
 
@@ -16,6 +27,9 @@ const SHARDS: usize = 64;
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Shards<Entry>,
+    /// Per route, the bucket of clients that found no room.
+    overflow: Mutex<HashMap<Arc<str>, Entry>>,
+    metrics: TableMetrics,
 }
 
 #[derive(Debug)]
@@ -34,10 +48,21 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store of the default capacity.
     pub fn new() -> Self {
+        Self::with_capacity(
+            crate::config::DEFAULT_MAX_CLIENT_ENTRIES,
+            TableMetrics::default(),
+        )
+    }
+
+    /// An empty store holding at most `entries` (route, client) entries,
+    /// counting its size and the clients it had no room for in `metrics`.
+    pub fn with_capacity(entries: usize, metrics: TableMetrics) -> Self {
         Self {
-            shards: Shards::new(SHARDS),
+            shards: Shards::new(SHARDS, entries),
+            overflow: Mutex::new(HashMap::new()),
+            metrics,
         }
     }
 
@@ -46,50 +71,37 @@ impl MemoryStore {
     pub fn decide_at(&self, charge: Charge<'_>, now: u64) -> Decision {
         let (route, client) = (charge.route, charge.client);
         let (mut map, hash) = self.shards.lock(route, client);
+        if !self.shards.has_room(&map, hash) {
+            drop(map);
+            self.metrics.full.inc();
+            let mut overflow = self.overflow.lock().unwrap_or_else(PoisonError::into_inner);
+            let entry = overflow
+                .entry(Arc::clone(route))
+                .or_insert_with(|| Entry::new(charge.limits));
+            return entry.decide(charge, now);
+        }
         let slot = map
             .entry(hash)
             .or_insert_with(|| Slot::new(route, client, Entry::new(charge.limits)));
-        if !slot.holds(route, client) || *slot.value.limits != *charge.limits {
+        if !slot.holds(route, client) {
             *slot = Slot::new(route, client, Entry::new(charge.limits));
         }
-        let entry = &mut slot.value;
-        let mut verdicts = [Verdict::default(); 8];
-        let decision = if charge.limits.len() <= verdicts.len() {
-            for (i, (state, limit)) in entry.states.iter_mut().zip(charge.limits).enumerate() {
-                verdicts[i] = state.check(limit, now, charge.cost);
-            }
-            Decision::combine(verdicts[..charge.limits.len()].iter().copied())
-        } else {
-            let verdicts: Vec<Verdict> = entry
-                .states
-                .iter_mut()
-                .zip(charge.limits)
-                .map(|(state, limit)| state.check(limit, now, charge.cost))
-                .collect();
-            Decision::combine(verdicts)
-        };
-        if decision.allowed {
-            for (state, limit) in entry.states.iter_mut().zip(charge.limits) {
-                state.consume(limit, now, charge.cost);
-            }
-        }
-        entry.expires_at = entry
-            .states
-            .iter()
-            .zip(charge.limits)
-            .map(|(s, l)| s.expires_at(l))
-            .max()
-            .unwrap_or(0);
-        decision
+        slot.value.decide(charge, now)
     }
 
     /// Forgets every client whose state has expired by `now`; returns how
     /// many entries remain.
     pub fn sweep(&self, now: u64) -> usize {
-        self.shards.retain(|e| e.expires_at > now)
+        self.overflow
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, e| e.expires_at > now);
+        let remaining = self.shards.retain(|e| e.expires_at > now);
+        self.metrics.entries.set(remaining as i64);
+        remaining
     }
 
-    /// Number of (route, client) entries held.
+    /// Number of (route, client) entries held, overflow buckets aside.
     pub fn len(&self) -> usize {
         self.shards.len()
     }
@@ -107,6 +119,41 @@ impl Entry {
             states: limits.iter().map(|l| State::new(l.algorithm)).collect(),
             expires_at: 0,
         }
+    }
+
+    /// Decides `charge` at `now` against this entry's states.
+    fn decide(&mut self, charge: Charge<'_>, now: u64) -> Decision {
+        if *self.limits != *charge.limits {
+            *self = Entry::new(charge.limits);
+        }
+        let mut verdicts = [Verdict::default(); 8];
+        let decision = if charge.limits.len() <= verdicts.len() {
+            for (i, (state, limit)) in self.states.iter_mut().zip(charge.limits).enumerate() {
+                verdicts[i] = state.check(limit, now, charge.cost);
+            }
+            Decision::combine(verdicts[..charge.limits.len()].iter().copied())
+        } else {
+            let verdicts: Vec<Verdict> = self
+                .states
+                .iter_mut()
+                .zip(charge.limits)
+                .map(|(state, limit)| state.check(limit, now, charge.cost))
+                .collect();
+            Decision::combine(verdicts)
+        };
+        if decision.allowed {
+            for (state, limit) in self.states.iter_mut().zip(charge.limits) {
+                state.consume(limit, now, charge.cost);
+            }
+        }
+        self.expires_at = self
+            .states
+            .iter()
+            .zip(charge.limits)
+            .map(|(s, l)| s.expires_at(l))
+            .max()
+            .unwrap_or(0);
+        decision
     }
 }
 
@@ -164,6 +211,42 @@ mod tests {
         let d = store.decide_at(c, 5_000);
         assert!(!d.allowed);
         assert_eq!((d.limit, d.retry_after_ms), (0, 55_000));
+    }
+
+    #[test]
+    fn new_clients_past_the_capacity_share_one_bucket_and_counted_ones_keep_theirs() {
+        let route: Arc<str> = "api".into();
+        let limits = [Limit::new(Algorithm::FixedWindow, 2, 1_000)];
+        let metrics = TableMetrics::default();
+        let store = MemoryStore::with_capacity(64, metrics.clone());
+        let client = |i: u32| ClientId::Addr(std::net::Ipv4Addr::from(i).into());
+        // A counted client at its limit.
+        let first = client(0);
+        assert!(store.decide_at(charge(&route, &first, &limits), 0).allowed);
+        assert!(store.decide_at(charge(&route, &first, &limits), 0).allowed);
+        // A flood of new ids fills the table; the rest share one bucket.
+        let admitted = (1..10_000)
+            .filter(|&i| {
+                store
+                    .decide_at(charge(&route, &client(i), &limits), 1)
+                    .allowed
+            })
+            .count();
+        assert!(store.len() <= 64, "{} entries", store.len());
+        assert!(metrics.full.get() > 9_000, "{} refused", metrics.full.get());
+        // Each with room was admitted; the overflow bucket admitted 2 in all.
+        assert_eq!(admitted, store.len() - 1 + 2);
+        // The counted client was not evicted: still at its limit.
+        assert!(!store.decide_at(charge(&route, &first, &limits), 2).allowed);
+        // Once swept, new clients find room again.
+        store.sweep(1_000);
+        assert_eq!(metrics.entries.get(), 0);
+        assert!(
+            store
+                .decide_at(charge(&route, &client(20_000), &limits), 1_000)
+                .allowed
+        );
+        assert_eq!(store.len(), 1);
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //! two keys whose 64-bit hashes collide (vanishingly rare, and not
 //! steerable without the random keys) replace each other's state rather
 //! than share it.
+//!
+//! Each shard holds at most its part of the table's capacity; a store asks
+//! [`Shards::has_room`] before it adds a key, and decides what a key that
+//! finds no room gets (memory store: a shared overflow bucket; denial
+//! cache: not remembered). Keys already held are never evicted to make
+//! room: evicting a counted client would hand it a fresh limit.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
@@ -23,6 +29,8 @@ pub type Map<V> = HashMap<u64, Slot<V>, BuildHasherDefault<Prehashed>>;
 pub struct Shards<V> {
     shards: Box<[Mutex<Map<V>>]>,
     hasher: RandomState,
+    /// Most keys one shard holds.
+    per_shard: usize,
 }
 
 /// A value and the (route, client) it belongs to.
@@ -51,14 +59,20 @@ impl<V> Slot<V> {
 }
 
 impl<V> Shards<V> {
-    /// `count` empty shards.
-    pub fn new(count: usize) -> Self {
+    /// `count` empty shards holding at most `capacity` keys in all.
+    pub fn new(count: usize, capacity: usize) -> Self {
+        let count = count.max(1);
         Self {
-            shards: (0..count.max(1))
-                .map(|_| Mutex::new(Map::default()))
-                .collect(),
+            shards: (0..count).map(|_| Mutex::new(Map::default())).collect(),
             hasher: RandomState::new(),
+            per_shard: (capacity / count).max(1),
         }
+    }
+
+    /// Whether `map`, a shard of these, may hold the key `hash`: it already
+    /// does, or the shard is below its part of the capacity.
+    pub fn has_room(&self, map: &Map<V>, hash: u64) -> bool {
+        map.len() < self.per_shard || map.contains_key(&hash)
     }
 
     /// The key's hash. The key is laid out in one buffer and hashed with one
@@ -136,12 +150,12 @@ impl KeyBytes {
         match client {
             ClientId::Addr(IpAddr::V4(a)) => self.push(&[4]) && self.push(&a.octets()),
             ClientId::Addr(IpAddr::V6(a)) => self.push(&[6]) && self.push(&a.octets()),
-            ClientId::Header(value) => {
-                let bytes = value.as_bytes();
+            ClientId::Header(bytes) => {
                 self.push(b"h")
                     && self.push(&(bytes.len() as u64).to_le_bytes())
                     && self.push(bytes)
             }
+            ClientId::Digest(digest) => self.push(b"d") && self.push(&digest[..]),
             ClientId::Composite(parts) => {
                 self.push(b"c")
                     && self.push(&(parts.len() as u64).to_le_bytes())
@@ -177,10 +191,9 @@ impl Hasher for Prehashed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     fn header(s: &str) -> ClientId {
-        ClientId::Header(HeaderValue::from_str(s).unwrap_or_else(|_| unreachable!()))
+        ClientId::header(s)
     }
 
     fn layout(route: &str, client: &ClientId) -> Option<Vec<u8>> {
@@ -210,6 +223,8 @@ mod tests {
             ),
             ("api", ClientId::Composite(Box::new([header("a")]))),
             ("api", ClientId::Composite(Box::new([]))),
+            ("api", ClientId::digest_of("ab")),
+            ("api", header(&"\0".repeat(32))),
         ];
         let layouts: Vec<Vec<u8>> = keys
             .iter()
@@ -224,8 +239,31 @@ mod tests {
     }
 
     #[test]
+    fn a_full_shard_has_room_only_for_keys_it_holds() {
+        let shards: Shards<()> = Shards::new(2, 4);
+        let route: Arc<str> = "api".into();
+        let mut added = 0;
+        for i in 0..100u8 {
+            let client = header(&format!("c{i}"));
+            let (mut map, hash) = shards.lock(&route, &client);
+            if shards.has_room(&map, hash) {
+                map.insert(hash, Slot::new(&route, &client, ()));
+                added += 1;
+            } else {
+                assert!(!map.contains_key(&hash));
+            }
+        }
+        assert_eq!((added, shards.len()), (4, 4));
+        for i in 0..100u8 {
+            let client = header(&format!("c{i}"));
+            let (map, hash) = shards.lock(&route, &client);
+            assert_eq!(shards.has_room(&map, hash), map.contains_key(&hash));
+        }
+    }
+
+    #[test]
     fn keys_hash_the_same_every_time_whether_or_not_they_fit() {
-        let shards: Shards<()> = Shards::new(4);
+        let shards: Shards<()> = Shards::new(4, 100);
         let short = header("key-1");
         let long = header(&"k".repeat(200));
         assert!(layout("api", &long).is_none(), "too long for one buffer");

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
 pub mod cluster;
+pub mod config;
 pub mod redis;
 pub mod relay;
 pub mod sentinel;
@@ -53,7 +54,17 @@ pub struct Upstream {
     pub addr: SocketAddr,
     hits: Arc<AtomicUsize>,
     connections: Arc<AtomicUsize>,
+    seen: Arc<std::sync::Mutex<Vec<Seen>>>,
     task: JoinHandle<()>,
+}
+
+/// A request as the upstream received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: String,
+    /// The request target, as sent.
+    pub target: String,
+    pub headers: HeaderMap,
 }
 
 impl Upstream {
@@ -64,8 +75,10 @@ impl Upstream {
         let addr = listener.local_addr().expect("upstream addr");
         let hits = Arc::new(AtomicUsize::new(0));
         let connections = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let counter = Arc::clone(&hits);
         let accepted = Arc::clone(&connections);
+        let record = Arc::clone(&seen);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -73,9 +86,20 @@ impl Upstream {
                 };
                 accepted.fetch_add(1, Ordering::SeqCst);
                 let counter = Arc::clone(&counter);
+                let record = Arc::clone(&record);
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| {
+                    let service = service_fn(move |req: Request<Incoming>| {
                         counter.fetch_add(1, Ordering::SeqCst);
+                        // The first requests only: load tests send millions.
+                        if let Ok(mut seen) = record.lock()
+                            && seen.len() < 10_000
+                        {
+                            seen.push(Seen {
+                                method: req.method().to_string(),
+                                target: req.uri().to_string(),
+                                headers: req.headers().clone(),
+                            });
+                        }
                         upstream_answer(req)
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -88,8 +112,17 @@ impl Upstream {
             addr,
             hits,
             connections,
+            seen,
             task,
         }
+    }
+
+    /// The requests received so far (the first 10 000), in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// `http://127.0.0.1:port`
@@ -498,6 +531,11 @@ impl FloodgateProcess {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends a signal such as `-HUP` or `-TERM`.
