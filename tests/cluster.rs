@@ -7,6 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::cluster::TestCluster;
+use support::config::{Config, Route};
 use support::redis::unique_prefix;
 use support::{Floodgate, TestClient};
 
@@ -18,44 +19,26 @@ const ALGORITHMS: [&str; 5] = [
     "gcra",
 ];
 
-/// The `[server]` and `[store]` sections for floodgate on the cluster at
-/// `urls`.
-fn store(urls: &[String], prefix: &str, on_error: &str, timeout: &str) -> String {
-    let urls = urls
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-
-[store]
-backend = "redis_cluster"
-urls = [{urls}]
-key_prefix = "{prefix}"
-timeout = "{timeout}"
-on_error = "{on_error}"
-"#
-    )
+/// floodgate on the cluster at `urls`, without routes.
+fn store(urls: &[String], prefix: &str, on_error: &str, timeout: &str) -> Config {
+    Config::new()
+        .redis_cluster(urls, prefix)
+        .store(&format!(r#"timeout = "{timeout}""#))
+        .store(&format!(r#"on_error = "{on_error}""#))
 }
 
 fn config(urls: &[String], prefix: &str, on_error: &str, limit: u64) -> String {
-    let mut toml = store(urls, prefix, on_error, "300ms");
+    let mut config = store(urls, prefix, on_error, "300ms");
     for algorithm in ALGORITHMS {
-        toml.push_str(&format!(
-            r#"
-[[routes]]
-name = "{algorithm}"
-match = {{ path_prefix = "/{algorithm}" }}
-respond = {{ status = 200 }}
-client = {{ from = "header", name = "X-Client" }}
-limits = [{{ algorithm = "{algorithm}", limit = {limit}, window = "1h" }}]
-"#
-        ));
+        config = config.route(
+            Route::new(algorithm)
+                .matching(&format!(r#"path_prefix = "/{algorithm}""#))
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Client""#)
+                .limit(algorithm, limit, "1h"),
+        );
     }
-    toml
+    config.toml()
 }
 
 /// Sends `per_client` requests for each client, alternating between the
@@ -203,20 +186,16 @@ fn tryagain_answers(cluster: &TestCluster, port: u16) -> u64 {
 async fn a_decision_caught_by_a_moving_slot_is_decided_once_the_slot_has_moved() {
     let cluster = TestCluster::start().await;
     let prefix = unique_prefix("reshard");
-    let mut toml = store(&cluster.urls(), &prefix, "deny", "1s");
-    toml.push_str(
-        r#"
-[[routes]]
-name = "two_limits"
-match = { path_prefix = "/" }
-respond = { status = 200 }
-client = { from = "header", name = "X-Client" }
-limits = [
-  { algorithm = "fixed_window", limit = 3, window = "1h" },
-  { algorithm = "gcra", limit = 3, window = "1h" },
-]
-"#,
-    );
+    let toml = store(&cluster.urls(), &prefix, "deny", "1s")
+        .route(
+            Route::new("two_limits")
+                .matching(r#"path_prefix = "/""#)
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Client""#)
+                .limit("fixed_window", 3, "1h")
+                .limit("gcra", 3, "1h"),
+        )
+        .toml();
     let gate = Floodgate::start(&toml).await;
     let http = TestClient::http1();
     let url = gate.url("/");

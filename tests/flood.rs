@@ -11,6 +11,7 @@ use floodgate::client::ClientId;
 use floodgate::config::{Endpoint, OnError, RedisStore, Store};
 use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
 use floodgate::metrics::Metrics;
+use support::config::{Config, Route};
 use support::redis::{
     TestRedis, command_stats, decision_calls, reset_command_stats, unique_prefix,
 };
@@ -19,25 +20,16 @@ use support::{Floodgate, TestClient};
 #[tokio::test]
 async fn a_flooding_client_costs_one_redis_call_per_retry_after_period() {
     let redis = TestRedis::start_private().await;
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "{}"
-key_prefix = "{}"
-
-[[routes]]
-name = "api"
-respond = {{ status = 200 }}
-client = {{ from = "header", name = "X-Client" }}
-limits = [{{ algorithm = "sliding_log", limit = 3, window = "1h" }}]
-"#,
-        redis.url,
-        unique_prefix("flood")
-    );
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("flood"))
+        .store(r#"timeout = "50ms""#)
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Client""#)
+                .limit("sliding_log", 3, "1h"),
+        )
+        .toml();
     let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
     let client = TestClient::http1();
     // Let both finish loading the script, then count from zero.

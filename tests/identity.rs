@@ -11,6 +11,7 @@ use floodgate::client::ClientId;
 use floodgate::limit::redis::write_client;
 use http::HeaderValue;
 use proptest::prelude::*;
+use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
 use support::{Floodgate, TestClient, Upstream, first_answer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -496,25 +497,17 @@ proptest! {
 async fn hostile_client_ids_get_their_own_buckets_in_redis() {
     let redis = TestRedis::start().await;
     let prefix = unique_prefix("hostile");
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-on_long_client_id = "hash"
-
-[store]
-backend = "redis"
-url = "{}"
-key_prefix = "{prefix}"
-
-[[routes]]
-name = "api"
-respond = {{ status = 200 }}
-client = {{ from = "header", name = "X-Key" }}
-limits = [{{ algorithm = "sliding_log", limit = 1, window = "60s" }}]
-"#,
-        redis.url
-    );
+    let toml = Config::new()
+        .server(r#"on_long_client_id = "hash""#)
+        .redis(&redis.url, &prefix)
+        .store(r#"timeout = "50ms""#)
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Key""#)
+                .limit("sliding_log", 1, "60s"),
+        )
+        .toml();
     let gate = Floodgate::start(&toml).await;
     let client = TestClient::http1();
     let long = "k".repeat(8_000);

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
 use support::{Floodgate, TestClient, Upstream};
 
@@ -167,25 +168,13 @@ upstream = "{}"
 /// itself under `limit`, counting in the Redis at `url` and letting
 /// requests through while Redis cannot answer.
 fn redis_instance(url: &str, prefix: &str, limit: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "{url}"
-key_prefix = "{prefix}"
-timeout = "100ms"
-on_error = "allow"
-
-[[routes]]
-name = "api"
-respond = {{ status = 200 }}
-limits = [{limit}]
-"#
-    )
+    Config::new()
+        .admin()
+        .redis(url, prefix)
+        .store(r#"timeout = "100ms""#)
+        .store(r#"on_error = "allow""#)
+        .route(Route::new("api").respond("status = 200").limits(limit))
+        .toml()
 }
 
 /// The status `path` on `gate`'s admin listener answers with.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use floodgate::client::ClientId;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit};
+use support::config::{Config, Route};
 use support::redis::{
     TestRedis, command_calls, command_stats, decision_calls, has_functions, reset_command_stats,
     unique_prefix,
@@ -18,26 +19,17 @@ use support::redis::{
 use support::{Floodgate, TestClient, Upstream};
 
 fn redis_config(url: &str, prefix: &str, upstream: &str, limits: &str, on_error: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "{url}"
-key_prefix = "{prefix}"
-timeout = "200ms"
-on_error = "{on_error}"
-
-[[routes]]
-name = "api"
-upstream = "{upstream}"
-client = {{ from = "header", name = "X-Client" }}
-limits = [{limits}]
-"#
-    )
+    Config::new()
+        .admin()
+        .redis(url, prefix)
+        .store(&format!(r#"on_error = "{on_error}""#))
+        .route(
+            Route::new("api")
+                .upstream(upstream)
+                .client(r#"from = "header", name = "X-Client""#)
+                .limits(limits),
+        )
+        .toml()
 }
 
 /// `floodgate_redis_calls_total` from the admin listener's `/metrics`.

@@ -7,38 +7,34 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::config::{Config, Route};
 use support::redis::{TestRedis, has_functions, unique_prefix};
 use support::relay::Relay;
 use support::{Floodgate, TestClient, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config(redis: &str, prefix: &str, on_error: &str, extra_store: &str, limit: u64) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "{redis}"
-key_prefix = "{prefix}"
-timeout = "100ms"
-on_error = "{on_error}"
-{extra_store}
-
-[[routes]]
-name = "plain"
-match = {{ path_prefix = "/plain" }}
-respond = {{ status = 200, body = "plain" }}
-
-[[routes]]
-name = "api"
-respond = {{ status = 200, body = "api" }}
-client = {{ from = "header", name = "X-Client" }}
-limits = [{{ algorithm = "sliding_log", limit = {limit}, window = "1h" }}]
-"#
-    )
+    let mut config = Config::new()
+        .admin()
+        .redis(redis, prefix)
+        .store(r#"timeout = "100ms""#)
+        .store(&format!(r#"on_error = "{on_error}""#));
+    if !extra_store.is_empty() {
+        config = config.store(extra_store);
+    }
+    config
+        .route(
+            Route::new("plain")
+                .matching(r#"path_prefix = "/plain""#)
+                .respond(r#"status = 200, body = "plain""#),
+        )
+        .route(
+            Route::new("api")
+                .respond(r#"status = 200, body = "api""#)
+                .client(r#"from = "header", name = "X-Client""#)
+                .limit("sliding_log", limit, "1h"),
+        )
+        .toml()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

@@ -6,36 +6,23 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use support::config::{Config, Route};
 use support::redis::unique_prefix;
 use support::sentinel::{MASTER, TestSentinels};
 use support::{Floodgate, TestClient};
 
 fn config(urls: &[String], prefix: &str) -> String {
-    let urls = urls
-        .iter()
-        .map(|u| format!("\"{u}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-
-[store]
-backend = "redis_sentinel"
-urls = [{urls}]
-master_name = "{MASTER}"
-key_prefix = "{prefix}"
-timeout = "300ms"
-on_error = "deny"
-
-[[routes]]
-name = "api"
-respond = {{ status = 200 }}
-client = {{ from = "header", name = "X-Client" }}
-limits = [{{ algorithm = "sliding_window", limit = 2, window = "1h" }}]
-"#
-    )
+    Config::new()
+        .redis_sentinel(urls, MASTER, prefix)
+        .store(r#"timeout = "300ms""#)
+        .store(r#"on_error = "deny""#)
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Client""#)
+                .limit("sliding_window", 2, "1h"),
+        )
+        .toml()
 }
 
 async fn three(gate: &Floodgate, client: &str) -> Vec<u16> {

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::config::{Config, Route};
 use support::redis::unique_prefix;
 use support::{Floodgate, TestClient, free_port, temp_dir};
 
@@ -156,28 +157,21 @@ fn certificates() -> std::path::PathBuf {
 }
 
 fn config(dir: &Path, port: u16, tls: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "rediss://127.0.0.1:{port}"
-key_prefix = "{}"
-timeout = "500ms"
-on_error = "deny"
-{tls}
-
-[[routes]]
-name = "api"
-respond = {{ status = 200 }}
-limits = [{{ algorithm = "sliding_log", limit = 2, window = "1h" }}]
-"#,
-        unique_prefix("tls")
-    )
-    .replace("{dir}", &dir.display().to_string())
+    let mut config = Config::new()
+        .admin()
+        .redis(&format!("rediss://127.0.0.1:{port}"), &unique_prefix("tls"))
+        .store(r#"timeout = "500ms""#)
+        .store(r#"on_error = "deny""#);
+    for line in tls.lines().filter(|l| !l.trim().is_empty()) {
+        config = config.store(&line.replace("{dir}", &dir.display().to_string()));
+    }
+    config
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .limit("sliding_log", 2, "1h"),
+        )
+        .toml()
 }
 
 async fn statuses(gate: &Floodgate, n: usize) -> Vec<u16> {

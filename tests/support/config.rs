@@ -67,6 +67,31 @@ impl Config {
         self
     }
 
+    /// Counts in the Redis Cluster found through `urls`, under `prefix`,
+    /// with a 200 ms timeout.
+    pub fn redis_cluster(mut self, urls: &[String], prefix: &str) -> Self {
+        self.store = vec![
+            r#"backend = "redis_cluster""#.to_owned(),
+            format!("urls = [{}]", quoted(urls)),
+            format!(r#"key_prefix = "{prefix}""#),
+            r#"timeout = "200ms""#.to_owned(),
+        ];
+        self
+    }
+
+    /// Counts in the primary of the Sentinel group `master` that the
+    /// Sentinels at `urls` watch, under `prefix`, with a 200 ms timeout.
+    pub fn redis_sentinel(mut self, urls: &[String], master: &str, prefix: &str) -> Self {
+        self.store = vec![
+            r#"backend = "redis_sentinel""#.to_owned(),
+            format!("urls = [{}]", quoted(urls)),
+            format!(r#"master_name = "{master}""#),
+            format!(r#"key_prefix = "{prefix}""#),
+            r#"timeout = "200ms""#.to_owned(),
+        ];
+        self
+    }
+
     /// Adds a line to `[store]`, or replaces the line that sets the same
     /// key, such as `on_error = "deny"`.
     pub fn store(mut self, line: &str) -> Self {
@@ -118,6 +143,15 @@ impl Config {
     }
 }
 
+/// `"a", "b"`
+fn quoted(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl Route {
     /// A route named `name` that answers 200 itself until told otherwise.
     pub fn new(name: &str) -> Self {
@@ -137,6 +171,14 @@ impl Route {
         self
     }
 
+    /// Answers itself with `respond = { … }`, given the inside of the braces.
+    pub fn respond(mut self, inside: &str) -> Self {
+        self.lines
+            .retain(|l| !l.starts_with("respond") && !l.starts_with("upstream"));
+        self.lines.push(format!("respond = {{ {inside} }}"));
+        self
+    }
+
     /// `match = { … }`, given the inside of the braces.
     pub fn matching(self, inside: &str) -> Self {
         self.line(&format!("match = {{ {inside} }}"))
@@ -145,6 +187,13 @@ impl Route {
     /// `client = { … }`, given the inside of the braces.
     pub fn client(self, inside: &str) -> Self {
         self.line(&format!("client = {{ {inside} }}"))
+    }
+
+    /// Adds limits written out, such as
+    /// `{ algorithm = "gcra", limit = 5, window = "1s", burst = 2 }`.
+    pub fn limits(mut self, written: &str) -> Self {
+        self.limits.push(written.to_owned());
+        self
     }
 
     /// Adds a limit.
