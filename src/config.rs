@@ -434,6 +434,26 @@ impl Validator<'_> {
         });
     }
 
+    /// A whole number in `range`, or `default` when `value` is absent.
+    fn bounded(
+        &mut self,
+        value: Option<&Spanned<i64>>,
+        default: usize,
+        range: std::ops::RangeInclusive<usize>,
+        message: &str,
+    ) -> Option<usize> {
+        let Some(value) = value else {
+            return Some(default);
+        };
+        match usize::try_from(*value.get_ref()) {
+            Ok(n) if range.contains(&n) => Some(n),
+            _ => {
+                self.problem(value.span(), message);
+                None
+            }
+        }
+    }
+
     /// One of `choices` by name (the first when `value` is absent).
     fn choice<T: Copy>(
         &mut self,
@@ -544,19 +564,12 @@ impl Validator<'_> {
             "header_read_timeout",
             DEFAULT_HEADER_READ_TIMEOUT,
         );
-        let max_client_id = match &m.max_client_id {
-            None => Some(DEFAULT_MAX_CLIENT_ID),
-            Some(n) => match usize::try_from(*n.get_ref()) {
-                Ok(n @ 16..=8192) => Some(n),
-                _ => {
-                    self.problem(
-                        n.span(),
-                        "max_client_id must be a number of bytes from 16 to 8192",
-                    );
-                    None
-                }
-            },
-        };
+        let max_client_id = self.bounded(
+            m.max_client_id.as_ref(),
+            DEFAULT_MAX_CLIENT_ID,
+            16..=8192,
+            "max_client_id must be a number of bytes from 16 to 8192",
+        );
         let on_long_client_id = self.choice(
             m.on_long_client_id.as_ref(),
             "on_long_client_id",
@@ -571,19 +584,12 @@ impl Validator<'_> {
                 ("keep", EscapedSlashes::Keep),
             ],
         );
-        let max_client_entries = match &m.max_client_entries {
-            None => Some(DEFAULT_MAX_CLIENT_ENTRIES),
-            Some(n) => match usize::try_from(*n.get_ref()) {
-                Ok(n @ 1_000..=100_000_000) => Some(n),
-                _ => {
-                    self.problem(
-                        n.span(),
-                        "max_client_entries must be a whole number from 1000 to 100000000",
-                    );
-                    None
-                }
-            },
-        };
+        let max_client_entries = self.bounded(
+            m.max_client_entries.as_ref(),
+            DEFAULT_MAX_CLIENT_ENTRIES,
+            1_000..=100_000_000,
+            "max_client_entries must be a whole number from 1000 to 100000000",
+        );
         Some(Server {
             listen: listen?,
             admin_listen,

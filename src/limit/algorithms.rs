@@ -336,6 +336,14 @@ fn token_bucket_at(
 mod tests {
     use super::*;
 
+    const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+
     fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
         Limit::new(algorithm, limit, window_ms)
     }
@@ -434,13 +442,7 @@ mod tests {
     fn a_clock_stepping_back_across_a_boundary_admits_no_more_than_the_limit() {
         // Five admitted right after a boundary, then the clock steps back
         // 1 ms into the window before: the counted window must hold.
-        for alg in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingLog,
-            Algorithm::SlidingWindow,
-            Algorithm::TokenBucket,
-            Algorithm::Gcra,
-        ] {
+        for alg in ALL {
             let l = limit(alg, 5, 1000);
             let mut s = State::new(alg);
             let admitted = [10_000; 5]
@@ -461,13 +463,7 @@ mod tests {
 
     #[test]
     fn a_denial_consumes_nothing() {
-        for alg in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingLog,
-            Algorithm::SlidingWindow,
-            Algorithm::TokenBucket,
-            Algorithm::Gcra,
-        ] {
+        for alg in ALL {
             let l = limit(alg, 2, 1000);
             let mut s = State::new(alg);
             assert!(take(&mut s, &l, 0, 2).allowed);
