@@ -145,8 +145,7 @@ impl ClientRule {
     /// Makes sure each header this rule reads holds one value, so that the
     /// value counted is the value forwarded: a header sent in several lines
     /// or as a comma list is refused, or (`first`, `last`) replaced by the
-    /// one value that will be counted. Call before [`ClientRule::identify`],
-    /// on the headers that will be forwarded.
+    /// one value that will be counted.
     pub fn single_values(&self, headers: &mut HeaderMap) -> Result<(), ClientError> {
         for part in &self.parts {
             let Part::Header(name) = part else {
@@ -184,7 +183,10 @@ impl ClientRule {
         Ok(())
     }
 
-    /// Derives the client id of a request that arrived from `peer`.
+    /// Derives the client id of a request that arrived from `peer`. A header
+    /// part sent several times or as a comma list is refused: counting one
+    /// of its values while another is forwarded would let the client choose
+    /// which one is counted.
     pub fn identify(
         &self,
         headers: &HeaderMap,
@@ -212,17 +214,44 @@ impl ClientRule {
         match part {
             Part::RemoteAddr => Ok(address(peer.to_canonical())),
             Part::ForwardedFor => Ok(address(client_address(headers, peer, trusted))),
-            Part::Header(name) => match headers.get(name) {
-                Some(value) if value.len() <= self.max_len => Ok(ClientId::header(value)),
-                Some(value) => match self.too_long {
-                    TooLong::Reject => Err(ClientError::TooLong(name.clone(), self.max_len)),
-                    TooLong::Hash => Ok(ClientId::digest_of(value)),
-                },
-                None => match self.missing {
-                    MissingHeader::Fallback => Ok(address(client_address(headers, peer, trusted))),
-                    MissingHeader::Reject => Err(ClientError::MissingHeader(name.clone())),
-                },
-            },
+            Part::Header(name) => {
+                let mut values = headers.get_all(name).iter();
+                match values.next() {
+                    Some(value) if values.next().is_some() || value.as_bytes().contains(&b',') => {
+                        Err(ClientError::Repeated(name.clone()))
+                    }
+                    Some(value) if value.len() <= self.max_len => Ok(ClientId::header(value)),
+                    Some(value) => match self.too_long {
+                        TooLong::Reject => Err(ClientError::TooLong(name.clone(), self.max_len)),
+                        TooLong::Hash => Ok(ClientId::digest_of(value)),
+                    },
+                    None => match self.missing {
+                        MissingHeader::Fallback => {
+                            Ok(address(client_address(headers, peer, trusted)))
+                        }
+                        MissingHeader::Reject => Err(ClientError::MissingHeader(name.clone())),
+                    },
+                }
+            }
+        }
+    }
+
+    /// [`ClientRule::identify`] for a request about to be forwarded: a
+    /// header sent several times or as a list is refused, or with
+    /// `repeated = "first"` or `"last"` cut down in `headers` to the one
+    /// value that is then counted ([`ClientRule::single_values`]).
+    pub fn identify_forwarded(
+        &self,
+        headers: &mut HeaderMap,
+        peer: IpAddr,
+        trusted: &[IpNet],
+    ) -> Result<ClientId, ClientError> {
+        match self.identify(headers, peer, trusted) {
+            Err(ClientError::Repeated(_)) if self.repeated != Repeated::Reject => {
+                self.single_values(headers)?;
+                self.identify(headers, peer, trusted)
+            }
+            answer => answer,
         }
     }
 }
@@ -487,6 +516,22 @@ mod tests {
         let mut one = lines(&["victim"]);
         assert_eq!(with(Repeated::Reject).single_values(&mut one), Ok(()));
         assert_eq!(one.get_all(&key).iter().count(), 1);
+        // Identifying alone never counts one of several values.
+        let peer = ip("192.0.2.1");
+        for repeated in [Repeated::Reject, Repeated::First, Repeated::Last] {
+            let h = lines(&["victim", "throwaway-1"]);
+            assert_eq!(
+                with(repeated).identify(&h, peer, &[]),
+                Err(ClientError::Repeated(key.clone()))
+            );
+        }
+        let mut h = lines(&["victim, throwaway-1"]);
+        let id = with(Repeated::First).identify_forwarded(&mut h, peer, &[]);
+        assert_eq!(id, Ok(ClientId::header("victim")));
+        assert_eq!(h.get_all(&key).iter().collect::<Vec<_>>(), ["victim"]);
+        let mut h = lines(&["victim", "throwaway-1"]);
+        let id = with(Repeated::Reject).identify_forwarded(&mut h, peer, &[]);
+        assert_eq!(id, Err(ClientError::Repeated(key.clone())));
     }
 
     #[test]

@@ -53,6 +53,10 @@ const STANDARD: [&str; 9] = [
 /// (`post` → `POST`); `None` for standard spellings and other methods.
 pub fn miscased_standard(method: &Method) -> Option<&'static str> {
     let text = method.as_str();
+    // Standard spellings are all upper case: the common case ends here.
+    if !text.bytes().any(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
     STANDARD
         .into_iter()
         .find(|standard| *standard != text && standard.eq_ignore_ascii_case(text))

@@ -347,6 +347,11 @@ pub fn request_paths(
     if !path.starts_with('/') {
         return Err(PathError::NotAbsolute);
     }
+    // One scan for the common, clean path: nothing to normalise, and no
+    // escape or backslash to refuse.
+    if !needs_work(path, true) {
+        return Ok((Cow::Borrowed(path), without_parameters(path)));
+    }
     if escaped == EscapedSlashes::Reject && has_escaped_slash(path) {
         return Err(PathError::EscapedSlash);
     }
@@ -374,7 +379,7 @@ fn has_escaped_slash(path: &str) -> bool {
 /// `path` with each segment's `;parameters` left out (`/a;x/b;y` is
 /// `/a/b`); segments that were only parameters are left out too.
 fn without_parameters(path: &str) -> Cow<'_, str> {
-    if !path.contains(';') {
+    if !path.as_bytes().contains(&b';') {
         return Cow::Borrowed(path);
     }
     let mut out = String::with_capacity(path.len());

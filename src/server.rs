@@ -440,14 +440,11 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     } else if route.limits.is_empty() {
         counts.count(Outcome::Allowed);
     } else {
-        let client = match route
-            .client
-            .single_values(&mut request.headers)
-            .and_then(|()| {
-                route
-                    .client
-                    .identify(&request.headers, peer.addr.ip(), &rules.trusted_proxies)
-            }) {
+        let client = match route.client.identify_forwarded(
+            &mut request.headers,
+            peer.addr.ip(),
+            &rules.trusted_proxies,
+        ) {
             Ok(client) => client,
             Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
         };
