@@ -91,37 +91,39 @@ pub fn check(head: &Parts) -> Result<Option<&str>, HeadError> {
     }
 }
 
-/// `name`, `name:port`, `v4:port` or `[v6]:port`, nothing else.
+/// `name`, `name:port`, `v4:port` or `[v6]:port`, nothing else. Read byte
+/// by byte: this runs on every request.
 fn is_host(value: &HeaderValue) -> bool {
-    let Ok(text) = value.to_str() else {
-        return false;
-    };
-    let (name, port) = match text.strip_prefix('[') {
-        Some(rest) => {
-            let Some((v6, tail)) = rest.split_once(']') else {
-                return false;
-            };
-            if v6.parse::<Ipv6Addr>().is_err() {
-                return false;
-            }
-            match tail {
-                "" => ("v6", None),
-                tail => match tail.strip_prefix(':') {
-                    Some(port) => ("v6", Some(port)),
-                    None => return false,
-                },
-            }
+    let bytes = value.as_bytes();
+    let (name_ok, port) = if let Some(rest) = bytes.strip_prefix(b"[") {
+        let Some(close) = rest.iter().position(|&b| b == b']') else {
+            return false;
+        };
+        let v6 = std::str::from_utf8(&rest[..close])
+            .ok()
+            .and_then(|t| t.parse::<Ipv6Addr>().ok());
+        match &rest[close + 1..] {
+            [] => (v6.is_some(), None),
+            [b':', port @ ..] => (v6.is_some(), Some(port)),
+            _ => return false,
         }
-        None => match text.split_once(':') {
-            Some((name, port)) => (name, Some(port)),
-            None => (text, None),
-        },
+    } else {
+        let (name, port) = match bytes.iter().position(|&b| b == b':') {
+            Some(colon) => (&bytes[..colon], Some(&bytes[colon + 1..])),
+            None => (bytes, None),
+        };
+        let name_ok = !name.is_empty()
+            && name
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+        (name_ok, port)
     };
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
-        && port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok())
+    name_ok
+        && port.is_none_or(|p| {
+            (1..=5).contains(&p.len())
+                && p.iter().all(u8::is_ascii_digit)
+                && p.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) <= 65_535
+        })
 }
 
 #[cfg(test)]
