@@ -91,7 +91,7 @@ async fn hostile_ids_leave_memory_flat(store: Option<(&TestRedis, String)>) {
         .route(
             Route::new("api")
                 .client(r#"from = "header", name = "X-Api-Key""#)
-                .limit("fixed_window", 1, "60s"),
+                .limit("gcra", 1, "1h"),
         );
     if let Some((redis, prefix)) = &store {
         config = config.redis(&redis.url, prefix);
@@ -194,7 +194,7 @@ async fn client_ids_past_max_client_id_are_refused_by_default() {
             Route::new("api")
                 .upstream(&up.url())
                 .client(r#"from = "header", name = "X-Api-Key""#)
-                .limit("fixed_window", 3, "60s"),
+                .limit("sliding_log", 3, "60s"),
         )
         .toml();
     let gate = Floodgate::start(&toml).await;
@@ -274,19 +274,19 @@ async fn gate_with_limits(up: &Upstream, server: &[&str], search_match: &str) ->
             Route::new("search")
                 .upstream(&up.url())
                 .matching(search_match)
-                .limit("fixed_window", 3, "60s"),
+                .limit("sliding_log", 3, "60s"),
         )
         .route(
             Route::new("login")
                 .upstream(&up.url())
                 .matching(r#"path = "/login""#)
-                .limit("fixed_window", 3, "60s"),
+                .limit("sliding_log", 3, "60s"),
         )
         .route(
             Route::new("orders")
                 .upstream(&up.url())
                 .matching(r#"path_prefix = "/orders", methods = ["POST"]"#)
-                .limit("fixed_window", 3, "60s"),
+                .limit("sliding_log", 3, "60s"),
         )
         .route(
             Route::new("rest")
@@ -466,7 +466,7 @@ async fn miscased_methods_are_refused_unless_the_route_ignores_case() {
             Route::new("orders")
                 .upstream(&up.url())
                 .matching(r#"path_prefix = "/orders", methods = ["POST"], ignore_case = true"#)
-                .limit("fixed_window", 3, "60s"),
+                .limit("sliding_log", 3, "60s"),
         )
         .toml();
     let gate = Floodgate::start(&toml).await;
@@ -486,11 +486,12 @@ async fn keyed_gate(up: &Upstream, repeated: Option<&str>) -> Floodgate {
         None => r#"from = "header", name = "X-Api-Key""#.to_owned(),
     };
     let toml = Config::new()
-        .route(Route::new("api").upstream(&up.url()).client(&client).limit(
-            "fixed_window",
-            3,
-            "60s",
-        ))
+        .route(
+            Route::new("api")
+                .upstream(&up.url())
+                .client(&client)
+                .limit("sliding_log", 3, "60s"),
+        )
         .toml();
     Floodgate::start(&toml).await
 }
