@@ -11,7 +11,8 @@
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome |
 //! | [`proxy`] | forward it upstream and stream the answer back, over [`proxy::pool`]'s keep-alive connections, speaking HTTP/1.1 with [`proxy::http1`] |
-//! | [`response`] | floodgate's own answers and the rate-limit headers |
+//! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
+//! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
 //! | [`server`] | accept connections, run each request through the above, shut down gracefully |
@@ -28,6 +29,7 @@ pub mod head;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;
+pub mod refusal;
 pub mod reload;
 pub mod response;
 pub mod routes;

@@ -103,6 +103,12 @@ struct StoreLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabel {
+    status: String,
+    fault: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TableLabel {
     table: String,
 }
@@ -140,6 +146,7 @@ pub struct Metrics {
     config_info: Family<DigestLabel, Gauge>,
     client_entries: Family<TableLabel, Gauge>,
     client_entries_full: Family<TableLabel, Counter>,
+    refusals: Family<RefusalLabel, Counter>,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -276,6 +283,12 @@ impl Metrics {
             "New clients that found their table full (max_client_entries): counted in their route's shared overflow bucket (memory, local), or their denial not remembered (denials)",
             client_entries_full.clone(),
         );
+        let refusals = Family::default();
+        registry.register(
+            "floodgate_refusals",
+            "Answers floodgate made itself instead of the upstream's, by status and fault (client: 4xx; upstream: 502, 504; store: 503); 429 denials are in floodgate_requests_total",
+            refusals.clone(),
+        );
         for result in ["success", "failure"] {
             let _ = reloads.get_or_create(&ResultLabel {
                 result: result.into(),
@@ -292,6 +305,7 @@ impl Metrics {
             config_info,
             client_entries,
             client_entries_full,
+            refusals,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
             no_route,
@@ -407,6 +421,17 @@ impl Metrics {
                 }
             }),
         }
+    }
+
+    /// Counts an answer floodgate made itself. Statuses are floodgate's own
+    /// few, so the series stay bounded.
+    pub fn refused(&self, refusal: &crate::refusal::Refusal) {
+        self.refusals
+            .get_or_create(&RefusalLabel {
+                status: refusal.status().as_str().to_owned(),
+                fault: refusal.fault().name().to_owned(),
+            })
+            .inc();
     }
 
     /// Counts a reload and, when it applied, the digest now in force.

@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, Uri, request};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
+use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::Upstream;
 
@@ -60,8 +61,8 @@ impl Forwarder {
     /// Forwards the request with head `request` and `body` to `upstream` as
     /// `path_and_query`, on behalf of `peer`; `now` is when forwarding began
     /// (the upstream timeout runs from it). The head's header map is taken
-    /// for the answer's fields. Never fails: upstream trouble becomes 502 or
-    /// 504.
+    /// for the answer's fields. Upstream trouble is a 502 or 504 refusal; a
+    /// request body that breaks off is the client's 400.
     pub async fn forward(
         &self,
         upstream: &Upstream,
@@ -70,7 +71,7 @@ impl Forwarder {
         path_and_query: PathAndQuery,
         peer: &Peer,
         now: Instant,
-    ) -> Response<Body> {
+    ) -> Result<Response<Body>, Refusal> {
         let original_host = request
             .uri
             .authority()
@@ -93,23 +94,29 @@ impl Forwarder {
         let deadline = tokio::time::Instant::from_std(now) + upstream.timeout;
         match pool.send(request, body, &rewrite, now, deadline).await {
             // proxy::http1 leaves the upstream's hop-by-hop fields out.
-            Ok(upstream_response) => upstream_response.map(Either::Left),
+            Ok(upstream_response) => Ok(upstream_response.map(Either::Left)),
             Err(SendError::Connect(e)) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
-                response::text(StatusCode::BAD_GATEWAY, "upstream unreachable\n")
+                Err(Refusal::upstream(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream is unreachable",
+                ))
             }
             // The client's fault, not the upstream's: its body was
             // malformed, or it went away while sending it.
             Err(SendError::Failed(http1::Error::RequestBody(e))) => {
                 tracing::debug!(upstream = %upstream.authority, error = %e, "the request body broke off");
-                response::text(
+                Err(Refusal::client(
                     StatusCode::BAD_REQUEST,
-                    "request body malformed or incomplete\n",
-                )
+                    "the request body is malformed or incomplete",
+                ))
             }
             Err(e @ SendError::Failed(_)) => {
                 tracing::warn!(upstream = %upstream.authority, error = %e, "upstream failed");
-                response::text(StatusCode::BAD_GATEWAY, "upstream failed to answer\n")
+                Err(Refusal::upstream(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream failed to answer",
+                ))
             }
             Err(SendError::TimedOut) => {
                 tracing::warn!(
@@ -117,7 +124,10 @@ impl Forwarder {
                     timeout = ?upstream.timeout,
                     "upstream timed out"
                 );
-                response::text(StatusCode::GATEWAY_TIMEOUT, "upstream timed out\n")
+                Err(Refusal::upstream(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the upstream did not answer in time",
+                ))
             }
         }
     }

@@ -3,7 +3,8 @@
 //! Headers follow draft-ietf-httpapi-ratelimit-headers in structured-field
 //! syntax: `RateLimit-Policy: "login";q=5;w=60` names every limit of a route,
 //! and `RateLimit: "login";r=2;t=41` reports the most constrained one.
-//! Denials are RFC 9457 problem documents.
+//! Denials, and every other answer floodgate makes itself
+//! ([`crate::refusal`]), are RFC 9457 problem documents.
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -27,7 +28,6 @@ pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-pol
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
-const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 
 /// Policy names of a route's limits: the route's name when it has one limit,
@@ -149,7 +149,8 @@ fn shared_bytes(bytes: &[u8]) -> Bytes {
     })
 }
 
-fn retry_after(ms: u64) -> HeaderValue {
+/// `Retry-After` for a wait of `ms`: whole seconds, rounded up, at least 1.
+pub fn retry_after(ms: u64) -> HeaderValue {
     HeaderValue::from(seconds(ms).max(1))
 }
 
@@ -157,35 +158,20 @@ fn retry_after(ms: u64) -> HeaderValue {
 pub fn too_many_requests(route: &Route, decision: &Decision) -> Response<Body> {
     let wait = seconds(decision.retry_after_ms).max(1);
     let detail = format!(
-        "rate limit of route \\\"{}\\\" exceeded; retry in {wait} s",
+        "rate limit of route \"{}\" exceeded; retry in {wait} s",
         route.name
     );
-    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, "Too Many Requests", &detail);
+    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, &detail);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, retry_after(decision.retry_after_ms));
     annotate(headers, route, decision);
     response
 }
 
-/// 503 for a request the store could not decide under `on_error = "deny"`.
-pub fn store_unavailable(retry_after_ms: u64) -> Response<Body> {
-    let mut response = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "Service Unavailable",
-        "the rate limit store is unavailable; retry later",
-    );
-    response
-        .headers_mut()
-        .insert(RETRY_AFTER, retry_after(retry_after_ms));
-    response
-}
-
-/// An RFC 9457 problem document. `detail` must already be JSON-escaped.
-fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
-    let body = format!(
-        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"{detail}\"}}\n",
-        status.as_u16()
-    );
+/// An RFC 9457 problem document: `status`, its reason as the title, and
+/// `detail` (escaped here).
+pub fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+    let body = problem_body(status, detail);
     let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -194,22 +180,33 @@ fn problem(status: StatusCode, title: &str, detail: &str) -> Response<Body> {
     response
 }
 
-/// A short plain-text answer: 404, 400, 502, 504 and the like.
-pub fn text(status: StatusCode, message: &'static str) -> Response<Body> {
-    let mut response = Response::new(Either::Right(Full::new(Bytes::from_static(
-        message.as_bytes(),
-    ))));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, TEXT);
-    response
+/// The JSON of [`problem`]'s document, for answers written without hyper.
+pub fn problem_body(status: StatusCode, detail: &str) -> String {
+    let mut body = String::with_capacity(96 + detail.len());
+    let _ = write!(
+        body,
+        "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{},\"detail\":\"",
+        status.canonical_reason().unwrap_or("Error"),
+        status.as_u16()
+    );
+    json_escape(&mut body, detail);
+    body.push_str("\"}\n");
+    body
 }
 
-/// A short plain-text answer with a message built at run time.
-pub fn text_owned(status: StatusCode, message: String) -> Response<Body> {
-    let mut response = Response::new(Either::Right(Full::new(Bytes::from(message))));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, TEXT);
-    response
+/// Appends `text` as the inside of a JSON string.
+fn json_escape(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
 }
 
 /// A route's configured fixed answer.

@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::proxy::{Forwarder, Peer};
+use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
 
@@ -272,6 +273,7 @@ pub async fn run(
                     }
                 };
                 let open = connections.open(shared.metrics.open_connections.clone());
+                let on_timeout = Arc::clone(&shared);
                 let shared = Arc::clone(&shared);
                 let client = Arc::new(Client {
                     peer: Peer::new(peer),
@@ -297,7 +299,7 @@ pub async fn run(
                         }
                         // hyper is no longer polled; the socket closes under
                         // it and it is dropped with this task.
-                        Ended::FirstHeadTimedOut => request_timeout(spare),
+                        Ended::FirstHeadTimedOut => request_timeout(spare, &on_timeout.metrics),
                     }
                 });
             }
@@ -357,11 +359,19 @@ fn spare_handle(stream: TcpStream) -> std::io::Result<(TcpStream, std::net::TcpS
 
 /// Answers 408 on a connection whose first request head did not arrive in
 /// time, then closes it.
-fn request_timeout(mut spare: std::net::TcpStream) {
+fn request_timeout(mut spare: std::net::TcpStream, metrics: &Metrics) {
     use std::io::Write as _;
-    let _ = spare.write_all(
-        b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+    let refusal = Refusal::client(
+        StatusCode::REQUEST_TIMEOUT,
+        "no request head arrived within header_read_timeout",
     );
+    metrics.refused(&refusal);
+    let body = response::problem_body(refusal.status(), refusal.detail());
+    let head = format!(
+        "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: application/problem+json\r\ncache-control: no-store\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let _ = spare.write_all(format!("{head}{body}").as_bytes());
     let _ = spare.shutdown(std::net::Shutdown::Both);
 }
 
@@ -387,8 +397,24 @@ async fn recover(shared: Arc<Shared>) {
     }
 }
 
-/// One request: route, client, limit, then forward or deny.
+/// One request: route, client, limit, then forward or deny. Every answer
+/// floodgate makes itself is counted by status and fault.
 async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
+    match answer(shared, peer, request).await {
+        Ok(response) => response,
+        Err(refusal) => {
+            shared.metrics.refused(&refusal);
+            refusal.into_response()
+        }
+    }
+}
+
+/// [`handle`]'s work: the answer, or what floodgate answers instead.
+async fn answer(
+    shared: &Shared,
+    peer: &Peer,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Refusal> {
     // Taken apart once: the head is lent, not moved, on its way upstream.
     let (mut request, body) = request.into_parts();
     if request
@@ -396,18 +422,14 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
         .path_and_query()
         .is_some_and(|pq| pq.as_str().len() > MAX_URI_BYTES)
     {
-        return response::text(StatusCode::URI_TOO_LONG, "request target too long\n");
+        return Err(Refusal::client(
+            StatusCode::URI_TOO_LONG,
+            "the request target is longer than 8 KiB",
+        ));
     }
-    let host = match crate::head::check(&request) {
-        Ok(host) => host,
-        Err(e) => return response::text_owned(e.status(), format!("{e}\n")),
-    };
+    let host = crate::head::check(&request)?;
     let rules = shared.rules.load_full();
-    let (forward_path, matched_path) =
-        match request_paths(request.uri.path(), rules.escaped_slashes) {
-            Ok(paths) => paths,
-            Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
-        };
+    let (forward_path, matched_path) = request_paths(request.uri.path(), rules.escaped_slashes)?;
     let facts = RequestFacts {
         method: &request.method,
         host,
@@ -415,15 +437,17 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     };
     let Some((index, route)) = rules.routes.find(&facts) else {
         shared.metrics.no_route.inc();
-        return response::text(StatusCode::NOT_FOUND, "no route matches this request\n");
+        return Err(Refusal::client(
+            StatusCode::NOT_FOUND,
+            "no route matches this request",
+        ));
     };
     // `post` is not `POST` to floodgate, but is to many servers: it is
     // served only on a route that compares methods without case.
     if !route.matcher.ignore_case
         && let Some(standard) = crate::head::miscased_standard(&request.method)
     {
-        let e = crate::head::HeadError::MethodCase(standard);
-        return response::text_owned(e.status(), format!("{e}\n"));
+        return Err(crate::head::HeadError::MethodCase(standard).into());
     }
     let counts = &rules.metrics[index];
 
@@ -440,14 +464,11 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     } else if route.limits.is_empty() {
         counts.count(Outcome::Allowed);
     } else {
-        let client = match route.client.identify_forwarded(
+        let client = route.client.identify_forwarded(
             &mut request.headers,
             peer.addr.ip(),
             &rules.trusted_proxies,
-        ) {
-            Ok(client) => client,
-            Err(e) => return response::text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
-        };
+        )?;
         let charge = Charge {
             route: &route.name,
             client: &client,
@@ -467,7 +488,7 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
                 tracing::debug!(route = %route.name, client = ?client, "denied");
-                return response::too_many_requests(route, &d);
+                return Ok(response::too_many_requests(route, &d));
             }
             Answer::Unavailable {
                 deny,
@@ -475,7 +496,7 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
             } => {
                 counts.count(Outcome::StoreError);
                 if deny && !route.shadow {
-                    return response::store_unavailable(retry_after_ms);
+                    return Err(Refusal::store(retry_after_ms));
                 }
             }
         }
@@ -485,13 +506,18 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
         Action::Respond(r) => response::respond(r),
         Action::Upstream(upstream) => {
             let Some(path_and_query) = forwarded_target(forward_path, &request.uri) else {
-                return response::text(StatusCode::BAD_REQUEST, "invalid request path\n");
+                return Err(Refusal::client(
+                    StatusCode::BAD_REQUEST,
+                    "the request path cannot be forwarded",
+                ));
             };
             let started = Instant::now();
+            // Only the upstream's own answers count as upstream responses;
+            // floodgate's 502 and 504 are refusals.
             let response = shared
                 .forwarder
                 .forward(upstream, &mut request, body, path_and_query, peer, started)
-                .await;
+                .await?;
             counts.upstream(response.status().as_u16(), started.elapsed());
             response
         }
@@ -499,5 +525,5 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
     if let Some(d) = &decision {
         response::annotate(response.headers_mut(), route, d);
     }
-    response
+    Ok(response)
 }

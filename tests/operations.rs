@@ -121,6 +121,10 @@ upstream = "{}"
     assert_eq!(requests("proxied", "allowed"), 4.0);
     assert_eq!(requests("limited", "store_error"), 0.0);
     assert_eq!(value(&m, "floodgate_requests_no_route_total{}"), 4.0);
+    assert_eq!(
+        value(&m, "floodgate_refusals_total{fault=client,status=404}"),
+        4.0
+    );
     // The memory store sends nothing to Redis.
     assert_eq!(value(&m, "floodgate_redis_calls_total{}"), 0.0);
     let class = |c: &str| {

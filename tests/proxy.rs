@@ -198,8 +198,7 @@ async fn refused_upstream_is_502_and_slow_upstream_is_504() {
     drop(closed);
     let gate = Floodgate::start(&proxy_config(&dead)).await;
     let a = TestClient::http1().get(&gate.url("/anything"), &[]).await;
-    assert_eq!(a.status, 502);
-    assert_eq!(a.text(), "upstream unreachable\n");
+    assert_eq!(a.problem(), (502, "the upstream is unreachable".into()));
 
     let upstream = Upstream::start().await;
     let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
@@ -209,8 +208,10 @@ async fn refused_upstream_is_502_and_slow_upstream_is_504() {
         async move {
             let started = std::time::Instant::now();
             let a = client.get(&url, &[]).await;
-            assert_eq!(a.status, 504);
-            assert_eq!(a.text(), "upstream timed out\n");
+            assert_eq!(
+                a.problem(),
+                (504, "the upstream did not answer in time".into())
+            );
             assert!(
                 started.elapsed() < Duration::from_millis(2500),
                 "504 came late"
@@ -232,6 +233,75 @@ async fn refused_upstream_is_502_and_slow_upstream_is_504() {
     assert_eq!(client.get(&gate.url("/slow?ms=10"), &[]).await.status, 200);
 }
 
+/// floodgate's own 502s and 504s are counted as refusals by fault, never as
+/// the upstream's answers.
+#[tokio::test]
+async fn floodgates_own_502_and_504_are_counted_as_refusals_not_upstream_answers() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let dead = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let upstream = Upstream::start().await;
+    let toml = format!(
+        "{}\n[[routes]]\nname = \"dead\"\nmatch = {{ path_prefix = \"/dead\" }}\nupstream = \"{dead}\"\n",
+        proxy_config(&upstream.url())
+            .replace("[server]\n", "[server]\nadmin_listen = \"127.0.0.1:0\"\n")
+            .replace(
+                "name = \"all\"\nmatch = { path_prefix = \"/\" }",
+                "name = \"all\"\nmatch = { path_prefix = \"/status\" }"
+            )
+    );
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/dead"), &[]).await.status, 502);
+    assert_eq!(
+        client.get(&gate.url("/slow?ms=1000"), &[]).await.status,
+        504
+    );
+    assert_eq!(client.get(&gate.url("/slow?ms=1"), &[]).await.status, 200);
+    assert_eq!(
+        client.get(&gate.url("/status?code=502"), &[]).await.status,
+        502
+    );
+    assert_eq!(client.get(&gate.url("/nowhere"), &[]).await.status, 404);
+    let metrics = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+    for (series, want) in [
+        (
+            "floodgate_refusals_total{status=\"502\",fault=\"upstream\"}",
+            1,
+        ),
+        (
+            "floodgate_refusals_total{status=\"504\",fault=\"upstream\"}",
+            1,
+        ),
+        (
+            "floodgate_refusals_total{status=\"404\",fault=\"client\"}",
+            1,
+        ),
+        (
+            "floodgate_upstream_responses_total{route=\"all\",class=\"5xx\"}",
+            1,
+        ),
+        (
+            "floodgate_upstream_responses_total{route=\"slow\",class=\"5xx\"}",
+            0,
+        ),
+        (
+            "floodgate_upstream_responses_total{route=\"slow\",class=\"2xx\"}",
+            1,
+        ),
+        (
+            "floodgate_upstream_responses_total{route=\"dead\",class=\"5xx\"}",
+            0,
+        ),
+    ] {
+        let got = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        assert_eq!(got, Some(want), "{series}\n{metrics}");
+    }
+}
+
 #[tokio::test]
 async fn no_matching_route_is_404() {
     let toml = r#"
@@ -247,8 +317,7 @@ respond = { status = 200 }
     let client = TestClient::http1();
     assert_eq!(client.get(&gate.url("/only"), &[]).await.status, 200);
     let a = client.get(&gate.url("/other"), &[]).await;
-    assert_eq!(a.status, 404);
-    assert_eq!(a.text(), "no route matches this request\n");
+    assert_eq!(a.problem(), (404, "no route matches this request".into()));
     let post = Request::post(gate.url("/only"))
         .body(empty())
         .expect("request");

@@ -423,6 +423,24 @@ impl Answer {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+
+    /// The status and detail of one of floodgate's own answers, which must
+    /// be an RFC 9457 problem document whose status is the answer's.
+    pub fn problem(&self) -> (u16, String) {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{}",
+            self.text()
+        );
+        let json = self.json();
+        assert_eq!(json["status"], self.status.as_u16(), "{json}");
+        assert_eq!(json["type"], "about:blank", "{json}");
+        let detail = json["detail"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no detail: {json}"));
+        (self.status.as_u16(), detail.to_owned())
+    }
 }
 
 impl TestClient {

@@ -1,0 +1,182 @@
+//! Every answer floodgate makes itself in place of the upstream's, and whose
+//! fault it is: the client's (4xx), the upstream's (502, 504) or the rate
+//! limit store's (503 under `on_error = "deny"`). One body format for all,
+//! an RFC 9457 problem document, and one metric,
+//! `floodgate_refusals_total{status, fault}`, so that floodgate's own 502s
+//! and 504s are never mistaken for the upstream's answers.
+//!
+//! The 429 of a denial is a problem document too, built in [`crate::response`]
+//! with the route's rate-limit fields, and counted as `denied` in
+//! `floodgate_requests_total`.
+
+use std::borrow::Cow;
+
+use http::header::RETRY_AFTER;
+use http::{Response, StatusCode};
+
+use crate::response::{self, Body};
+
+/// Whose fault a refusal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The request: malformed, ambiguous, or not served here (4xx).
+    Client,
+    /// The upstream: unreachable, broken off or late (502, 504).
+    Upstream,
+    /// The rate limit store could not decide and `on_error = "deny"` (503).
+    Store,
+}
+
+impl Fault {
+    /// Every fault, in exposition order.
+    pub const ALL: [Fault; 3] = [Fault::Client, Fault::Upstream, Fault::Store];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Upstream => "upstream",
+            Self::Store => "store",
+        }
+    }
+}
+
+/// An answer of floodgate's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    status: StatusCode,
+    fault: Fault,
+    detail: Cow<'static, str>,
+    retry_after_ms: Option<u64>,
+}
+
+impl Refusal {
+    /// The client's fault: `status` is a 4xx.
+    pub fn client(status: StatusCode, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(status, Fault::Client, detail)
+    }
+
+    /// The upstream's fault: 502 or 504.
+    pub fn upstream(status: StatusCode, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(status, Fault::Upstream, detail)
+    }
+
+    /// The store could not decide and policy says deny: 503, retry after
+    /// `retry_after_ms`.
+    pub fn store(retry_after_ms: u64) -> Self {
+        Self {
+            retry_after_ms: Some(retry_after_ms),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Fault::Store,
+                "the rate limit store is unavailable; retry later",
+            )
+        }
+    }
+
+    fn new(status: StatusCode, fault: Fault, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            status,
+            fault,
+            detail: detail.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    /// The status sent.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// Whose fault it is.
+    pub fn fault(&self) -> Fault {
+        self.fault
+    }
+
+    /// What the problem document's `detail` says.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The answer: a problem document, with `Retry-After` where there is
+    /// one.
+    pub fn into_response(self) -> Response<Body> {
+        let mut response = response::problem(self.status, &self.detail);
+        if let Some(ms) = self.retry_after_ms {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, response::retry_after(ms));
+        }
+        response
+    }
+}
+
+impl From<crate::head::HeadError> for Refusal {
+    fn from(e: crate::head::HeadError) -> Self {
+        Self::client(e.status(), e.to_string())
+    }
+}
+
+impl From<crate::routes::PathError> for Refusal {
+    fn from(e: crate::routes::PathError) -> Self {
+        Self::client(StatusCode::BAD_REQUEST, e.to_string())
+    }
+}
+
+impl From<crate::client::ClientError> for Refusal {
+    fn from(e: crate::client::ClientError) -> Self {
+        Self::client(StatusCode::BAD_REQUEST, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body(response: Response<Body>) -> String {
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[tokio::test]
+    async fn refusals_are_problem_documents_whatever_their_detail_holds() {
+        let r = Refusal::client(
+            StatusCode::BAD_REQUEST,
+            "the \"X-Api-Key\" header \\ has\na control \u{1} character",
+        );
+        assert_eq!(
+            (r.status(), r.fault()),
+            (StatusCode::BAD_REQUEST, Fault::Client)
+        );
+        let response = r.into_response();
+        assert_eq!(
+            response.headers().get("content-type").map(|v| v.as_bytes()),
+            Some(&b"application/problem+json"[..])
+        );
+        let text = body(response).await;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(json["status"], 400);
+        assert_eq!(json["title"], "Bad Request");
+        assert_eq!(
+            json["detail"],
+            "the \"X-Api-Key\" header \\ has\na control \u{1} character"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_store_refusal_says_when_to_retry() {
+        let response = Refusal::store(1_500).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.headers().get(RETRY_AFTER).map(|v| v.as_bytes()),
+            Some(&b"2"[..])
+        );
+    }
+}
