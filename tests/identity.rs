@@ -27,7 +27,7 @@ listen = "127.0.0.1:0"
 name = "api"
 respond = {{ status = 200, body = "ok" }}
 {route}
-limits = [{{ algorithm = "fixed_window", limit = 2, window = "60s" }}]
+limits = [{{ algorithm = "sliding_log", limit = 2, window = "60s" }}]
 "#
     )
 }
@@ -189,7 +189,7 @@ listen = "127.0.0.1:0"
 name = "login"
 match = { path_prefix = "/login" }
 respond = { status = 200, body = "login" }
-limits = [{ algorithm = "fixed_window", limit = 1, window = "60s" }]
+limits = [{ algorithm = "sliding_log", limit = 1, window = "60s" }]
 
 [[routes]]
 name = "rest"

@@ -207,7 +207,7 @@ listen = "127.0.0.1:0"
 name = "search"
 upstream = "{}"
 shadow = true
-limits = [{{ algorithm = "fixed_window", limit = 2, window = "60s" }}]
+limits = [{{ algorithm = "sliding_log", limit = 2, window = "60s" }}]
 "#,
         upstream.url()
     );
@@ -240,14 +240,14 @@ name = "strict"
 match = { path_prefix = "/strict" }
 respond = { status = 200, body = "ok" }
 client = { from = "header", name = "X-Api-Key", missing = "reject" }
-limits = [{ algorithm = "fixed_window", limit = 1, window = "60s" }]
+limits = [{ algorithm = "sliding_log", limit = 1, window = "60s" }]
 
 [[routes]]
 name = "lenient"
 match = { path_prefix = "/lenient" }
 respond = { status = 200, body = "ok" }
 client = { from = "header", name = "X-Api-Key" }
-limits = [{ algorithm = "fixed_window", limit = 1, window = "60s" }]
+limits = [{ algorithm = "sliding_log", limit = 1, window = "60s" }]
 "#;
     let gate = Floodgate::start(toml).await;
     let client = TestClient::http1();

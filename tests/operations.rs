@@ -231,7 +231,7 @@ async fn readyz_recovers_without_requests_once_redis_is_up() {
     let gate = Floodgate::start(&redis_instance(
         &redis.url,
         &unique_prefix("recover"),
-        r#"{ algorithm = "fixed_window", limit = 2, window = "60s" }"#,
+        r#"{ algorithm = "sliding_log", limit = 2, window = "60s" }"#,
     ))
     .await;
     let client = TestClient::http1();
