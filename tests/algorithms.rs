@@ -16,13 +16,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use support::redis::{TestRedis, unique_prefix};
 
-const ALL: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingLog,
-    Algorithm::SlidingWindow,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
+const ALL: [Algorithm; 5] = Algorithm::ALL;
 
 /// Both stores, asked the same questions at the same times.
 struct Both {

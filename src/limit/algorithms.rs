@@ -336,13 +336,7 @@ fn token_bucket_at(
 mod tests {
     use super::*;
 
-    const ALL: [Algorithm; 5] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingWindow,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-    ];
+    const ALL: [Algorithm; 5] = Algorithm::ALL;
 
     fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
         Limit::new(algorithm, limit, window_ms)

@@ -36,6 +36,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+
     /// The name used in configuration files.
     pub fn name(self) -> &'static str {
         match self {
