@@ -263,15 +263,6 @@ pub async fn run(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                // A second handle on the socket, so a client too slow to send
-                // its first request head can still be told 408.
-                let (stream, spare) = match spare_handle(stream) {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        tracing::debug!(%peer, error = %e, "cannot set up connection");
-                        continue;
-                    }
-                };
                 let open = connections.open(shared.metrics.open_connections.clone());
                 let on_timeout = Arc::clone(&shared);
                 let shared = Arc::clone(&shared);
@@ -297,9 +288,9 @@ pub async fn run(
                         Ended::Served(Some(e)) => {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
-                        // hyper is no longer polled; the socket closes under
-                        // it and it is dropped with this task.
-                        Ended::FirstHeadTimedOut => request_timeout(spare, &on_timeout.metrics),
+                        Ended::FirstHeadTimedOut(stream) => {
+                            request_timeout(stream, &on_timeout.metrics).await;
+                        }
                     }
                 });
             }
@@ -349,30 +340,26 @@ struct Client {
     activity: Activity,
 }
 
-/// Splits a connection into the stream hyper serves and a spare handle on
-/// the same socket.
-fn spare_handle(stream: TcpStream) -> std::io::Result<(TcpStream, std::net::TcpStream)> {
-    let std = stream.into_std()?;
-    let spare = std.try_clone()?;
-    Ok((TcpStream::from_std(std)?, spare))
-}
-
 /// Answers 408 on a connection whose first request head did not arrive in
-/// time, then closes it.
-fn request_timeout(mut spare: std::net::TcpStream, metrics: &Metrics) {
-    use std::io::Write as _;
+/// time, then closes it. The client may not be reading: the write gets a
+/// second at most.
+async fn request_timeout(mut stream: TcpStream, metrics: &Metrics) {
+    use tokio::io::AsyncWriteExt as _;
     let refusal = Refusal::client(
         StatusCode::REQUEST_TIMEOUT,
         "no request head arrived within header_read_timeout",
     );
     metrics.refused(&refusal);
     let body = response::problem_body(refusal.status(), refusal.detail());
-    let head = format!(
-        "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: application/problem+json\r\ncache-control: no-store\r\ncontent-length: {}\r\n\r\n",
+    let answer = format!(
+        "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: application/problem+json\r\ncache-control: no-store\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = spare.write_all(format!("{head}{body}").as_bytes());
-    let _ = spare.shutdown(std::net::Shutdown::Both);
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(answer.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 /// Evicts expired in-process state every second.

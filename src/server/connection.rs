@@ -176,8 +176,9 @@ pub enum Ended {
     /// Served until the client, idleness or shutdown closed it; hyper's
     /// error, if any.
     Served(Option<Box<dyn StdError + Send + Sync>>),
-    /// An HTTP/1 connection's first request head did not arrive in time.
-    FirstHeadTimedOut,
+    /// An HTTP/1 connection's first request head did not arrive in time:
+    /// its socket, taken back from hyper, to answer 408 on.
+    FirstHeadTimedOut(TcpStream),
 }
 
 /// Serves `stream` with `service` until the connection ends. The service
@@ -208,7 +209,7 @@ where
         biased;
         () = &mut close => return Ended::Served(None),
         () = tokio::time::sleep_until(accepted + protocols.idle_timeout) => {
-            return Ended::FirstHeadTimedOut;
+            return Ended::FirstHeadTimedOut(stream);
         }
         protocol = protocol(&stream) => protocol,
     };
@@ -225,15 +226,23 @@ where
         // Closed, or reset, before sending anything.
         Ok(None) | Err(_) => Ended::Served(None),
         Ok(Some(Protocol::Http1)) => {
-            let connection = protocols.http1.serve_connection(io, service);
-            drive(connection, timer, close, connections).await
+            // hyper's HTTP/1 connection is `Unpin`, so it stays here and
+            // gives its socket back for the 408: no second descriptor on
+            // the socket is needed to answer.
+            let mut connection = protocols.http1.serve_connection(io, service);
+            match drive(Pin::new(&mut connection), timer, close, connections).await {
+                Drove::Ended(ended) => Ended::Served(ended),
+                Drove::FirstHeadTimedOut => {
+                    Ended::FirstHeadTimedOut(connection.into_parts().io.into_inner())
+                }
+            }
         }
         Ok(Some(Protocol::Http2)) => {
-            let connection = protocols.http2.serve_connection(io, service);
+            let connection = pin!(protocols.http2.serve_connection(io, service));
             match drive(connection, timer, close, connections).await {
+                Drove::Ended(ended) => Ended::Served(ended),
                 // No HTTP/1 answer on an HTTP/2 connection.
-                Ended::FirstHeadTimedOut => Ended::Served(None),
-                ended => ended,
+                Drove::FirstHeadTimedOut => Ended::Served(None),
             }
         }
     }
@@ -277,19 +286,27 @@ struct Timer<'a> {
     activity: &'a Activity,
 }
 
+/// How [`drive`] left a connection.
+enum Drove {
+    /// It ended; hyper's error, if any.
+    Ended(Option<Box<dyn StdError + Send + Sync>>),
+    /// Its first request head did not arrive in time; hyper is no longer
+    /// polled.
+    FirstHeadTimedOut,
+}
+
 /// Polls `connection` to its end, closing it gracefully once shutdown
 /// begins or it has idled for four ticks of `timer`.
 async fn drive<C>(
-    connection: C,
+    mut connection: Pin<&mut C>,
     timer: Timer<'_>,
     mut close: Pin<&mut tokio::sync::futures::Notified<'_>>,
     connections: &Connections,
-) -> Ended
+) -> Drove
 where
     C: GracefulConnection,
     C::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
-    let mut connection = pin!(connection);
     let Timer {
         sleep,
         tick,
@@ -320,7 +337,7 @@ where
                 }
             }
             if let Poll::Ready(result) = connection.as_mut().poll(cx) {
-                return Poll::Ready(Ended::Served(result.err().map(Into::into)));
+                return Poll::Ready(Drove::Ended(result.err().map(Into::into)));
             }
             let fired = if timer_registered {
                 sleep.is_elapsed()
@@ -346,7 +363,7 @@ where
                 continue;
             }
             if !served_any {
-                return Poll::Ready(Ended::FirstHeadTimedOut);
+                return Poll::Ready(Drove::FirstHeadTimedOut);
             }
             // Idle (or dribbling its next head): hyper closes an idle
             // connection at once and finishes one in flight first.
