@@ -73,6 +73,9 @@ impl Config {
         if a.max_client_entries != b.max_client_entries {
             out.push("max_client_entries");
         }
+        if a.max_connections != b.max_connections {
+            out.push("max_connections");
+        }
         if self.store != new.store {
             out.push("store");
         }
@@ -109,6 +112,9 @@ pub struct Server {
     /// Most (route, client) entries each in-process table holds: the
     /// memory store, the local fallback, the remembered denials.
     pub max_client_entries: usize,
+    /// Most client connections open at once; past it new ones wait in the
+    /// listen backlog. `None`: three quarters of the open file limit.
+    pub max_connections: Option<usize>,
 }
 
 /// `[store]`: where limits are counted.
@@ -296,6 +302,7 @@ struct ServerModel {
     on_long_client_id: Option<Spanned<String>>,
     escaped_slashes: Option<Spanned<String>>,
     max_client_entries: Option<Spanned<i64>>,
+    max_connections: Option<Spanned<i64>>,
 }
 
 fn yes() -> bool {
@@ -590,6 +597,17 @@ impl Validator<'_> {
             1_000..=100_000_000,
             "max_client_entries must be a whole number from 1000 to 100000000",
         );
+        let max_connections = match &m.max_connections {
+            None => Some(None),
+            some => self
+                .bounded(
+                    some.as_ref(),
+                    0,
+                    1..=10_000_000,
+                    "max_connections must be a whole number from 1 to 10000000",
+                )
+                .map(Some),
+        };
         Some(Server {
             listen: listen?,
             admin_listen,
@@ -603,6 +621,7 @@ impl Validator<'_> {
             on_long_client_id: on_long_client_id?,
             escaped_slashes: escaped_slashes?,
             max_client_entries: max_client_entries?,
+            max_connections: max_connections?,
         })
     }
 

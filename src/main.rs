@@ -108,6 +108,13 @@ fn probe(url: &str) -> ExitCode {
 }
 
 fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
+    // Every client connection holds a descriptor, and most a second one to
+    // its upstream: the default soft limit (often 1 024) would cap floodgate
+    // far below what the machine allows.
+    match floodgate::server::raise_open_file_limit() {
+        Ok(limit) => tracing::info!(open_files = limit, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
+    }
     // One worker per CPU floodgate may use. (A single-threaded runtime was
     // measured on one CPU: 7% faster with the memory store but slower with
     // Redis, where the multi-threaded scheduler runs a just-woken task next.)

@@ -40,6 +40,35 @@ const MAX_HEADERS: usize = 100;
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
 
+/// Raises this process's soft limit on open files to its hard limit and
+/// returns the limit now in force (`u64::MAX` when unlimited).
+pub fn raise_open_file_limit() -> std::io::Result<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        setrlimit(
+            Resource::Nofile,
+            rustix::process::Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        )?;
+    }
+    Ok(getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX))
+}
+
+/// The connection cap when `[server] max_connections` is not set: three
+/// quarters of the open file limit, so that the rest stays for upstream
+/// connections, Redis and the listeners.
+fn default_max_connections() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    usize::try_from(limit / 4 * 3)
+        .unwrap_or(usize::MAX)
+        .clamp(64, 1_000_000)
+}
+
 /// The part of a configuration that a reload swaps.
 #[derive(Debug)]
 pub struct Rules {
@@ -249,8 +278,35 @@ pub async fn run(
     });
 
     let connections = Arc::new(Connections::default());
+    let max_connections = config
+        .server
+        .max_connections
+        .unwrap_or_else(default_max_connections);
+    // One permit per connection: at the cap, accepting pauses and new
+    // connections wait in the listen backlog until one closes.
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let mut cap_logged = false;
     tokio::pin!(shutdown);
     loop {
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if !cap_logged {
+                    cap_logged = true;
+                    tracing::warn!(
+                        max_connections,
+                        "connection cap reached; new connections wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    slot = Arc::clone(&slots).acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -283,6 +339,7 @@ pub async fn run(
                 let connections = Arc::clone(&connections);
                 tokio::spawn(async move {
                     let _open = open;
+                    let _slot = slot;
                     match connection::serve(stream, service, &on_connection.activity, &protocols, &connections).await {
                         Ended::Served(None) => {}
                         Ended::Served(Some(e)) => {

@@ -518,6 +518,18 @@ impl FloodgateProcess {
         .await
     }
 
+    /// The same, started with a soft limit of 1 024 open files and a hard
+    /// limit of `files`, as many systems start services.
+    pub async fn spawn_with_open_files(config: &Path, port: u16, files: u64) -> Self {
+        let mut command = std::process::Command::new("sh");
+        command.args([
+            "-c",
+            &format!("ulimit -Sn 1024 && ulimit -Hn {files} && exec \"$0\" \"$@\""),
+            env!("CARGO_BIN_EXE_floodgate"),
+        ]);
+        Self::start(command, config, port).await
+    }
+
     /// The same, pinned to one CPU with `taskset`.
     pub async fn spawn_on_one_cpu(config: &Path, port: u16) -> Self {
         let mut command = std::process::Command::new("taskset");
