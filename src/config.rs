@@ -10,6 +10,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -115,6 +116,9 @@ pub struct Server {
     /// Most client connections open at once; past it new ones wait in the
     /// listen backlog. `None`: three quarters of the open file limit.
     pub max_connections: Option<usize>,
+    /// TLS on the proxy listener: where the files are, and the rustls
+    /// configuration read from them at load.
+    pub tls: Option<(crate::tls::ListenerTls, Arc<rustls::ServerConfig>)>,
 }
 
 /// `[store]`: where limits are counted.
@@ -303,6 +307,15 @@ struct ServerModel {
     escaped_slashes: Option<Spanned<String>>,
     max_client_entries: Option<Spanned<i64>>,
     max_connections: Option<Spanned<i64>>,
+    tls: Option<Spanned<ListenerTlsModel>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListenerTlsModel {
+    cert_file: Spanned<String>,
+    key_file: Spanned<String>,
+    client_ca_file: Option<Spanned<String>>,
 }
 
 fn yes() -> bool {
@@ -608,6 +621,10 @@ impl Validator<'_> {
                 )
                 .map(Some),
         };
+        let tls = match &m.tls {
+            None => Some(None),
+            Some(tls) => self.listener_tls(tls).map(Some),
+        };
         Some(Server {
             listen: listen?,
             admin_listen,
@@ -622,6 +639,7 @@ impl Validator<'_> {
             escaped_slashes: escaped_slashes?,
             max_client_entries: max_client_entries?,
             max_connections: max_connections?,
+            tls: tls?,
         })
     }
 
@@ -798,6 +816,49 @@ impl Validator<'_> {
                         "backend {other:?} is not one of \"memory\", \"redis\", \"redis_cluster\", \"redis_sentinel\""
                     ),
                 );
+                None
+            }
+        }
+    }
+
+    /// `[server.tls]`: the files, read and made into a rustls configuration
+    /// now, so that a bad certificate is refused with its file's name.
+    fn listener_tls(
+        &mut self,
+        model: &Spanned<ListenerTlsModel>,
+    ) -> Option<(crate::tls::ListenerTls, Arc<rustls::ServerConfig>)> {
+        let m = model.get_ref();
+        let resolve = |v: &Self, path: &Spanned<String>| {
+            v.path.parent().map_or_else(
+                || PathBuf::from(path.get_ref()),
+                |dir| dir.join(path.get_ref()),
+            )
+        };
+        let files = crate::tls::ListenerTls {
+            cert_file: resolve(self, &m.cert_file),
+            key_file: resolve(self, &m.key_file),
+            client_ca_file: m.client_ca_file.as_ref().map(|p| resolve(self, p)),
+        };
+        match files.server_config() {
+            Ok(config) => Some((files, config)),
+            Err(e) => {
+                let span = match &e {
+                    crate::tls::TlsError::Read { path, .. }
+                    | crate::tls::TlsError::NoPem { path, .. }
+                    | crate::tls::TlsError::ClientCa { path, .. } => {
+                        if Some(path) == files.client_ca_file.as_ref() {
+                            m.client_ca_file
+                                .as_ref()
+                                .map_or(model.span(), Spanned::span)
+                        } else if *path == files.key_file {
+                            m.key_file.span()
+                        } else {
+                            m.cert_file.span()
+                        }
+                    }
+                    crate::tls::TlsError::Certificate { .. } => m.cert_file.span(),
+                };
+                self.problem(span, format!("[server.tls]: {e}"));
                 None
             }
         }

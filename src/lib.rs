@@ -15,6 +15,7 @@
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
+//! | [`tls`] | the proxy listener's certificate, key and client CA, as rustls configuration |
 //! | [`server`] | accept connections, run each request through the above, shut down gracefully |
 //!
 //! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
@@ -34,5 +35,6 @@ pub mod reload;
 pub mod response;
 pub mod routes;
 pub mod server;
+pub mod tls;
 
 pub use server::{Listeners, ServeError, run};

@@ -31,13 +31,22 @@ pub struct Peer {
     /// The connection's remote address.
     pub addr: SocketAddr,
     forwarded: Option<HeaderValue>,
+    /// `X-Forwarded-Proto`: `https` on the TLS listener.
+    proto: &'static HeaderValue,
 }
 
+static HTTP: HeaderValue = HeaderValue::from_static("http");
+static HTTPS: HeaderValue = HeaderValue::from_static("https");
+
 impl Peer {
-    /// The peer at `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
+    /// The peer at `addr`, connected over TLS or not.
+    pub fn new(addr: SocketAddr, tls: bool) -> Self {
         let forwarded = response::header_value(format_args!("{}", addr.ip().to_canonical()));
-        Self { addr, forwarded }
+        Self {
+            addr,
+            forwarded,
+            proto: if tls { &HTTPS } else { &HTTP },
+        }
     }
 }
 
@@ -85,6 +94,7 @@ impl Forwarder {
             named: connection_named(headers),
             host: &upstream.host_header,
             forwarded_for: forwarded_for(headers, peer),
+            forwarded_proto: peer.proto,
             forwarded_host: original_host,
         };
 
@@ -189,11 +199,11 @@ pub struct Rewrite<'a> {
     host: &'a HeaderValue,
     /// Earlier `X-Forwarded-For` values folded into one, then the peer.
     forwarded_for: Option<HeaderValue>,
+    /// `http` or `https`: how the client reached floodgate.
+    forwarded_proto: &'a HeaderValue,
     /// The host the client asked for.
     forwarded_host: Option<HeaderValue>,
 }
-
-static FORWARDED_PROTO: HeaderValue = HeaderValue::from_static("http");
 
 impl Rewrite<'_> {
     /// Whether the client's `name` field goes upstream: not if it is
@@ -211,7 +221,7 @@ impl Rewrite<'_> {
         [
             ("host", Some(self.host)),
             ("x-forwarded-for", self.forwarded_for.as_ref()),
-            ("x-forwarded-proto", Some(&FORWARDED_PROTO)),
+            ("x-forwarded-proto", Some(self.forwarded_proto)),
             ("x-forwarded-host", self.forwarded_host.as_ref()),
         ]
         .into_iter()
@@ -266,6 +276,7 @@ mod tests {
             named: connection_named(&h),
             host: &HeaderValue::from_static("upstream:80"),
             forwarded_for: None,
+            forwarded_proto: &HTTP,
             forwarded_host: None,
         };
         let kept: Vec<&str> = h
@@ -303,7 +314,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        let peer = Peer::new("[::ffff:192.0.2.7]:4000".parse().expect("address"));
+        let peer = Peer::new("[::ffff:192.0.2.7]:4000".parse().expect("address"), false);
         assert_eq!(
             forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
             Some(&b"203.0.113.1, 10.0.0.1, 192.0.2.7"[..])

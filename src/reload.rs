@@ -1,11 +1,14 @@
 //! When to reload: on SIGHUP (the `reload` notification) and, unless
-//! `reload_on_change = false`, when the configuration file's contents change.
+//! `reload_on_change = false`, when the contents of the configuration file,
+//! or of the listener's certificate, key or client CA files, change: a
+//! renewed certificate is served to new connections without a signal.
 //!
 //! The file is compared by contents once a second rather than watched with
 //! inotify: that also sees the symlink swaps Kubernetes uses for mounted
 //! ConfigMaps, which file-event watchers commonly miss, for the cost of one
 //! small read a second.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +23,8 @@ const POLL: Duration = Duration::from_secs(1);
 /// Reloads `running.path` into `shared` whenever asked or changed, forever.
 pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
     let path = running.path.clone();
-    let mut last_seen = std::fs::read(&path).ok();
+    let mut watched = files(&running);
+    let mut last_seen = contents(&watched);
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -31,19 +35,38 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
         if !asked && !running.server.reload_on_change {
             continue;
         }
-        let now = std::fs::read(&path).ok();
-        if !asked && (now.is_none() || now == last_seen) {
+        let now = contents(&watched);
+        if !asked && (now.iter().any(Option::is_none) || now == last_seen) {
             continue;
         }
         if asked {
             tracing::info!(path = %path.display(), "reload requested");
         } else {
-            tracing::info!(path = %path.display(), "configuration file changed");
+            tracing::info!(path = %path.display(), "configuration or certificate files changed");
         }
         last_seen = now;
         match config::load(&path) {
-            Ok(new) => shared.reload(&running, new),
+            Ok(new) => {
+                // The new file may name other certificate files.
+                watched = files(&new);
+                last_seen = contents(&watched);
+                shared.reload(&running, new);
+            }
             Err(e) => shared.reload_refused(&e),
         }
     }
+}
+
+/// The files whose contents decide `config`: the file itself and the
+/// listener's TLS files.
+fn files(config: &Config) -> Vec<PathBuf> {
+    let mut files = vec![config.path.clone()];
+    if let Some((tls, _)) = &config.server.tls {
+        files.extend(tls.files().map(Path::to_path_buf));
+    }
+    files
+}
+
+fn contents(files: &[PathBuf]) -> Vec<Option<Vec<u8>>> {
+    files.iter().map(|f| std::fs::read(f).ok()).collect()
 }

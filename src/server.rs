@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use ipnet::IpNet;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::client::{client_address, is_in};
@@ -30,7 +30,7 @@ use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
 
 mod connection;
 
-use connection::{Activity, Connections, Ended, Protocols};
+use connection::{Activity, Connections, Ended, Protocols, Socket};
 
 /// Largest request head accepted (request line and headers together); past it
 /// HTTP/1 answers 431.
@@ -98,6 +98,9 @@ impl Rules {
 #[derive(Debug)]
 pub struct Shared {
     rules: ArcSwap<Rules>,
+    /// TLS for new connections on the proxy listener, if configured; a
+    /// reload swaps it, and open connections keep the one they began with.
+    tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
     limiter: Limiter,
     forwarder: Forwarder,
     metrics: Metrics,
@@ -133,6 +136,8 @@ impl Shared {
             );
         }
         self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
+        self.tls
+            .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();
         self.metrics.reloaded(true, &new.digest);
         tracing::info!(
@@ -235,6 +240,7 @@ pub async fn run(
     .await?;
     let shared = Arc::new(Shared {
         rules: ArcSwap::from_pointee(Rules::new(&config, &metrics)),
+        tls: arc_swap::ArcSwapOption::new(config.server.tls.as_ref().map(|(_, c)| Arc::clone(c))),
         limiter,
         forwarder: Forwarder::new(),
         metrics,
@@ -322,8 +328,9 @@ pub async fn run(
                 let open = connections.open(shared.metrics.open_connections.clone());
                 let on_timeout = Arc::clone(&shared);
                 let shared = Arc::clone(&shared);
+                let tls = shared.tls.load_full();
                 let client = Arc::new(Client {
-                    peer: Peer::new(peer),
+                    peer: Peer::new(peer, tls.is_some()),
                     activity: Activity::default(),
                 });
                 let on_connection = Arc::clone(&client);
@@ -340,13 +347,13 @@ pub async fn run(
                 tokio::spawn(async move {
                     let _open = open;
                     let _slot = slot;
-                    match connection::serve(stream, service, &on_connection.activity, &protocols, &connections).await {
+                    match connection::serve(stream, tls, service, &on_connection.activity, &protocols, &connections).await {
                         Ended::Served(None) => {}
                         Ended::Served(Some(e)) => {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
-                        Ended::FirstHeadTimedOut(stream) => {
-                            request_timeout(stream, &on_timeout.metrics).await;
+                        Ended::FirstHeadTimedOut(socket) => {
+                            request_timeout(socket, &on_timeout.metrics).await;
                         }
                     }
                 });
@@ -398,10 +405,8 @@ struct Client {
 }
 
 /// Answers 408 on a connection whose first request head did not arrive in
-/// time, then closes it. The client may not be reading: the write gets a
-/// second at most.
-async fn request_timeout(mut stream: TcpStream, metrics: &Metrics) {
-    use tokio::io::AsyncWriteExt as _;
+/// time, then closes it.
+async fn request_timeout(socket: Socket, metrics: &Metrics) {
     let refusal = Refusal::client(
         StatusCode::REQUEST_TIMEOUT,
         "no request head arrived within header_read_timeout",
@@ -412,11 +417,7 @@ async fn request_timeout(mut stream: TcpStream, metrics: &Metrics) {
         "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: application/problem+json\r\ncache-control: no-store\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        let _ = stream.write_all(answer.as_bytes()).await;
-        let _ = stream.shutdown().await;
-    })
-    .await;
+    socket.answer_and_close(answer.as_bytes()).await;
 }
 
 /// Evicts expired in-process state every second.

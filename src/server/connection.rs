@@ -40,6 +40,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Sleep;
+use tokio_rustls::server::TlsStream;
 
 /// What every HTTP/2 connection sends first (RFC 9113 §3.4).
 const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -178,13 +179,43 @@ pub enum Ended {
     Served(Option<Box<dyn StdError + Send + Sync>>),
     /// An HTTP/1 connection's first request head did not arrive in time:
     /// its socket, taken back from hyper, to answer 408 on.
-    FirstHeadTimedOut(TcpStream),
+    FirstHeadTimedOut(Socket),
 }
 
-/// Serves `stream` with `service` until the connection ends. The service
-/// reports its requests to `activity`.
+/// A client connection's socket, plain or TLS.
+pub enum Socket {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Socket {
+    /// Writes `bytes` and closes the connection, within a second at most:
+    /// the client may not be reading.
+    pub async fn answer_and_close(self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt as _;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            match self {
+                Socket::Plain(mut s) => {
+                    let _ = s.write_all(bytes).await;
+                    let _ = s.shutdown().await;
+                }
+                Socket::Tls(mut s) => {
+                    let _ = s.write_all(bytes).await;
+                    let _ = s.shutdown().await;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// Serves `stream` with `service` until the connection ends, over TLS with
+/// `tls` when given. The service reports its requests to `activity`.
 pub async fn serve<S, B>(
     stream: TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
     service: S,
     activity: &Activity,
     protocols: &Protocols,
@@ -204,16 +235,103 @@ where
     if connections.closing.load(Ordering::Acquire) {
         return Ended::Served(None);
     }
-
-    let protocol = tokio::select! {
+    let first_head = accepted + protocols.idle_timeout;
+    let Some(tls) = tls else {
+        let protocol = tokio::select! {
+            biased;
+            () = &mut close => return Ended::Served(None),
+            () = tokio::time::sleep_until(first_head) => {
+                return Ended::FirstHeadTimedOut(Socket::Plain(stream));
+            }
+            protocol = protocol(&stream) => protocol,
+        };
+        return match protocol {
+            // Closed, or reset, before sending anything.
+            Ok(None) | Err(_) => Ended::Served(None),
+            Ok(Some(protocol)) => {
+                let served = serve_on(
+                    stream,
+                    protocol,
+                    accepted,
+                    service,
+                    activity,
+                    protocols,
+                    close,
+                    connections,
+                );
+                match served.await {
+                    Served::Ended(ended) => Ended::Served(ended),
+                    Served::FirstHeadTimedOut(stream) => {
+                        Ended::FirstHeadTimedOut(Socket::Plain(stream))
+                    }
+                }
+            }
+        };
+    };
+    // The handshake counts against the first head's deadline; ALPN says
+    // which protocol follows.
+    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+    let stream = tokio::select! {
         biased;
         () = &mut close => return Ended::Served(None),
-        () = tokio::time::sleep_until(accepted + protocols.idle_timeout) => {
-            return Ended::FirstHeadTimedOut(stream);
-        }
-        protocol = protocol(&stream) => protocol,
+        () = tokio::time::sleep_until(first_head) => return Ended::Served(None),
+        stream = handshake => match stream {
+            Ok(stream) => stream,
+            Err(e) => return Ended::Served(Some(e.into())),
+        },
     };
-    let io = TokioIo::new(stream);
+    let protocol = match stream.get_ref().1.alpn_protocol() {
+        Some(b"h2") => Protocol::Http2,
+        _ => Protocol::Http1,
+    };
+    match serve_on(
+        stream,
+        protocol,
+        accepted,
+        service,
+        activity,
+        protocols,
+        close,
+        connections,
+    )
+    .await
+    {
+        Served::Ended(ended) => Ended::Served(ended),
+        Served::FirstHeadTimedOut(stream) => {
+            Ended::FirstHeadTimedOut(Socket::Tls(Box::new(stream)))
+        }
+    }
+}
+
+/// How [`serve_on`] left a connection.
+enum Served<I> {
+    Ended(Option<Box<dyn StdError + Send + Sync>>),
+    FirstHeadTimedOut(I),
+}
+
+/// Serves `io`, whose client speaks `protocol`, from its acceptance at
+/// `accepted` on.
+#[allow(clippy::too_many_arguments)]
+async fn serve_on<I, S, B>(
+    io: I,
+    protocol: Protocol,
+    accepted: tokio::time::Instant,
+    service: S,
+    activity: &Activity,
+    protocols: &Protocols,
+    close: Pin<&mut tokio::sync::futures::Notified<'_>>,
+    connections: &Connections,
+) -> Served<I>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    let io = TokioIo::new(io);
     // Ticks from the accept: any that passed while waiting for the first
     // bytes fire at once, and count as idle.
     let tick = (protocols.idle_timeout / TICKS).max(Duration::from_millis(1));
@@ -223,26 +341,24 @@ where
         activity,
     };
     match protocol {
-        // Closed, or reset, before sending anything.
-        Ok(None) | Err(_) => Ended::Served(None),
-        Ok(Some(Protocol::Http1)) => {
+        Protocol::Http1 => {
             // hyper's HTTP/1 connection is `Unpin`, so it stays here and
             // gives its socket back for the 408: no second descriptor on
             // the socket is needed to answer.
             let mut connection = protocols.http1.serve_connection(io, service);
             match drive(Pin::new(&mut connection), timer, close, connections).await {
-                Drove::Ended(ended) => Ended::Served(ended),
+                Drove::Ended(ended) => Served::Ended(ended),
                 Drove::FirstHeadTimedOut => {
-                    Ended::FirstHeadTimedOut(connection.into_parts().io.into_inner())
+                    Served::FirstHeadTimedOut(connection.into_parts().io.into_inner())
                 }
             }
         }
-        Ok(Some(Protocol::Http2)) => {
+        Protocol::Http2 => {
             let connection = pin!(protocols.http2.serve_connection(io, service));
             match drive(connection, timer, close, connections).await {
-                Drove::Ended(ended) => Ended::Served(ended),
+                Drove::Ended(ended) => Served::Ended(ended),
                 // No HTTP/1 answer on an HTTP/2 connection.
-                Drove::FirstHeadTimedOut => Ended::Served(None),
+                Drove::FirstHeadTimedOut => Served::Ended(None),
             }
         }
     }

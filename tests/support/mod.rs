@@ -2,6 +2,7 @@
 //! it received, floodgate itself started in process on port 0, and a client.
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod certs;
 pub mod cluster;
 pub mod config;
 pub mod redis;
@@ -468,6 +469,16 @@ impl TestClient {
             headers: parts.headers,
             body,
         }
+    }
+
+    /// GET `url`, or why no answer came.
+    pub async fn try_get(&self, url: &str) -> Result<StatusCode, String> {
+        let request = Request::get(url).body(empty()).map_err(|e| e.to_string())?;
+        let response = tokio::time::timeout(Duration::from_secs(5), self.inner.request(request))
+            .await
+            .map_err(|_| "no answer within 5 s".to_owned())?
+            .map_err(|e| e.to_string())?;
+        Ok(response.status())
     }
 
     /// GET `url` with extra headers.
