@@ -1,10 +1,12 @@
-//! One client connection's life: which protocol it speaks, the deadline for
-//! its first request head, closing it once idle, and finishing its requests
-//! when floodgate shuts down.
+//! One client connection's life: its TLS handshake, which protocol it
+//! speaks, the deadline for its first request head (and its socket back to
+//! answer 408 on), closing it once idle, and finishing its requests when
+//! floodgate shuts down.
 //!
-//! The protocol is told from the client's first bytes, read with `MSG_PEEK`
-//! so that they stay for hyper, which then serves the connection with its
-//! HTTP/1 or HTTP/2 connection directly. (hyper-util's protocol detection
+//! On the TLS listener the handshake comes first and ALPN tells the
+//! protocol. Otherwise the protocol is told from the client's first bytes,
+//! read with `MSG_PEEK` so that they stay for hyper, which then serves the
+//! connection with its HTTP/1 or HTTP/2 connection directly. (hyper-util's protocol detection
 //! reads them itself and wraps every later read and write of the connection
 //! to replay them: work on every request, for a question settled once.)
 //!
