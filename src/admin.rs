@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -11,27 +12,42 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::server::Shared;
 
-/// Serves admin requests on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+/// Most admin connections open at once: scrapers and probes need a few.
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// Serves admin requests on `listener` until the task is dropped. A client
+/// must send each request head within `head_timeout`, so a silent or
+/// dribbling connection cannot hold a slot, and at most 64 connections are
+/// open at once; more wait in the listen backlog.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, head_timeout: Duration) {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(Some(head_timeout));
+    let http1 = Arc::new(http1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
         let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let shared = Arc::clone(&shared);
+        let http1 = Arc::clone(&http1);
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |request| {
                 let shared = Arc::clone(&shared);
                 async move { Ok::<_, Infallible>(answer(&shared, &request)) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = http1.serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }

@@ -253,9 +253,13 @@ pub async fn run(
         config.clone(),
         reload,
     ));
-    let admin = listeners
-        .admin
-        .map(|listener| tokio::spawn(crate::admin::serve(listener, Arc::clone(&shared))));
+    let admin = listeners.admin.map(|listener| {
+        tokio::spawn(crate::admin::serve(
+            listener,
+            Arc::clone(&shared),
+            config.server.header_read_timeout,
+        ))
+    });
     let listener = listeners.proxy;
 
     let header_read_timeout = config.server.header_read_timeout;

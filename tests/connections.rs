@@ -117,3 +117,43 @@ async fn past_max_connections_new_connections_wait_until_one_closes() {
         .expect("request task");
     assert_eq!(status, 200);
 }
+
+/// Reads until the peer closes, or `within` passes; what was read, or
+/// `None` if the connection was still open.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(within, stream.read_to_end(&mut got)).await;
+    read.ok()
+        .map(|_| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test]
+async fn the_admin_listener_closes_connections_that_send_no_head_in_time() {
+    use tokio::io::AsyncWriteExt as _;
+    let toml = Config::new()
+        .admin()
+        .server(r#"header_read_timeout = "300ms""#)
+        .route(Route::new("api"))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let admin = gate.admin.expect("admin listener");
+    let mut silent = TcpStream::connect(admin).await.expect("connect");
+    let mut dribbling = TcpStream::connect(admin).await.expect("connect");
+    dribbling
+        .write_all(b"GET /metrics HTTP/1.1\r\nHo")
+        .await
+        .expect("write");
+    for (name, stream) in [("silent", &mut silent), ("dribbling", &mut dribbling)] {
+        let closed = read_until_closed(stream, Duration::from_secs(3)).await;
+        assert!(
+            closed.is_some(),
+            "the {name} admin connection was kept open"
+        );
+    }
+    let client = TestClient::http1();
+    assert_eq!(
+        client.get(&gate.admin_url("/healthz"), &[]).await.status,
+        200
+    );
+}
