@@ -296,6 +296,7 @@ pub async fn run(
     // connections wait in the listen backlog until one closes.
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut cap_logged = false;
+    let mut accept_trouble = AcceptTrouble::default();
     tokio::pin!(shutdown);
     loop {
         let slot = match Arc::clone(&slots).try_acquire_owned() {
@@ -320,11 +321,13 @@ pub async fn run(
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        accept_trouble.recovered();
+                        a
+                    }
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        tokio::time::sleep(accept_trouble.failed(&e)).await;
                         continue;
                     }
                 };
@@ -385,6 +388,45 @@ pub async fn run(
         admin.abort();
     }
     Ok(())
+}
+
+/// Accept failures in a row (out of descriptors, most often): how long to
+/// wait before the next accept, doubling from 5 ms to a second, and a log
+/// line at most once a second that says how many failed.
+#[derive(Debug, Default)]
+struct AcceptTrouble {
+    failures: u64,
+    backoff: Duration,
+    last_logged: Option<Instant>,
+}
+
+impl AcceptTrouble {
+    /// Counts a failure; returns how long to wait.
+    fn failed(&mut self, error: &std::io::Error) -> Duration {
+        self.failures += 1;
+        self.backoff = (self.backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+        if self
+            .last_logged
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+        {
+            self.last_logged = Some(Instant::now());
+            tracing::warn!(
+                error = %error,
+                failures = self.failures,
+                backoff = ?self.backoff,
+                "accept failed; backing off"
+            );
+        }
+        self.backoff
+    }
+
+    /// An accept worked: the next failure starts afresh.
+    fn recovered(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "accepting again");
+            *self = Self::default();
+        }
+    }
 }
 
 /// The path and query sent upstream: the request's own when its path was

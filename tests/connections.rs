@@ -157,3 +157,59 @@ async fn the_admin_listener_closes_connections_that_send_no_head_in_time() {
         200
     );
 }
+
+#[tokio::test]
+async fn out_of_descriptors_floodgate_backs_off_logs_once_a_second_and_recovers() {
+    let port = free_port();
+    let dir = support::temp_dir("accept-backoff");
+    let log = dir.join("floodgate.log");
+    let path = Config::new()
+        .listen_on(port)
+        .server("max_connections = 1000")
+        .server(r#"header_read_timeout = "60s""#)
+        .route(Route::new("api"))
+        .write("accept-backoff");
+    let gate = FloodgateProcess::spawn_limited(&path, port, 64, 64, Some(&log)).await;
+    // More connections than 64 descriptors hold: accept fails for the rest.
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(
+            TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect"),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let failed = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("accept failed"))
+            .count()
+    };
+    let lines = failed();
+    assert!(
+        (1..=4).contains(&lines),
+        "{lines} accept failure lines in 2.5 s:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    drop(idle);
+    let client = TestClient::http1();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match client.try_get(&gate.url("/")).await {
+            Ok(status) => {
+                assert_eq!(status, 200);
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "not serving again: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(log_text.contains("accepting again"), "{log_text}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -532,10 +532,23 @@ impl FloodgateProcess {
     /// The same, started with a soft limit of 1 024 open files and a hard
     /// limit of `files`, as many systems start services.
     pub async fn spawn_with_open_files(config: &Path, port: u16, files: u64) -> Self {
+        Self::spawn_limited(config, port, 1_024.min(files), files, None).await
+    }
+
+    /// The same with `soft` and `hard` limits on open files, its log (at
+    /// info) written to `log` if given.
+    pub async fn spawn_limited(
+        config: &Path,
+        port: u16,
+        soft: u64,
+        hard: u64,
+        log: Option<&Path>,
+    ) -> Self {
+        let redirect = log.map_or_else(String::new, |l| format!(" 2>'{}'", l.display()));
         let mut command = std::process::Command::new("sh");
         command.args([
             "-c",
-            &format!("ulimit -Sn 1024 && ulimit -Hn {files} && exec \"$0\" \"$@\""),
+            &format!("ulimit -Sn {soft} && ulimit -Hn {hard} && exec \"$0\" \"$@\"{redirect}"),
             env!("CARGO_BIN_EXE_floodgate"),
         ]);
         Self::start(command, config, port).await
