@@ -111,7 +111,8 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
             limits: &limits,
             cost: 1,
         };
-        for round in 0..3 {
+        let (mut round, mut attempts) = (0, 0);
+        while round < 3 {
             // Use up the limit, then get denied.
             let (denied_at, retry) = loop {
                 let sent = Instant::now();
@@ -122,6 +123,20 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
                 }
             };
             assert!(retry > 0);
+            attempts += 1;
+            assert!(
+                attempts <= 30,
+                "{limit:?}: no denial far enough from its end"
+            );
+            if retry < 100 {
+                // Denied just before a window ends: its middle is too close
+                // to its end to be hit reliably on a busy machine. Let it
+                // pass and deny again.
+                tokio::time::sleep_until((denied_at + Duration::from_millis(retry + 5)).into())
+                    .await;
+                continue;
+            }
+            round += 1;
             let before: String = command_stats(&mut conn).await;
             // Halfway: still denied, from memory.
             tokio::time::sleep_until((denied_at + Duration::from_millis(retry / 2)).into()).await;
