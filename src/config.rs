@@ -1218,20 +1218,14 @@ impl Validator<'_> {
             .as_ref()
             .map_or("remote_addr", |f| f.get_ref().as_str());
         let from_span = m.from.as_ref().map_or_else(|| model.span(), Spanned::span);
-        let missing = match &m.missing {
-            None => Some(MissingHeader::Fallback),
-            Some(s) => match s.get_ref().as_str() {
-                "fallback" => Some(MissingHeader::Fallback),
-                "reject" => Some(MissingHeader::Reject),
-                other => {
-                    self.problem(
-                        s.span(),
-                        format!("missing {other:?} is not one of \"fallback\", \"reject\""),
-                    );
-                    None
-                }
-            },
-        };
+        let missing = self.choice(
+            m.missing.as_ref(),
+            "missing",
+            &[
+                ("fallback", MissingHeader::Fallback),
+                ("reject", MissingHeader::Reject),
+            ],
+        );
         let ipv6_prefix = match &m.ipv6_prefix {
             None => Some(128),
             Some(p) => match u8::try_from(*p.get_ref()) {
