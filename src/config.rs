@@ -5,7 +5,7 @@
 //! is reported with the file, line and column it comes from, and all of them
 //! are reported at once, so an operator fixes a file in one pass.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -15,15 +15,17 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use http::header::HeaderName;
-use http::uri::{Authority, Scheme, Uri};
 use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
 use crate::client::{ClientRule, DEFAULT_MAX_CLIENT_ID, MissingHeader, Part, Repeated, TooLong};
 use crate::limit::{Algorithm, Limit};
-use crate::proxy::pool::PoolSlot;
 use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table, Upstream};
+
+mod upstreams;
+
+use upstreams::{Defaults, UpstreamModel};
 
 /// Default deadline for an upstream's response head.
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,6 +37,12 @@ const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_MAX_CLIENT_ENTRIES: usize = 100_000;
 /// Default timeout for a client to send a request head.
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default idle timeout of a client's request body.
+const DEFAULT_CLIENT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default time a client may leave floodgate's answer unread.
+const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default idle timeout of an upgraded (WebSocket) connection.
+const DEFAULT_UPGRADE_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 // === the loaded configuration ===
 
@@ -97,6 +105,16 @@ pub struct Server {
     pub exempt: Vec<IpNet>,
     /// Default deadline for an upstream's response head (504 past it).
     pub upstream_timeout: Duration,
+    /// Deadline for a new upstream connection, TLS handshake included.
+    pub upstream_connect_timeout: Duration,
+    /// An upstream response body that sends nothing for this long is cut.
+    pub upstream_body_timeout: Duration,
+    /// A client request body that sends nothing for this long is a 408.
+    pub client_body_timeout: Duration,
+    /// A client that reads nothing of its answer for this long is cut off.
+    pub client_write_timeout: Duration,
+    /// An upgraded connection silent both ways for this long is closed.
+    pub upgrade_idle_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
     /// How long a client may take to send its first request head (408 past
@@ -285,6 +303,8 @@ struct FileModel {
     server: Spanned<ServerModel>,
     store: Option<Spanned<StoreModel>>,
     #[serde(default)]
+    upstreams: BTreeMap<String, Spanned<UpstreamModel>>,
+    #[serde(default)]
     routes: Vec<Spanned<RouteModel>>,
 }
 
@@ -298,6 +318,11 @@ struct ServerModel {
     #[serde(default)]
     exempt: Vec<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
+    upstream_connect_timeout: Option<Spanned<String>>,
+    upstream_body_timeout: Option<Spanned<String>>,
+    client_body_timeout: Option<Spanned<String>>,
+    client_write_timeout: Option<Spanned<String>>,
+    upgrade_idle_timeout: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     #[serde(default = "yes")]
@@ -424,7 +449,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     };
     let server = v.server(&model.server);
     let store = v.store(model.store.as_ref());
-    let routes = v.routes(&model.routes, server.as_ref());
+    let defaults = Defaults::of(server.as_ref());
+    let upstreams = v.upstreams(&model.upstreams, defaults);
+    let routes = v.routes(&model.routes, server.as_ref(), &upstreams);
     match (server, store, v.problems.is_empty()) {
         (Some(server), Some(store), true) => Ok(Config {
             path: path.to_owned(),
@@ -574,6 +601,34 @@ impl Validator<'_> {
             "upstream_timeout",
             DEFAULT_UPSTREAM_TIMEOUT,
         );
+        let mut timeout = |value: &Option<Spanned<String>>, key: &str, default: Duration| {
+            self.optional_duration(value.as_ref(), key, default)
+        };
+        let upstream_connect_timeout = timeout(
+            &m.upstream_connect_timeout,
+            "upstream_connect_timeout",
+            upstreams::DEFAULT_CONNECT_TIMEOUT,
+        );
+        let upstream_body_timeout = timeout(
+            &m.upstream_body_timeout,
+            "upstream_body_timeout",
+            upstreams::DEFAULT_BODY_TIMEOUT,
+        );
+        let client_body_timeout = timeout(
+            &m.client_body_timeout,
+            "client_body_timeout",
+            DEFAULT_CLIENT_BODY_TIMEOUT,
+        );
+        let client_write_timeout = timeout(
+            &m.client_write_timeout,
+            "client_write_timeout",
+            DEFAULT_CLIENT_WRITE_TIMEOUT,
+        );
+        let upgrade_idle_timeout = timeout(
+            &m.upgrade_idle_timeout,
+            "upgrade_idle_timeout",
+            DEFAULT_UPGRADE_IDLE_TIMEOUT,
+        );
         let shutdown_grace = self.optional_duration(
             m.shutdown_grace.as_ref(),
             "shutdown_grace",
@@ -631,6 +686,11 @@ impl Validator<'_> {
             trusted_proxies,
             exempt,
             upstream_timeout: upstream_timeout?,
+            upstream_connect_timeout: upstream_connect_timeout?,
+            upstream_body_timeout: upstream_body_timeout?,
+            client_body_timeout: client_body_timeout?,
+            client_write_timeout: client_write_timeout?,
+            upgrade_idle_timeout: upgrade_idle_timeout?,
             shutdown_grace: shutdown_grace?,
             header_read_timeout: header_read_timeout?,
             reload_on_change: m.reload_on_change,
@@ -845,6 +905,7 @@ impl Validator<'_> {
                 let span = match &e {
                     crate::tls::TlsError::Read { path, .. }
                     | crate::tls::TlsError::NoPem { path, .. }
+                    | crate::tls::TlsError::UpstreamCa { path, .. }
                     | crate::tls::TlsError::ClientCa { path, .. } => {
                         if Some(path) == files.client_ca_file.as_ref() {
                             m.client_ca_file
@@ -856,7 +917,8 @@ impl Validator<'_> {
                             m.cert_file.span()
                         }
                     }
-                    crate::tls::TlsError::Certificate { .. } => m.cert_file.span(),
+                    crate::tls::TlsError::Certificate { .. }
+                    | crate::tls::TlsError::ServerName { .. } => m.cert_file.span(),
                 };
                 self.problem(span, format!("[server.tls]: {e}"));
                 None
@@ -910,10 +972,15 @@ impl Validator<'_> {
         Some(Tls { ca: ca?, client })
     }
 
-    fn routes(&mut self, models: &[Spanned<RouteModel>], server: Option<&Server>) -> Vec<Route> {
+    fn routes(
+        &mut self,
+        models: &[Spanned<RouteModel>],
+        server: Option<&Server>,
+        upstreams: &HashMap<String, Option<Upstream>>,
+    ) -> Vec<Route> {
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
-        let default_timeout = server.map_or(DEFAULT_UPSTREAM_TIMEOUT, |s| s.upstream_timeout);
+        let defaults = Defaults::of(server);
         let server_exempt = server.map_or(&[][..], |s| &s.exempt);
         let long_ids = server.map_or((DEFAULT_MAX_CLIENT_ID, TooLong::Reject), |s| {
             (s.max_client_id, s.on_long_client_id)
@@ -923,7 +990,7 @@ impl Validator<'_> {
             let route = self.route(
                 model.get_ref(),
                 span.clone(),
-                default_timeout,
+                (upstreams, defaults),
                 server_exempt,
                 long_ids,
             );
@@ -957,7 +1024,7 @@ impl Validator<'_> {
         &mut self,
         m: &RouteModel,
         span: Range<usize>,
-        default_timeout: Duration,
+        (upstreams, defaults): (&HashMap<String, Option<Upstream>>, Defaults),
         server_exempt: &[IpNet],
         long_ids: (usize, TooLong),
     ) -> Option<Route> {
@@ -975,10 +1042,12 @@ impl Validator<'_> {
         let timeout = self.optional_duration(
             m.upstream_timeout.as_ref(),
             "upstream_timeout",
-            default_timeout,
+            defaults.timeout,
         );
         let action = match (&m.upstream, &m.respond) {
-            (Some(u), None) => self.upstream(u, timeout?).map(Action::Upstream),
+            (Some(u), None) => self
+                .route_upstream(u, upstreams, defaults, timeout?)
+                .map(Action::Upstream),
             (None, Some(r)) => {
                 if let Some(t) = &m.upstream_timeout {
                     self.problem(t.span(), "upstream_timeout has no meaning with respond");
@@ -1133,42 +1202,6 @@ impl Validator<'_> {
             methods,
             host,
             ignore_case: m.ignore_case,
-        })
-    }
-
-    fn upstream(&mut self, u: &Spanned<String>, timeout: Duration) -> Option<Upstream> {
-        let text = u.get_ref();
-        let uri: Uri = match text.parse() {
-            Ok(uri) => uri,
-            Err(e) => {
-                self.problem(u.span(), format!("upstream {text:?} is not a URL: {e}"));
-                return None;
-            }
-        };
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            self.problem(
-                u.span(),
-                format!("upstream {text:?} must be an http:// URL (https upstreams are not yet supported)"),
-            );
-            return None;
-        }
-        let has_path = uri.path_and_query().is_some_and(|p| p.as_str() != "/");
-        if has_path {
-            self.problem(
-                u.span(),
-                format!(
-                    "upstream {text:?} has a path or query; give only scheme, host and port (the request's path is kept)"
-                ),
-            );
-            return None;
-        }
-        let authority: Authority = uri.authority()?.clone();
-        let host_header = HeaderValue::from_str(authority.as_str()).ok()?;
-        Some(Upstream {
-            authority,
-            host_header,
-            timeout,
-            pool: PoolSlot::default(),
         })
     }
 

@@ -10,18 +10,20 @@
 //! | [`client`] | who is asking? |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome |
-//! | [`proxy`] | forward it upstream and stream the answer back, over [`proxy::pool`]'s keep-alive connections, speaking HTTP/1.1 with [`proxy::http1`] |
+//! | [`proxy`] | forward it upstream and stream the answer back over hyper's HTTP/1.1 and HTTP/2 client connections ([`proxy::pool`]), TLS to `https://` upstreams ([`proxy::connect`]), upgrades spliced ([`proxy::upgrade`]), every phase timed ([`proxy::body`]) |
 //! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
-//! | [`tls`] | the proxy listener's certificate, key and client CA, as rustls configuration |
+//! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
 //! | [`server`] | accept connections, run each request through the above, shut down gracefully |
 //!
 //! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
 //! configured) until a shutdown future completes, reloading when notified;
 //! `main` parses flags, sets up logging, binds the listeners and turns
 //! SIGHUP and SIGTERM into those two signals.
+
+#![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod client;

@@ -109,6 +109,74 @@ struct RefusalLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: &'static str,
+}
+
+/// The phases of an exchange that have a timeout of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The client's request head (`header_read_timeout`).
+    ClientHead,
+    /// The client's request body (`client_body_timeout`).
+    ClientBody,
+    /// The client reading floodgate's answer (`client_write_timeout`).
+    ClientWrite,
+    /// A new upstream connection (`upstream_connect_timeout`).
+    UpstreamConnect,
+    /// The upstream's response head (`upstream_timeout`).
+    UpstreamHead,
+    /// The upstream's response body (`upstream_body_timeout`).
+    UpstreamBody,
+    /// An upgraded connection (`upgrade_idle_timeout`).
+    UpgradeIdle,
+}
+
+impl Phase {
+    /// Every phase, in exposition order.
+    pub const ALL: [Phase; 7] = [
+        Phase::ClientHead,
+        Phase::ClientBody,
+        Phase::ClientWrite,
+        Phase::UpstreamConnect,
+        Phase::UpstreamHead,
+        Phase::UpstreamBody,
+        Phase::UpgradeIdle,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ClientHead => "client_head",
+            Self::ClientBody => "client_body",
+            Self::ClientWrite => "client_write",
+            Self::UpstreamConnect => "upstream_connect",
+            Self::UpstreamHead => "upstream_head",
+            Self::UpstreamBody => "upstream_body",
+            Self::UpgradeIdle => "upgrade_idle",
+        }
+    }
+}
+
+/// The timeout counters, one per phase, resolved once.
+#[derive(Debug, Clone)]
+pub struct Timeouts {
+    counters: [Counter; 7],
+}
+
+impl Timeouts {
+    /// Counts a timeout in `phase`.
+    pub fn count(&self, phase: Phase) {
+        self.counter(phase).inc();
+    }
+
+    /// The counter of `phase`, to keep where the timeout fires.
+    pub fn counter(&self, phase: Phase) -> &Counter {
+        &self.counters[phase as usize]
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TableLabel {
     table: String,
 }
@@ -147,6 +215,7 @@ pub struct Metrics {
     client_entries: Family<TableLabel, Gauge>,
     client_entries_full: Family<TableLabel, Counter>,
     refusals: Family<RefusalLabel, Counter>,
+    timeouts: Timeouts,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -289,6 +358,21 @@ impl Metrics {
             "Answers floodgate made itself instead of the upstream's, by status and fault (client: 4xx; upstream: 502, 504; store: 503); 429 denials are in floodgate_requests_total",
             refusals.clone(),
         );
+        let timeout_family: Family<PhaseLabel, Counter> = Family::default();
+        registry.register(
+            "floodgate_timeouts",
+            "Timeouts that fired, by phase: client_head (408), client_body (408), client_write (connection cut), upstream_connect (502), upstream_head (504), upstream_body (answer cut), upgrade_idle (tunnel closed)",
+            timeout_family.clone(),
+        );
+        let timeouts = Timeouts {
+            counters: Phase::ALL.map(|phase| {
+                timeout_family
+                    .get_or_create(&PhaseLabel {
+                        phase: phase.name(),
+                    })
+                    .clone()
+            }),
+        };
         for result in ["success", "failure"] {
             let _ = reloads.get_or_create(&ResultLabel {
                 result: result.into(),
@@ -306,6 +390,7 @@ impl Metrics {
             client_entries,
             client_entries_full,
             refusals,
+            timeouts,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
             no_route,
@@ -432,6 +517,11 @@ impl Metrics {
                 fault: refusal.fault().name().to_owned(),
             })
             .inc();
+    }
+
+    /// The timeout counters.
+    pub fn timeouts(&self) -> &Timeouts {
+        &self.timeouts
     }
 
     /// Counts a reload and, when it applied, the digest now in force.

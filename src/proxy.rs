@@ -4,25 +4,39 @@
 //! dropped in both directions, and the upstream learns who asked through
 //! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host`.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::pin::pin;
+use std::time::{Duration, Instant};
 
-use http::header::{CONNECTION, HOST, HeaderName};
+use http::header::{CONNECTION, HOST, HeaderName, TE, UPGRADE};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, Uri, request};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, Version, request};
 use http_body_util::Either;
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 
+use crate::metrics::{Phase, Timeouts};
 use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::Upstream;
 
-pub mod http1;
+pub mod body;
+pub mod connect;
+mod idle;
 pub mod pool;
+pub mod upgrade;
 
-use pool::{Pools, SendError};
+pub use idle::IdleTimer;
+
+use body::{ClientBodyError, RequestBody, Sent, UpstreamBody};
+use pool::{Exchange, Head, Pools, SendError};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
+static UPGRADE_OPTION: HeaderValue = HeaderValue::from_static("upgrade");
 
 /// The client end of a connection, with its address already written the way
 /// `X-Forwarded-For` carries it: once per connection, not per request.
@@ -50,16 +64,31 @@ impl Peer {
     }
 }
 
-/// Sends requests to upstreams over pooled keep-alive connections.
-#[derive(Debug, Default)]
+/// The client-side timeouts of one forwarded exchange.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientTimeouts {
+    /// A request body that sends nothing for this long is the client's 408.
+    pub body: Duration,
+    /// An upgraded connection on which neither side sends anything for this
+    /// long is closed.
+    pub upgraded: Duration,
+}
+
+/// Sends requests to upstreams over pooled connections.
+#[derive(Debug)]
 pub struct Forwarder {
     pools: Pools,
+    timeouts: Timeouts,
 }
 
 impl Forwarder {
-    /// A forwarder with no connections yet.
-    pub fn new() -> Self {
-        Self::default()
+    /// A forwarder with no connections yet, counting the timeouts that
+    /// fire into `timeouts`.
+    pub fn new(timeouts: Timeouts) -> Self {
+        Self {
+            pools: Pools::default(),
+            timeouts,
+        }
     }
 
     /// Closes idle connections that have outlived their keep-alive time.
@@ -69,10 +98,13 @@ impl Forwarder {
 
     /// Forwards the request with head `request` and `body` to `upstream` as
     /// `path_and_query`, on behalf of `peer`; `now` is when forwarding began
-    /// (the upstream timeout runs from it). The head's header map is taken
-    /// for the answer's fields. Upstream trouble is a 502 or 504 refusal; a
-    /// request body that breaks off is the client's 400.
-    pub async fn forward(
+    /// (the upstream's deadlines run from it). The head's header map is
+    /// taken for the upstream's request. Upstream trouble is a 502 or 504
+    /// refusal; a request body that breaks off is the client's 400, one
+    /// that stalls the client's 408. An upgrade the upstream accepts is
+    /// spliced on a task that holds what `hold` gives until it ends.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn forward<H: Send + 'static>(
         &self,
         upstream: &Upstream,
         request: &mut request::Parts,
@@ -80,66 +112,227 @@ impl Forwarder {
         path_and_query: PathAndQuery,
         peer: &Peer,
         now: Instant,
+        timeouts: ClientTimeouts,
+        hold: impl FnOnce() -> H,
     ) -> Result<Response<Body>, Refusal> {
-        let original_host = request
-            .uri
-            .authority()
-            .map(|a| HeaderValue::from_str(a.as_str()))
-            .and_then(Result::ok)
-            .or_else(|| request.headers.get(HOST).cloned());
-        // Origin form on the wire: the connection already names the host.
-        request.uri = Uri::from(path_and_query);
-        let headers = &request.headers;
-        let rewrite = Rewrite {
-            named: connection_named(headers),
-            host: &upstream.host_header,
-            forwarded_for: forwarded_for(headers, peer),
-            forwarded_proto: peer.proto,
-            forwarded_host: original_host,
+        let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
+        let headers = upstream_headers(request, upstream, peer, upgrade);
+        let on_client_upgrade = if upgrade {
+            request.extensions.remove::<OnUpgrade>()
+        } else {
+            None
         };
-
-        let pool = self.pools.get_in(&upstream.pool, &upstream.authority);
-        // The caller's clock reading serves the deadline and the pool's idle
-        // bookkeeping: no more reads of the clock per request.
-        let deadline = tokio::time::Instant::from_std(now) + upstream.timeout;
-        match pool.send(request, body, &rewrite, now, deadline).await {
-            // proxy::http1 leaves the upstream's hop-by-hop fields out.
-            Ok(upstream_response) => Ok(upstream_response.map(Either::Left)),
-            Err(SendError::Connect(e)) => {
-                tracing::warn!(upstream = %upstream.authority, error = %e, "upstream unreachable");
-                Err(Refusal::upstream(
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream is unreachable",
-                ))
-            }
-            // The client's fault, not the upstream's: its body was
-            // malformed, or it went away while sending it.
-            Err(SendError::Failed(http1::Error::RequestBody(e))) => {
-                tracing::debug!(upstream = %upstream.authority, error = %e, "the request body broke off");
-                Err(Refusal::client(
-                    StatusCode::BAD_REQUEST,
-                    "the request body is malformed or incomplete",
-                ))
-            }
-            Err(e @ SendError::Failed(_)) => {
-                tracing::warn!(upstream = %upstream.authority, error = %e, "upstream failed");
-                Err(Refusal::upstream(
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream failed to answer",
-                ))
-            }
-            Err(SendError::TimedOut) => {
+        let head = Head {
+            method: request.method.clone(),
+            target: path_and_query,
+            headers,
+        };
+        let (body, sent) = RequestBody::new(body, timeouts.body);
+        let pool = self.pools.get_in(upstream);
+        let send = pool.send(upstream, head, body, upgrade, now);
+        let Exchange {
+            mut response,
+            release,
+            switched: sender,
+        } = match by_deadline(send, upstream.timeout, now, sent.as_deref()).await {
+            Some(Ok(exchange)) => exchange,
+            Some(Err(e)) => return Err(self.refusal(upstream, e)),
+            None => {
+                self.timeouts.count(Phase::UpstreamHead);
                 tracing::warn!(
-                    upstream = %upstream.authority,
+                    upstream = %upstream.target,
                     timeout = ?upstream.timeout,
                     "upstream timed out"
                 );
-                Err(Refusal::upstream(
+                return Err(Refusal::upstream(
                     StatusCode::GATEWAY_TIMEOUT,
                     "the upstream did not answer in time",
-                ))
+                ));
             }
+        };
+        let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        strip_hop_by_hop(response.headers_mut(), switched);
+        if switched {
+            let Some(client) = on_client_upgrade else {
+                tracing::warn!(upstream = %upstream.target, "upstream switched protocols unasked");
+                return Err(Refusal::upstream(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream switched protocols unasked",
+                ));
+            };
+            response
+                .headers_mut()
+                .insert(CONNECTION, UPGRADE_OPTION.clone());
+            let on_upstream_upgrade = hyper::upgrade::on(&mut response);
+            upgrade::splice(
+                client,
+                on_upstream_upgrade,
+                sender,
+                timeouts.upgraded,
+                self.timeouts.counter(Phase::UpgradeIdle).clone(),
+                hold(),
+            );
         }
+        let body_timeouts = self.timeouts.counter(Phase::UpstreamBody).clone();
+        Ok(response.map(|body| {
+            Either::Left(UpstreamBody::new(
+                body,
+                upstream.body_timeout,
+                release,
+                body_timeouts,
+            ))
+        }))
+    }
+
+    /// The refusal for a failed exchange, logged with its reason.
+    fn refusal(&self, upstream: &Upstream, error: SendError) -> Refusal {
+        match &error {
+            SendError::Connect(e) => {
+                if matches!(e, connect::ConnectError::TimedOut(_)) {
+                    self.timeouts.count(Phase::UpstreamConnect);
+                }
+                tracing::warn!(upstream = %upstream.target, error = %e, "upstream unreachable");
+                Refusal::upstream(StatusCode::BAD_GATEWAY, "the upstream is unreachable")
+            }
+            SendError::NoUpgrade => {
+                tracing::warn!(upstream = %upstream.target, error = %error, "upgrade refused");
+                Refusal::upstream(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream cannot carry this upgrade",
+                )
+            }
+            SendError::Failed(e) => match client_body_error(e) {
+                // The client's fault, not the upstream's: its body stalled,
+                // was malformed, or it went away while sending it.
+                Some(ClientBodyError::TimedOut(after)) => {
+                    self.timeouts.count(Phase::ClientBody);
+                    tracing::info!(upstream = %upstream.target, ?after, "the request body stalled");
+                    Refusal::client(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "the request body stopped arriving within client_body_timeout",
+                    )
+                }
+                Some(e @ ClientBodyError::Broken(_)) => {
+                    tracing::debug!(upstream = %upstream.target, error = %e, "the request body broke off");
+                    Refusal::client(
+                        StatusCode::BAD_REQUEST,
+                        "the request body is malformed or incomplete",
+                    )
+                }
+                None => {
+                    tracing::warn!(upstream = %upstream.target, error = %e, "upstream failed");
+                    Refusal::upstream(StatusCode::BAD_GATEWAY, "the upstream failed to answer")
+                }
+            },
+        }
+    }
+}
+
+/// `send`'s outcome, unless the upstream's response head is later than
+/// `timeout` after the request was sent whole (after `began` for a request
+/// without a body, after the body's end for one with: a slow upload is not
+/// the upstream's delay).
+async fn by_deadline<F: Future>(
+    send: F,
+    timeout: Duration,
+    began: Instant,
+    sent: Option<&Sent>,
+) -> Option<F::Output> {
+    let mut send = pin!(send);
+    let began = tokio::time::Instant::from_std(began);
+    let mut deadline = began + timeout;
+    loop {
+        if let Ok(out) = tokio::time::timeout_at(deadline, send.as_mut()).await {
+            return Some(out);
+        }
+        deadline = match sent.map(Sent::at) {
+            // Still uploading: the request body's idle timeout watches.
+            Some(None) => tokio::time::Instant::now() + timeout,
+            Some(Some(at)) if began + at + timeout > tokio::time::Instant::now() => {
+                began + at + timeout
+            }
+            _ => return None,
+        };
+    }
+}
+
+/// The request body's own error, if that is what failed the exchange.
+fn client_body_error(error: &hyper::Error) -> Option<&ClientBodyError> {
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        if let Some(found) = e.downcast_ref::<ClientBodyError>() {
+            return Some(found);
+        }
+        cause = e.source();
+    }
+    None
+}
+
+/// The request's header fields as they go upstream, taken from `request`:
+/// without hop-by-hop fields (but an upgrade's own, and `TE: trailers`,
+/// which gRPC needs), with the upstream's `Host` and `X-Forwarded-*` telling
+/// who asked.
+fn upstream_headers(
+    request: &mut request::Parts,
+    upstream: &Upstream,
+    peer: &Peer,
+    upgrade: bool,
+) -> HeaderMap {
+    let forwarded_host = request
+        .uri
+        .authority()
+        .map(|a| HeaderValue::from_str(a.as_str()))
+        .and_then(Result::ok)
+        .or_else(|| request.headers.get(HOST).cloned());
+    let mut headers = std::mem::take(&mut request.headers);
+    let forwarded_for = forwarded_for(&headers, peer);
+    let te_trailers = headers.get_all(TE).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    });
+    let protocol = if upgrade {
+        headers.get(UPGRADE).cloned()
+    } else {
+        None
+    };
+    strip_hop_by_hop(&mut headers, false);
+    headers.insert(HOST, upstream.host_header.clone());
+    match forwarded_for {
+        Some(value) => headers.insert(&X_FORWARDED_FOR, value),
+        None => headers.remove(&X_FORWARDED_FOR),
+    };
+    headers.insert(&X_FORWARDED_PROTO, peer.proto.clone());
+    match forwarded_host {
+        Some(value) => headers.insert(&X_FORWARDED_HOST, value),
+        None => headers.remove(&X_FORWARDED_HOST),
+    };
+    if te_trailers {
+        headers.insert(TE, TRAILERS.clone());
+    }
+    if let Some(protocol) = protocol {
+        headers.insert(UPGRADE, protocol);
+        headers.insert(CONNECTION, UPGRADE_OPTION.clone());
+    }
+    headers
+}
+
+/// Removes the hop-by-hop fields of `headers` and those its `Connection`
+/// names; a 101 answer (`switched`) keeps its `Upgrade`. Most messages have
+/// none, and then nothing is allocated.
+fn strip_hop_by_hop(headers: &mut HeaderMap, switched: bool) {
+    let named = connection_named(headers);
+    let mut gone: Vec<HeaderName> = Vec::new();
+    for name in headers.keys() {
+        if switched && name == UPGRADE {
+            continue;
+        }
+        if is_hop_by_hop(name.as_str()) || named.contains(name) {
+            gone.push(name.clone());
+        }
+    }
+    for name in gone {
+        headers.remove(name);
     }
 }
 
@@ -187,48 +380,6 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     named
 }
 
-/// How a request's header section changes on its way upstream. It is
-/// applied as the request head is written, so the client's header map is
-/// not edited (each edit of a header map hashes and may grow it).
-#[derive(Debug)]
-pub struct Rewrite<'a> {
-    /// Headers the request's `Connection` names, dropped besides the
-    /// standard hop-by-hop ones.
-    named: Vec<HeaderName>,
-    /// The upstream's own address.
-    host: &'a HeaderValue,
-    /// Earlier `X-Forwarded-For` values folded into one, then the peer.
-    forwarded_for: Option<HeaderValue>,
-    /// `http` or `https`: how the client reached floodgate.
-    forwarded_proto: &'a HeaderValue,
-    /// The host the client asked for.
-    forwarded_host: Option<HeaderValue>,
-}
-
-impl Rewrite<'_> {
-    /// Whether the client's `name` field goes upstream: not if it is
-    /// hop-by-hop, or one of the fields [`Rewrite::added`] writes instead.
-    pub fn keeps(&self, name: &HeaderName) -> bool {
-        match name.as_str() {
-            "host" | "x-forwarded-for" | "x-forwarded-proto" | "x-forwarded-host" => false,
-            other => !is_hop_by_hop(other) && !self.named.contains(name),
-        }
-    }
-
-    /// The fields written after the client's own: `Host` and
-    /// `X-Forwarded-*`.
-    pub fn added(&self) -> impl Iterator<Item = (&'static str, &HeaderValue)> {
-        [
-            ("host", Some(self.host)),
-            ("x-forwarded-for", self.forwarded_for.as_ref()),
-            ("x-forwarded-proto", Some(self.forwarded_proto)),
-            ("x-forwarded-host", self.forwarded_host.as_ref()),
-        ]
-        .into_iter()
-        .filter_map(|(name, value)| Some((name, value?)))
-    }
-}
-
 /// `X-Forwarded-For` for the upstream: the request's earlier values folded
 /// into one, then `peer`.
 fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> Option<HeaderValue> {
@@ -272,18 +423,8 @@ mod tests {
         h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
         h.insert("te", HeaderValue::from_static("trailers"));
         h.insert("x-kept", HeaderValue::from_static("1"));
-        let rewrite = Rewrite {
-            named: connection_named(&h),
-            host: &HeaderValue::from_static("upstream:80"),
-            forwarded_for: None,
-            forwarded_proto: &HTTP,
-            forwarded_host: None,
-        };
-        let kept: Vec<&str> = h
-            .keys()
-            .filter(|name| rewrite.keeps(name))
-            .map(HeaderName::as_str)
-            .collect();
+        strip_hop_by_hop(&mut h, false);
+        let kept: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
         assert_eq!(kept, ["x-kept"]);
 
         let mut h = HeaderMap::new();

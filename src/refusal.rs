@@ -5,6 +5,9 @@
 //! `floodgate_refusals_total{status, fault}`, so that floodgate's own 502s
 //! and 504s are never mistaken for the upstream's answers.
 //!
+//! A gRPC request gets a gRPC status instead (HTTP 200, `grpc-status`
+//! and `grpc-message` in the head), which is what gRPC clients read.
+//!
 //! The 429 of a denial is a problem document too, built in [`crate::response`]
 //! with the route's rate-limit fields, and counted as `denied` in
 //! `floodgate_requests_total`.
@@ -111,6 +114,33 @@ impl Refusal {
     }
 }
 
+impl Refusal {
+    /// The answer to a gRPC request: a trailers-only gRPC status. The code
+    /// follows gRPC's mapping of HTTP statuses (400 INTERNAL, 401
+    /// UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 502 and
+    /// 503 UNAVAILABLE), except where floodgate knows more: a timeout (408,
+    /// 504) is DEADLINE_EXCEEDED and 413 RESOURCE_EXHAUSTED.
+    pub fn into_grpc_response(self) -> Response<Body> {
+        let code = match self.status.as_u16() {
+            401 => 16,
+            403 => 7,
+            404 => 12,
+            408 | 504 => 4,
+            413 | 429 => response::GRPC_RESOURCE_EXHAUSTED,
+            502 | 503 => 14,
+            400..=499 => 13,
+            _ => 2,
+        };
+        let mut response = response::grpc_status(code, &self.detail);
+        if let Some(ms) = self.retry_after_ms {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, response::retry_after(ms));
+        }
+        response
+    }
+}
+
 impl From<crate::head::HeadError> for Refusal {
     fn from(e: crate::head::HeadError) -> Self {
         Self::client(e.status(), e.to_string())
@@ -168,6 +198,31 @@ mod tests {
             json["detail"],
             "the \"X-Api-Key\" header \\ has\na control \u{1} character"
         );
+    }
+
+    #[test]
+    fn grpc_requests_get_grpc_statuses_with_the_detail_encoded() {
+        let response =
+            Refusal::upstream(StatusCode::GATEWAY_TIMEOUT, "late: 100%\n").into_grpc_response();
+        assert_eq!(response.status(), StatusCode::OK);
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap_or_default().to_owned())
+        };
+        assert_eq!(header("content-type").as_deref(), Some("application/grpc"));
+        assert_eq!(header("grpc-status").as_deref(), Some("4"));
+        assert_eq!(header("grpc-message").as_deref(), Some("late: 100%25%0A"));
+        let unavailable = Refusal::store(1_000).into_grpc_response();
+        assert_eq!(
+            unavailable
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.as_bytes()),
+            Some(&b"14"[..])
+        );
+        assert!(unavailable.headers().contains_key(RETRY_AFTER));
     }
 
     #[tokio::test]

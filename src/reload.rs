@@ -57,13 +57,22 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
     }
 }
 
-/// The files whose contents decide `config`: the file itself and the
-/// listener's TLS files.
+/// The files whose contents decide `config`: the file itself, the
+/// listener's TLS files and the upstreams' CA and client certificates.
 fn files(config: &Config) -> Vec<PathBuf> {
     let mut files = vec![config.path.clone()];
     if let Some((tls, _)) = &config.server.tls {
         files.extend(tls.files().map(Path::to_path_buf));
     }
+    for route in config.routes.iter() {
+        if let crate::routes::Action::Upstream(upstream) = &route.action
+            && let Some(tls) = &upstream.tls
+        {
+            files.extend(tls.files().map(Path::to_path_buf));
+        }
+    }
+    files.sort();
+    files.dedup();
     files
 }
 

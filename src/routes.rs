@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::Authority;
+use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Method, StatusCode};
 
 use crate::client::ClientRule;
 use crate::limit::Limit;
 use crate::proxy::pool::PoolSlot;
+use crate::tls::UpstreamTls;
 use ipnet::IpNet;
 
 mod path;
@@ -89,15 +90,56 @@ pub enum Action {
 /// An upstream server.
 #[derive(Debug, Clone)]
 pub struct Upstream {
+    /// `scheme://host:port`, as logs name it.
+    pub target: Box<str>,
+    /// `http` or `https`.
+    pub scheme: Scheme,
     /// `host:port` to connect to.
     pub authority: Authority,
     /// The `Host` header sent upstream.
     pub host_header: HeaderValue,
-    /// Deadline for the response head (504 past it).
+    /// Which HTTP it speaks.
+    pub protocol: Protocol,
+    /// TLS to an `https://` upstream.
+    pub tls: Option<Arc<UpstreamTls>>,
+    /// Deadline for a new connection, TLS handshake included.
+    pub connect_timeout: Duration,
+    /// Deadline for the response head (504 past it), from when the request
+    /// was sent whole.
     pub timeout: Duration,
-    /// The connection pool for `authority`, remembered after the first
-    /// request so later ones skip the lookup.
+    /// A response body that sends nothing for this long is cut off.
+    pub body_timeout: Duration,
+    /// Which pool its connections share: upstreams with the same scheme,
+    /// address, protocol and TLS name share one.
+    pub pool_key: Box<str>,
+    /// The connection pool, remembered after the first request so later
+    /// ones skip the lookup.
     pub pool: PoolSlot,
+}
+
+impl Upstream {
+    /// The port when the address names none: 443 for `https`, else 80.
+    pub fn default_port(&self) -> u16 {
+        if self.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        }
+    }
+}
+
+/// Which HTTP an upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 (the default for `http://`).
+    Http1,
+    /// HTTP/2 over plain TCP, by prior knowledge.
+    H2c,
+    /// HTTP/2 over TLS.
+    H2,
+    /// Over TLS, what ALPN agrees: HTTP/2 if the upstream offers it, else
+    /// HTTP/1.1 (the default for `https://`).
+    Auto,
 }
 
 /// A fixed answer.

@@ -23,14 +23,14 @@ use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::proxy::{Forwarder, Peer};
+use crate::proxy::{ClientTimeouts, Forwarder, Peer};
 use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
 
 mod connection;
 
-use connection::{Activity, Connections, Ended, Protocols, Socket};
+use connection::{Activity, Connections, Ended, Protocols, Socket, WriteTimeout};
 
 /// Largest request head accepted (request line and headers together); past it
 /// HTTP/1 answers 431.
@@ -80,6 +80,10 @@ pub struct Rules {
     pub trusted_proxies: Vec<IpNet>,
     /// What `%2F`, `%5C` and `\` in a request path do.
     pub escaped_slashes: EscapedSlashes,
+    /// How long a client's request body and an upgraded connection may idle.
+    pub client_timeouts: ClientTimeouts,
+    /// How long a client may leave its answer unread.
+    pub client_write_timeout: Duration,
 }
 
 impl Rules {
@@ -90,6 +94,11 @@ impl Rules {
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
             escaped_slashes: config.server.escaped_slashes,
+            client_timeouts: ClientTimeouts {
+                body: config.server.client_body_timeout,
+                upgraded: config.server.upgrade_idle_timeout,
+            },
+            client_write_timeout: config.server.client_write_timeout,
         }
     }
 }
@@ -242,7 +251,7 @@ pub async fn run(
         rules: ArcSwap::from_pointee(Rules::new(&config, &metrics)),
         tls: arc_swap::ArcSwapOption::new(config.server.tls.as_ref().map(|(_, c)| Arc::clone(c))),
         limiter,
-        forwarder: Forwarder::new(),
+        forwarder: Forwarder::new(metrics.timeouts().clone()),
         metrics,
         shadow_logged: AtomicU64::new(0),
     });
@@ -339,22 +348,39 @@ pub async fn run(
                 let client = Arc::new(Client {
                     peer: Peer::new(peer, tls.is_some()),
                     activity: Activity::default(),
+                    _open: open,
+                    _slot: slot,
                 });
+                let write_timeout = WriteTimeout {
+                    after: shared.rules.load().client_write_timeout,
+                    timeouts: shared
+                        .metrics
+                        .timeouts()
+                        .counter(crate::metrics::Phase::ClientWrite)
+                        .clone(),
+                };
                 let on_connection = Arc::clone(&client);
                 let service = service_fn(move |request| {
                     let shared = Arc::clone(&shared);
                     let client = Arc::clone(&client);
                     async move {
                         let _busy = client.activity.begin();
-                        Ok::<_, Infallible>(handle(&shared, &client.peer, request).await)
+                        Ok::<_, Infallible>(handle(&shared, &client, request).await)
                     }
                 });
                 let protocols = Arc::clone(&protocols);
                 let connections = Arc::clone(&connections);
                 tokio::spawn(async move {
-                    let _open = open;
-                    let _slot = slot;
-                    match connection::serve(stream, tls, service, &on_connection.activity, &protocols, &connections).await {
+                    let served = connection::serve(
+                        stream,
+                        tls,
+                        service,
+                        &on_connection.activity,
+                        &write_timeout,
+                        &protocols,
+                        &connections,
+                    );
+                    match served.await {
                         Ended::Served(None) => {}
                         Ended::Served(Some(e)) => {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -444,10 +470,14 @@ fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Option<PathA
     }
 }
 
-/// The client end of a connection, as its requests see it.
+/// The client end of a connection, as its requests see it. It counts as
+/// an open connection, holding its place under `max_connections`, until the
+/// connection and any tunnel an upgrade made of it have ended.
 struct Client {
     peer: Peer,
     activity: Activity,
+    _open: connection::Open,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Answers 408 on a connection whose first request head did not arrive in
@@ -458,6 +488,7 @@ async fn request_timeout(socket: Socket, metrics: &Metrics) {
         "no request head arrived within header_read_timeout",
     );
     metrics.refused(&refusal);
+    metrics.timeouts().count(crate::metrics::Phase::ClientHead);
     let body = response::problem_body(refusal.status(), refusal.detail());
     let answer = format!(
         "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: application/problem+json\r\ncache-control: no-store\r\ncontent-length: {}\r\n\r\n{body}",
@@ -490,12 +521,21 @@ async fn recover(shared: Arc<Shared>) {
 
 /// One request: route, client, limit, then forward or deny. Every answer
 /// floodgate makes itself is counted by status and fault.
-async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
-    match answer(shared, peer, request).await {
+async fn handle(
+    shared: &Shared,
+    client: &Arc<Client>,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let grpc = response::is_grpc(request.headers());
+    match answer(shared, client, request, grpc).await {
         Ok(response) => response,
         Err(refusal) => {
             shared.metrics.refused(&refusal);
-            refusal.into_response()
+            if grpc {
+                refusal.into_grpc_response()
+            } else {
+                refusal.into_response()
+            }
         }
     }
 }
@@ -503,9 +543,11 @@ async fn handle(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Res
 /// [`handle`]'s work: the answer, or what floodgate answers instead.
 async fn answer(
     shared: &Shared,
-    peer: &Peer,
+    caller: &Arc<Client>,
     request: Request<Incoming>,
+    grpc: bool,
 ) -> Result<Response<Body>, Refusal> {
+    let peer = &caller.peer;
     // Taken apart once: the head is lent, not moved, on its way upstream.
     let (mut request, body) = request.into_parts();
     if request
@@ -579,7 +621,11 @@ async fn answer(
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
                 tracing::debug!(route = %route.name, client = ?client, "denied");
-                return Ok(response::too_many_requests(route, &d));
+                return Ok(if grpc {
+                    response::grpc_too_many_requests(route, &d)
+                } else {
+                    response::too_many_requests(route, &d)
+                });
             }
             Answer::Unavailable {
                 deny,
@@ -607,7 +653,16 @@ async fn answer(
             // floodgate's 502 and 504 are refusals.
             let response = shared
                 .forwarder
-                .forward(upstream, &mut request, body, path_and_query, peer, started)
+                .forward(
+                    upstream,
+                    &mut request,
+                    body,
+                    path_and_query,
+                    peer,
+                    started,
+                    rules.client_timeouts,
+                    || Arc::clone(caller),
+                )
                 .await?;
             counts.upstream(response.status().as_u16(), started.elapsed());
             response

@@ -1,6 +1,10 @@
-//! TLS on the proxy listener: a certificate chain and key from PEM files,
-//! optionally a CA that client certificates must chain to (mTLS), made into
-//! the rustls configuration new connections are accepted with.
+//! TLS on both sides, as rustls configuration. On the proxy listener: a
+//! certificate chain and key from PEM files, optionally a CA that client
+//! certificates must chain to (mTLS), made into the configuration new
+//! connections are accepted with. To `https://` upstreams: the system's
+//! roots or the upstream's own `ca_file`, the name the upstream's
+//! certificate must carry, ALPN for its protocol, and optionally a client
+//! certificate.
 //!
 //! TLS 1.2 and 1.3 only, ALPN `h2` then `http/1.1`. The files are read when
 //! the configuration is loaded, so `--check` and a reload refuse a missing,
@@ -11,10 +15,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::ServerConfig;
+use std::sync::OnceLock;
+
 use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use crate::routes::Protocol;
 
 /// Where the listener's certificate, key and client CA are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +65,21 @@ pub enum TlsError {
         key: PathBuf,
         /// rustls's reason.
         reason: String,
+    },
+    /// The upstream's CA file's certificates cannot verify servers.
+    #[error("{} cannot verify upstream certificates: {reason}", path.display())]
+    UpstreamCa {
+        /// The file.
+        path: PathBuf,
+        /// rustls's reason.
+        reason: String,
+    },
+    /// The name upstream certificates are checked against is not a DNS name
+    /// or an IP address.
+    #[error("{name:?} is not a DNS name or IP address to check a certificate against")]
+    ServerName {
+        /// The name.
+        name: String,
     },
     /// The client CA file's certificates cannot verify clients.
     #[error("{} cannot verify client certificates: {reason}", path.display())]
@@ -156,4 +179,141 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         });
     }
     Ok(certs)
+}
+
+/// Where an `https://` upstream's trust and client certificate come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamTlsFiles {
+    /// CA certificates (PEM) the upstream's certificate must chain to,
+    /// instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate chain (PEM) to present, with `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    pub key_file: Option<PathBuf>,
+}
+
+/// TLS to one `https://` upstream, ready to connect with.
+#[derive(Debug)]
+pub struct UpstreamTls {
+    /// The name sent as SNI and checked in the upstream's certificate.
+    pub server_name: ServerName<'static>,
+    /// The configuration, with ALPN for the upstream's protocol.
+    pub config: Arc<ClientConfig>,
+    /// The same, offering HTTP/1.1 alone (for upgrades).
+    pub http1_config: Arc<ClientConfig>,
+    /// Where it came from.
+    pub files: UpstreamTlsFiles,
+}
+
+impl UpstreamTls {
+    /// Reads `files` and builds TLS to an upstream called `server_name`
+    /// that speaks `protocol`.
+    pub fn new(
+        files: UpstreamTlsFiles,
+        server_name: &str,
+        protocol: Protocol,
+    ) -> Result<Self, TlsError> {
+        let name = ServerName::try_from(server_name.trim_matches(['[', ']']).to_owned()).map_err(
+            |_| TlsError::ServerName {
+                name: server_name.to_owned(),
+            },
+        )?;
+        let alpn: &[&[u8]] = match protocol {
+            Protocol::Auto => &ALPN,
+            Protocol::H2 => &[b"h2"],
+            Protocol::Http1 | Protocol::H2c => &[b"http/1.1"],
+        };
+        let base = files.client_config()?;
+        let with_alpn = |protocols: &[&[u8]]| {
+            let mut config = base.clone();
+            config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+            Arc::new(config)
+        };
+        Ok(Self {
+            server_name: name,
+            config: with_alpn(alpn),
+            http1_config: with_alpn(&[b"http/1.1"]),
+            files,
+        })
+    }
+
+    /// The files a change of which should reload the configuration.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        [
+            self.files.ca_file.as_ref(),
+            self.files.cert_file.as_ref(),
+            self.files.key_file.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+    }
+}
+
+impl UpstreamTlsFiles {
+    /// The rustls client configuration, without ALPN.
+    fn client_config(&self) -> Result<ClientConfig, TlsError> {
+        let roots = match &self.ca_file {
+            None => Arc::clone(system_roots()),
+            Some(path) => {
+                let mut roots = RootCertStore::empty();
+                for ca in certificates(path)? {
+                    roots.add(ca).map_err(|e| TlsError::UpstreamCa {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                }
+                Arc::new(roots)
+            }
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| TlsError::UpstreamCa {
+                path: self.ca_file.clone().unwrap_or_default(),
+                reason: e.to_string(),
+            })?
+            .with_root_certificates(roots);
+        match (&self.cert_file, &self.key_file) {
+            (Some(cert_file), Some(key_file)) => {
+                let certs = certificates(cert_file)?;
+                let key_pem = read(key_file)?;
+                let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| TlsError::NoPem {
+                    path: key_file.clone(),
+                    what: "private key",
+                })?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| TlsError::Certificate {
+                        cert: cert_file.clone(),
+                        key: key_file.clone(),
+                        reason: e.to_string(),
+                    })
+            }
+            // The configuration refuses one without the other.
+            _ => Ok(builder.with_no_client_auth()),
+        }
+    }
+}
+
+/// The system's trusted roots, read once. Certificates that cannot be
+/// parsed are skipped; with none at all, upstream certificates verify only
+/// against an upstream's own `ca_file`.
+fn system_roots() -> &'static Arc<RootCertStore> {
+    static ROOTS: OnceLock<Arc<RootCertStore>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        for e in &found.errors {
+            tracing::warn!(error = %e, "a system root certificate could not be read");
+        }
+        let mut roots = RootCertStore::empty();
+        let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            tracing::warn!(
+                "no system root certificates found; https upstreams need their own ca_file"
+            );
+        }
+        Arc::new(roots)
+    })
 }

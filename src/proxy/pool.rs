@@ -1,33 +1,35 @@
-//! Keep-alive HTTP/1.1 connections to upstreams, reused across requests.
+//! Connections to upstreams, reused across requests.
 //!
-//! One pool per upstream `host:port`, shared by every route that names it
-//! and kept across reloads. A connection goes back to its pool when the
-//! response body it carried has been read to the end (or had none), so a
-//! pooled connection is idle and takes the next request at once; a body
-//! left half-read (the client went away) closes its connection instead.
-//! Checkout is last-in first-out, so under light load a few connections stay
-//! warm and the rest age out: idle connections older than [`IDLE_TIMEOUT`]
-//! are dropped, at checkout and by [`Pools::sweep`].
+//! One pool per upstream (its scheme, address, protocol and TLS name),
+//! shared by every route that names it and kept across reloads. HTTP/1.1
+//! connections carry one exchange at a time: a connection goes back to its
+//! pool when the response body it carried has been read to the end, and
+//! when hyper says it is ready for the next request; a body left half-read
+//! (the client went away) drops its connection instead. Checkout is
+//! last-in first-out, so under light load a few connections stay warm and
+//! the rest age out: idle connections older than [`IDLE_TIMEOUT`] are
+//! dropped, at checkout and by [`Pools::sweep`]. An HTTP/2 upstream gets
+//! one connection, which every request shares as streams.
 //!
-//! This is a deliberately small pool: compared with hyper-util's general
-//! client it spends no hashing, boxing or extra task per request, which
-//! matters on a proxy's hot path (see bench/RESULTS.md). Requests are
-//! written and answers read by [`super::http1`], from the client's task.
+//! A request whose pooled connection turns out to be closed before the
+//! request was written goes again on a new connection, whatever its method;
+//! one whose connection the upstream closed after it was written goes again
+//! only if it is idempotent and had no body (it cannot have been acted on
+//! twice by a well-behaved upstream, and there is nothing to stream again).
 
 use std::collections::HashMap;
-use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::uri::Authority;
-use http::{Response, request};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
-use tokio::net::TcpStream;
+use http::uri::PathAndQuery;
+use http::{HeaderMap, Method, Request, Response, Uri};
+use hyper::body::{Body as _, Incoming};
+use hyper::client::conn::{http1, http2};
 
-use super::Rewrite;
-use super::http1::{self, Connection, Framing};
+use super::body::RequestBody;
+use super::connect::{self, ConnectError, Sender};
+use crate::routes::{Protocol, Upstream};
 
 /// How long an unused connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -35,37 +37,18 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections kept per upstream; more are closed when returned.
 pub const MAX_IDLE: usize = 256;
 
-/// Time allowed to open a TCP connection to an upstream.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Sending a request found nothing to send it on.
-#[derive(Debug)]
+/// Sending a request found nothing to send it on, or no answer came.
+#[derive(Debug, thiserror::Error)]
 pub enum SendError {
     /// No connection could be opened.
-    Connect(std::io::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// A connection took the request and failed before answering.
-    Failed(http1::Error),
-    /// The deadline passed before the answer's head arrived.
-    TimedOut,
-}
-
-impl From<http1::Error> for SendError {
-    fn from(e: http1::Error) -> Self {
-        match e {
-            http1::Error::TimedOut => Self::TimedOut,
-            e => Self::Failed(e),
-        }
-    }
-}
-
-impl std::fmt::Display for SendError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Connect(e) => write!(f, "cannot connect: {e}"),
-            Self::Failed(e) => write!(f, "{e}"),
-            Self::TimedOut => f.write_str("the upstream did not answer in time"),
-        }
-    }
+    #[error("{0}")]
+    Failed(#[source] hyper::Error),
+    /// The request is an upgrade and the upstream speaks only HTTP/2.
+    #[error("the upstream speaks HTTP/2, which carries no HTTP/1.1 upgrade")]
+    NoUpgrade,
 }
 
 /// Where a route's upstream keeps its pool once found: the pools outlive
@@ -73,36 +56,30 @@ impl std::fmt::Display for SendError {
 #[derive(Debug, Clone, Default)]
 pub struct PoolSlot(Arc<OnceLock<Arc<Pool>>>);
 
-/// Every upstream's pool, by `host:port`.
+/// Every upstream's pool, by [`Upstream::pool_key`].
 #[derive(Debug, Default)]
 pub struct Pools {
-    by_authority: Mutex<HashMap<Authority, Arc<Pool>>>,
+    by_key: Mutex<HashMap<Box<str>, Arc<Pool>>>,
 }
 
 impl Pools {
-    /// The pool for `authority`, remembered in `slot`.
-    pub fn get_in<'a>(&self, slot: &'a PoolSlot, authority: &Authority) -> &'a Arc<Pool> {
-        slot.0.get_or_init(|| self.get(authority))
+    /// The pool for `upstream`, remembered in its slot.
+    pub fn get_in<'a>(&self, upstream: &'a Upstream) -> &'a Arc<Pool> {
+        upstream.pool.0.get_or_init(|| self.get(&upstream.pool_key))
     }
 
-    /// The pool for `authority`, created on first use. Called once per
-    /// route and configuration, never per request.
-    fn get(&self, authority: &Authority) -> Arc<Pool> {
-        let mut all = self
-            .by_authority
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(
-            all.entry(authority.clone())
-                .or_insert_with(|| Arc::new(Pool::new(authority.clone()))),
-        )
+    /// The pool for `key`, created on first use. Called once per route and
+    /// configuration, never per request.
+    fn get(&self, key: &str) -> Arc<Pool> {
+        let mut all = self.by_key.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(all.entry(key.into()).or_default())
     }
 
     /// Drops idle connections past [`IDLE_TIMEOUT`] and closed ones, in
     /// every pool (including those of upstreams no route names any more).
     pub fn sweep(&self) {
         let pools: Vec<Arc<Pool>> = self
-            .by_authority
+            .by_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
@@ -111,226 +88,336 @@ impl Pools {
         let now = Instant::now();
         for pool in pools {
             pool.idle().retain(|c| c.usable(now));
+            let mut shared = pool.shared();
+            if shared.as_ref().is_some_and(http2::SendRequest::is_closed) {
+                *shared = None;
+            }
         }
     }
 }
 
-/// Idle connections to one upstream.
-#[derive(Debug)]
+/// Connections to one upstream.
+#[derive(Debug, Default)]
 pub struct Pool {
-    authority: Authority,
     idle: Mutex<Vec<Idle>>,
+    /// The HTTP/2 connection, once one was made.
+    shared: Mutex<Option<http2::SendRequest<RequestBody>>>,
+    /// Held while opening a connection that may turn out to be HTTP/2, so
+    /// that a burst of first requests shares one connection instead of
+    /// each opening its own.
+    opening: tokio::sync::Mutex<()>,
+    /// The upstream answered ALPN with HTTP/1.1: connections may open in
+    /// parallel, one per request in flight.
+    http1_learned: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
 struct Idle {
-    connection: Box<Connection>,
+    sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
 
 impl Idle {
     fn usable(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.since) < IDLE_TIMEOUT && !self.connection.is_closed()
+        now.saturating_duration_since(self.since) < IDLE_TIMEOUT && self.sender.is_ready()
     }
 }
 
-impl Pool {
-    fn new(authority: Authority) -> Self {
-        Self {
-            authority,
-            idle: Mutex::new(Vec::new()),
-        }
+/// A request head as it goes upstream: the target in origin form; the
+/// headers already rewritten, `Host` included.
+#[derive(Debug, Clone)]
+pub struct Head {
+    /// The method.
+    pub method: Method,
+    /// Path and query.
+    pub target: PathAndQuery,
+    /// The header fields.
+    pub headers: HeaderMap,
+}
+
+impl Head {
+    /// The request to send over `wire`: origin form for HTTP/1.1; for
+    /// HTTP/2 the scheme and authority in the target, and no `Host`.
+    fn request(self, wire: Wire, upstream: &Upstream, body: RequestBody) -> Request<RequestBody> {
+        let Head {
+            method,
+            target,
+            mut headers,
+        } = self;
+        let uri = match wire {
+            Wire::Http1 => Uri::from(target),
+            Wire::Http2 => {
+                headers.remove(http::header::HOST);
+                Uri::builder()
+                    .scheme(upstream.scheme.clone())
+                    .authority(upstream.authority.clone())
+                    .path_and_query(target)
+                    .build()
+                    .unwrap_or_default()
+            }
+        };
+        let mut request = Request::new(body);
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        request
     }
 
+    /// The head of `request`, to send it again.
+    fn of(request: Request<RequestBody>) -> (Self, RequestBody) {
+        let (parts, body) = request.into_parts();
+        let target = parts
+            .uri
+            .into_parts()
+            .path_and_query
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let head = Head {
+            method: parts.method,
+            target,
+            headers: parts.headers,
+        };
+        (head, body)
+    }
+}
+
+/// The protocol a request goes over.
+#[derive(Debug, Clone, Copy)]
+enum Wire {
+    Http1,
+    Http2,
+}
+
+/// An HTTP/1.1 connection lent to one exchange, to go back to its pool
+/// when the response body has been read whole.
+#[derive(Debug)]
+pub struct Release {
+    sender: http1::SendRequest<RequestBody>,
+    pool: Arc<Pool>,
+    since: Instant,
+}
+
+impl Release {
+    /// The response body was read to its end: the connection goes back to
+    /// the pool as soon as hyper is done with the exchange (at once, unless
+    /// the request body is still being sent after an early answer).
+    pub fn finish(self) {
+        let Release {
+            mut sender,
+            pool,
+            since,
+        } = self;
+        if sender.is_ready() {
+            pool.put_back(sender, since);
+        } else if !sender.is_closed()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.put_back(sender, since);
+                }
+            });
+        }
+    }
+}
+
+/// What [`Pool::send`] got back.
+pub struct Exchange {
+    /// The upstream's response.
+    pub response: Response<Incoming>,
+    /// The HTTP/1.1 connection it came on, to return when its body ends.
+    pub release: Option<Release>,
+    /// The sender of a connection that switched protocols, to keep until
+    /// the upgrade is done.
+    pub switched: Option<http1::SendRequest<RequestBody>>,
+}
+
+impl Pool {
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sends the request with head `request` (origin-form target) and
-    /// `body`, its headers changed by `rewrite`, on an idle connection or a
-    /// new one, and reads the answer's head (see [`Connection::send`]).
-    ///
-    /// An idle connection is checked before the request goes out on it
-    /// (the upstream may have closed it). If the upstream closes it anyway
-    /// as the request arrives, a request without a body and with an
-    /// idempotent method is sent once more on a new connection; any other
-    /// is not repeated. `now` is when the request began: connections are
-    /// judged idle, and later count as idle, from it. Past `deadline`
-    /// (connecting included) the answer is [`SendError::TimedOut`].
+    fn shared(&self) -> std::sync::MutexGuard<'_, Option<http2::SendRequest<RequestBody>>> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends `head` and `body` to `upstream` on a pooled connection or a
+    /// new one, and waits for the response head. An upgrade (`upgrade`)
+    /// goes on an HTTP/1.1 connection. `now` is when the request began:
+    /// connections are judged idle, and later count as idle, from it.
     pub async fn send(
         self: &Arc<Self>,
-        request: &mut request::Parts,
-        body: Incoming,
-        rewrite: &Rewrite<'_>,
+        upstream: &Upstream,
+        head: Head,
+        body: RequestBody,
+        upgrade: bool,
         now: Instant,
-        deadline: tokio::time::Instant,
-    ) -> Result<Response<PooledBody>, SendError> {
-        let (mut connection, pooled) = match self.checkout(now) {
-            Some(connection) => (connection, true),
-            None => (self.connect_by(deadline).await?, false),
+    ) -> Result<Exchange, SendError> {
+        let (sender, pooled) = match self.checkout(upgrade, now) {
+            Some(sender) => (sender, true),
+            None => (self.connect(upstream, upgrade).await?, false),
         };
-        let answer = match connection.send(request, body, rewrite, deadline).await {
-            Ok(answer) => answer,
-            Err(e) if pooled && connection.may_resend(&e) => {
-                // The upstream closed this idle connection as the request
-                // reached it (too late for the check at checkout to see):
-                // the request goes once more, on a new connection.
-                tracing::debug!(
-                    upstream = %self.authority,
-                    error = %e,
-                    "a pooled connection closed as the request arrived; sending it again"
-                );
-                let mut fresh = self.connect_by(deadline).await?;
-                let answer = fresh.resend(&mut connection, deadline).await;
-                connection = fresh;
-                answer.map_err(SendError::from)?
+        let sender = match sender {
+            Sender::Http2(_) if upgrade => return Err(SendError::NoUpgrade),
+            Sender::Http2(mut sender) => {
+                let request = head.request(Wire::Http2, upstream, body);
+                let response = sender.send_request(request).await.map_err(|e| {
+                    if sender.is_closed() {
+                        self.forget_shared();
+                    }
+                    SendError::Failed(e)
+                })?;
+                return Ok(Exchange {
+                    response,
+                    release: None,
+                    switched: None,
+                });
             }
-            Err(e) => return Err(e.into()),
+            Sender::Http1(sender) => sender,
         };
-        let body = PooledBody {
-            connection: Some(connection),
-            framing: answer.body,
-            reusable: answer.reusable,
-            pool: Arc::clone(self),
-            since: now,
-            broken: None,
+        // Kept to send again only if it may be: idempotent, no body.
+        let again =
+            (pooled && idempotent(&head.method) && body.is_end_stream()).then(|| head.clone());
+        let mut sender = sender;
+        let request = head.request(Wire::Http1, upstream, body);
+        let error = match sender.try_send_request(request).await {
+            Ok(response) => return Ok(self.exchange(response, sender, upgrade, now)),
+            Err(error) => error,
         };
-        Ok(Response::from_parts(answer.head, body))
-    }
-
-    /// A new connection, unless `deadline` comes first.
-    async fn connect_by(
-        &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<Box<Connection>, SendError> {
-        // Boxed: connecting is rare and its future large.
-        tokio::time::timeout_at(deadline, Box::pin(self.connect()))
-            .await
-            .map_err(|_| SendError::TimedOut)?
-            .map_err(SendError::Connect)
-    }
-
-    /// The most recently returned connection that is still open.
-    fn checkout(&self, now: Instant) -> Option<Box<Connection>> {
-        loop {
-            let idle = self.idle().pop()?;
-            if idle.usable(now) {
-                return Some(idle.connection);
+        let mut error = error;
+        let (head, body) = match error.take_message() {
+            // Never written: safe to send anywhere, any method.
+            Some(request) if pooled => Head::of(request),
+            Some(_) => return Err(SendError::Failed(error.into_error())),
+            None => match again {
+                Some(head) if error.error().is_incomplete_message() => (head, RequestBody::empty()),
+                _ => return Err(SendError::Failed(error.into_error())),
+            },
+        };
+        tracing::debug!(
+            error = %error.error(),
+            "a pooled connection closed as the request arrived; sending it again on a new one"
+        );
+        let fresh = self.connect(upstream, upgrade).await?;
+        match fresh {
+            Sender::Http1(mut sender) => {
+                let request = head.request(Wire::Http1, upstream, body);
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(SendError::Failed)?;
+                Ok(self.exchange(response, sender, upgrade, now))
+            }
+            Sender::Http2(mut sender) => {
+                let request = head.request(Wire::Http2, upstream, body);
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(SendError::Failed)?;
+                Ok(Exchange {
+                    response,
+                    release: None,
+                    switched: None,
+                })
             }
         }
     }
 
-    /// A new connection, boxed so that handing it between the pool, the
-    /// exchange and the response body moves a pointer.
-    async fn connect(&self) -> std::io::Result<Box<Connection>> {
-        let connecting = async {
-            if self.authority.port().is_some() {
-                TcpStream::connect(self.authority.as_str()).await
-            } else {
-                TcpStream::connect((self.authority.host().trim_matches(['[', ']']), 80)).await
+    fn exchange(
+        self: &Arc<Self>,
+        response: Response<Incoming>,
+        sender: http1::SendRequest<RequestBody>,
+        upgrade: bool,
+        now: Instant,
+    ) -> Exchange {
+        // A connection that switched protocols is the tunnel's now.
+        if upgrade && response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Exchange {
+                response,
+                release: None,
+                switched: Some(sender),
+            };
+        }
+        Exchange {
+            response,
+            release: Some(Release {
+                sender,
+                pool: Arc::clone(self),
+                since: now,
+            }),
+            switched: None,
+        }
+    }
+
+    /// An idle connection that is still open: the shared HTTP/2 one, or
+    /// the most recently returned HTTP/1.1 one.
+    fn checkout(&self, upgrade: bool, now: Instant) -> Option<Sender> {
+        if !upgrade
+            && let Some(shared) = self.shared().as_ref()
+            && !shared.is_closed()
+        {
+            return Some(Sender::Http2(shared.clone()));
+        }
+        loop {
+            let idle = self.idle().pop()?;
+            if idle.usable(now) {
+                return Some(Sender::Http1(idle.sender));
             }
+        }
+    }
+
+    /// A new connection; an HTTP/2 one is kept for every later request.
+    /// While one that may be HTTP/2 is being opened, others wait for it and
+    /// share it.
+    async fn connect(&self, upstream: &Upstream, upgrade: bool) -> Result<Sender, SendError> {
+        let may_be_h2 = !upgrade
+            && match upstream.protocol {
+                Protocol::H2 | Protocol::H2c => true,
+                Protocol::Auto => !self.http1_learned.load(Ordering::Relaxed),
+                Protocol::Http1 => false,
+            };
+        let _opening = if may_be_h2 {
+            let guard = self.opening.lock().await;
+            if let Some(shared) = self.shared().as_ref()
+                && !shared.is_closed()
+            {
+                return Ok(Sender::Http2(shared.clone()));
+            }
+            Some(guard)
+        } else {
+            None
         };
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
-            .await
-            .map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
-            })??;
-        stream.set_nodelay(true)?;
-        Ok(Box::new(Connection::new(stream)))
+        // Boxed: connecting is rare and its future large.
+        let sender = Box::pin(connect::connect(upstream, upgrade)).await?;
+        match &sender {
+            Sender::Http2(sender) => *self.shared() = Some(sender.clone()),
+            Sender::Http1(_) if !upgrade => self.http1_learned.store(true, Ordering::Relaxed),
+            Sender::Http1(_) => {}
+        }
+        Ok(sender)
+    }
+
+    fn forget_shared(&self) {
+        let mut shared = self.shared();
+        if shared.as_ref().is_some_and(http2::SendRequest::is_closed) {
+            *shared = None;
+        }
     }
 
     /// Returns a connection whose last request began at `since`: it is
     /// counted as idle from then, which errs toward closing it early.
-    fn put_back(&self, connection: Box<Connection>, since: Instant) {
+    fn put_back(&self, sender: http1::SendRequest<RequestBody>, since: Instant) {
         let mut idle = self.idle();
         if idle.len() < MAX_IDLE {
-            idle.push(Idle { connection, since });
+            idle.push(Idle { sender, since });
         }
     }
 }
 
-/// An upstream response body, read from its connection as the client's
-/// side asks for it; the connection goes back to the pool once the body has
-/// been read to the end, if it can carry another request.
-#[derive(Debug)]
-pub struct PooledBody {
-    /// The connection, until it is returned or dropped.
-    connection: Option<Box<Connection>>,
-    framing: Framing,
-    reusable: bool,
-    pool: Arc<Pool>,
-    /// When the request began.
-    since: Instant,
-    /// The connection broke; reported on the next poll, after the client's
-    /// side has sent what came before it.
-    broken: Option<http1::Error>,
-}
-
-impl PooledBody {
-    fn release(&mut self) {
-        if let Some(connection) = self.connection.take()
-            && self.reusable
-        {
-            self.pool.put_back(connection, self.since);
-        }
-    }
-}
-
-impl Body for PooledBody {
-    type Data = Bytes;
-    type Error = http1::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, http1::Error>>> {
-        let this = &mut *self;
-        if let Some(e) = this.broken.take() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        let Some(connection) = this.connection.as_mut() else {
-            return Poll::Ready(None);
-        };
-        match this.framing.poll_next(connection, cx) {
-            Poll::Ready(None) => {
-                this.release();
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Ok(data))) => {
-                if this.framing.is_done() {
-                    this.release();
-                }
-                Poll::Ready(Some(Ok(Frame::data(data))))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                // The connection is broken; never reuse it. The error waits
-                // one poll, so that what was read before it (the head, and
-                // data already read along with it) goes out first and the
-                // client sees an answer cut short rather than none.
-                this.connection = None;
-                this.broken = Some(e);
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.framing.is_done()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        http1::size_hint(self.framing)
-    }
-}
-
-impl Drop for PooledBody {
-    fn drop(&mut self) {
-        // A body never polled because it was empty (HEAD, 204, 304,
-        // `Content-Length: 0`) also leaves its connection reusable.
-        if self.framing.is_done() {
-            self.release();
-        }
-    }
+/// Methods whose request, sent twice, has the effect of sending it once
+/// (RFC 9110 §9.2.2).
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
 }

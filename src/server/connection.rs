@@ -37,7 +37,6 @@ use hyper::server::conn::http1;
 use hyper::server::conn::http2;
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulConnection;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -214,12 +213,15 @@ impl Socket {
 }
 
 /// Serves `stream` with `service` until the connection ends, over TLS with
-/// `tls` when given. The service reports its requests to `activity`.
+/// `tls` when given. The service reports its requests to `activity`; a
+/// client that reads nothing of what is written to it for `write_timeout`
+/// is cut off.
 pub async fn serve<S, B>(
     stream: TcpStream,
     tls: Option<Arc<rustls::ServerConfig>>,
     service: S,
     activity: &Activity,
+    write_timeout: &WriteTimeout,
     protocols: &Protocols,
     connections: &Connections,
 ) -> Ended
@@ -252,7 +254,7 @@ where
             Ok(None) | Err(_) => Ended::Served(None),
             Ok(Some(protocol)) => {
                 let served = serve_on(
-                    stream,
+                    WriteIdle::new(stream, write_timeout),
                     protocol,
                     accepted,
                     service,
@@ -264,7 +266,7 @@ where
                 match served.await {
                     Served::Ended(ended) => Ended::Served(ended),
                     Served::FirstHeadTimedOut(stream) => {
-                        Ended::FirstHeadTimedOut(Socket::Plain(stream))
+                        Ended::FirstHeadTimedOut(Socket::Plain(stream.io))
                     }
                 }
             }
@@ -287,7 +289,7 @@ where
         _ => Protocol::Http1,
     };
     match serve_on(
-        stream,
+        WriteIdle::new(stream, write_timeout),
         protocol,
         accepted,
         service,
@@ -300,7 +302,7 @@ where
     {
         Served::Ended(ended) => Ended::Served(ended),
         Served::FirstHeadTimedOut(stream) => {
-            Ended::FirstHeadTimedOut(Socket::Tls(Box::new(stream)))
+            Ended::FirstHeadTimedOut(Socket::Tls(Box::new(stream.io)))
         }
     }
 }
@@ -347,12 +349,17 @@ where
             // hyper's HTTP/1 connection is `Unpin`, so it stays here and
             // gives its socket back for the 408: no second descriptor on
             // the socket is needed to answer.
-            let mut connection = protocols.http1.serve_connection(io, service);
+            let mut connection = protocols
+                .http1
+                .serve_connection(io, service)
+                .with_upgrades();
             match drive(Pin::new(&mut connection), timer, close, connections).await {
                 Drove::Ended(ended) => Served::Ended(ended),
-                Drove::FirstHeadTimedOut => {
-                    Served::FirstHeadTimedOut(connection.into_parts().io.into_inner())
-                }
+                Drove::FirstHeadTimedOut => match connection.into_parts() {
+                    Some(parts) => Served::FirstHeadTimedOut(parts.io.into_inner()),
+                    // Upgraded: not idle, and not this connection's any more.
+                    None => Served::Ended(None),
+                },
             }
         }
         Protocol::Http2 => {
@@ -397,6 +404,39 @@ async fn protocol(stream: &TcpStream) -> std::io::Result<Option<Protocol>> {
     }
 }
 
+/// A served connection that can be asked to finish its requests and close:
+/// hyper's HTTP/1 connection with upgrades, and its HTTP/2 connection.
+trait Graceful: Future<Output = hyper::Result<()>> {
+    fn begin_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    fn begin_shutdown(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S, B, E> Graceful for http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn StdError + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn begin_shutdown(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
 /// A connection's idle timer.
 struct Timer<'a> {
     sleep: Sleep,
@@ -422,8 +462,7 @@ async fn drive<C>(
     connections: &Connections,
 ) -> Drove
 where
-    C: GracefulConnection,
-    C::Error: Into<Box<dyn StdError + Send + Sync>>,
+    C: Graceful,
 {
     let Timer {
         sleep,
@@ -451,7 +490,7 @@ where
                 };
                 if shutting_down {
                     closing = true;
-                    connection.as_mut().graceful_shutdown();
+                    connection.as_mut().begin_shutdown();
                 }
             }
             if let Poll::Ready(result) = connection.as_mut().poll(cx) {
@@ -486,8 +525,109 @@ where
             // Idle (or dribbling its next head): hyper closes an idle
             // connection at once and finishes one in flight first.
             closing = true;
-            connection.as_mut().graceful_shutdown();
+            connection.as_mut().begin_shutdown();
         }
     })
     .await
+}
+
+/// How long a client may leave written data unread, and where the cuts
+/// are counted.
+#[derive(Debug, Clone)]
+pub struct WriteTimeout {
+    /// The time allowed.
+    pub after: Duration,
+    /// Counts the connections cut.
+    pub timeouts: prometheus_client::metrics::counter::Counter,
+}
+
+/// A client connection that fails a write which has waited `timeout` for
+/// the client to read: a client that stops reading is cut off, and the
+/// upstream exchange it held is dropped with it.
+pub struct WriteIdle<T> {
+    io: T,
+    idle: crate::proxy::IdleTimer,
+    timeouts: prometheus_client::metrics::counter::Counter,
+}
+
+impl<T> WriteIdle<T> {
+    fn new(io: T, write_timeout: &WriteTimeout) -> Self {
+        Self {
+            io,
+            idle: crate::proxy::IdleTimer::new(write_timeout.after),
+            timeouts: write_timeout.timeouts.clone(),
+        }
+    }
+
+    /// `polled`, a write's outcome: a write still waiting after the
+    /// timeout is an error.
+    fn watch<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        match polled {
+            Poll::Pending if self.idle.expired(cx) => {
+                self.timeouts.inc();
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client read nothing for client_write_timeout",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+            ready => {
+                self.idle.moved();
+                ready
+            }
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteIdle<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteIdle<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }

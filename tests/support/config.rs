@@ -13,6 +13,7 @@
 pub struct Config {
     server: Vec<String>,
     store: Vec<String>,
+    upstreams: Vec<(String, Vec<String>)>,
     routes: Vec<Route>,
 }
 
@@ -30,6 +31,7 @@ impl Config {
         Self {
             server: vec![r#"listen = "127.0.0.1:0""#.to_owned()],
             store: Vec::new(),
+            upstreams: Vec::new(),
             routes: Vec::new(),
         }
     }
@@ -102,6 +104,15 @@ impl Config {
         self
     }
 
+    /// Adds `[upstreams.NAME]` with `lines`, such as `url = "https://..."`.
+    pub fn upstream(mut self, name: &str, lines: &[&str]) -> Self {
+        self.upstreams.push((
+            name.to_owned(),
+            lines.iter().map(|l| (*l).to_owned()).collect(),
+        ));
+        self
+    }
+
     /// Adds a route after the others.
     pub fn route(mut self, route: Route) -> Self {
         self.routes.push(route);
@@ -118,6 +129,13 @@ impl Config {
         if !self.store.is_empty() {
             out.push_str("\n[store]\n");
             for line in &self.store {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        for (name, lines) in &self.upstreams {
+            out.push_str(&format!("\n[upstreams.{name}]\n"));
+            for line in lines {
                 out.push_str(line);
                 out.push('\n');
             }

@@ -1,0 +1,321 @@
+//! `[upstreams.NAME]`: upstreams that need more than a URL (TLS settings, a
+//! protocol), named once and referred to by routes; and the plain URLs
+//! routes may give instead.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::uri::{Authority, Scheme, Uri};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{Server, Validator};
+use crate::proxy::pool::PoolSlot;
+use crate::routes::{Protocol, Upstream};
+use crate::tls::{TlsError, UpstreamTls, UpstreamTlsFiles};
+
+/// Default deadline for a new upstream connection, TLS included.
+pub(super) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default idle timeout of an upstream's response body.
+pub(super) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UpstreamModel {
+    url: Spanned<String>,
+    protocol: Option<Spanned<String>>,
+    server_name: Option<Spanned<String>>,
+    ca_file: Option<Spanned<String>>,
+    cert_file: Option<Spanned<String>>,
+    key_file: Option<Spanned<String>>,
+}
+
+/// The upstream settings that come from `[server]`.
+#[derive(Clone, Copy)]
+pub(super) struct Defaults {
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    pub body_timeout: Duration,
+}
+
+impl Defaults {
+    pub(super) fn of(server: Option<&Server>) -> Self {
+        server.map_or(
+            Self {
+                timeout: super::DEFAULT_UPSTREAM_TIMEOUT,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                body_timeout: DEFAULT_BODY_TIMEOUT,
+            },
+            |s| Self {
+                timeout: s.upstream_timeout,
+                connect_timeout: s.upstream_connect_timeout,
+                body_timeout: s.upstream_body_timeout,
+            },
+        )
+    }
+}
+
+impl Validator<'_> {
+    /// Every `[upstreams.NAME]`, compiled; one with a problem is reported
+    /// and left out (routes naming it report nothing more).
+    pub(super) fn upstreams(
+        &mut self,
+        models: &BTreeMap<String, Spanned<UpstreamModel>>,
+        defaults: Defaults,
+    ) -> HashMap<String, Option<Upstream>> {
+        let mut out = HashMap::new();
+        for (name, model) in models {
+            if !super::valid_name(name) {
+                self.problem(
+                    model.span(),
+                    format!(
+                        "upstream name {name:?} may use only letters, digits, '_', '-' and '.' (1 to 64 of them)"
+                    ),
+                );
+            }
+            let upstream = self.named_upstream(name, model.get_ref(), defaults);
+            out.insert(name.clone(), upstream);
+        }
+        out
+    }
+
+    fn named_upstream(
+        &mut self,
+        name: &str,
+        m: &UpstreamModel,
+        defaults: Defaults,
+    ) -> Option<Upstream> {
+        let (scheme, authority) = self.url(&m.url)?;
+        let https = scheme == Scheme::HTTPS;
+        let protocol = match &m.protocol {
+            None if https => Protocol::Auto,
+            None => Protocol::Http1,
+            Some(p) => {
+                let chosen = self.choice(
+                    Some(p),
+                    "protocol",
+                    &[
+                        ("http1", Protocol::Http1),
+                        ("h2c", Protocol::H2c),
+                        ("h2", Protocol::H2),
+                        ("auto", Protocol::Auto),
+                    ],
+                )?;
+                match (chosen, https) {
+                    (Protocol::H2c, true) => {
+                        self.problem(
+                            p.span(),
+                            "protocol \"h2c\" is HTTP/2 without TLS; an https:// upstream speaks \"h2\" (or \"auto\")",
+                        );
+                        return None;
+                    }
+                    (Protocol::H2 | Protocol::Auto, false) => {
+                        self.problem(
+                            p.span(),
+                            "protocol \"h2\" and \"auto\" need an https:// upstream; HTTP/2 without TLS is \"h2c\"",
+                        );
+                        return None;
+                    }
+                    (chosen, _) => chosen,
+                }
+            }
+        };
+        let tls_keys = [&m.server_name, &m.ca_file, &m.cert_file, &m.key_file];
+        if !https {
+            if let Some(key) = tls_keys.iter().copied().flatten().next() {
+                self.problem(
+                    key.span(),
+                    format!("upstream {name:?} is not https://, so it has no TLS to set up"),
+                );
+                return None;
+            }
+            return Some(self.compiled(scheme, authority, protocol, None, defaults));
+        }
+        if m.cert_file.is_some() != m.key_file.is_some() {
+            let span = m
+                .cert_file
+                .as_ref()
+                .or(m.key_file.as_ref())
+                .map_or(0..0, Spanned::span);
+            self.problem(span, "cert_file and key_file go together");
+            return None;
+        }
+        let files = UpstreamTlsFiles {
+            ca_file: m.ca_file.as_ref().map(|p| self.resolve(p)),
+            cert_file: m.cert_file.as_ref().map(|p| self.resolve(p)),
+            key_file: m.key_file.as_ref().map(|p| self.resolve(p)),
+        };
+        let server_name = m
+            .server_name
+            .as_ref()
+            .map_or_else(|| authority.host().to_owned(), |n| n.get_ref().clone());
+        match UpstreamTls::new(files.clone(), &server_name, protocol) {
+            Ok(tls) => Some(self.compiled(scheme, authority, protocol, Some(tls), defaults)),
+            Err(e) => {
+                let span = match &e {
+                    TlsError::Read { path, .. }
+                    | TlsError::NoPem { path, .. }
+                    | TlsError::UpstreamCa { path, .. }
+                    | TlsError::ClientCa { path, .. } => {
+                        if Some(path) == files.ca_file.as_ref() {
+                            m.ca_file.as_ref().map(Spanned::span)
+                        } else if Some(path) == files.key_file.as_ref() {
+                            m.key_file.as_ref().map(Spanned::span)
+                        } else {
+                            m.cert_file.as_ref().map(Spanned::span)
+                        }
+                    }
+                    TlsError::Certificate { .. } => m.cert_file.as_ref().map(Spanned::span),
+                    TlsError::ServerName { .. } => m.server_name.as_ref().map(Spanned::span),
+                }
+                .unwrap_or_else(|| m.url.span());
+                self.problem(span, format!("[upstreams.{name}]: {e}"));
+                None
+            }
+        }
+    }
+
+    /// A route's `upstream`: a URL, or the name of an `[upstreams.NAME]`.
+    pub(super) fn route_upstream(
+        &mut self,
+        u: &Spanned<String>,
+        named: &HashMap<String, Option<Upstream>>,
+        defaults: Defaults,
+        timeout: Duration,
+    ) -> Option<Upstream> {
+        let text = u.get_ref();
+        let upstream = if text.contains("://") {
+            let (scheme, authority) = self.url(u)?;
+            let https = scheme == Scheme::HTTPS;
+            let (protocol, tls) = if https {
+                match UpstreamTls::new(
+                    UpstreamTlsFiles::default(),
+                    authority.host(),
+                    Protocol::Auto,
+                ) {
+                    Ok(tls) => (Protocol::Auto, Some(tls)),
+                    Err(e) => {
+                        self.problem(u.span(), format!("upstream {text:?}: {e}"));
+                        return None;
+                    }
+                }
+            } else {
+                (Protocol::Http1, None)
+            };
+            self.compiled(scheme, authority, protocol, tls, defaults)
+        } else {
+            match named.get(text.as_str()) {
+                Some(Some(upstream)) => upstream.clone(),
+                // Already reported.
+                Some(None) => return None,
+                None => {
+                    let mut names: Vec<&str> = named.keys().map(String::as_str).collect();
+                    names.sort_unstable();
+                    let known = if names.is_empty() {
+                        "there is no [upstreams.NAME] section".to_owned()
+                    } else {
+                        format!("the named ones are {}", names.join(", "))
+                    };
+                    self.problem(
+                        u.span(),
+                        format!(
+                            "upstream {text:?} is neither a URL such as \"http://host:port\" nor a named upstream ({known})"
+                        ),
+                    );
+                    return None;
+                }
+            }
+        };
+        Some(Upstream {
+            timeout,
+            ..upstream
+        })
+    }
+
+    /// An `http://` or `https://` URL with no path: its scheme and address.
+    fn url(&mut self, u: &Spanned<String>) -> Option<(Scheme, Authority)> {
+        let text = u.get_ref();
+        let uri: Uri = match text.parse() {
+            Ok(uri) => uri,
+            Err(e) => {
+                self.problem(u.span(), format!("upstream {text:?} is not a URL: {e}"));
+                return None;
+            }
+        };
+        let scheme = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => s.clone(),
+            _ => {
+                self.problem(
+                    u.span(),
+                    format!("upstream {text:?} must be an http:// or https:// URL"),
+                );
+                return None;
+            }
+        };
+        let has_path = uri.path_and_query().is_some_and(|p| p.as_str() != "/");
+        if has_path {
+            self.problem(
+                u.span(),
+                format!(
+                    "upstream {text:?} has a path or query; give only scheme, host and port (the request's path is kept)"
+                ),
+            );
+            return None;
+        }
+        let Some(authority) = uri.authority().cloned() else {
+            self.problem(u.span(), format!("upstream {text:?} names no host"));
+            return None;
+        };
+        if authority.as_str().contains('@') {
+            self.problem(
+                u.span(),
+                format!("upstream {text:?} has user information; give only scheme, host and port"),
+            );
+            return None;
+        }
+        Some((scheme, authority))
+    }
+
+    fn compiled(
+        &self,
+        scheme: Scheme,
+        authority: Authority,
+        protocol: Protocol,
+        tls: Option<UpstreamTls>,
+        defaults: Defaults,
+    ) -> Upstream {
+        let server_name = tls
+            .as_ref()
+            .map(|t| format!("{:?}", t.server_name))
+            .unwrap_or_default();
+        let files = tls
+            .as_ref()
+            .map(|t| format!("{:?}", t.files))
+            .unwrap_or_default();
+        Upstream {
+            target: format!("{scheme}://{authority}").into(),
+            pool_key: format!("{scheme}://{authority} {protocol:?} {server_name} {files}").into(),
+            host_header: HeaderValue::from_str(authority.as_str())
+                .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
+            scheme,
+            authority,
+            protocol,
+            tls: tls.map(Arc::new),
+            connect_timeout: defaults.connect_timeout,
+            timeout: defaults.timeout,
+            body_timeout: defaults.body_timeout,
+            pool: PoolSlot::default(),
+        }
+    }
+
+    /// A file named in the configuration, relative to the file's folder.
+    pub(super) fn resolve(&self, path: &Spanned<String>) -> PathBuf {
+        self.path.parent().map_or_else(
+            || PathBuf::from(path.get_ref()),
+            |dir| dir.join(path.get_ref()),
+        )
+    }
+}
