@@ -40,6 +40,16 @@ async fn until_metric(gate: &Floodgate, series: &str, value: f64, within: Durati
     }
 }
 
+/// floodgate with an admin listener and `server` lines, forwarding
+/// everything to `upstream`.
+async fn start(upstream: &str, server: &[&str]) -> Floodgate {
+    let mut config = Config::new().admin();
+    for line in server {
+        config = config.server(line);
+    }
+    Floodgate::start(&config.route(Route::new("all").upstream(upstream)).toml()).await
+}
+
 fn timeouts(phase: &str) -> String {
     format!("floodgate_timeouts_total{{phase=\"{phase}\"}}")
 }
@@ -49,13 +59,14 @@ async fn a_trickling_request_body_is_the_clients_408_not_the_upstreams_504() {
     let upstream = Upstream::start().await;
     // The upstream's deadline is shorter than the client's: it must not
     // start until the body has been sent.
-    let toml = Config::new()
-        .admin()
-        .server(r#"client_body_timeout = "1s""#)
-        .server(r#"upstream_timeout = "300ms""#)
-        .route(Route::new("all").upstream(&upstream.url()))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let gate = start(
+        &upstream.url(),
+        &[
+            r#"client_body_timeout = "1s""#,
+            r#"upstream_timeout = "300ms""#,
+        ],
+    )
+    .await;
 
     // A slow but steady upload outlasts upstream_timeout and passes.
     let mut s = TcpStream::connect(gate.addr).await.expect("connect");
@@ -107,12 +118,7 @@ async fn a_trickling_request_body_is_the_clients_408_not_the_upstreams_504() {
 #[tokio::test]
 async fn a_silent_client_head_is_408_after_header_read_timeout() {
     let upstream = Upstream::start().await;
-    let toml = Config::new()
-        .admin()
-        .server(r#"header_read_timeout = "1s""#)
-        .route(Route::new("all").upstream(&upstream.url()))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let gate = start(&upstream.url(), &[r#"header_read_timeout = "1s""#]).await;
     let mut s = TcpStream::connect(gate.addr).await.expect("connect");
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
         .await
@@ -132,12 +138,7 @@ async fn a_silent_client_head_is_408_after_header_read_timeout() {
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off_and_its_upstream_exchange_dropped() {
     let upstream = Upstream::start().await;
-    let toml = Config::new()
-        .admin()
-        .server(r#"client_write_timeout = "1s""#)
-        .route(Route::new("all").upstream(&upstream.url()))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let gate = start(&upstream.url(), &[r#"client_write_timeout = "1s""#]).await;
     let mut s = TcpStream::connect(gate.addr).await.expect("connect");
     s.write_all(b"GET /download?bytes=500000000 HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
@@ -188,13 +189,14 @@ async fn an_upstream_that_accepts_no_connection_is_a_502_after_the_connect_timeo
             queued.push(s);
         }
     }
-    let toml = Config::new()
-        .admin()
-        .server(r#"upstream_connect_timeout = "500ms""#)
-        .server(r#"upstream_timeout = "10s""#)
-        .route(Route::new("all").upstream(&format!("http://{addr}")))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let gate = start(
+        &format!("http://{addr}"),
+        &[
+            r#"upstream_connect_timeout = "500ms""#,
+            r#"upstream_timeout = "10s""#,
+        ],
+    )
+    .await;
     let began = Instant::now();
     let answer = TestClient::http1().get(&gate.url("/x"), &[]).await;
     let took = began.elapsed();
@@ -239,13 +241,14 @@ async fn a_late_response_head_is_504_and_a_stalled_body_is_cut() {
             });
         }
     });
-    let toml = Config::new()
-        .admin()
-        .server(r#"upstream_timeout = "700ms""#)
-        .server(r#"upstream_body_timeout = "1s""#)
-        .route(Route::new("all").upstream(&format!("http://{addr}")))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let gate = start(
+        &format!("http://{addr}"),
+        &[
+            r#"upstream_timeout = "700ms""#,
+            r#"upstream_body_timeout = "1s""#,
+        ],
+    )
+    .await;
     let client = TestClient::http1();
 
     let began = Instant::now();

@@ -142,6 +142,24 @@ impl ProtocolUpstream {
         }
     }
 
+    /// An upstream behind TLS with the certificate `name`.
+    async fn tls(
+        dir: &Path,
+        name: &'static str,
+        alpn: &'static [&'static [u8]],
+        client_auth: bool,
+    ) -> Self {
+        Self::start(
+            dir,
+            Listening::Tls {
+                name,
+                alpn,
+                client_auth,
+            },
+        )
+        .await
+    }
+
     fn seen(&self) -> Vec<Seen> {
         self.seen.lock().expect("seen").clone()
     }
@@ -192,15 +210,7 @@ const H2_AND_HTTP1: &[&[u8]] = &[b"h2", b"http/1.1"];
 #[tokio::test]
 async fn an_https_upstream_is_verified_against_its_ca_file_and_named_by_sni() {
     let dir = certificates();
-    let upstream = ProtocolUpstream::start(
-        &dir,
-        Listening::Tls {
-            name: "server",
-            alpn: HTTP1_ONLY,
-            client_auth: false,
-        },
-    )
-    .await;
+    let upstream = ProtocolUpstream::tls(&dir, "server", HTTP1_ONLY, false).await;
     let d = dir.display();
     let toml = Config::new()
         .upstream(
@@ -243,15 +253,7 @@ async fn an_upstream_certificate_no_trusted_ca_signed_is_a_502_whose_log_says_wh
         "impostor",
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
     );
-    let upstream = ProtocolUpstream::start(
-        &dir,
-        Listening::Tls {
-            name: "impostor",
-            alpn: HTTP1_ONLY,
-            client_auth: false,
-        },
-    )
-    .await;
+    let upstream = ProtocolUpstream::tls(&dir, "impostor", HTTP1_ONLY, false).await;
     let port = support::free_port();
     let d = dir.display();
     let config = Config::new()
@@ -285,15 +287,7 @@ async fn an_upstream_certificate_no_trusted_ca_signed_is_a_502_whose_log_says_wh
 #[tokio::test]
 async fn a_client_certificate_is_presented_to_an_upstream_that_asks_for_one() {
     let dir = certificates();
-    let upstream = ProtocolUpstream::start(
-        &dir,
-        Listening::Tls {
-            name: "server",
-            alpn: HTTP1_ONLY,
-            client_auth: true,
-        },
-    )
-    .await;
+    let upstream = ProtocolUpstream::tls(&dir, "server", HTTP1_ONLY, true).await;
     let d = dir.display();
     let url = format!(r#"url = "https://127.0.0.1:{}""#, upstream.port);
     let ca = format!(r#"ca_file = "{d}/ca.crt""#);
@@ -329,15 +323,7 @@ async fn a_client_certificate_is_presented_to_an_upstream_that_asks_for_one() {
 #[tokio::test]
 async fn http2_upstreams_by_alpn_and_by_prior_knowledge_share_one_connection() {
     let dir = certificates();
-    let over_tls = ProtocolUpstream::start(
-        &dir,
-        Listening::Tls {
-            name: "server",
-            alpn: H2_AND_HTTP1,
-            client_auth: false,
-        },
-    )
-    .await;
+    let over_tls = ProtocolUpstream::tls(&dir, "server", H2_AND_HTTP1, false).await;
     let cleartext = ProtocolUpstream::start(&dir, Listening::H2c).await;
     let d = dir.display();
     let toml = Config::new()

@@ -220,6 +220,33 @@ impl Release {
     }
 }
 
+/// One try at an exchange: where, for what, and whether its connection
+/// came from the pool (only then may a failed try go again).
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    upstream: &'a Upstream,
+    upgrade: bool,
+    now: Instant,
+    pooled: bool,
+}
+
+/// A try that failed: for good, or in a way that lets the request go once
+/// more on a new connection.
+enum Failure {
+    Final(SendError),
+    /// Boxed: rare, and large beside the other.
+    Again(Box<(Head, RequestBody)>, hyper::Error),
+}
+
+impl Failure {
+    fn into_error(self) -> SendError {
+        match self {
+            Self::Final(e) => e,
+            Self::Again(_, e) => SendError::Failed(e),
+        }
+    }
+}
+
 /// What [`Pool::send`] got back.
 pub struct Exchange {
     /// The upstream's response.
@@ -256,15 +283,56 @@ impl Pool {
             Some(sender) => (sender, true),
             None => (self.connect(upstream, upgrade).await?, false),
         };
-        let sender = match sender {
-            Sender::Http2(_) if upgrade => return Err(SendError::NoUpgrade),
+        let attempt = Attempt {
+            upstream,
+            upgrade,
+            now,
+            pooled,
+        };
+        match self.send_on(sender, head, body, attempt).await {
+            Ok(exchange) => Ok(exchange),
+            Err(Failure::Final(e)) => Err(e),
+            Err(Failure::Again(again, error)) => {
+                let (head, body) = *again;
+                tracing::debug!(
+                    %error,
+                    "a pooled connection closed as the request arrived; sending it again on a new one"
+                );
+                let fresh = self.connect(upstream, upgrade).await?;
+                let last = Attempt {
+                    pooled: false,
+                    ..attempt
+                };
+                self.send_on(fresh, head, body, last)
+                    .await
+                    .map_err(Failure::into_error)
+            }
+        }
+    }
+
+    /// One try at sending on `sender`.
+    async fn send_on(
+        self: &Arc<Self>,
+        sender: Sender,
+        head: Head,
+        body: RequestBody,
+        attempt: Attempt<'_>,
+    ) -> Result<Exchange, Failure> {
+        let Attempt {
+            upstream,
+            upgrade,
+            now,
+            pooled,
+        } = attempt;
+        let mut sender = match sender {
+            Sender::Http2(_) if upgrade => return Err(Failure::Final(SendError::NoUpgrade)),
             Sender::Http2(mut sender) => {
                 let request = head.request(Wire::Http2, upstream, body);
                 let response = sender.send_request(request).await.map_err(|e| {
                     if sender.is_closed() {
                         self.forget_shared();
                     }
-                    SendError::Failed(e)
+                    Failure::Final(SendError::Failed(e))
                 })?;
                 return Ok(Exchange {
                     response,
@@ -277,48 +345,22 @@ impl Pool {
         // Kept to send again only if it may be: idempotent, no body.
         let again =
             (pooled && idempotent(&head.method) && body.is_end_stream()).then(|| head.clone());
-        let mut sender = sender;
         let request = head.request(Wire::Http1, upstream, body);
-        let error = match sender.try_send_request(request).await {
+        let mut error = match sender.try_send_request(request).await {
             Ok(response) => return Ok(self.exchange(response, sender, upgrade, now)),
             Err(error) => error,
         };
-        let mut error = error;
-        let (head, body) = match error.take_message() {
+        match (error.take_message(), again) {
             // Never written: safe to send anywhere, any method.
-            Some(request) if pooled => Head::of(request),
-            Some(_) => return Err(SendError::Failed(error.into_error())),
-            None => match again {
-                Some(head) if error.error().is_incomplete_message() => (head, RequestBody::empty()),
-                _ => return Err(SendError::Failed(error.into_error())),
-            },
-        };
-        tracing::debug!(
-            error = %error.error(),
-            "a pooled connection closed as the request arrived; sending it again on a new one"
-        );
-        let fresh = self.connect(upstream, upgrade).await?;
-        match fresh {
-            Sender::Http1(mut sender) => {
-                let request = head.request(Wire::Http1, upstream, body);
-                let response = sender
-                    .send_request(request)
-                    .await
-                    .map_err(SendError::Failed)?;
-                Ok(self.exchange(response, sender, upgrade, now))
-            }
-            Sender::Http2(mut sender) => {
-                let request = head.request(Wire::Http2, upstream, body);
-                let response = sender
-                    .send_request(request)
-                    .await
-                    .map_err(SendError::Failed)?;
-                Ok(Exchange {
-                    response,
-                    release: None,
-                    switched: None,
-                })
-            }
+            (Some(request), _) if pooled => Err(Failure::Again(
+                Box::new(Head::of(request)),
+                error.into_error(),
+            )),
+            (None, Some(head)) if error.error().is_incomplete_message() => Err(Failure::Again(
+                Box::new((head, RequestBody::empty())),
+                error.into_error(),
+            )),
+            _ => Err(Failure::Final(SendError::Failed(error.into_error()))),
         }
     }
 
