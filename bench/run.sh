@@ -6,7 +6,8 @@
 # when there are at least two cores, runs each case twice for DURATION
 # seconds (rows 1 to 6 in two interleaved passes, so drift in the machine's
 # speed weighs on each alike), stops everything it started, and prints one
-# markdown table (also written to bench/latest-run.md unless NO_RESULTS=1;
+# markdown table with each row's throughput, latency and CPU per request
+# (user + system from /proc of the server's processes, and of Redis) (also written to bench/latest-run.md unless NO_RESULTS=1;
 # bench/RESULTS.md is the curated record with the analysis).
 #   bench/run.sh [duration_seconds]        default 10
 set -euo pipefail
@@ -59,6 +60,7 @@ http { access_log off; server { listen 127.0.0.1:$up; keepalive_requests 1000000
   location / { return 200 "ok\n"; } } }
 CONF
 $load_cpu nginx -c "$work/up/nginx.conf" -p "$work/up" & pids+=($!)
+up_pid=$!
 
 # --- nginx as a proxy, plain and with limit_req that never triggers ---
 cat >"$work/proxy/nginx.conf" <<CONF
@@ -74,6 +76,7 @@ http { access_log off;
       proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
 CONF
 $server_cpu nginx -c "$work/proxy/nginx.conf" -p "$work/proxy" & pids+=($!)
+ngx_pid=$!
 
 # --- HAProxy with a stick table that never triggers ---
 cat >"$work/haproxy.cfg" <<CONF
@@ -95,9 +98,11 @@ backend app
   server up 127.0.0.1:$up
 CONF
 $server_cpu haproxy -f "$work/haproxy.cfg" -db >/dev/null 2>&1 & pids+=($!)
+hap_pid=$!
 
 # --- Redis for floodgate ---
 $load_cpu redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null & pids+=($!)
+redis_pid=$!
 # Up before floodgate starts, so no instance begins with Redis unreachable
 # (it would, by design, start with its breaker open and let requests
 # through until it finds Redis).
@@ -143,12 +148,26 @@ request = function()
 end
 LUA
 
-# run_wrk PORT [script] -> "rps p50_ms p99_ms non2xx"
+hz=$(getconf CLK_TCK)
+# CPU ticks (user + system) of a process and its children (nginx's workers).
+tree_ticks() {
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+# run_wrk PORT [script] [server_pid]
+#   -> "rps p50_ms p99_ms non2xx total server_cpu_us redis_cpu_us" (CPU per request)
 run_wrk() {
   local args=(-t1 -c"$connections" -d"${duration}s" --latency)
   [ -n "${2:-}" ] && args+=(-s "$2")
+  local s0 r0 s1 r1
+  s0=$(tree_ticks "${3:-$$}"); r0=$(tree_ticks "$redis_pid")
   $load_cpu wrk "${args[@]}" "http://127.0.0.1:$1/" >"$work/wrk.out"
-  python3 - "$work/wrk.out" <<'PY'
+  s1=$(tree_ticks "${3:-$$}"); r1=$(tree_ticks "$redis_pid")
+  python3 - "$work/wrk.out" "$((s1 - s0))" "$((r1 - r0))" "$hz" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 def ms(v):
@@ -163,24 +182,28 @@ p50 = ms(re.search(r"^\s*50%\s+(\S+)", text, re.M).group(1))
 p99 = ms(re.search(r"^\s*99%\s+(\S+)", text, re.M).group(1))
 m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
 total = int(re.search(r"(\d+) requests in", text).group(1))
-print(rps, p50, p99, int(m.group(1)) if m else 0, total)
+server, redis, hz = (int(x) for x in sys.argv[2:5])
+per = lambda ticks: ticks / hz / max(1, total) * 1e6
+print(rps, p50, p99, int(m.group(1)) if m else 0, total, round(per(server), 2), round(per(redis), 2))
 PY
 }
 rss_kib() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 # Decision commands so far: FCALL (Redis 7+) or EVALSHA (older Redis).
 decision_calls() { redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_\(fcall\|evalsha\):calls=\([0-9]*\),.*/\2/p' | tr -d '\r' | awk '{s+=$1} END {print s+0}'; }
 
-declare -A rps p50 p99 note
+declare -A rps p50 p99 cpu rcpu note
 record() { # key run_a run_b: averages two runs of one case
-  read -r r1 l1 h1 n1 t1 <<<"$2"; read -r r2 l2 h2 n2 t2 <<<"$3"
+  read -r r1 l1 h1 n1 t1 c1 d1 <<<"$2"; read -r r2 l2 h2 n2 t2 c2 d2 <<<"$3"
   rps[$1]=$(python3 -c "print(round(($r1+$r2)/2))")
+  cpu[$1]=$(python3 -c "print(round(($c1+$c2)/2, 1))")
+  rcpu[$1]=$(python3 -c "print(round(($d1+$d2)/2, 1))")
   p50[$1]=$(python3 -c "print(round(($l1+$l2)/2, 2))")
   p99[$1]=$(python3 -c "print(round(($h1+$h2)/2, 2))")
   last_non2xx=$((n1 + n2)); last_total=$((t1 + t2))
 }
-case_run() { # key port [script]: two runs back to back
+case_run() { # key port script server_pid: two runs back to back
   local a b
-  a=$(run_wrk "$2" "${3:-}"); b=$(run_wrk "$2" "${3:-}")
+  a=$(run_wrk "$2" "$3" "$4"); b=$(run_wrk "$2" "$3" "$4")
   record "$1" "$a" "$b"
 }
 
@@ -191,6 +214,7 @@ for p in $up $ngx_proxy $fg_mem $fg_redis; do $load_cpu wrk -t1 -c16 -d2s "http:
 # one of each in reverse order, so that a machine getting faster or slower
 # during the run (a shared VM does) weighs on every row alike.
 declare -A port=([direct]=$up [ngx_proxy]=$ngx_proxy [ngx_limit]=$ngx_limit [haproxy]=$hap [fg_mem]=$fg_mem [fg_redis]=$fg_redis)
+declare -A server_pid=([direct]=$up_pid [ngx_proxy]=$ngx_pid [ngx_limit]=$ngx_pid [haproxy]=$hap_pid [fg_mem]=$pid_mem [fg_redis]=$pid_redis)
 interleaved=(direct ngx_proxy ngx_limit haproxy fg_mem fg_redis)
 declare -A first
 redis_calls=0; redis_requests=0
@@ -198,9 +222,9 @@ for pass in 1 2; do
   order=("${interleaved[@]}")
   [ "$pass" = 2 ] && mapfile -t order < <(printf '%s\n' "${interleaved[@]}" | tac)
   for key in "${order[@]}"; do
-    before=$(decision_calls); out=$(run_wrk "${port[$key]}"); after=$(decision_calls)
+    before=$(decision_calls); out=$(run_wrk "${port[$key]}" "" "${server_pid[$key]}"); after=$(decision_calls)
     if [ "$key" = fg_redis ]; then
-      read -r _ _ _ _ total <<<"$out"
+      read -r _ _ _ _ total _ _ <<<"$out"
       redis_calls=$((redis_calls + after - before)); redis_requests=$((redis_requests + total))
     fi
     if [ "$pass" = 1 ]; then first[$key]=$out; else record "$key" "${first[$key]}" "$out"; fi
@@ -209,10 +233,10 @@ done
 note[fg_redis]="$(python3 -c "print(f'{$redis_calls/max(1,$redis_requests):.2f} Redis commands (FCALL) per request')")"
 conns=$(redis-cli -p "$redis_port" client list | grep -cE "cmd=(fcall|evalsha)" || true)
 note[fg_redis]="${note[fg_redis]}, $conns Redis connections for $connections concurrent requests"
-before=$(decision_calls); case_run fg_flood "$fg_flood" "$work/flood.lua"; after=$(decision_calls)
+before=$(decision_calls); case_run fg_flood "$fg_flood" "$work/flood.lua" "$pid_flood"; after=$(decision_calls)
 note[fg_flood]="$((last_total - last_non2xx)) of $last_total admitted (the limit is 10 a minute), the rest answered 429; $((after - before)) Redis calls in 2 × ${duration}s"
-rss0=$(rss_kib "$pid_keys"); case_run fg_keys "$fg_keys" "$work/keys.lua"; rss1=$(rss_kib "$pid_keys")
-case_run fg_keys_again "$fg_keys" "$work/keys.lua"; rss2=$(rss_kib "$pid_keys")
+rss0=$(rss_kib "$pid_keys"); case_run fg_keys "$fg_keys" "$work/keys.lua" "$pid_keys"; rss1=$(rss_kib "$pid_keys")
+case_run fg_keys_again "$fg_keys" "$work/keys.lua" "$pid_keys"; rss2=$(rss_kib "$pid_keys")
 keys=$(redis-cli -p "$redis_port" dbsize | tr -d '\r')
 note[fg_keys]="RSS ${rss0} → ${rss1} → ${rss2} KiB over two more passes; $keys keys in Redis"
 
@@ -243,9 +267,12 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
   echo "$(date -u +%Y-%m-%d), $(nproc) cores ($cpu), $(uname -sr); nginx $(nginx -v 2>&1 | sed 's/.*\///'), HAProxy $(haproxy -v | head -1 | awk '{print $3}'), Redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), wrk with 1 thread and $connections connections, ${duration} s per run, two runs per row (averaged; rows 1–6 in two passes, the second in reverse order)."
   echo "Server under test on CPU 0; load generator, upstream (nginx returning a fixed 200) and Redis on CPU 1."
   echo
-  echo "| # | case | req/s | p50 ms | p99 ms | vs nginx proxy | vs nginx limit_req | notes |"
-  echo "|---|---|---:|---:|---:|---:|---:|---|"
-  row() { echo "| $1 | $2 | ${rps[$3]} | ${p50[$3]} | ${p99[$3]} | $(ratio "${rps[$3]}" "${rps[ngx_proxy]}") | $(ratio "${rps[$3]}" "${rps[ngx_limit]}") | ${note[$3]:-} |"; }
+  echo "| # | case | req/s | p50 ms | p99 ms | server CPU µs/req | Redis CPU µs/req | vs nginx proxy | vs nginx limit_req | notes |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+  row() {
+    local redis=""; case $3 in fg_redis|fg_flood|fg_keys) redis=${rcpu[$3]} ;; esac
+    echo "| $1 | $2 | ${rps[$3]} | ${p50[$3]} | ${p99[$3]} | ${cpu[$3]} | $redis | $(ratio "${rps[$3]}" "${rps[ngx_proxy]}") | $(ratio "${rps[$3]}" "${rps[ngx_limit]}") | ${note[$3]:-} |"
+  }
   row 1 "direct to the upstream" direct
   row 2 "nginx reverse proxy (1 worker, upstream keepalive)" ngx_proxy
   row 3 "nginx \`limit_req\`, never triggers" ngx_limit

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::pin::pin;
 use std::time::{Duration, Instant};
 
+use http::header::Entry;
 use http::header::{CONNECTION, HOST, HeaderName, TE, UPGRADE};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version, request};
@@ -271,42 +272,76 @@ fn client_body_error(error: &hyper::Error) -> Option<&ClientBodyError> {
 /// The request's header fields as they go upstream, taken from `request`:
 /// without hop-by-hop fields (but an upgrade's own, and `TE: trailers`,
 /// which gRPC needs), with the upstream's `Host` and `X-Forwarded-*` telling
-/// who asked.
+/// who asked. Every field is looked at once, and the map is edited only
+/// where it must change (each edit hashes a name).
 fn upstream_headers(
     request: &mut request::Parts,
     upstream: &Upstream,
     peer: &Peer,
     upgrade: bool,
 ) -> HeaderMap {
-    let forwarded_host = request
-        .uri
-        .authority()
-        .map(|a| HeaderValue::from_str(a.as_str()))
-        .and_then(Result::ok)
-        .or_else(|| request.headers.get(HOST).cloned());
     let mut headers = std::mem::take(&mut request.headers);
-    let forwarded_for = forwarded_for(&headers, peer);
-    let te_trailers = headers.get_all(TE).iter().any(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-    });
+    let (mut hop_by_hop, mut te_trailers) = (false, false);
+    let (mut earlier_for, mut earlier_host) = (false, false);
+    for (name, value) in &headers {
+        if name == X_FORWARDED_FOR {
+            earlier_for = true;
+        } else if name == X_FORWARDED_HOST {
+            earlier_host = true;
+        } else if is_hop_by_hop(name.as_str()) {
+            hop_by_hop = true;
+            te_trailers |= name == TE
+                && value
+                    .as_bytes()
+                    .split(|&b| b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+        }
+    }
+    let forwarded_for = if earlier_for {
+        forwarded_for(&headers, peer)
+    } else {
+        peer.forwarded.clone()
+    };
     let protocol = if upgrade {
         headers.get(UPGRADE).cloned()
     } else {
         None
     };
-    strip_hop_by_hop(&mut headers, false);
-    headers.insert(HOST, upstream.host_header.clone());
-    match forwarded_for {
-        Some(value) => headers.insert(&X_FORWARDED_FOR, value),
-        None => headers.remove(&X_FORWARDED_FOR),
+    if hop_by_hop {
+        strip_hop_by_hop(&mut headers, false);
+    }
+    // One hash for both: the client's `Host` out, the upstream's in.
+    let client_host = match headers.entry(HOST) {
+        Entry::Occupied(mut host) => Some(host.insert(upstream.host_header.clone())),
+        Entry::Vacant(host) => {
+            host.insert(upstream.host_header.clone());
+            None
+        }
     };
+    let forwarded_host = request
+        .uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        .or(client_host);
+    match forwarded_for {
+        Some(value) => {
+            headers.insert(&X_FORWARDED_FOR, value);
+        }
+        None if earlier_for => {
+            headers.remove(&X_FORWARDED_FOR);
+        }
+        None => {}
+    }
     headers.insert(&X_FORWARDED_PROTO, peer.proto.clone());
     match forwarded_host {
-        Some(value) => headers.insert(&X_FORWARDED_HOST, value),
-        None => headers.remove(&X_FORWARDED_HOST),
-    };
+        Some(value) => {
+            headers.insert(&X_FORWARDED_HOST, value);
+        }
+        None if earlier_host => {
+            headers.remove(&X_FORWARDED_HOST);
+        }
+        None => {}
+    }
     if te_trailers {
         headers.insert(TE, TRAILERS.clone());
     }
@@ -321,6 +356,10 @@ fn upstream_headers(
 /// names; a 101 answer (`switched`) keeps its `Upgrade`. Most messages have
 /// none, and then nothing is allocated.
 fn strip_hop_by_hop(headers: &mut HeaderMap, switched: bool) {
+    if !headers.keys().any(|name| is_hop_by_hop(name.as_str())) {
+        // Fields named by `Connection` go only with it.
+        return;
+    }
     let named = connection_named(headers);
     let mut gone: Vec<HeaderName> = Vec::new();
     for name in headers.keys() {

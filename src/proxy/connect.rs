@@ -64,7 +64,7 @@ async fn open(upstream: &Upstream, http1_only: bool) -> Result<Sender, ConnectEr
     let _ = tcp.set_nodelay(true);
     let Some(tls) = &upstream.tls else {
         let h2 = upstream.protocol == Protocol::H2c && !http1_only;
-        return handshake(TokioIo::new(LateWriteError::new(tcp)), h2).await;
+        return handshake(TokioIo::new(LateWriteError::new(tcp)), h2, http1_only).await;
     };
     let config = if http1_only {
         &tls.http1_config
@@ -81,12 +81,12 @@ async fn open(upstream: &Upstream, http1_only: bool) -> Result<Sender, ConnectEr
             Protocol::Auto => stream.get_ref().1.alpn_protocol() == Some(b"h2"),
             Protocol::Http1 | Protocol::H2c => false,
         };
-    handshake(TokioIo::new(LateWriteError::new(stream)), h2).await
+    handshake(TokioIo::new(LateWriteError::new(stream)), h2, http1_only).await
 }
 
 /// hyper's client handshake on `io`; the connection is driven by a task of
 /// its own until it closes.
-async fn handshake<I>(io: I, h2: bool) -> Result<Sender, ConnectError>
+async fn handshake<I>(io: I, h2: bool, upgradable: bool) -> Result<Sender, ConnectError>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -107,11 +107,21 @@ where
             .handshake(io)
             .await
             .map_err(ConnectError::Handshake)?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-        });
+        // Only a connection opened for an upgrade is made able to carry one:
+        // the wrapper costs every poll something.
+        if upgradable {
+            tokio::spawn(async move {
+                if let Err(e) = connection.with_upgrades().await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+        } else {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+        }
         Ok(Sender::Http1(sender))
     }
 }

@@ -391,10 +391,13 @@ impl Pool {
     }
 
     /// An idle connection that is still open: the shared HTTP/2 one, or
-    /// the most recently returned HTTP/1.1 one.
+    /// the most recently returned HTTP/1.1 one; none for an upgrade.
     fn checkout(&self, upgrade: bool, now: Instant) -> Option<Sender> {
-        if !upgrade
-            && let Some(shared) = self.shared().as_ref()
+        if upgrade {
+            // Only a connection opened for it can switch protocols.
+            return None;
+        }
+        if let Some(shared) = self.shared().as_ref()
             && !shared.is_closed()
         {
             return Some(Sender::Http2(shared.clone()));
