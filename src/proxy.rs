@@ -48,19 +48,23 @@ pub struct Peer {
     forwarded: Option<HeaderValue>,
     /// `X-Forwarded-Proto`: `https` on the TLS listener.
     proto: &'static HeaderValue,
+    /// In `trusted_proxies` (as of the configuration in force when the
+    /// connection was accepted): its `X-Forwarded-*` are believed.
+    pub trusted: bool,
 }
 
 static HTTP: HeaderValue = HeaderValue::from_static("http");
 static HTTPS: HeaderValue = HeaderValue::from_static("https");
 
 impl Peer {
-    /// The peer at `addr`, connected over TLS or not.
-    pub fn new(addr: SocketAddr, tls: bool) -> Self {
+    /// The peer at `addr`, connected over TLS or not, trusted or not.
+    pub fn new(addr: SocketAddr, tls: bool, trusted: bool) -> Self {
         let forwarded = response::header_value(format_args!("{}", addr.ip().to_canonical()));
         Self {
             addr,
             forwarded,
             proto: if tls { &HTTPS } else { &HTTP },
+            trusted,
         }
     }
 }
@@ -283,11 +287,14 @@ fn upstream_headers(
     let mut headers = std::mem::take(&mut request.headers);
     let (mut hop_by_hop, mut te_trailers) = (false, false);
     let (mut earlier_for, mut earlier_host) = (false, false);
+    let mut earlier_proto = None;
     for (name, value) in &headers {
         if name == X_FORWARDED_FOR {
             earlier_for = true;
         } else if name == X_FORWARDED_HOST {
             earlier_host = true;
+        } else if name == X_FORWARDED_PROTO {
+            earlier_proto = earlier_proto.or(Some(value));
         } else if is_hop_by_hop(name.as_str()) {
             hop_by_hop = true;
             te_trailers |= name == TE
@@ -297,10 +304,17 @@ fn upstream_headers(
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
         }
     }
-    let forwarded_for = if earlier_for {
+    // A trusted proxy's account of the client is passed on; anyone else's
+    // `X-Forwarded-*` is replaced by what floodgate saw itself.
+    let forwarded_for = if earlier_for && peer.trusted {
         forwarded_for(&headers, peer)
     } else {
         peer.forwarded.clone()
+    };
+    let forwarded_proto = match earlier_proto {
+        Some(value) if peer.trusted && value == HTTPS => &HTTPS,
+        Some(value) if peer.trusted && value == HTTP => &HTTP,
+        _ => peer.proto,
     };
     let protocol = if upgrade {
         headers.get(UPGRADE).cloned()
@@ -310,19 +324,29 @@ fn upstream_headers(
     if hop_by_hop {
         strip_hop_by_hop(&mut headers, false);
     }
-    // One hash for both: the client's `Host` out, the upstream's in.
+    // One hash for both: the client's `Host` out, the upstream's in (or
+    // the client's kept, with `preserve_host`).
+    let authority = request
+        .uri
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     let client_host = match headers.entry(HOST) {
+        Entry::Occupied(host) if upstream.preserve_host => Some(host.get().clone()),
         Entry::Occupied(mut host) => Some(host.insert(upstream.host_header.clone())),
         Entry::Vacant(host) => {
-            host.insert(upstream.host_header.clone());
+            let value = match &authority {
+                Some(a) if upstream.preserve_host => a.clone(),
+                _ => upstream.host_header.clone(),
+            };
+            host.insert(value);
             None
         }
     };
-    let forwarded_host = request
-        .uri
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        .or(client_host);
+    let forwarded_host = if earlier_host && peer.trusted {
+        None
+    } else {
+        authority.or(client_host)
+    };
     match forwarded_for {
         Some(value) => {
             headers.insert(&X_FORWARDED_FOR, value);
@@ -332,11 +356,13 @@ fn upstream_headers(
         }
         None => {}
     }
-    headers.insert(&X_FORWARDED_PROTO, peer.proto.clone());
+    headers.insert(&X_FORWARDED_PROTO, forwarded_proto.clone());
     match forwarded_host {
         Some(value) => {
             headers.insert(&X_FORWARDED_HOST, value);
         }
+        // A trusted proxy's value stays.
+        None if earlier_host && peer.trusted => {}
         None if earlier_host => {
             headers.remove(&X_FORWARDED_HOST);
         }
@@ -494,7 +520,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
         h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        let peer = Peer::new("[::ffff:192.0.2.7]:4000".parse().expect("address"), false);
+        let peer = Peer::new(
+            "[::ffff:192.0.2.7]:4000".parse().expect("address"),
+            false,
+            true,
+        );
         assert_eq!(
             forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
             Some(&b"203.0.113.1, 10.0.0.1, 192.0.2.7"[..])

@@ -98,6 +98,8 @@ pub struct Upstream {
     pub authority: Authority,
     /// The `Host` header sent upstream.
     pub host_header: HeaderValue,
+    /// Send the client's `Host` instead of `host_header`.
+    pub preserve_host: bool,
     /// Which HTTP it speaks.
     pub protocol: Protocol,
     /// TLS to an `https://` upstream.

@@ -346,7 +346,11 @@ pub async fn run(
                 let shared = Arc::clone(&shared);
                 let tls = shared.tls.load_full();
                 let client = Arc::new(Client {
-                    peer: Peer::new(peer, tls.is_some()),
+                    peer: Peer::new(
+                        peer,
+                        tls.is_some(),
+                        is_in(peer.ip().to_canonical(), &shared.rules.load().trusted_proxies),
+                    ),
                     activity: Activity::default(),
                     _open: open,
                     _slot: slot,

@@ -31,6 +31,8 @@ pub(super) struct UpstreamModel {
     ca_file: Option<Spanned<String>>,
     cert_file: Option<Spanned<String>>,
     key_file: Option<Spanned<String>>,
+    #[serde(default)]
+    preserve_host: bool,
 }
 
 /// The upstream settings that come from `[server]`.
@@ -132,7 +134,9 @@ impl Validator<'_> {
                 );
                 return None;
             }
-            return Some(self.compiled(scheme, authority, protocol, None, defaults));
+            let mut upstream = self.compiled(scheme, authority, protocol, None, defaults);
+            upstream.preserve_host = m.preserve_host;
+            return Some(upstream);
         }
         if m.cert_file.is_some() != m.key_file.is_some() {
             let span = m
@@ -153,7 +157,11 @@ impl Validator<'_> {
             .as_ref()
             .map_or_else(|| authority.host().to_owned(), |n| n.get_ref().clone());
         match UpstreamTls::new(files.clone(), &server_name, protocol) {
-            Ok(tls) => Some(self.compiled(scheme, authority, protocol, Some(tls), defaults)),
+            Ok(tls) => {
+                let mut upstream = self.compiled(scheme, authority, protocol, Some(tls), defaults);
+                upstream.preserve_host = m.preserve_host;
+                Some(upstream)
+            }
             Err(e) => {
                 let span = match &e {
                     TlsError::Read { path, .. }
@@ -300,6 +308,7 @@ impl Validator<'_> {
             pool_key: format!("{scheme}://{authority} {protocol:?} {server_name} {files}").into(),
             host_header: HeaderValue::from_str(authority.as_str())
                 .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
+            preserve_host: false,
             scheme,
             authority,
             protocol,

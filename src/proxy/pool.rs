@@ -147,10 +147,15 @@ impl Head {
         let uri = match wire {
             Wire::Http1 => Uri::from(target),
             Wire::Http2 => {
-                headers.remove(http::header::HOST);
+                // `:authority` carries what `Host` says: the upstream's own
+                // address, or the client's host with `preserve_host`.
+                let authority = headers
+                    .remove(http::header::HOST)
+                    .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+                    .unwrap_or_else(|| upstream.authority.clone());
                 Uri::builder()
                     .scheme(upstream.scheme.clone())
-                    .authority(upstream.authority.clone())
+                    .authority(authority)
                     .path_and_query(target)
                     .build()
                     .unwrap_or_default()

@@ -1,0 +1,108 @@
+//! The forwarding headers tell the upstream the truth: a trusted proxy's
+//! `X-Forwarded-For`, `-Proto` and `-Host` are passed on (the chain with the
+//! proxy appended), anyone else's are replaced by what floodgate saw itself;
+//! `preserve_host` forwards the client's `Host`.
+
+mod support;
+
+use support::config::{Config, Route};
+use support::{Floodgate, TestClient, Upstream};
+
+/// What the upstream saw of a GET carrying the usual forwarding headers,
+/// sent through floodgate whose `trusted_proxies` are `trusted`.
+async fn seen_through(
+    trusted: &str,
+    proto: &str,
+) -> (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+) {
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .server(&format!("trusted_proxies = [{trusted}]"))
+        .route(Route::new("all").upstream(&upstream.url()))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let answer = TestClient::http1()
+        .get(
+            &gate.url("/x"),
+            &[
+                ("host", "api.example.com"),
+                ("x-forwarded-for", "203.0.113.5"),
+                ("x-forwarded-proto", proto),
+                ("x-forwarded-host", "public.example.com"),
+            ],
+        )
+        .await;
+    assert_eq!(answer.status, 200);
+    (
+        answer.echoed_header("x-forwarded-for"),
+        answer.echoed_header("x-forwarded-proto"),
+        answer.echoed_header("x-forwarded-host"),
+        answer.echoed_header("host"),
+    )
+}
+
+#[tokio::test]
+async fn a_trusted_balancers_forwarding_headers_are_passed_on() {
+    let (xff, proto, host, _) = seen_through(r#""127.0.0.1/32""#, "https").await;
+    assert_eq!(xff.as_deref(), Some("203.0.113.5, 127.0.0.1"));
+    assert_eq!(proto.as_deref(), Some("https"));
+    assert_eq!(host.as_deref(), Some("public.example.com"));
+}
+
+#[tokio::test]
+async fn an_untrusted_clients_forwarding_headers_never_reach_the_upstream() {
+    let (xff, proto, host, _) = seen_through(r#""10.0.0.0/8""#, "https").await;
+    assert_eq!(xff.as_deref(), Some("127.0.0.1"));
+    assert_eq!(proto.as_deref(), Some("http"));
+    assert_eq!(host.as_deref(), Some("api.example.com"));
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_proto_is_believed_only_when_it_is_http_or_https() {
+    let (_, proto, _, _) = seen_through(r#""127.0.0.1/32""#, "javascript").await;
+    assert_eq!(proto.as_deref(), Some("http"));
+}
+
+#[tokio::test]
+async fn preserve_host_forwards_the_clients_host() {
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .upstream(
+            "keeps",
+            &[
+                &format!(r#"url = "{}""#, upstream.url()),
+                "preserve_host = true",
+            ],
+        )
+        .route(
+            Route::new("keeps")
+                .matching(r#"path_prefix = "/keeps""#)
+                .upstream("keeps"),
+        )
+        .route(Route::new("rest").upstream(&upstream.url()))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let kept = client
+        .get(&gate.url("/keeps/x"), &[("host", "api.example.com")])
+        .await;
+    assert_eq!(
+        kept.echoed_header("host").as_deref(),
+        Some("api.example.com")
+    );
+    let replaced = client
+        .get(&gate.url("/rest"), &[("host", "api.example.com")])
+        .await;
+    assert_eq!(
+        replaced.echoed_header("host"),
+        Some(upstream.addr.to_string())
+    );
+    assert_eq!(
+        replaced.echoed_header("x-forwarded-host").as_deref(),
+        Some("api.example.com")
+    );
+}
