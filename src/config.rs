@@ -115,6 +115,9 @@ pub struct Server {
     pub client_write_timeout: Duration,
     /// An upgraded connection silent both ways for this long is closed.
     pub upgrade_idle_timeout: Duration,
+    /// Largest request body forwarded, in bytes, unless a route says
+    /// otherwise (413 past it); `None`: no limit.
+    pub max_request_body: Option<u64>,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
     /// How long a client may take to send its first request head (408 past
@@ -323,6 +326,7 @@ struct ServerModel {
     client_body_timeout: Option<Spanned<String>>,
     client_write_timeout: Option<Spanned<String>>,
     upgrade_idle_timeout: Option<Spanned<String>>,
+    max_request_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     #[serde(default = "yes")]
@@ -379,6 +383,7 @@ struct RouteModel {
     #[serde(default)]
     exempt: Vec<Spanned<String>>,
     limits: Option<Spanned<Vec<Spanned<LimitModel>>>>,
+    max_request_body: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -542,6 +547,17 @@ impl Validator<'_> {
         }
     }
 
+    /// A size in bytes: `"512KiB"`, `"10MB"`, `"1GiB"`.
+    fn size(&mut self, value: &Spanned<String>, what: &str) -> Option<u64> {
+        match parse_size(value.get_ref()) {
+            Ok(n) => Some(n),
+            Err(message) => {
+                self.problem(value.span(), format!("{what}: {message}"));
+                None
+            }
+        }
+    }
+
     fn optional_duration(
         &mut self,
         value: Option<&Spanned<String>>,
@@ -629,6 +645,10 @@ impl Validator<'_> {
             "upgrade_idle_timeout",
             DEFAULT_UPGRADE_IDLE_TIMEOUT,
         );
+        let max_request_body = match &m.max_request_body {
+            None => Some(None),
+            Some(size) => self.size(size, "max_request_body").map(Some),
+        };
         let shutdown_grace = self.optional_duration(
             m.shutdown_grace.as_ref(),
             "shutdown_grace",
@@ -691,6 +711,7 @@ impl Validator<'_> {
             client_body_timeout: client_body_timeout?,
             client_write_timeout: client_write_timeout?,
             upgrade_idle_timeout: upgrade_idle_timeout?,
+            max_request_body: max_request_body?,
             shutdown_grace: shutdown_grace?,
             header_read_timeout: header_read_timeout?,
             reload_on_change: m.reload_on_change,
@@ -1093,7 +1114,12 @@ impl Validator<'_> {
         if !name_ok {
             return None;
         }
+        let max_request_body = match &m.max_request_body {
+            None => Some(defaults.max_request_body),
+            Some(size) => self.size(size, "max_request_body").map(Some),
+        };
         Some(Route {
+            max_request_body: max_request_body?,
             name: name.as_str().into(),
             matcher: matcher?,
             action: action?,
@@ -1583,9 +1609,48 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+/// Parses a size: a whole number of bytes and a unit, `B`, `KB`, `MB`,
+/// `GB` (powers of 1000) or `KiB`, `MiB`, `GiB` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = s.split_at(digits);
+    let hint = "write a whole number and a unit: \"512KiB\", \"10MB\", \"1GiB\"";
+    if number.is_empty() {
+        return Err(format!("{s:?} is not a size; {hint}"));
+    }
+    let n: u64 = number.parse().map_err(|_| format!("{s:?} is too large"))?;
+    let unit: u64 = match unit {
+        "B" => 1,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "" => return Err(format!("{s:?} has no unit; {hint}")),
+        _ => return Err(format!("{s:?} has an unknown unit {unit:?}; {hint}")),
+    };
+    match n.checked_mul(unit) {
+        Some(0) => Err(format!("{s:?} must be more than nothing")),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("{s:?} is too large")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_take_a_number_and_a_unit() {
+        assert_eq!(parse_size("512KiB"), Ok(512 * 1024));
+        assert_eq!(parse_size("10MB"), Ok(10_000_000));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("100B"), Ok(100));
+        for bad in ["", "10", "MB", "10mb", "0B", "99999999999GiB", "1.5MB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn durations_take_a_number_and_a_unit() {

@@ -69,11 +69,13 @@ impl Peer {
     }
 }
 
-/// The client-side timeouts of one forwarded exchange.
+/// The client side's limits of one forwarded exchange.
 #[derive(Debug, Clone, Copy)]
-pub struct ClientTimeouts {
+pub struct ClientSide {
     /// A request body that sends nothing for this long is the client's 408.
     pub body: Duration,
+    /// A request body larger than this many bytes is the client's 413.
+    pub max_body: Option<u64>,
     /// An upgraded connection on which neither side sends anything for this
     /// long is closed.
     pub upgraded: Duration,
@@ -117,7 +119,7 @@ impl Forwarder {
         path_and_query: PathAndQuery,
         peer: &Peer,
         now: Instant,
-        timeouts: ClientTimeouts,
+        timeouts: ClientSide,
         hold: impl FnOnce() -> H,
     ) -> Result<Response<Body>, Refusal> {
         let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
@@ -132,7 +134,7 @@ impl Forwarder {
             target: path_and_query,
             headers,
         };
-        let (body, sent) = RequestBody::new(body, timeouts.body);
+        let (body, sent) = RequestBody::new(body, timeouts.body, timeouts.max_body);
         let pool = self.pools.get_in(upstream);
         let send = pool.send(upstream, head, body, upgrade, now);
         let Exchange {
@@ -217,6 +219,12 @@ impl Forwarder {
                         "the request body stopped arriving within client_body_timeout",
                     )
                 }
+                Some(ClientBodyError::TooLarge(max)) => Refusal::client(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "the request body is larger than this route's max_request_body of {max} bytes"
+                    ),
+                ),
                 Some(e @ ClientBodyError::Broken(_)) => {
                     tracing::debug!(upstream = %upstream.target, error = %e, "the request body broke off");
                     Refusal::client(

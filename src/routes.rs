@@ -53,6 +53,8 @@ pub struct Route {
     /// Clients in these networks bypass the limits (`[server]`'s and the
     /// route's own `exempt`).
     pub exempt: Vec<IpNet>,
+    /// Largest request body forwarded, in bytes (413 past it).
+    pub max_request_body: Option<u64>,
 }
 
 /// What a request must look like to belong to a route.

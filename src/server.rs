@@ -23,7 +23,7 @@ use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::proxy::{ClientTimeouts, Forwarder, Peer};
+use crate::proxy::{ClientSide, Forwarder, Peer};
 use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
@@ -81,7 +81,7 @@ pub struct Rules {
     /// What `%2F`, `%5C` and `\` in a request path do.
     pub escaped_slashes: EscapedSlashes,
     /// How long a client's request body and an upgraded connection may idle.
-    pub client_timeouts: ClientTimeouts,
+    pub client_timeouts: ClientSide,
     /// How long a client may leave its answer unread.
     pub client_write_timeout: Duration,
 }
@@ -94,9 +94,10 @@ impl Rules {
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
             escaped_slashes: config.server.escaped_slashes,
-            client_timeouts: ClientTimeouts {
+            client_timeouts: ClientSide {
                 body: config.server.client_body_timeout,
                 upgraded: config.server.upgrade_idle_timeout,
+                max_body: None,
             },
             client_write_timeout: config.server.client_write_timeout,
         }
@@ -587,6 +588,16 @@ async fn answer(
         return Err(crate::head::HeadError::MethodCase(standard).into());
     }
     let counts = &rules.metrics[index];
+    // A body declared too large is refused before anything else is spent
+    // on it; one that grows too large on the way is cut (proxy::body).
+    if let (Action::Upstream(_), Some(max)) = (&route.action, route.max_request_body)
+        && hyper::body::Body::size_hint(&body).lower() > max
+    {
+        return Err(Refusal::client(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than this route's max_request_body of {max} bytes"),
+        ));
+    }
 
     // Exempt clients skip identification too: a health checker need not
     // send the API key header that limits everyone else.
@@ -664,7 +675,10 @@ async fn answer(
                     path_and_query,
                     peer,
                     started,
-                    rules.client_timeouts,
+                    ClientSide {
+                        max_body: route.max_request_body,
+                        ..rules.client_timeouts
+                    },
                     || Arc::clone(caller),
                 )
                 .await?;

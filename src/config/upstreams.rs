@@ -41,6 +41,8 @@ pub(super) struct Defaults {
     pub timeout: Duration,
     pub connect_timeout: Duration,
     pub body_timeout: Duration,
+    /// `[server] max_request_body`.
+    pub max_request_body: Option<u64>,
 }
 
 impl Defaults {
@@ -50,11 +52,13 @@ impl Defaults {
                 timeout: super::DEFAULT_UPSTREAM_TIMEOUT,
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 body_timeout: DEFAULT_BODY_TIMEOUT,
+                max_request_body: None,
             },
             |s| Self {
                 timeout: s.upstream_timeout,
                 connect_timeout: s.upstream_connect_timeout,
                 body_timeout: s.upstream_body_timeout,
+                max_request_body: s.max_request_body,
             },
         )
     }

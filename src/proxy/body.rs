@@ -27,6 +27,9 @@ pub enum ClientBodyError {
     /// Nothing arrived for `client_body_timeout`.
     #[error("the client sent nothing of its request body for {0:?}")]
     TimedOut(Duration),
+    /// More than `max_request_body` bytes.
+    #[error("the request body is larger than {0} bytes")]
+    TooLarge(u64),
     /// Malformed, or the client went away.
     #[error("the request body broke off: {0}")]
     Broken(#[source] hyper::Error),
@@ -55,18 +58,28 @@ impl Sent {
 pub struct RequestBody {
     inner: Option<Incoming>,
     idle: IdleTimer,
+    /// Most bytes it may carry, and how many it has.
+    max: Option<u64>,
+    seen: u64,
     /// Told when the body ends, for bodies that did not begin ended.
     sent: Option<(Arc<Sent>, tokio::time::Instant)>,
 }
 
 impl RequestBody {
-    /// The client's `body`, failing after `idle` without data. When the
-    /// body has anything to send, the returned [`Sent`] says when it ended.
-    pub fn new(body: Incoming, idle: std::time::Duration) -> (Self, Option<Arc<Sent>>) {
+    /// The client's `body`, failing after `idle` without data, or past
+    /// `max` bytes. When the body has anything to send, the returned
+    /// [`Sent`] says when it ended.
+    pub fn new(
+        body: Incoming,
+        idle: std::time::Duration,
+        max: Option<u64>,
+    ) -> (Self, Option<Arc<Sent>>) {
         let sent = (!body.is_end_stream()).then(|| Arc::new(Sent::default()));
         let body = Self {
             inner: Some(body),
             idle: IdleTimer::new(idle),
+            max,
+            seen: 0,
             sent: sent
                 .as_ref()
                 .map(|s| (Arc::clone(s), tokio::time::Instant::now())),
@@ -80,6 +93,8 @@ impl RequestBody {
         Self {
             inner: None,
             idle: IdleTimer::new(Duration::MAX),
+            max: None,
+            seen: 0,
             sent: None,
         }
     }
@@ -108,6 +123,15 @@ impl Body for RequestBody {
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.idle.moved();
+                if let (Some(max), Some(data)) = (this.max, frame.data_ref()) {
+                    let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
+                    this.seen = this.seen.saturating_add(len);
+                    if this.seen > max {
+                        // Not a byte past the limit goes upstream.
+                        this.inner = None;
+                        return Poll::Ready(Some(Err(ClientBodyError::TooLarge(max))));
+                    }
+                }
                 if this.inner.as_ref().is_some_and(Body::is_end_stream) {
                     this.ended();
                 }
