@@ -5,40 +5,9 @@
 
 mod support;
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use bytes::Bytes;
 use http::Request;
-use hyper::body::{Body, Frame, SizeHint};
 use support::config::{Config, Route};
-use support::{Floodgate, Generated, TestClient, Upstream};
-
-/// A body of `left` bytes with no declared length (sent chunked).
-struct Chunked {
-    left: usize,
-}
-
-impl Body for Chunked {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        let n = self.left.min(16 * 1024);
-        self.left -= n;
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'c'; n])))))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
-}
+use support::{Floodgate, Generated, TestClient, Unsized, Upstream};
 
 async fn gate(upstream: &Upstream) -> Floodgate {
     let toml = Config::new()
@@ -97,9 +66,7 @@ async fn a_chunked_body_that_grows_past_the_limit_is_cut_and_answered_413() {
         .expect("handshake");
     tokio::spawn(connection);
     let request = Request::post(gate.url("/upload"))
-        .body(Chunked {
-            left: 3 * 1024 * 1024,
-        })
+        .body(Unsized::new(3 * 1024 * 1024))
         .expect("request");
     let response = sender.send_request(request).await.expect("an answer");
     assert_eq!(response.status(), 413);

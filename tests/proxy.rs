@@ -6,7 +6,9 @@ mod support;
 use std::time::Duration;
 
 use http::Request;
-use support::{Floodgate, Generated, TestClient, Upstream, empty, first_answer, text_body};
+use support::{
+    Floodgate, Generated, TestClient, Unsized, Upstream, empty, first_answer, text_body,
+};
 
 fn proxy_config(upstream: &str) -> String {
     format!(
@@ -599,29 +601,6 @@ async fn malformed_upstream_answers_are_502() {
     assert_eq!(ok.text(), "ok");
 }
 
-/// A request body of unknown length, sent in `chunks` pieces of 1 KiB.
-struct UnknownLength {
-    chunks: usize,
-}
-
-impl hyper::body::Body for UnknownLength {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
-        if self.chunks == 0 {
-            return std::task::Poll::Ready(None);
-        }
-        self.chunks -= 1;
-        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
-            bytes::Bytes::from_static(&[b'u'; 1024]),
-        ))))
-    }
-}
-
 #[tokio::test]
 async fn request_bodies_of_unknown_length_are_sent_chunked() {
     let upstream = Upstream::start().await;
@@ -637,7 +616,7 @@ async fn request_bodies_of_unknown_length_are_sent_chunked() {
     tokio::spawn(connection);
     for chunks in [300, 1, 0] {
         let request = Request::post(gate.url("/upload"))
-            .body(UnknownLength { chunks })
+            .body(Unsized::new(chunks * 1024))
             .expect("request");
         let response = sender.send_request(request).await.expect("response");
         assert_eq!(response.status(), 200);

@@ -274,6 +274,34 @@ impl Body for Generated {
     }
 }
 
+/// A body of `n` bytes that declares no length, so it goes chunked.
+pub struct Unsized {
+    left: usize,
+}
+
+impl Unsized {
+    pub fn new(n: usize) -> Self {
+        Self { left: n }
+    }
+}
+
+impl Body for Unsized {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(16 * 1024);
+        self.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'u'; n])))))
+    }
+}
+
 // === floodgate in process ===
 
 /// A floodgate serving a TOML configuration on 127.0.0.1:port.
