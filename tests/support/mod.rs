@@ -654,23 +654,42 @@ impl Drop for FloodgateProcess {
 }
 
 /// A port that was free a moment ago and that no other caller in this
-/// test process got: tests start servers in parallel, and the kernel may
-/// hand a port just released to the next bind.
+/// test process got, for servers a test starts as separate processes.
+///
+/// It is taken from below the kernel's ephemeral range
+/// (`ip_local_port_range`): the ports of outgoing connections, and of
+/// listeners bound to port 0, come from that range, so a test opening
+/// thousands of connections cannot take the port between this check and
+/// the server's bind.
 pub fn free_port() -> u16 {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        let mut given = GIVEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if given.insert(port) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let span = u32::from(high - low);
+    // Each test process starts at its own place in the range.
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let start = seed % span;
+    for i in 0..span {
+        let port = low + u16::try_from((start + i * 7_919) % span).unwrap_or(0);
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
             return port;
         }
     }
+    panic!("no free port below the ephemeral range");
 }
 
 /// A fresh temporary directory for a test's files.
