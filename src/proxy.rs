@@ -22,6 +22,7 @@ use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::Upstream;
 
+pub mod balance;
 pub mod body;
 pub mod connect;
 mod idle;
@@ -123,45 +124,80 @@ impl Forwarder {
         hold: impl FnOnce() -> H,
     ) -> Result<Response<Body>, Refusal> {
         let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
-        let headers = upstream_headers(request, upstream, peer, upgrade);
+        let group = upstream.group.as_deref();
+        let mut chosen = group.map(|g| g.pick(None));
+        let mut endpoint = match (group, chosen) {
+            (Some(g), Some(i)) => &g.endpoints[i],
+            _ => upstream,
+        };
+        let headers = upstream_headers(request, endpoint, peer, upgrade);
         let on_client_upgrade = if upgrade {
             request.extensions.remove::<OnUpgrade>()
         } else {
             None
         };
-        let head = Head {
+        let mut head = Head {
             method: request.method.clone(),
             target: path_and_query,
             headers,
         };
-        let (body, sent) = RequestBody::new(body, timeouts.body, timeouts.max_body);
-        let pool = self.pools.get_in(upstream);
-        let send = pool.send(upstream, head, body, upgrade, now);
+        let (mut body, sent) = RequestBody::new(body, timeouts.body, timeouts.max_body);
+        // A request none of which was written goes once more, to another
+        // endpoint; it is still one request against the route's limits.
+        let mut tries = 0;
         let Exchange {
             mut response,
             release,
             switched: sender,
-        } = match by_deadline(send, upstream.timeout, now, sent.as_deref()).await {
-            Some(Ok(exchange)) => exchange,
-            Some(Err(e)) => return Err(self.refusal(upstream, e)),
-            None => {
-                self.timeouts.count(Phase::UpstreamHead);
-                tracing::warn!(
-                    upstream = %upstream.target,
-                    timeout = ?upstream.timeout,
-                    "upstream timed out"
-                );
-                return Err(Refusal::upstream(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "the upstream did not answer in time",
-                ));
+        } = loop {
+            let _in_flight = match (group, chosen) {
+                (Some(g), Some(i)) => Some(g.begin(i)),
+                _ => None,
+            };
+            let pool = self.pools.get_in(endpoint);
+            let send = pool.send(endpoint, head, body, upgrade, now);
+            let failure = match by_deadline(send, endpoint.timeout, now, sent.as_deref()).await {
+                Some(Ok(exchange)) => {
+                    if let (Some(g), Some(i)) = (group, chosen) {
+                        g.succeeded(i);
+                    }
+                    break exchange;
+                }
+                Some(Err(failure)) => failure,
+                None => {
+                    if let (Some(g), Some(i)) = (group, chosen) {
+                        g.failed(i);
+                    }
+                    return Err(self.refusal(endpoint, SendError::TimedOut));
+                }
+            };
+            if let (Some(g), Some(i), SendError::Connect(_)) = (group, chosen, &failure.error) {
+                g.failed(i);
+            }
+            match (group, failure.unsent) {
+                (Some(g), Some(unsent)) if tries == 0 && g.endpoints.len() > 1 => {
+                    tries += 1;
+                    tracing::debug!(
+                        endpoint = %endpoint.target,
+                        error = %failure.error,
+                        "upstream endpoint failed before the request was sent; trying another"
+                    );
+                    let i = g.pick(chosen);
+                    chosen = Some(i);
+                    endpoint = &g.endpoints[i];
+                    (head, body) = *unsent;
+                    if !endpoint.preserve_host {
+                        head.headers.insert(HOST, endpoint.host_header.clone());
+                    }
+                }
+                _ => return Err(self.refusal(endpoint, failure.error)),
             }
         };
         let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         strip_hop_by_hop(response.headers_mut(), switched);
         if switched {
             let Some(client) = on_client_upgrade else {
-                tracing::warn!(upstream = %upstream.target, "upstream switched protocols unasked");
+                tracing::warn!(upstream = %endpoint.target, "upstream switched protocols unasked");
                 return Err(Refusal::upstream(
                     StatusCode::BAD_GATEWAY,
                     "the upstream switched protocols unasked",
@@ -184,7 +220,7 @@ impl Forwarder {
         Ok(response.map(|body| {
             Either::Left(UpstreamBody::new(
                 body,
-                upstream.body_timeout,
+                endpoint.body_timeout,
                 release,
                 body_timeouts,
             ))
@@ -200,6 +236,18 @@ impl Forwarder {
                 }
                 tracing::warn!(upstream = %upstream.target, error = %e, "upstream unreachable");
                 Refusal::upstream(StatusCode::BAD_GATEWAY, "the upstream is unreachable")
+            }
+            SendError::TimedOut => {
+                self.timeouts.count(Phase::UpstreamHead);
+                tracing::warn!(
+                    upstream = %upstream.target,
+                    timeout = ?upstream.timeout,
+                    "upstream timed out"
+                );
+                Refusal::upstream(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the upstream did not answer in time",
+                )
             }
             SendError::NoUpgrade => {
                 tracing::warn!(upstream = %upstream.target, error = %error, "upgrade refused");

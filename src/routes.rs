@@ -102,6 +102,9 @@ pub struct Upstream {
     pub host_header: HeaderValue,
     /// Send the client's `Host` instead of `host_header`.
     pub preserve_host: bool,
+    /// With several endpoints: all of them (this one is the first), how
+    /// to choose, and their health.
+    pub group: Option<Arc<crate::proxy::balance::Group>>,
     /// Which HTTP it speaks.
     pub protocol: Protocol,
     /// TLS to an `https://` upstream.

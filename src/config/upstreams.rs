@@ -13,19 +13,26 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Server, Validator};
+use crate::proxy::balance::{Balance, Group};
 use crate::proxy::pool::PoolSlot;
 use crate::routes::{Protocol, Upstream};
 use crate::tls::{TlsError, UpstreamTls, UpstreamTlsFiles};
 
 /// Default deadline for a new upstream connection, TLS included.
 pub(super) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default first ejection of a failing endpoint.
+const DEFAULT_EJECT_FOR: Duration = Duration::from_secs(5);
 /// Default idle timeout of an upstream's response body.
 pub(super) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct UpstreamModel {
-    url: Spanned<String>,
+    url: Option<Spanned<String>>,
+    endpoints: Option<Spanned<Vec<Spanned<String>>>>,
+    balance: Option<Spanned<String>>,
+    eject_after: Option<Spanned<i64>>,
+    eject_for: Option<Spanned<String>>,
     protocol: Option<Spanned<String>>,
     server_name: Option<Spanned<String>>,
     ca_file: Option<Spanned<String>>,
@@ -82,19 +89,97 @@ impl Validator<'_> {
                     ),
                 );
             }
-            let upstream = self.named_upstream(name, model.get_ref(), defaults);
+            let upstream = self.named_upstream(name, model.get_ref(), model.span(), defaults);
             out.insert(name.clone(), upstream);
         }
         out
     }
 
+    /// An `[upstreams.NAME]`: one endpoint (`url`), or several
+    /// (`endpoints`) balanced as a group.
     fn named_upstream(
         &mut self,
         name: &str,
         m: &UpstreamModel,
+        span: std::ops::Range<usize>,
         defaults: Defaults,
     ) -> Option<Upstream> {
-        let (scheme, authority) = self.url(&m.url)?;
+        let urls: Vec<&Spanned<String>> = match (&m.url, &m.endpoints) {
+            (Some(url), None) => vec![url],
+            (None, Some(list)) if !list.get_ref().is_empty() => list.get_ref().iter().collect(),
+            (None, Some(list)) => {
+                self.problem(list.span(), format!("upstream {name:?} has no endpoints"));
+                return None;
+            }
+            (Some(url), Some(_)) => {
+                self.problem(
+                    url.span(),
+                    format!("upstream {name:?} has both url and endpoints; keep one"),
+                );
+                return None;
+            }
+            (None, None) => {
+                self.problem(
+                    span,
+                    format!(
+                        "upstream {name:?} needs url = \"http://host:port\" or endpoints = [...]"
+                    ),
+                );
+                return None;
+            }
+        };
+        let balance = self.choice(
+            m.balance.as_ref(),
+            "balance",
+            &[
+                ("least_in_flight", Balance::LeastInFlight),
+                ("round_robin", Balance::RoundRobin),
+            ],
+        );
+        let eject_after = self.bounded(
+            m.eject_after.as_ref(),
+            3,
+            1..=1000,
+            "eject_after must be a whole number of failures from 1 to 1000",
+        );
+        let eject_for =
+            self.optional_duration(m.eject_for.as_ref(), "eject_for", DEFAULT_EJECT_FOR);
+        let mut members = Vec::with_capacity(urls.len());
+        let mut first_scheme = None;
+        for url in urls {
+            let (scheme, authority) = self.url(url)?;
+            if first_scheme.get_or_insert_with(|| scheme.clone()) != &scheme {
+                self.problem(
+                    url.span(),
+                    format!("upstream {name:?} mixes http:// and https:// endpoints; give them one scheme"),
+                );
+                return None;
+            }
+            members.push(self.endpoint(name, m, scheme, authority, defaults)?);
+        }
+        let (balance, eject_after, eject_for) = (balance?, eject_after?, eject_for?);
+        if members.len() == 1 {
+            return members.pop();
+        }
+        let mut primary = members[0].clone();
+        primary.group = Some(Arc::new(Group::new(
+            members,
+            balance,
+            u32::try_from(eject_after).unwrap_or(3),
+            eject_for,
+        )));
+        Some(primary)
+    }
+
+    /// One endpoint of an `[upstreams.NAME]`, at `scheme://authority`.
+    fn endpoint(
+        &mut self,
+        name: &str,
+        m: &UpstreamModel,
+        scheme: Scheme,
+        authority: Authority,
+        defaults: Defaults,
+    ) -> Option<Upstream> {
         let https = scheme == Scheme::HTTPS;
         let protocol = match &m.protocol {
             None if https => Protocol::Auto,
@@ -183,7 +268,8 @@ impl Validator<'_> {
                     TlsError::Certificate { .. } => m.cert_file.as_ref().map(Spanned::span),
                     TlsError::ServerName { .. } => m.server_name.as_ref().map(Spanned::span),
                 }
-                .unwrap_or_else(|| m.url.span());
+                .or_else(|| m.url.as_ref().map(Spanned::span))
+                .unwrap_or(0..0);
                 self.problem(span, format!("[upstreams.{name}]: {e}"));
                 None
             }
@@ -313,6 +399,7 @@ impl Validator<'_> {
             host_header: HeaderValue::from_str(authority.as_str())
                 .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
             preserve_host: false,
+            group: None,
             scheme,
             authority,
             protocol,

@@ -49,6 +49,37 @@ pub enum SendError {
     /// The request is an upgrade and the upstream speaks only HTTP/2.
     #[error("the upstream speaks HTTP/2, which carries no HTTP/1.1 upgrade")]
     NoUpgrade,
+    /// No response head within the upstream's timeout.
+    #[error("the upstream did not answer in time")]
+    TimedOut,
+}
+
+/// A send that failed, with the request given back when no byte of it was
+/// written (so that it may go to another endpoint).
+#[derive(Debug)]
+pub struct SendFailure {
+    /// What went wrong.
+    pub error: SendError,
+    /// The request, never written.
+    pub unsent: Option<Box<(Head, RequestBody)>>,
+}
+
+impl SendFailure {
+    fn unsent(error: SendError, head: Head, body: RequestBody) -> Self {
+        Self {
+            error,
+            unsent: Some(Box::new((head, body))),
+        }
+    }
+}
+
+impl From<SendError> for SendFailure {
+    fn from(error: SendError) -> Self {
+        Self {
+            error,
+            unsent: None,
+        }
+    }
 }
 
 /// Where a route's upstream keeps its pool once found: the pools outlive
@@ -283,10 +314,13 @@ impl Pool {
         body: RequestBody,
         upgrade: bool,
         now: Instant,
-    ) -> Result<Exchange, SendError> {
+    ) -> Result<Exchange, SendFailure> {
         let (sender, pooled) = match self.checkout(upgrade, now) {
             Some(sender) => (sender, true),
-            None => (self.connect(upstream, upgrade).await?, false),
+            None => match self.connect(upstream, upgrade).await {
+                Ok(sender) => (sender, false),
+                Err(error) => return Err(SendFailure::unsent(error, head, body)),
+            },
         };
         let attempt = Attempt {
             upstream,
@@ -296,21 +330,24 @@ impl Pool {
         };
         match self.send_on(sender, head, body, attempt).await {
             Ok(exchange) => Ok(exchange),
-            Err(Failure::Final(e)) => Err(e),
+            Err(Failure::Final(e)) => Err(e.into()),
             Err(Failure::Again(again, error)) => {
                 let (head, body) = *again;
                 tracing::debug!(
                     %error,
                     "a pooled connection closed as the request arrived; sending it again on a new one"
                 );
-                let fresh = self.connect(upstream, upgrade).await?;
+                let fresh = match self.connect(upstream, upgrade).await {
+                    Ok(fresh) => fresh,
+                    Err(error) => return Err(SendFailure::unsent(error, head, body)),
+                };
                 let last = Attempt {
                     pooled: false,
                     ..attempt
                 };
                 self.send_on(fresh, head, body, last)
                     .await
-                    .map_err(Failure::into_error)
+                    .map_err(|f| f.into_error().into())
             }
         }
     }
