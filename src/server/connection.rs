@@ -240,6 +240,13 @@ where
         return Ended::Served(None);
     }
     let first_head = accepted + protocols.idle_timeout;
+    let setting = Setting {
+        accepted,
+        activity,
+        write_timeout,
+        protocols,
+        connections,
+    };
     let Some(tls) = tls else {
         let protocol = tokio::select! {
             biased;
@@ -253,22 +260,7 @@ where
             // Closed, or reset, before sending anything.
             Ok(None) | Err(_) => Ended::Served(None),
             Ok(Some(protocol)) => {
-                let served = serve_on(
-                    WriteIdle::new(stream, write_timeout),
-                    protocol,
-                    accepted,
-                    service,
-                    activity,
-                    protocols,
-                    close,
-                    connections,
-                );
-                match served.await {
-                    Served::Ended(ended) => Ended::Served(ended),
-                    Served::FirstHeadTimedOut(stream) => {
-                        Ended::FirstHeadTimedOut(Socket::Plain(stream.io))
-                    }
-                }
+                serve_on(stream, protocol, Socket::Plain, service, close, &setting).await
             }
         };
     };
@@ -288,44 +280,30 @@ where
         Some(b"h2") => Protocol::Http2,
         _ => Protocol::Http1,
     };
-    match serve_on(
-        WriteIdle::new(stream, write_timeout),
-        protocol,
-        accepted,
-        service,
-        activity,
-        protocols,
-        close,
-        connections,
-    )
-    .await
-    {
-        Served::Ended(ended) => Ended::Served(ended),
-        Served::FirstHeadTimedOut(stream) => {
-            Ended::FirstHeadTimedOut(Socket::Tls(Box::new(stream.io)))
-        }
-    }
+    let socket = |stream| Socket::Tls(Box::new(stream));
+    serve_on(stream, protocol, socket, service, close, &setting).await
 }
 
-/// How [`serve_on`] left a connection.
-enum Served<I> {
-    Ended(Option<Box<dyn StdError + Send + Sync>>),
-    FirstHeadTimedOut(I),
+/// What serving a connection needs besides its socket and service.
+struct Setting<'a> {
+    /// When it was accepted.
+    accepted: tokio::time::Instant,
+    activity: &'a Activity,
+    write_timeout: &'a WriteTimeout,
+    protocols: &'a Protocols,
+    connections: &'a Connections,
 }
 
-/// Serves `io`, whose client speaks `protocol`, from its acceptance at
-/// `accepted` on.
-#[allow(clippy::too_many_arguments)]
+/// Serves `io`, whose client speaks `protocol`, from its acceptance on;
+/// `socket` makes it an answerable [`Socket`] again for a 408.
 async fn serve_on<I, S, B>(
     io: I,
     protocol: Protocol,
-    accepted: tokio::time::Instant,
+    socket: impl FnOnce(I) -> Socket,
     service: S,
-    activity: &Activity,
-    protocols: &Protocols,
     close: Pin<&mut tokio::sync::futures::Notified<'_>>,
-    connections: &Connections,
-) -> Served<I>
+    setting: &Setting<'_>,
+) -> Ended
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
@@ -335,7 +313,14 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
-    let io = TokioIo::new(io);
+    let Setting {
+        accepted,
+        activity,
+        write_timeout,
+        protocols,
+        connections,
+    } = *setting;
+    let io = TokioIo::new(WriteIdle::new(io, write_timeout));
     // Ticks from the accept: any that passed while waiting for the first
     // bytes fire at once, and count as idle.
     let tick = (protocols.idle_timeout / TICKS).max(Duration::from_millis(1));
@@ -354,20 +339,20 @@ where
                 .serve_connection(io, service)
                 .with_upgrades();
             match drive(Pin::new(&mut connection), timer, close, connections).await {
-                Drove::Ended(ended) => Served::Ended(ended),
+                Drove::Ended(ended) => Ended::Served(ended),
                 Drove::FirstHeadTimedOut => match connection.into_parts() {
-                    Some(parts) => Served::FirstHeadTimedOut(parts.io.into_inner()),
+                    Some(parts) => Ended::FirstHeadTimedOut(socket(parts.io.into_inner().io)),
                     // Upgraded: not idle, and not this connection's any more.
-                    None => Served::Ended(None),
+                    None => Ended::Served(None),
                 },
             }
         }
         Protocol::Http2 => {
             let connection = pin!(protocols.http2.serve_connection(io, service));
             match drive(connection, timer, close, connections).await {
-                Drove::Ended(ended) => Served::Ended(ended),
+                Drove::Ended(ended) => Ended::Served(ended),
                 // No HTTP/1 answer on an HTTP/2 connection.
-                Drove::FirstHeadTimedOut => Served::Ended(None),
+                Drove::FirstHeadTimedOut => Ended::Served(None),
             }
         }
     }
