@@ -7,7 +7,7 @@ mod support;
 
 use http::Request;
 use support::config::{Config, Route};
-use support::{Floodgate, Generated, TestClient, Unsized, Upstream};
+use support::{Floodgate, Generated, TestClient, Upstream};
 
 async fn gate(upstream: &Upstream) -> Floodgate {
     let toml = Config::new()
@@ -56,17 +56,9 @@ async fn a_declared_length_over_the_limit_is_413_before_the_upstream_sees_a_byte
 async fn a_chunked_body_that_grows_past_the_limit_is_cut_and_answered_413() {
     let upstream = Upstream::start().await;
     let gate = gate(&upstream).await;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(
-            tokio::net::TcpStream::connect(gate.addr)
-                .await
-                .expect("connect"),
-        ))
-        .await
-        .expect("handshake");
-    tokio::spawn(connection);
+    let mut sender = support::http1_connection(gate.addr).await;
     let request = Request::post(gate.url("/upload"))
-        .body(Unsized::new(3 * 1024 * 1024))
+        .body(Generated::without_length(3 * 1024 * 1024))
         .expect("request");
     let response = sender.send_request(request).await.expect("an answer");
     assert_eq!(response.status(), 413);

@@ -6,9 +6,7 @@ mod support;
 use std::time::Duration;
 
 use http::Request;
-use support::{
-    Floodgate, Generated, TestClient, Unsized, Upstream, empty, first_answer, text_body,
-};
+use support::{Floodgate, Generated, TestClient, Upstream, empty, first_answer, text_body};
 
 fn proxy_config(upstream: &str) -> String {
     format!(
@@ -605,18 +603,10 @@ async fn malformed_upstream_answers_are_502() {
 async fn request_bodies_of_unknown_length_are_sent_chunked() {
     let upstream = Upstream::start().await;
     let gate = Floodgate::start(&proxy_config(&upstream.url())).await;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(
-            tokio::net::TcpStream::connect(gate.addr)
-                .await
-                .expect("connect"),
-        ))
-        .await
-        .expect("handshake");
-    tokio::spawn(connection);
-    for chunks in [300, 1, 0] {
+    let mut sender = support::http1_connection(gate.addr).await;
+    for chunks in [300u64, 1, 0] {
         let request = Request::post(gate.url("/upload"))
-            .body(Unsized::new(chunks * 1024))
+            .body(Generated::without_length(chunks * 1024))
             .expect("request");
         let response = sender.send_request(request).await.expect("response");
         assert_eq!(response.status(), 200);

@@ -234,10 +234,12 @@ async fn upstream_answer(req: Request<Incoming>) -> Result<Response<UpstreamBody
     Ok(Response::new(full(echo.to_string())))
 }
 
-/// A body of `n` bytes made 64 KiB at a time, never held whole.
+/// A body of `n` bytes made 64 KiB at a time, never held whole; with its
+/// length declared (`Content-Length`) or not (sent chunked).
 pub struct Generated {
     left: u64,
     chunk: Bytes,
+    declared: bool,
 }
 
 impl Generated {
@@ -245,6 +247,15 @@ impl Generated {
         Self {
             left: n,
             chunk: Bytes::from(vec![b'x'; 64 * 1024]),
+            declared: true,
+        }
+    }
+
+    /// The same, declaring no length.
+    pub fn without_length(n: u64) -> Self {
+        Self {
+            declared: false,
+            ..Self::new(n)
         }
     }
 }
@@ -266,39 +277,15 @@ impl Body for Generated {
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.left)
+        if self.declared {
+            SizeHint::with_exact(self.left)
+        } else {
+            SizeHint::default()
+        }
     }
 
     fn is_end_stream(&self) -> bool {
         self.left == 0
-    }
-}
-
-/// A body of `n` bytes that declares no length, so it goes chunked.
-pub struct Unsized {
-    left: usize,
-}
-
-impl Unsized {
-    pub fn new(n: usize) -> Self {
-        Self { left: n }
-    }
-}
-
-impl Body for Unsized {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        let n = self.left.min(16 * 1024);
-        self.left -= n;
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'u'; n])))))
     }
 }
 
@@ -518,6 +505,22 @@ impl TestClient {
         }
         self.send(builder.body(empty()).expect("request")).await
     }
+}
+
+/// One HTTP/1.1 connection to `addr`, for requests whose bodies the
+/// pooled client's single body type does not cover.
+pub async fn http1_connection<B>(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(connection);
+    sender
 }
 
 /// What one read of a raw connection brings back, within 5 s.
