@@ -15,6 +15,8 @@
 //! The state lives with the compiled configuration, so a reload starts
 //! every endpoint afresh.
 
+#[cfg(test)]
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -170,5 +172,101 @@ impl Group {
             ejected_for = ?interval,
             "upstream endpoint ejected"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routes::Action;
+
+    /// The group of a configuration's only route, over three endpoints.
+    fn group(balance: &str) -> Arc<Group> {
+        let text = format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+
+[upstreams.three]
+endpoints = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+balance = "{balance}"
+eject_after = 2
+eject_for = "10s"
+
+[[routes]]
+name = "all"
+upstream = "three"
+"#
+        );
+        let config = crate::config::parse(std::path::Path::new("t.toml"), &text)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let route = config.routes.iter().next().cloned();
+        match route.as_deref().map(|r| &r.action) {
+            Some(Action::Upstream(u)) => u.group.clone().unwrap_or_else(|| panic!("no group")),
+            _ => panic!("no upstream"),
+        }
+    }
+
+    fn picks(g: &Group, n: usize) -> Vec<usize> {
+        (0..n).map(|_| g.pick(None)).collect()
+    }
+
+    #[test]
+    fn idle_endpoints_take_turns_and_busy_ones_are_passed_over() {
+        let g = group("least_in_flight");
+        let chosen = picks(&g, 300);
+        for i in 0..3 {
+            let n = chosen.iter().filter(|&&c| c == i).count();
+            assert!((60..=140).contains(&n), "endpoint {i} took {n} of 300");
+        }
+        // Two draws among three: an endpoint busier than both others is
+        // never taken.
+        let _busy: Vec<_> = (0..5).map(|_| g.begin(0)).collect();
+        assert!(picks(&g, 100).iter().all(|&c| c != 0));
+        let rr = group("round_robin");
+        assert_eq!(picks(&rr, 6), [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn an_endpoint_failing_in_a_row_is_ejected_for_a_doubling_time_and_a_success_clears_it() {
+        let g = group("round_robin");
+        g.failed(1);
+        assert!(picks(&g, 9).contains(&1), "one failure does not eject");
+        g.failed(1);
+        assert!(!picks(&g, 9).contains(&1), "two in a row do");
+        let until = |i: usize| g.health[i].ejected_until.load(Ordering::Relaxed);
+        let first = until(1) - crate::limit::now_ms();
+        assert!((9_000..=10_000).contains(&first), "{first} ms");
+        // Its ejection over (made so here), one more failure ejects it again
+        // for twice as long.
+        g.health[1].ejected_until.store(1, Ordering::Relaxed);
+        g.failed(1);
+        let second = until(1) - crate::limit::now_ms();
+        assert!((19_000..=20_000).contains(&second), "{second} ms");
+        g.succeeded(1);
+        assert_eq!(until(1), 0);
+        assert!(picks(&g, 9).contains(&1));
+        g.failed(1);
+        assert!(picks(&g, 9).contains(&1), "the record started afresh");
+    }
+
+    #[test]
+    fn with_every_endpoint_ejected_the_one_back_soonest_is_used() {
+        let g = group("least_in_flight");
+        for i in 0..3 {
+            g.failed(i);
+            g.failed(i);
+        }
+        g.health[0].ejected_until.store(5, Ordering::Relaxed);
+        // Ejection 0 "ended" at 5 ms since the epoch: it is usable again.
+        assert!(picks(&g, 5).iter().all(|&c| c == 0));
+        // All ejected: the one whose ejection ends first is used.
+        let now = crate::limit::now_ms();
+        for (i, ends) in [(0, now + 3_000), (1, now + 2_000), (2, now + 1_000)] {
+            g.health[i].ejected_until.store(ends, Ordering::Relaxed);
+        }
+        assert!(picks(&g, 5).iter().all(|&c| c == 2));
+        // Avoiding it (a retry), the next soonest.
+        assert_eq!(g.pick(Some(2)), 1);
     }
 }
