@@ -15,7 +15,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::server::Shared;
+use crate::gate::Shared;
 
 /// Most admin connections open at once: scrapers and probes need a few.
 const MAX_ADMIN_CONNECTIONS: usize = 64;

@@ -16,7 +16,8 @@
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
-//! | [`server`] | accept connections, run each request through the above, shut down gracefully |
+//! | [`gate`] | one request's phases in order (head, route, client, limit, forward or refuse), the rules a reload swaps, the state requests share |
+//! | [`server`] | listeners, accepting connections under a cap, serving them with hyper, shutting down gracefully |
 //!
 //! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
 //! configured) until a shutdown future completes, reloading when notified;
@@ -28,6 +29,7 @@
 pub mod admin;
 pub mod client;
 pub mod config;
+pub mod gate;
 pub mod head;
 pub mod limit;
 pub mod metrics;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::config::{self, Config};
-use crate::server::Shared;
+use crate::gate::Shared;
 
 /// How often the file is compared.
 const POLL: Duration = Duration::from_secs(1);

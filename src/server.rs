@@ -1,32 +1,26 @@
-//! The accept loop, one request's way through the proxy, graceful shutdown
-//! and the swap of rules on reload.
+//! The listeners, the accept loop with its connection cap, and graceful
+//! shutdown; each request is handed to [`crate::gate`].
 
-use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use http::StatusCode;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use ipnet::IpNet;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use crate::client::{client_address, is_in};
+use crate::client::is_in;
 use crate::config::Config;
-use crate::limit::{Answer, Charge, Limiter};
-use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::proxy::{ClientSide, Forwarder, Peer};
+use crate::gate::{self, Shared};
+use crate::limit::Limiter;
+use crate::metrics::Metrics;
+use crate::proxy::Peer;
 use crate::refusal::Refusal;
-use crate::response::{self, Body};
-use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
+use crate::response;
 
 mod connection;
 
@@ -37,8 +31,6 @@ use connection::{Activity, Connections, Ended, Protocols, Socket, WriteTimeout};
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted in one request.
 const MAX_HEADERS: usize = 100;
-/// Longest request target (path and query) accepted; past it 414.
-const MAX_URI_BYTES: usize = 8 * 1024;
 
 /// Raises this process's soft limit on open files to its hard limit and
 /// returns the limit now in force (`u64::MAX` when unlimited).
@@ -67,125 +59,6 @@ fn default_max_connections() -> usize {
     usize::try_from(limit / 4 * 3)
         .unwrap_or(usize::MAX)
         .clamp(64, 1_000_000)
-}
-
-/// The part of a configuration that a reload swaps.
-#[derive(Debug)]
-pub struct Rules {
-    /// Routes, first match wins.
-    pub routes: Table,
-    /// Each route's metric handles, in route order.
-    pub metrics: Vec<RouteMetrics>,
-    /// Peers whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Vec<IpNet>,
-    /// What `%2F`, `%5C` and `\` in a request path do.
-    pub escaped_slashes: EscapedSlashes,
-    /// How long a client's request body and an upgraded connection may idle.
-    pub client_timeouts: ClientSide,
-    /// How long a client may leave its answer unread.
-    pub client_write_timeout: Duration,
-}
-
-impl Rules {
-    /// The swappable rules of `config`, counting into `metrics`.
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
-        Self {
-            metrics: metrics.bind(&config.routes),
-            routes: config.routes.clone(),
-            trusted_proxies: config.server.trusted_proxies.clone(),
-            escaped_slashes: config.server.escaped_slashes,
-            client_timeouts: ClientSide {
-                body: config.server.client_body_timeout,
-                upgraded: config.server.upgrade_idle_timeout,
-                max_body: None,
-            },
-            client_write_timeout: config.server.client_write_timeout,
-        }
-    }
-}
-
-/// Everything a request needs, shared by all connections.
-#[derive(Debug)]
-pub struct Shared {
-    rules: ArcSwap<Rules>,
-    /// TLS for new connections on the proxy listener, if configured; a
-    /// reload swaps it, and open connections keep the one they began with.
-    tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
-    limiter: Limiter,
-    forwarder: Forwarder,
-    metrics: Metrics,
-    /// When a shadow denial was last logged (ms): at most one line a second.
-    shadow_logged: AtomicU64,
-}
-
-impl Shared {
-    /// False while the shared store is considered down.
-    pub fn ready(&self) -> bool {
-        self.limiter.ready()
-    }
-
-    /// Brings gauges that are read rather than counted up to date.
-    pub fn refresh_gauges(&self) {
-        self.metrics
-            .circuit_open
-            .set(i64::from(!self.limiter.ready()));
-    }
-
-    /// The metrics, as exposed on `/metrics`.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// Applies a newly loaded configuration's rules; parts that cannot
-    /// change while running are reported and keep their old values.
-    pub fn reload(&self, running: &Config, new: Config) {
-        for what in running.differences_needing_restart(&new) {
-            tracing::warn!(
-                setting = what,
-                "{what} changed but cannot be applied while running; restart floodgate to apply it"
-            );
-        }
-        self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
-        self.tls
-            .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
-        self.limiter.rules_changed();
-        self.metrics.reloaded(true, &new.digest);
-        tracing::info!(
-            path = %new.path.display(),
-            routes = new.routes.len(),
-            digest = %new.digest,
-            "configuration reloaded"
-        );
-    }
-
-    /// Records a reload that was refused; the old rules stay.
-    pub fn reload_refused(&self, error: &crate::config::LoadError) {
-        self.metrics.reloaded(false, "");
-        for line in error.to_string().lines() {
-            tracing::error!("{line}");
-        }
-        tracing::error!("configuration not reloaded; the previous rules stay in force");
-    }
-
-    /// Logs a shadow denial, at most once a second at info (the rest at debug).
-    fn log_shadow(&self, route: &str, client: &crate::client::ClientId) {
-        let now = crate::limit::now_ms();
-        let last = self.shadow_logged.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 1_000
-            && self
-                .shadow_logged
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::info!(
-                route,
-                ?client,
-                "shadow: would have denied (further ones this second at debug)"
-            );
-        } else {
-            tracing::debug!(route, ?client, "shadow: would have denied");
-        }
-    }
 }
 
 /// The sockets floodgate serves on.
@@ -248,14 +121,7 @@ pub async fn run(
         metrics.store(),
     )
     .await?;
-    let shared = Arc::new(Shared {
-        rules: ArcSwap::from_pointee(Rules::new(&config, &metrics)),
-        tls: arc_swap::ArcSwapOption::new(config.server.tls.as_ref().map(|(_, c)| Arc::clone(c))),
-        limiter,
-        forwarder: Forwarder::new(metrics.timeouts().clone()),
-        metrics,
-        shadow_logged: AtomicU64::new(0),
-    });
+    let shared = Arc::new(Shared::new(&config, limiter, metrics));
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
     let watcher = tokio::spawn(crate::reload::watch(
@@ -342,24 +208,24 @@ pub async fn run(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let open = connections.open(shared.metrics.open_connections.clone());
+                let open = connections.open(shared.metrics().open_connections.clone());
                 let on_timeout = Arc::clone(&shared);
                 let shared = Arc::clone(&shared);
-                let tls = shared.tls.load_full();
+                let tls = shared.tls();
                 let client = Arc::new(Client {
                     peer: Peer::new(
                         peer,
                         tls.is_some(),
-                        is_in(peer.ip().to_canonical(), &shared.rules.load().trusted_proxies),
+                        is_in(peer.ip().to_canonical(), &shared.rules().trusted_proxies),
                     ),
                     activity: Activity::default(),
                     _open: open,
                     _slot: slot,
                 });
                 let write_timeout = WriteTimeout {
-                    after: shared.rules.load().client_write_timeout,
+                    after: shared.rules().client_write_timeout,
                     timeouts: shared
-                        .metrics
+                        .metrics()
                         .timeouts()
                         .counter(crate::metrics::Phase::ClientWrite)
                         .clone(),
@@ -370,7 +236,8 @@ pub async fn run(
                     let client = Arc::clone(&client);
                     async move {
                         let _busy = client.activity.begin();
-                        Ok::<_, Infallible>(handle(&shared, &client, request).await)
+                        let hold = || Arc::clone(&client);
+                        Ok::<_, Infallible>(gate::handle(&shared, &client.peer, request, hold).await)
                     }
                 });
                 let protocols = Arc::clone(&protocols);
@@ -391,7 +258,7 @@ pub async fn run(
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
                         Ended::FirstHeadTimedOut(socket) => {
-                            request_timeout(socket, &on_timeout.metrics).await;
+                            request_timeout(socket, on_timeout.metrics()).await;
                         }
                     }
                 });
@@ -460,21 +327,6 @@ impl AcceptTrouble {
     }
 }
 
-/// The path and query sent upstream: the request's own when its path was
-/// already normal, else the normalised path with the original query.
-fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Option<PathAndQuery> {
-    match (forward_path, uri.path_and_query()) {
-        (Cow::Borrowed(_), Some(pq)) => Some(pq.clone()),
-        (path, pq) => {
-            let text = match pq.and_then(PathAndQuery::query) {
-                Some(q) => format!("{path}?{q}"),
-                None => path.into_owned(),
-            };
-            PathAndQuery::try_from(text).ok()
-        }
-    }
-}
-
 /// The client end of a connection, as its requests see it. It counts as
 /// an open connection, holding its place under `max_connections`, until the
 /// connection and any tunnel an upgrade made of it have ended.
@@ -508,8 +360,7 @@ async fn sweep(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        shared.limiter.sweep();
-        shared.forwarder.sweep();
+        shared.sweep();
     }
 }
 
@@ -520,174 +371,6 @@ async fn recover(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        shared.limiter.recover().await;
+        shared.recover().await;
     }
-}
-
-/// One request: route, client, limit, then forward or deny. Every answer
-/// floodgate makes itself is counted by status and fault.
-async fn handle(
-    shared: &Shared,
-    client: &Arc<Client>,
-    request: Request<Incoming>,
-) -> Response<Body> {
-    let grpc = response::is_grpc(request.headers());
-    match answer(shared, client, request, grpc).await {
-        Ok(response) => response,
-        Err(refusal) => {
-            shared.metrics.refused(&refusal);
-            if grpc {
-                refusal.into_grpc_response()
-            } else {
-                refusal.into_response()
-            }
-        }
-    }
-}
-
-/// [`handle`]'s work: the answer, or what floodgate answers instead.
-async fn answer(
-    shared: &Shared,
-    caller: &Arc<Client>,
-    request: Request<Incoming>,
-    grpc: bool,
-) -> Result<Response<Body>, Refusal> {
-    let peer = &caller.peer;
-    // Taken apart once: the head is lent, not moved, on its way upstream.
-    let (mut request, body) = request.into_parts();
-    if request
-        .uri
-        .path_and_query()
-        .is_some_and(|pq| pq.as_str().len() > MAX_URI_BYTES)
-    {
-        return Err(Refusal::client(
-            StatusCode::URI_TOO_LONG,
-            "the request target is longer than 8 KiB",
-        ));
-    }
-    let host = crate::head::check(&request)?;
-    let rules = shared.rules.load_full();
-    let (forward_path, matched_path) = request_paths(request.uri.path(), rules.escaped_slashes)?;
-    let facts = RequestFacts {
-        method: &request.method,
-        host,
-        path: &matched_path,
-    };
-    let Some((index, route)) = rules.routes.find(&facts) else {
-        shared.metrics.no_route.inc();
-        return Err(Refusal::client(
-            StatusCode::NOT_FOUND,
-            "no route matches this request",
-        ));
-    };
-    // `post` is not `POST` to floodgate, but is to many servers: it is
-    // served only on a route that compares methods without case.
-    if !route.matcher.ignore_case
-        && let Some(standard) = crate::head::miscased_standard(&request.method)
-    {
-        return Err(crate::head::HeadError::MethodCase(standard).into());
-    }
-    let counts = &rules.metrics[index];
-    // A body declared too large is refused before anything else is spent
-    // on it; one that grows too large on the way is cut (proxy::body).
-    if let (Action::Upstream(_), Some(max)) = (&route.action, route.max_request_body)
-        && hyper::body::Body::size_hint(&body).lower() > max
-    {
-        return Err(Refusal::client(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than this route's max_request_body of {max} bytes"),
-        ));
-    }
-
-    // Exempt clients skip identification too: a health checker need not
-    // send the API key header that limits everyone else.
-    let exempt = !route.exempt.is_empty()
-        && is_in(
-            client_address(&request.headers, peer.addr.ip(), &rules.trusted_proxies),
-            &route.exempt,
-        );
-    let mut decision = None;
-    if exempt {
-        counts.count(Outcome::Exempt);
-    } else if route.limits.is_empty() {
-        counts.count(Outcome::Allowed);
-    } else {
-        let client = route.client.identify_forwarded(
-            &mut request.headers,
-            peer.addr.ip(),
-            &rules.trusted_proxies,
-        )?;
-        let charge = Charge {
-            route: &route.name,
-            client: &client,
-            limits: &route.limits,
-            cost: route.cost,
-        };
-        match shared.limiter.decide(charge).await {
-            Answer::Decided(d) if d.allowed => {
-                counts.count(Outcome::Allowed);
-                decision = Some(d);
-            }
-            Answer::Decided(d) if route.shadow => {
-                counts.count(Outcome::ShadowDenied);
-                shared.log_shadow(&route.name, &client);
-                decision = Some(d);
-            }
-            Answer::Decided(d) => {
-                counts.count(Outcome::Denied);
-                tracing::debug!(route = %route.name, client = ?client, "denied");
-                return Ok(if grpc {
-                    response::grpc_too_many_requests(route, &d)
-                } else {
-                    response::too_many_requests(route, &d)
-                });
-            }
-            Answer::Unavailable {
-                deny,
-                retry_after_ms,
-            } => {
-                counts.count(Outcome::StoreError);
-                if deny && !route.shadow {
-                    return Err(Refusal::store(retry_after_ms));
-                }
-            }
-        }
-    }
-
-    let mut response = match &route.action {
-        Action::Respond(r) => response::respond(r),
-        Action::Upstream(upstream) => {
-            let Some(path_and_query) = forwarded_target(forward_path, &request.uri) else {
-                return Err(Refusal::client(
-                    StatusCode::BAD_REQUEST,
-                    "the request path cannot be forwarded",
-                ));
-            };
-            let started = Instant::now();
-            // Only the upstream's own answers count as upstream responses;
-            // floodgate's 502 and 504 are refusals.
-            let response = shared
-                .forwarder
-                .forward(
-                    upstream,
-                    &mut request,
-                    body,
-                    path_and_query,
-                    peer,
-                    started,
-                    ClientSide {
-                        max_body: route.max_request_body,
-                        ..rules.client_timeouts
-                    },
-                    || Arc::clone(caller),
-                )
-                .await?;
-            counts.upstream(response.status().as_u16(), started.elapsed());
-            response
-        }
-    };
-    if let Some(d) = &decision {
-        response::annotate(response.headers_mut(), route, d);
-    }
-    Ok(response)
 }
