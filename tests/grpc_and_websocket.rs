@@ -24,7 +24,7 @@ async fn grpc_calls_pass_with_their_trailers_and_the_over_limit_one_is_resource_
         .route(
             Route::new("grpc")
                 .upstream("grpc")
-                .limit("fixed_window", 4, "60s"),
+                .limit("sliding_log", 4, "60s"),
         )
         .toml();
     let gate = Floodgate::start(&toml).await;
@@ -113,7 +113,7 @@ async fn a_websocket_echo_works_and_its_handshake_counts_against_the_limit() {
         .route(
             Route::new("ws")
                 .upstream(&format!("http://127.0.0.1:{}", server.port))
-                .limit("fixed_window", 2, "60s"),
+                .limit("sliding_log", 2, "60s"),
         )
         .toml();
     let gate = Floodgate::start(&toml).await;
