@@ -21,7 +21,7 @@ use toml::Spanned;
 
 use crate::client::{ClientRule, DEFAULT_MAX_CLIENT_ID, MissingHeader, Part, Repeated, TooLong};
 use crate::limit::{Algorithm, Limit};
-use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table, Upstream};
+use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table};
 
 mod upstreams;
 
@@ -443,6 +443,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         path,
         text,
         problems: Vec::new(),
+        upstream_urls: HashMap::new(),
     };
     let model: FileModel = match toml::from_str(text) {
         Ok(model) => model,
@@ -473,6 +474,8 @@ struct Validator<'a> {
     path: &'a Path,
     text: &'a str,
     problems: Vec<Problem>,
+    /// The upstreams routes gave as URLs, one group per URL.
+    upstream_urls: HashMap<String, Arc<crate::proxy::balance::Group>>,
 }
 
 impl Validator<'_> {
@@ -997,7 +1000,7 @@ impl Validator<'_> {
         &mut self,
         models: &[Spanned<RouteModel>],
         server: Option<&Server>,
-        upstreams: &HashMap<String, Option<Upstream>>,
+        upstreams: &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
     ) -> Vec<Route> {
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
@@ -1045,7 +1048,10 @@ impl Validator<'_> {
         &mut self,
         m: &RouteModel,
         span: Range<usize>,
-        (upstreams, defaults): (&HashMap<String, Option<Upstream>>, Defaults),
+        (upstreams, defaults): (
+            &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
+            Defaults,
+        ),
         server_exempt: &[IpNet],
         long_ids: (usize, TooLong),
     ) -> Option<Route> {

@@ -18,6 +18,7 @@ use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::proxy::balance::Group;
 use crate::proxy::{ClientSide, Forwarder, Peer};
 use crate::refusal::Refusal;
 use crate::response::{self, Body};
@@ -46,6 +47,7 @@ pub struct Rules {
 impl Rules {
     /// The swappable rules of `config`, counting into `metrics`.
     pub fn new(config: &Config, metrics: &Metrics) -> Self {
+        metrics.bind_upstreams(upstreams(config));
         Self {
             metrics: metrics.bind(&config.routes),
             routes: config.routes.clone(),
@@ -58,6 +60,27 @@ impl Rules {
             },
             client_write_timeout: config.server.client_write_timeout,
         }
+    }
+}
+
+/// The upstreams `config`'s routes forward to, each once.
+fn upstreams(config: &Config) -> Vec<Arc<Group>> {
+    let mut groups: Vec<Arc<Group>> = Vec::new();
+    for route in config.routes.iter() {
+        if let Action::Upstream(u) = &route.action
+            && !groups.iter().any(|g| Arc::ptr_eq(g, &u.group))
+        {
+            groups.push(Arc::clone(&u.group));
+        }
+    }
+    groups
+}
+
+/// Starts resolving the names and checking the endpoints of `config`'s
+/// upstreams; each task ends when its upstream is dropped by a reload.
+fn start_upkeep(config: &Config) {
+    for group in upstreams(config) {
+        group.start();
     }
 }
 
@@ -79,6 +102,7 @@ impl Shared {
     /// The state for serving `config`, deciding with `limiter`, counting
     /// into `metrics`.
     pub fn new(config: &Config, limiter: Limiter, metrics: Metrics) -> Self {
+        start_upkeep(config);
         Self {
             rules: ArcSwap::from_pointee(Rules::new(config, &metrics)),
             tls: arc_swap::ArcSwapOption::new(
@@ -139,6 +163,7 @@ impl Shared {
             );
         }
         self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
+        start_upkeep(&new);
         self.tls
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();

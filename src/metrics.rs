@@ -7,8 +7,15 @@
 //! of series is bounded by the configuration. A reload that removes a route
 //! removes its series too, so `/metrics` lists only routes in force.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -17,6 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::proxy::balance::{Failure, Group};
 use crate::routes::Table;
 
 /// What happened to a request on a route.
@@ -216,6 +224,7 @@ pub struct Metrics {
     client_entries_full: Family<TableLabel, Counter>,
     refusals: Family<RefusalLabel, Counter>,
     timeouts: Timeouts,
+    endpoints: Arc<Endpoints>,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -378,6 +387,8 @@ impl Metrics {
                 result: result.into(),
             });
         }
+        let endpoints = Arc::new(Endpoints::default());
+        registry.register_collector(Box::new(Arc::clone(&endpoints)));
         Self {
             registry,
             requests,
@@ -391,6 +402,7 @@ impl Metrics {
             client_entries_full,
             refusals,
             timeouts,
+            endpoints,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
             no_route,
@@ -447,6 +459,12 @@ impl Metrics {
                 }
             })
             .collect()
+    }
+
+    /// Exports the endpoints of `upstreams` (those of the rules in force)
+    /// in place of the previous rules' ones.
+    pub fn bind_upstreams(&self, upstreams: Vec<Arc<Group>>) {
+        self.endpoints.groups.store(Arc::new(upstreams));
     }
 
     /// Removes every series labelled with route `name`.
@@ -589,5 +607,99 @@ impl StoreMetrics {
     /// Counts a failed decision.
     pub fn failed(&self, kind: StoreErrorKind) {
         self.errors[kind as usize].inc();
+    }
+}
+
+// === Upstream endpoints ===
+
+/// The upstream endpoints' series, read from the endpoints in force at each
+/// scrape: the addresses of a DNS name come and go, and so do their series,
+/// so their number stays that of the endpoints in force.
+#[derive(Debug, Default)]
+struct Endpoints {
+    groups: ArcSwap<Vec<Arc<Group>>>,
+}
+
+/// A metric's name, help and value, read from an endpoint's stats.
+type Series<T> = (&'static str, &'static str, fn(&crate::proxy::balance::Stats) -> T);
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    upstream: String,
+    endpoint: String,
+    address: String,
+}
+
+impl Collector for Endpoints {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let groups = self.groups.load();
+        let mut rows = Vec::new();
+        for group in groups.iter() {
+            for member in group.members().iter() {
+                let label = EndpointLabel {
+                    upstream: group.name.to_string(),
+                    endpoint: group.configured(member).to_owned(),
+                    address: member.address().to_owned(),
+                };
+                rows.push((label, member.stats()));
+            }
+        }
+        let counters: [Series<u64>; 2] = [
+            (
+                "floodgate_upstream_endpoint_requests",
+                "Requests sent to each upstream endpoint (a retry counts where it went)",
+                |s| s.requests,
+            ),
+            (
+                "floodgate_upstream_endpoint_ejections",
+                "Times each upstream endpoint was ejected after failing in a row",
+                |s| s.ejections,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (label, stats) in &rows {
+                ConstCounter::new(value(stats)).encode(family.encode_family(label)?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "floodgate_upstream_endpoint_errors",
+                "Failures of each upstream endpoint by kind (connect, timeout, protocol)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (label, stats) in &rows {
+                for kind in Failure::ALL {
+                    let labels = (
+                        label.clone(),
+                        KindLabel {
+                            kind: kind.name().into(),
+                        },
+                    );
+                    ConstCounter::new(stats.errors[kind as usize])
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let gauges: [Series<i64>; 2] = [
+            (
+                "floodgate_upstream_endpoint_in_flight",
+                "Requests in flight on each upstream endpoint",
+                |s| i64::try_from(s.in_flight).unwrap_or(i64::MAX),
+            ),
+            (
+                "floodgate_upstream_endpoint_healthy",
+                "1 while an upstream endpoint takes requests (not ejected, not failing its health check)",
+                |s| i64::from(s.healthy),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (label, stats) in &rows {
+                ConstGauge::new(value(stats)).encode(family.encode_family(label)?)?;
+            }
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Bodies stream both ways (nothing is buffered whole), hop-by-hop headers are
 //! dropped in both directions, and the upstream learns who asked through
-//! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host`.
+//! `X-Forwarded-For`, `X-Forwarded-Proto` and `X-Forwarded-Host` (and, where
+//! an upstream asks for them, RFC 7239 `Forwarded` and `Via`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,7 +11,7 @@ use std::pin::pin;
 use std::time::{Duration, Instant};
 
 use http::header::Entry;
-use http::header::{CONNECTION, HOST, HeaderName, TE, UPGRADE};
+use http::header::{CONNECTION, FORWARDED, HOST, HeaderName, TE, UPGRADE, VIA};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, Version, request};
 use http_body_util::Either;
@@ -20,17 +21,19 @@ use hyper::upgrade::OnUpgrade;
 use crate::metrics::{Phase, Timeouts};
 use crate::refusal::Refusal;
 use crate::response::{self, Body};
-use crate::routes::Upstream;
+use crate::routes::{Endpoint, Upstream};
 
 pub mod balance;
 pub mod body;
 pub mod connect;
+pub mod discovery;
 mod idle;
 pub mod pool;
 pub mod upgrade;
 
 pub use idle::IdleTimer;
 
+use balance::Failure;
 use body::{ClientBodyError, RequestBody, Sent, UpstreamBody};
 use pool::{Exchange, Head, Pools, SendError};
 
@@ -124,13 +127,12 @@ impl Forwarder {
         hold: impl FnOnce() -> H,
     ) -> Result<Response<Body>, Refusal> {
         let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
-        let group = upstream.group.as_deref();
-        let mut chosen = group.map(|g| g.pick(None));
-        let mut endpoint = match (group, chosen) {
-            (Some(g), Some(i)) => &g.endpoints[i],
-            _ => upstream,
-        };
-        let headers = upstream_headers(request, endpoint, peer, upgrade);
+        let group = &*upstream.group;
+        // The endpoints in force when the request began, through its retry.
+        let members = group.members();
+        let mut chosen = group.pick(&members, None);
+        let mut member = &*members[chosen];
+        let headers = upstream_headers(request, &member.endpoint, peer, upgrade);
         let on_client_upgrade = if upgrade {
             request.extensions.remove::<OnUpgrade>()
         } else {
@@ -150,51 +152,63 @@ impl Forwarder {
             release,
             switched: sender,
         } = loop {
-            let _in_flight = match (group, chosen) {
-                (Some(g), Some(i)) => Some(g.begin(i)),
-                _ => None,
-            };
+            let endpoint = &member.endpoint;
+            let _in_flight = member.begin();
             let pool = self.pools.get_in(endpoint);
             let send = pool.send(endpoint, head, body, upgrade, now);
-            let failure = match by_deadline(send, endpoint.timeout, now, sent.as_deref()).await {
+            let failure = match by_deadline(send, upstream.timeout, now, sent.as_deref()).await {
                 Some(Ok(exchange)) => {
-                    if let (Some(g), Some(i)) = (group, chosen) {
-                        g.succeeded(i);
-                    }
+                    group.succeeded(member);
                     break exchange;
                 }
                 Some(Err(failure)) => failure,
                 None => {
-                    if let (Some(g), Some(i)) = (group, chosen) {
-                        g.failed(i);
-                    }
-                    return Err(self.refusal(endpoint, SendError::TimedOut));
+                    member.count(Failure::Timeout);
+                    group.failed(member);
+                    return Err(self.refusal(endpoint, upstream.timeout, SendError::TimedOut));
                 }
             };
-            if let (Some(g), Some(i), SendError::Connect(_)) = (group, chosen, &failure.error) {
-                g.failed(i);
+            match &failure.error {
+                SendError::Connect(e) => {
+                    member.count(if matches!(e, connect::ConnectError::TimedOut(_)) {
+                        Failure::Timeout
+                    } else {
+                        Failure::Connect
+                    });
+                    group.failed(member);
+                }
+                SendError::Failed(e) if client_body_error(e).is_none() => {
+                    member.count(Failure::Protocol);
+                }
+                SendError::NoUpgrade => member.count(Failure::Protocol),
+                SendError::Failed(_) | SendError::TimedOut => {}
             }
-            match (group, failure.unsent) {
-                (Some(g), Some(unsent)) if tries == 0 && g.endpoints.len() > 1 => {
+            match failure.unsent {
+                Some(unsent) if tries == 0 && members.len() > 1 => {
                     tries += 1;
                     tracing::debug!(
                         endpoint = %endpoint.target,
                         error = %failure.error,
                         "upstream endpoint failed before the request was sent; trying another"
                     );
-                    let i = g.pick(chosen);
-                    chosen = Some(i);
-                    endpoint = &g.endpoints[i];
+                    chosen = group.pick(&members, Some(chosen));
+                    member = &*members[chosen];
                     (head, body) = *unsent;
-                    if !endpoint.preserve_host {
-                        head.headers.insert(HOST, endpoint.host_header.clone());
+                    if !member.endpoint.preserve_host {
+                        head.headers
+                            .insert(HOST, member.endpoint.host_header.clone());
                     }
                 }
-                _ => return Err(self.refusal(endpoint, failure.error)),
+                _ => return Err(self.refusal(endpoint, upstream.timeout, failure.error)),
             }
         };
+        let endpoint = &member.endpoint;
         let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         strip_hop_by_hop(response.headers_mut(), switched);
+        if endpoint.forwarding.via {
+            let entry = via(response.version()).clone();
+            response.headers_mut().append(VIA, entry);
+        }
         if switched {
             let Some(client) = on_client_upgrade else {
                 tracing::warn!(upstream = %endpoint.target, "upstream switched protocols unasked");
@@ -228,7 +242,7 @@ impl Forwarder {
     }
 
     /// The refusal for a failed exchange, logged with its reason.
-    fn refusal(&self, upstream: &Upstream, error: SendError) -> Refusal {
+    fn refusal(&self, upstream: &Endpoint, timeout: Duration, error: SendError) -> Refusal {
         match &error {
             SendError::Connect(e) => {
                 if matches!(e, connect::ConnectError::TimedOut(_)) {
@@ -241,7 +255,7 @@ impl Forwarder {
                 self.timeouts.count(Phase::UpstreamHead);
                 tracing::warn!(
                     upstream = %upstream.target,
-                    timeout = ?upstream.timeout,
+                    ?timeout,
                     "upstream timed out"
                 );
                 Refusal::upstream(
@@ -336,16 +350,18 @@ fn client_body_error(error: &hyper::Error) -> Option<&ClientBodyError> {
 /// where it must change (each edit hashes a name).
 fn upstream_headers(
     request: &mut request::Parts,
-    upstream: &Upstream,
+    upstream: &Endpoint,
     peer: &Peer,
     upgrade: bool,
 ) -> HeaderMap {
     let mut headers = std::mem::take(&mut request.headers);
     let (mut hop_by_hop, mut te_trailers) = (false, false);
-    let (mut earlier_for, mut earlier_host) = (false, false);
+    let (mut earlier_for, mut earlier_host, mut earlier_forwarded) = (false, false, false);
     let mut earlier_proto = None;
     for (name, value) in &headers {
-        if name == X_FORWARDED_FOR {
+        if name == FORWARDED {
+            earlier_forwarded = true;
+        } else if name == X_FORWARDED_FOR {
             earlier_for = true;
         } else if name == X_FORWARDED_HOST {
             earlier_host = true;
@@ -398,6 +414,12 @@ fn upstream_headers(
             None
         }
     };
+    let forwarding = upstream.forwarding;
+    let seen_host = if forwarding.forwarded {
+        authority.as_ref().or(client_host.as_ref()).cloned()
+    } else {
+        None
+    };
     let forwarded_host = if earlier_host && peer.trusted {
         None
     } else {
@@ -424,6 +446,19 @@ fn upstream_headers(
         }
         None => {}
     }
+    // RFC 7239: a trusted proxy's elements stay and floodgate's is added
+    // after them; an untrusted client's never reach the upstream.
+    if earlier_forwarded && !peer.trusted {
+        headers.remove(FORWARDED);
+    }
+    if forwarding.forwarded
+        && let Some(element) = forwarded_element(peer, seen_host.as_ref())
+    {
+        headers.append(FORWARDED, element);
+    }
+    if forwarding.via {
+        headers.append(VIA, via(request.version).clone());
+    }
     if te_trailers {
         headers.insert(TE, TRAILERS.clone());
     }
@@ -432,6 +467,46 @@ fn upstream_headers(
         headers.insert(CONNECTION, UPGRADE_OPTION.clone());
     }
     headers
+}
+
+/// Floodgate's element of `Forwarded` (RFC 7239 §4): who connected, over
+/// what, asking for which host.
+fn forwarded_element(peer: &Peer, host: Option<&HeaderValue>) -> Option<HeaderValue> {
+    use std::fmt::Write;
+    let mut text = match peer.addr.ip().to_canonical() {
+        std::net::IpAddr::V4(ip) => format!("for={ip}"),
+        std::net::IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
+    };
+    let proto = if *peer.proto == HTTPS {
+        "https"
+    } else {
+        "http"
+    };
+    let _ = write!(text, ";proto={proto}");
+    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+        text.push_str(";host=\"");
+        for c in host.chars() {
+            if c == '"' || c == '\\' {
+                text.push('\\');
+            }
+            text.push(c);
+        }
+        text.push('"');
+    }
+    HeaderValue::from_str(&text).ok()
+}
+
+static VIA_1_0: HeaderValue = HeaderValue::from_static("1.0 floodgate");
+static VIA_1_1: HeaderValue = HeaderValue::from_static("1.1 floodgate");
+static VIA_2: HeaderValue = HeaderValue::from_static("2 floodgate");
+
+/// Floodgate's `Via` entry for a message received as `version`.
+fn via(version: Version) -> &'static HeaderValue {
+    match version {
+        Version::HTTP_10 | Version::HTTP_09 => &VIA_1_0,
+        Version::HTTP_2 | Version::HTTP_3 => &VIA_2,
+        _ => &VIA_1_1,
+    }
 }
 
 /// Removes the hop-by-hop fields of `headers` and those its `Connection`

@@ -65,10 +65,12 @@ fn files(config: &Config) -> Vec<PathBuf> {
         files.extend(tls.files().map(Path::to_path_buf));
     }
     for route in config.routes.iter() {
-        if let crate::routes::Action::Upstream(upstream) = &route.action
-            && let Some(tls) = &upstream.tls
-        {
-            files.extend(tls.files().map(Path::to_path_buf));
+        if let crate::routes::Action::Upstream(upstream) = &route.action {
+            for endpoint in upstream.group.sources() {
+                if let Some(tls) = &endpoint.tls {
+                    files.extend(tls.files().map(Path::to_path_buf));
+                }
+            }
         }
     }
     files.sort();

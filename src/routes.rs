@@ -89,10 +89,23 @@ pub enum Action {
     Respond(Respond),
 }
 
-/// An upstream server.
+/// Where a route forwards: an upstream's endpoints, with the route's own
+/// deadline for the response head.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// `scheme://host:port`, as logs name it.
+    /// The endpoints, how one is chosen and what is known of their health;
+    /// shared by every route that names the same upstream.
+    pub group: Arc<crate::proxy::balance::Group>,
+    /// Deadline for the response head (504 past it), from when the request
+    /// was sent whole.
+    pub timeout: Duration,
+}
+
+/// One upstream server: an address to connect to and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `scheme://host:port`, as logs name it (with the address connected
+    /// to when the host is a DNS name).
     pub target: Box<str>,
     /// `http` or `https`.
     pub scheme: Scheme,
@@ -102,21 +115,17 @@ pub struct Upstream {
     pub host_header: HeaderValue,
     /// Send the client's `Host` instead of `host_header`.
     pub preserve_host: bool,
-    /// With several endpoints: all of them (this one is the first), how
-    /// to choose, and their health.
-    pub group: Option<Arc<crate::proxy::balance::Group>>,
+    /// Which forwarding headers beyond `X-Forwarded-*` it is sent.
+    pub forwarding: Forwarding,
     /// Which HTTP it speaks.
     pub protocol: Protocol,
     /// TLS to an `https://` upstream.
     pub tls: Option<Arc<UpstreamTls>>,
     /// Deadline for a new connection, TLS handshake included.
     pub connect_timeout: Duration,
-    /// Deadline for the response head (504 past it), from when the request
-    /// was sent whole.
-    pub timeout: Duration,
     /// A response body that sends nothing for this long is cut off.
     pub body_timeout: Duration,
-    /// Which pool its connections share: upstreams with the same scheme,
+    /// Which pool its connections share: endpoints with the same scheme,
     /// address, protocol and TLS name share one.
     pub pool_key: Box<str>,
     /// The connection pool, remembered after the first request so later
@@ -124,7 +133,16 @@ pub struct Upstream {
     pub pool: PoolSlot,
 }
 
-impl Upstream {
+/// The optional forwarding headers of RFC 7239 and RFC 9110.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forwarding {
+    /// Send `Forwarded: for=…;proto=…;host=…` (RFC 7239).
+    pub forwarded: bool,
+    /// Add floodgate to `Via` (RFC 9110 §7.6.3).
+    pub via: bool,
+}
+
+impl Endpoint {
     /// The port when the address names none: 443 for `https`, else 80.
     pub fn default_port(&self) -> u16 {
         if self.scheme == Scheme::HTTPS {

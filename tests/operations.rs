@@ -162,10 +162,42 @@ upstream = "{}"
         .filter(|k| k.starts_with("floodgate_config_info"))
         .collect();
     assert_eq!(digests.len(), 1, "{digests:?}");
-    assert!(
-        !text.contains("127.0.0.1"),
-        "a client address leaked into a label"
+    // The upstream's endpoint has series of its own, labelled with its
+    // address; no client address is in any label.
+    let upstream_addr = upstream.addr.to_string();
+    let url = upstream.url();
+    let endpoint = |name: &str, extra: &str| {
+        value(
+            &m,
+            &format!("{name}{{address={upstream_addr},endpoint={url},{extra}upstream={url}}}"),
+        )
+    };
+    assert_eq!(
+        endpoint("floodgate_upstream_endpoint_requests_total", ""),
+        4.0
     );
+    assert_eq!(endpoint("floodgate_upstream_endpoint_in_flight", ""), 0.0);
+    assert_eq!(endpoint("floodgate_upstream_endpoint_healthy", ""), 1.0);
+    assert_eq!(
+        endpoint("floodgate_upstream_endpoint_ejections_total", ""),
+        0.0
+    );
+    for kind in ["connect", "timeout", "protocol"] {
+        assert_eq!(
+            endpoint(
+                "floodgate_upstream_endpoint_errors_total",
+                &format!("kind={kind},")
+            ),
+            0.0
+        );
+    }
+    for line in text.lines().filter(|l| l.contains("127.0.0.1")) {
+        assert!(
+            line.starts_with("floodgate_upstream_endpoint_")
+                && line.matches("127.0.0.1").count() == line.matches(&upstream_addr).count(),
+            "a client address leaked into a label: {line}"
+        );
+    }
 }
 
 /// An instance with an admin listener and one route that answers 200 by

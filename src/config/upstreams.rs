@@ -8,20 +8,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
-use http::uri::{Authority, Scheme, Uri};
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Server, Validator};
 use crate::proxy::balance::{Balance, Group};
+use crate::proxy::discovery::{Check, Source};
 use crate::proxy::pool::PoolSlot;
-use crate::routes::{Protocol, Upstream};
+use crate::routes::{Endpoint, Forwarding, Protocol, Upstream};
 use crate::tls::{TlsError, UpstreamTls, UpstreamTlsFiles};
 
 /// Default deadline for a new upstream connection, TLS included.
 pub(super) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default first ejection of a failing endpoint.
 const DEFAULT_EJECT_FOR: Duration = Duration::from_secs(5);
+/// Default interval between DNS lookups of an endpoint's name.
+const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(10);
+/// Shortest interval between DNS lookups or health checks.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// Default interval between health checks of an endpoint.
+const DEFAULT_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// Default time a health check may take.
+const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default idle timeout of an upstream's response body.
 pub(super) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -40,6 +49,23 @@ pub(super) struct UpstreamModel {
     key_file: Option<Spanned<String>>,
     #[serde(default)]
     preserve_host: bool,
+    resolve_every: Option<Spanned<String>>,
+    health_check: Option<Spanned<HealthCheckModel>>,
+    #[serde(default)]
+    forwarded: bool,
+    #[serde(default)]
+    via: bool,
+}
+
+/// `health_check = { path = "/healthz", ... }` of an `[upstreams.NAME]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct HealthCheckModel {
+    path: Spanned<String>,
+    every: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    unhealthy_after: Option<Spanned<i64>>,
+    healthy_after: Option<Spanned<i64>>,
 }
 
 /// The upstream settings that come from `[server]`.
@@ -78,7 +104,7 @@ impl Validator<'_> {
         &mut self,
         models: &BTreeMap<String, Spanned<UpstreamModel>>,
         defaults: Defaults,
-    ) -> HashMap<String, Option<Upstream>> {
+    ) -> HashMap<String, Option<Arc<Group>>> {
         let mut out = HashMap::new();
         for (name, model) in models {
             if !super::valid_name(name) {
@@ -103,7 +129,7 @@ impl Validator<'_> {
         m: &UpstreamModel,
         span: std::ops::Range<usize>,
         defaults: Defaults,
-    ) -> Option<Upstream> {
+    ) -> Option<Arc<Group>> {
         let urls: Vec<&Spanned<String>> = match (&m.url, &m.endpoints) {
             (Some(url), None) => vec![url],
             (None, Some(list)) if !list.get_ref().is_empty() => list.get_ref().iter().collect(),
@@ -144,7 +170,16 @@ impl Validator<'_> {
         );
         let eject_for =
             self.optional_duration(m.eject_for.as_ref(), "eject_for", DEFAULT_EJECT_FOR);
-        let mut members = Vec::with_capacity(urls.len());
+        let resolve_every = self.interval(
+            m.resolve_every.as_ref(),
+            "resolve_every",
+            DEFAULT_RESOLVE_EVERY,
+        );
+        let check = match &m.health_check {
+            Some(c) => Some(self.health_check(c.get_ref())?),
+            None => None,
+        };
+        let mut sources = Vec::with_capacity(urls.len());
         let mut first_scheme = None;
         for url in urls {
             let (scheme, authority) = self.url(url)?;
@@ -155,20 +190,75 @@ impl Validator<'_> {
                 );
                 return None;
             }
-            members.push(self.endpoint(name, m, scheme, authority, defaults)?);
+            let endpoint = self.endpoint(name, m, scheme, authority, defaults)?;
+            sources.push(Source::new(endpoint));
         }
         let (balance, eject_after, eject_for) = (balance?, eject_after?, eject_for?);
-        if members.len() == 1 {
-            return members.pop();
-        }
-        let mut primary = members[0].clone();
-        primary.group = Some(Arc::new(Group::new(
-            members,
+        Some(Arc::new(Group::new(
+            name.into(),
+            sources,
             balance,
             u32::try_from(eject_after).unwrap_or(3),
             eject_for,
-        )));
-        Some(primary)
+            resolve_every?,
+            check,
+        )))
+    }
+
+    /// A duration of at least [`MIN_INTERVAL`], or `default`.
+    fn interval(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        what: &str,
+        default: Duration,
+    ) -> Option<Duration> {
+        let d = self.optional_duration(value, what, default)?;
+        if d < MIN_INTERVAL {
+            let span = value.map_or(0..0, Spanned::span);
+            self.problem(span, format!("{what} must be at least 100ms"));
+            return None;
+        }
+        Some(d)
+    }
+
+    /// An upstream's `health_check`.
+    fn health_check(&mut self, m: &HealthCheckModel) -> Option<Check> {
+        let text = m.path.get_ref();
+        let path = match PathAndQuery::try_from(text.as_str()) {
+            Ok(p) if text.starts_with('/') => Some(p),
+            _ => {
+                self.problem(
+                    m.path.span(),
+                    format!("health_check path {text:?} must be a path such as \"/healthz\""),
+                );
+                None
+            }
+        };
+        let every = self.interval(m.every.as_ref(), "health_check every", DEFAULT_CHECK_EVERY);
+        let timeout = self.optional_duration(
+            m.timeout.as_ref(),
+            "health_check timeout",
+            DEFAULT_CHECK_TIMEOUT,
+        );
+        let unhealthy_after = self.bounded(
+            m.unhealthy_after.as_ref(),
+            2,
+            1..=100,
+            "unhealthy_after must be a whole number of checks from 1 to 100",
+        );
+        let healthy_after = self.bounded(
+            m.healthy_after.as_ref(),
+            2,
+            1..=100,
+            "healthy_after must be a whole number of checks from 1 to 100",
+        );
+        Some(Check {
+            path: path?,
+            every: every?,
+            timeout: timeout?,
+            unhealthy_after: u32::try_from(unhealthy_after?).unwrap_or(2),
+            healthy_after: u32::try_from(healthy_after?).unwrap_or(2),
+        })
     }
 
     /// One endpoint of an `[upstreams.NAME]`, at `scheme://authority`.
@@ -179,7 +269,7 @@ impl Validator<'_> {
         scheme: Scheme,
         authority: Authority,
         defaults: Defaults,
-    ) -> Option<Upstream> {
+    ) -> Option<Endpoint> {
         let https = scheme == Scheme::HTTPS;
         let protocol = match &m.protocol {
             None if https => Protocol::Auto,
@@ -223,9 +313,13 @@ impl Validator<'_> {
                 );
                 return None;
             }
-            let mut upstream = self.compiled(scheme, authority, protocol, None, defaults);
-            upstream.preserve_host = m.preserve_host;
-            return Some(upstream);
+            let mut endpoint = self.compiled(scheme, authority, protocol, None, defaults);
+            endpoint.preserve_host = m.preserve_host;
+            endpoint.forwarding = Forwarding {
+                forwarded: m.forwarded,
+                via: m.via,
+            };
+            return Some(endpoint);
         }
         if m.cert_file.is_some() != m.key_file.is_some() {
             let span = m
@@ -247,9 +341,13 @@ impl Validator<'_> {
             .map_or_else(|| authority.host().to_owned(), |n| n.get_ref().clone());
         match UpstreamTls::new(files.clone(), &server_name, protocol) {
             Ok(tls) => {
-                let mut upstream = self.compiled(scheme, authority, protocol, Some(tls), defaults);
-                upstream.preserve_host = m.preserve_host;
-                Some(upstream)
+                let mut endpoint = self.compiled(scheme, authority, protocol, Some(tls), defaults);
+                endpoint.preserve_host = m.preserve_host;
+                endpoint.forwarding = Forwarding {
+                    forwarded: m.forwarded,
+                    via: m.via,
+                };
+                Some(endpoint)
             }
             Err(e) => {
                 let span = match &e {
@@ -277,15 +375,22 @@ impl Validator<'_> {
     }
 
     /// A route's `upstream`: a URL, or the name of an `[upstreams.NAME]`.
+    /// Routes that give the same URL share its endpoint and health.
     pub(super) fn route_upstream(
         &mut self,
         u: &Spanned<String>,
-        named: &HashMap<String, Option<Upstream>>,
+        named: &HashMap<String, Option<Arc<Group>>>,
         defaults: Defaults,
         timeout: Duration,
     ) -> Option<Upstream> {
         let text = u.get_ref();
-        let upstream = if text.contains("://") {
+        let group = if text.contains("://") {
+            if let Some(group) = self.upstream_urls.get(text) {
+                return Some(Upstream {
+                    group: Arc::clone(group),
+                    timeout,
+                });
+            }
             let (scheme, authority) = self.url(u)?;
             let https = scheme == Scheme::HTTPS;
             let (protocol, tls) = if https {
@@ -303,10 +408,21 @@ impl Validator<'_> {
             } else {
                 (Protocol::Http1, None)
             };
-            self.compiled(scheme, authority, protocol, tls, defaults)
+            let endpoint = self.compiled(scheme, authority, protocol, tls, defaults);
+            let group = Arc::new(Group::new(
+                text.as_str().into(),
+                vec![Source::new(endpoint)],
+                Balance::LeastInFlight,
+                3,
+                DEFAULT_EJECT_FOR,
+                DEFAULT_RESOLVE_EVERY,
+                None,
+            ));
+            self.upstream_urls.insert(text.clone(), Arc::clone(&group));
+            group
         } else {
             match named.get(text.as_str()) {
-                Some(Some(upstream)) => upstream.clone(),
+                Some(Some(group)) => Arc::clone(group),
                 // Already reported.
                 Some(None) => return None,
                 None => {
@@ -327,10 +443,7 @@ impl Validator<'_> {
                 }
             }
         };
-        Some(Upstream {
-            timeout,
-            ..upstream
-        })
+        Some(Upstream { group, timeout })
     }
 
     /// An `http://` or `https://` URL with no path: its scheme and address.
@@ -384,7 +497,7 @@ impl Validator<'_> {
         protocol: Protocol,
         tls: Option<UpstreamTls>,
         defaults: Defaults,
-    ) -> Upstream {
+    ) -> Endpoint {
         let server_name = tls
             .as_ref()
             .map(|t| format!("{:?}", t.server_name))
@@ -393,19 +506,18 @@ impl Validator<'_> {
             .as_ref()
             .map(|t| format!("{:?}", t.files))
             .unwrap_or_default();
-        Upstream {
+        Endpoint {
             target: format!("{scheme}://{authority}").into(),
             pool_key: format!("{scheme}://{authority} {protocol:?} {server_name} {files}").into(),
             host_header: HeaderValue::from_str(authority.as_str())
                 .unwrap_or_else(|_| HeaderValue::from_static("localhost")),
             preserve_host: false,
-            group: None,
+            forwarding: Forwarding::default(),
             scheme,
             authority,
             protocol,
             tls: tls.map(Arc::new),
             connect_timeout: defaults.connect_timeout,
-            timeout: defaults.timeout,
             body_timeout: defaults.body_timeout,
             pool: PoolSlot::default(),
         }

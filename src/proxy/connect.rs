@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::body::RequestBody;
-use crate::routes::{Protocol, Upstream};
+use crate::routes::{Endpoint, Protocol};
 
 /// A connection's request sender, by the protocol it speaks.
 #[derive(Debug)]
@@ -47,14 +47,14 @@ pub enum ConnectError {
 /// Opens a connection to `upstream`; one that speaks HTTP/1.1 whatever the
 /// upstream's protocol when `http1_only` (for upgrades, which HTTP/2 does
 /// not carry the HTTP/1.1 way).
-pub async fn connect(upstream: &Upstream, http1_only: bool) -> Result<Sender, ConnectError> {
+pub async fn connect(upstream: &Endpoint, http1_only: bool) -> Result<Sender, ConnectError> {
     let timeout = upstream.connect_timeout;
     tokio::time::timeout(timeout, open(upstream, http1_only))
         .await
         .map_err(|_| ConnectError::TimedOut(timeout))?
 }
 
-async fn open(upstream: &Upstream, http1_only: bool) -> Result<Sender, ConnectError> {
+async fn open(upstream: &Endpoint, http1_only: bool) -> Result<Sender, ConnectError> {
     let authority = &upstream.authority;
     let port = authority.port_u16().unwrap_or(upstream.default_port());
     let host = authority.host().trim_matches(['[', ']']);

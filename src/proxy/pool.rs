@@ -29,7 +29,7 @@ use hyper::client::conn::{http1, http2};
 
 use super::body::RequestBody;
 use super::connect::{self, ConnectError, Sender};
-use crate::routes::{Protocol, Upstream};
+use crate::routes::{Endpoint, Protocol};
 
 /// How long an unused connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -87,7 +87,7 @@ impl From<SendError> for SendFailure {
 #[derive(Debug, Clone, Default)]
 pub struct PoolSlot(Arc<OnceLock<Arc<Pool>>>);
 
-/// Every upstream's pool, by [`Upstream::pool_key`].
+/// Every upstream's pool, by [`Endpoint::pool_key`].
 #[derive(Debug, Default)]
 pub struct Pools {
     by_key: Mutex<HashMap<Box<str>, Arc<Pool>>>,
@@ -95,7 +95,7 @@ pub struct Pools {
 
 impl Pools {
     /// The pool for `upstream`, remembered in its slot.
-    pub fn get_in<'a>(&self, upstream: &'a Upstream) -> &'a Arc<Pool> {
+    pub fn get_in<'a>(&self, upstream: &'a Endpoint) -> &'a Arc<Pool> {
         upstream.pool.0.get_or_init(|| self.get(&upstream.pool_key))
     }
 
@@ -107,7 +107,9 @@ impl Pools {
     }
 
     /// Drops idle connections past [`IDLE_TIMEOUT`] and closed ones, in
-    /// every pool (including those of upstreams no route names any more).
+    /// every pool (including those of upstreams no route names any more),
+    /// and the pools that no endpoint uses and that hold nothing: the
+    /// addresses of a DNS name come and go.
     pub fn sweep(&self) {
         let pools: Vec<Arc<Pool>> = self
             .by_key
@@ -124,6 +126,13 @@ impl Pools {
                 *shared = None;
             }
         }
+        // Held by the map alone: no endpoint's slot has it.
+        self.by_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, pool| {
+                Arc::strong_count(pool) > 1 || !pool.idle().is_empty() || pool.shared().is_some()
+            });
     }
 }
 
@@ -169,7 +178,12 @@ pub struct Head {
 impl Head {
     /// The request to send over `wire`: origin form for HTTP/1.1; for
     /// HTTP/2 the scheme and authority in the target, and no `Host`.
-    fn request(self, wire: Wire, upstream: &Upstream, body: RequestBody) -> Request<RequestBody> {
+    pub(super) fn request(
+        self,
+        wire: Wire,
+        upstream: &Endpoint,
+        body: RequestBody,
+    ) -> Request<RequestBody> {
         let Head {
             method,
             target,
@@ -218,7 +232,7 @@ impl Head {
 
 /// The protocol a request goes over.
 #[derive(Debug, Clone, Copy)]
-enum Wire {
+pub(super) enum Wire {
     Http1,
     Http2,
 }
@@ -260,7 +274,7 @@ impl Release {
 /// came from the pool (only then may a failed try go again).
 #[derive(Clone, Copy)]
 struct Attempt<'a> {
-    upstream: &'a Upstream,
+    upstream: &'a Endpoint,
     upgrade: bool,
     now: Instant,
     pooled: bool,
@@ -309,7 +323,7 @@ impl Pool {
     /// connections are judged idle, and later count as idle, from it.
     pub async fn send(
         self: &Arc<Self>,
-        upstream: &Upstream,
+        upstream: &Endpoint,
         head: Head,
         body: RequestBody,
         upgrade: bool,
@@ -455,7 +469,7 @@ impl Pool {
     /// A new connection; an HTTP/2 one is kept for every later request.
     /// While one that may be HTTP/2 is being opened, others wait for it and
     /// share it.
-    async fn connect(&self, upstream: &Upstream, upgrade: bool) -> Result<Sender, SendError> {
+    async fn connect(&self, upstream: &Endpoint, upgrade: bool) -> Result<Sender, SendError> {
         let may_be_h2 = !upgrade
             && match upstream.protocol {
                 Protocol::H2 | Protocol::H2c => true,

@@ -1,0 +1,272 @@
+//! Keeping an upstream's endpoints current: DNS names resolved again every
+//! `resolve_every`, so that a changed record or the pods behind a Kubernetes
+//! headless service are followed; and the optional active health check,
+//! a `GET` of a path on every endpoint every interval, expecting 2xx.
+//!
+//! Each group with a DNS name or a health check has one task, which holds
+//! the group weakly: when a reload drops the group, the task ends. Names
+//! are resolved by the system's resolver (`/etc/hosts`, `/etc/resolv.conf`
+//! and its search domains). A lookup that fails or finds nothing keeps the
+//! addresses last found, so a resolver outage never empties an upstream.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use http::header::{HOST, USER_AGENT};
+use http::uri::{Authority, PathAndQuery};
+use http::{HeaderMap, HeaderValue, Method};
+use tokio::time::Instant;
+
+use super::balance::{Group, Member};
+use super::body::RequestBody;
+use super::connect::{self, Sender};
+use super::pool::{Head, Wire};
+use crate::routes::Endpoint;
+
+/// How long a DNS lookup may take before the addresses last found are kept.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+static CHECKER: HeaderValue = HeaderValue::from_static("floodgate-health-check");
+
+/// One endpoint as configured.
+#[derive(Debug)]
+pub struct Source {
+    /// The endpoint as configured; its host may be a DNS name.
+    pub endpoint: Endpoint,
+    /// The DNS name and port to resolve; `None` for an IP address.
+    name: Option<(Box<str>, u16)>,
+    /// The last lookup failed (so that only a change is logged).
+    failing: AtomicBool,
+}
+
+/// The active health check of an upstream's endpoints.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// What is requested (`GET`).
+    pub path: PathAndQuery,
+    /// How often each endpoint is checked.
+    pub every: Duration,
+    /// How long a check may take, connection included.
+    pub timeout: Duration,
+    /// Failed checks in a row that leave an endpoint out.
+    pub unhealthy_after: u32,
+    /// Passed checks in a row that bring it back.
+    pub healthy_after: u32,
+}
+
+// === impl Source ===
+
+impl Source {
+    /// A configured endpoint, to be resolved if its host is a name.
+    pub fn new(endpoint: Endpoint) -> Self {
+        let host = endpoint.authority.host().trim_matches(['[', ']']);
+        let name = host.parse::<IpAddr>().is_err().then(|| {
+            (
+                host.into(),
+                endpoint
+                    .authority
+                    .port_u16()
+                    .unwrap_or(endpoint.default_port()),
+            )
+        });
+        Self {
+            endpoint,
+            name,
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// The endpoint as configured, in force until its name is resolved
+    /// (each new connection then resolves it).
+    pub(super) fn unresolved(&self, index: usize) -> Member {
+        let address = self.endpoint.authority.as_str().into();
+        Member::new(self.endpoint.clone(), index, address)
+    }
+
+    /// The endpoint at `address`, for a resolved name: connected there,
+    /// while `Host`, TLS's server name and the logs keep the name.
+    fn at(&self, index: usize, address: SocketAddr) -> Option<Member> {
+        let authority = Authority::try_from(address.to_string()).ok()?;
+        let endpoint = Endpoint {
+            target: format!("{} ({address})", self.endpoint.target).into(),
+            pool_key: format!("{} @{address}", self.endpoint.pool_key).into(),
+            authority,
+            pool: Default::default(),
+            ..self.endpoint.clone()
+        };
+        Some(Member::new(endpoint, index, address.to_string().into()))
+    }
+}
+
+// === impl Group ===
+
+impl Group {
+    /// Starts the task that resolves its names and checks its endpoints,
+    /// if it has either to do. Needs a Tokio runtime.
+    pub fn start(self: &Arc<Self>) {
+        let resolves = self.sources.iter().any(|s| s.name.is_some());
+        if resolves || self.check.is_some() {
+            tokio::spawn(upkeep(Arc::downgrade(self), resolves));
+        }
+    }
+
+    /// Looks every DNS name up again and puts the addresses found in force;
+    /// an address still there keeps its member (and its health record).
+    async fn resolve(&self) {
+        let current = self.members();
+        let mut next: Vec<Arc<Member>> = Vec::with_capacity(current.len());
+        let mut changed = false;
+        for (index, source) in self.sources.iter().enumerate() {
+            let kept = current.iter().filter(|m| m.source == index);
+            let Some((host, port)) = &source.name else {
+                next.extend(kept.cloned());
+                continue;
+            };
+            let found =
+                tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((&**host, *port)))
+                    .await;
+            let mut addresses: Vec<SocketAddr> = match found {
+                Ok(Ok(found)) => found.collect(),
+                Ok(Err(e)) => {
+                    source.lookup_failed(&self.name, &e.to_string());
+                    Vec::new()
+                }
+                Err(_) => {
+                    source.lookup_failed(&self.name, "no answer in time");
+                    Vec::new()
+                }
+            };
+            if addresses.is_empty() {
+                next.extend(kept.cloned());
+                continue;
+            }
+            if source.failing.swap(false, Ordering::Relaxed) {
+                tracing::info!(upstream = %self.name, host = %host, "DNS name resolves again");
+            }
+            addresses.sort_unstable();
+            addresses.dedup();
+            for address in addresses {
+                let label = address.to_string();
+                match current
+                    .iter()
+                    .find(|m| m.source == index && *m.address == *label)
+                {
+                    Some(member) => next.push(Arc::clone(member)),
+                    None => {
+                        if let Some(member) = source.at(index, address) {
+                            changed = true;
+                            next.push(Arc::new(member));
+                        }
+                    }
+                }
+            }
+        }
+        changed |= next.len() != current.len();
+        if changed {
+            let addresses: Vec<&str> = next.iter().map(|m| m.address()).collect();
+            tracing::info!(upstream = %self.name, ?addresses, "upstream endpoints changed");
+            self.replace(next);
+        }
+    }
+
+    /// Checks every endpoint in force at once, each within the timeout.
+    async fn check_all(self: &Arc<Self>, check: &Check) {
+        let mut checks = tokio::task::JoinSet::new();
+        for member in self.members().iter() {
+            let (group, member, check) = (Arc::clone(self), Arc::clone(member), check.clone());
+            checks.spawn(async move {
+                let passed = tokio::time::timeout(check.timeout, probe(&member.endpoint, &check))
+                    .await
+                    .unwrap_or_else(|_| Err("no answer in time".to_owned()));
+                if let Err(why) = &passed {
+                    tracing::debug!(
+                        upstream = %group.name,
+                        endpoint = %member.endpoint.target,
+                        why,
+                        "health check failed"
+                    );
+                }
+                group.checked(&member, &check, passed.is_ok());
+            });
+        }
+        while checks.join_next().await.is_some() {}
+    }
+}
+
+impl Source {
+    fn lookup_failed(&self, upstream: &str, error: &str) {
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            let host = self.name.as_ref().map_or("", |(h, _)| h);
+            tracing::warn!(
+                upstream,
+                host,
+                error,
+                "cannot resolve the upstream's DNS name; keeping the addresses last found"
+            );
+        }
+    }
+}
+
+/// Resolves and checks the group until it is dropped.
+async fn upkeep(group: Weak<Group>, resolves: bool) {
+    let mut resolve_at = Instant::now();
+    let mut check_at = Instant::now();
+    loop {
+        let Some(g) = group.upgrade() else {
+            return;
+        };
+        if resolves && Instant::now() >= resolve_at {
+            g.resolve().await;
+            resolve_at = Instant::now() + g.resolve_every;
+        }
+        let mut wake = resolves.then_some(resolve_at);
+        if let Some(check) = &g.check {
+            if Instant::now() >= check_at {
+                g.check_all(check).await;
+                check_at = Instant::now() + check.every;
+            }
+            wake = Some(wake.map_or(check_at, |w| w.min(check_at)));
+        }
+        drop(g);
+        let Some(wake) = wake else {
+            return;
+        };
+        tokio::time::sleep_until(wake).await;
+    }
+}
+
+/// One health check of `endpoint` on a connection of its own: `Ok` for a
+/// 2xx answer, else why not.
+async fn probe(endpoint: &Endpoint, check: &Check) -> Result<(), String> {
+    let sender = connect::connect(endpoint, false)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut headers = HeaderMap::with_capacity(2);
+    headers.insert(HOST, endpoint.host_header.clone());
+    headers.insert(USER_AGENT, CHECKER.clone());
+    let head = Head {
+        method: Method::GET,
+        target: check.path.clone(),
+        headers,
+    };
+    let response = match sender {
+        Sender::Http1(mut send) => {
+            send.ready().await.map_err(|e| e.to_string())?;
+            let request = head.request(Wire::Http1, endpoint, RequestBody::empty());
+            send.send_request(request).await
+        }
+        Sender::Http2(mut send) => {
+            send.ready().await.map_err(|e| e.to_string())?;
+            let request = head.request(Wire::Http2, endpoint, RequestBody::empty());
+            send.send_request(request).await
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {}", response.status()))
+    }
+}
