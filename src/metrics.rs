@@ -621,7 +621,11 @@ struct Endpoints {
 }
 
 /// A metric's name, help and value, read from an endpoint's stats.
-type Series<T> = (&'static str, &'static str, fn(&crate::proxy::balance::Stats) -> T);
+type Series<T> = (
+    &'static str,
+    &'static str,
+    fn(&crate::proxy::balance::Stats) -> T,
+);
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabel {

@@ -1,16 +1,18 @@
 //! An upstream with several endpoints: requests are shared between them, an
 //! endpoint that dies costs no request (what was never sent goes to the
 //! other; GETs it dropped in flight go again), it is ejected, and it comes
-//! back into rotation once it answers again.
+//! back into rotation once it answers again. One that fails its active
+//! health check is left out until it passes; a DNS name whose addresses
+//! change is followed; each endpoint's metrics say what happened to it.
 
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -21,22 +23,30 @@ use tokio::task::{JoinHandle, JoinSet};
 
 /// An upstream that answers its name (after 300 ms on `/slow`), and that
 /// can be killed with every connection it holds, and started again on the
-/// same port.
+/// same port. `/healthz` answers 200 or 503 as `healthy` says, and is not
+/// counted in `hits`.
 struct Endpoint {
     name: &'static str,
     port: u16,
     hits: Arc<AtomicUsize>,
+    healthy: Arc<AtomicBool>,
     task: Option<JoinHandle<()>>,
 }
 
 impl Endpoint {
     async fn start(name: &'static str, port: u16) -> Self {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        Self::start_at(name, "127.0.0.1", port).await
+    }
+
+    async fn start_at(name: &'static str, ip: &str, port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind((ip, port))
             .await
             .expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let hits = Arc::new(AtomicUsize::new(0));
+        let healthy = Arc::new(AtomicBool::new(true));
         let counter = Arc::clone(&hits);
+        let health = Arc::clone(&healthy);
         let task = tokio::spawn(async move {
             // Connections live in this task's set: aborting it closes them.
             let mut connections = JoinSet::new();
@@ -45,16 +55,26 @@ impl Endpoint {
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
                         let counter = Arc::clone(&counter);
+                        let health = Arc::clone(&health);
                         connections.spawn(async move {
                             let service = service_fn(move |request: Request<Incoming>| {
-                                counter.fetch_add(1, Ordering::SeqCst);
+                                let check = request.uri().path() == "/healthz";
+                                let status = if check && !health.load(Ordering::SeqCst) {
+                                    StatusCode::SERVICE_UNAVAILABLE
+                                } else {
+                                    StatusCode::OK
+                                };
+                                if !check {
+                                    counter.fetch_add(1, Ordering::SeqCst);
+                                }
                                 async move {
                                     if request.uri().path() == "/slow" {
                                         tokio::time::sleep(Duration::from_millis(300)).await;
                                     }
-                                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(
-                                        Bytes::from_static(name.as_bytes()),
-                                    )))
+                                    let mut response =
+                                        Response::new(Full::new(Bytes::from_static(name.as_bytes())));
+                                    *response.status_mut() = status;
+                                    Ok::<_, std::convert::Infallible>(response)
                                 }
                             });
                             let _ = hyper::server::conn::http1::Builder::new()
@@ -70,6 +90,7 @@ impl Endpoint {
             name,
             port,
             hits,
+            healthy,
             task: Some(task),
         }
     }
@@ -142,6 +163,7 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
             ],
         )
         .route(Route::new("all").upstream("pair"))
+        .admin()
         .toml();
     let gate = Floodgate::start(&toml).await;
 
@@ -185,6 +207,40 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
         after.iter().find(|(s, b)| *s != 200 || b != "a")
     );
     assert_eq!(slow.await.expect("slow calls"), [200, 200, 200, 200]);
+    // Its metrics say what happened to it: refused connections, an
+    // ejection; the live one had no trouble.
+    let text = metrics(&gate).await;
+    let (on_a, on_b) = (
+        format!("endpoint=\"{}\"", a.url()),
+        format!("endpoint=\"{}\"", b.url()),
+    );
+    let errors = |label: &str, kind: &str| {
+        metric(
+            &text,
+            "floodgate_upstream_endpoint_errors_total",
+            &[label, &format!("kind=\"{kind}\"")],
+        )
+    };
+    assert!(
+        metric(
+            &text,
+            "floodgate_upstream_endpoint_ejections_total",
+            &[&on_b]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(errors(&on_b, "connect") >= 1.0, "{text}");
+    for kind in ["connect", "timeout", "protocol"] {
+        assert_eq!(errors(&on_a, kind), 0.0, "{text}");
+    }
+    assert_eq!(
+        metric(
+            &text,
+            "floodgate_upstream_endpoint_ejections_total",
+            &[&on_a]
+        ),
+        0.0
+    );
 
     // Back on its port, it is tried again once its ejection ends.
     let b_again = Endpoint::start(b.name, b.port).await;
@@ -195,5 +251,270 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
         b_again.hits() >= 20,
         "the restarted endpoint took {} of 100",
         b_again.hits()
+    );
+    let text = metrics(&gate).await;
+    for label in [&on_a, &on_b] {
+        assert_eq!(
+            metric(&text, "floodgate_upstream_endpoint_in_flight", &[label]),
+            0.0
+        );
+        assert_eq!(
+            metric(&text, "floodgate_upstream_endpoint_healthy", &[label]),
+            1.0
+        );
+    }
+    // Every request that reached a counts there; b's count also holds the
+    // attempts that failed on it.
+    let sent = |label: &str| {
+        metric(
+            &text,
+            "floodgate_upstream_endpoint_requests_total",
+            &[label],
+        )
+    };
+    assert!(sent(&on_a) >= a.hits() as f64, "{text}");
+    assert!(sent(&on_b) > (b.hits() + b_again.hits()) as f64, "{text}");
+}
+
+/// The admin listener's `/metrics` text.
+async fn metrics(gate: &Floodgate) -> String {
+    TestClient::http1()
+        .get(&gate.admin_url("/metrics"), &[])
+        .await
+        .text()
+}
+
+/// The value of the one sample of `name` whose labels include every one
+/// of `labels` (each written `key="value"`); 0 when none does, and a
+/// failure when several do.
+fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    let found: Vec<f64> = text
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && labels.iter().all(|l| line.contains(l))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(found.len() <= 1, "{name} {labels:?} matches {found:?}");
+    found.first().copied().unwrap_or(0.0)
+}
+
+/// Waits up to `within` for `met` to say yes, asking every 50 ms.
+async fn eventually<F, Fut>(within: Duration, what: &str, mut met: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + within;
+    while !met().await {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_failing_its_health_check_is_left_out_until_it_passes_again() {
+    let a = Endpoint::start("a", 0).await;
+    let b = Endpoint::start("b", 0).await;
+    let toml = Config::new()
+        .upstream(
+            "pair",
+            &[
+                &format!(r#"endpoints = ["{}", "{}"]"#, a.url(), b.url()),
+                r#"health_check = { path = "/healthz", every = "100ms", timeout = "1s", unhealthy_after = 2, healthy_after = 2 }"#,
+            ],
+        )
+        .route(Route::new("all").upstream("pair"))
+        .admin()
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let healthy = |endpoint: &Endpoint| {
+        let label = format!("endpoint=\"{}\"", endpoint.url());
+        let gate = &gate;
+        async move {
+            metric(
+                &metrics(gate).await,
+                "floodgate_upstream_endpoint_healthy",
+                &[&label],
+            )
+        }
+    };
+
+    let answers = requests(&gate, "/x", 100, 4).await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    assert!(
+        a.hits() >= 20 && b.hits() >= 20,
+        "a {} b {}",
+        a.hits(),
+        b.hits()
+    );
+
+    b.healthy.store(false, Ordering::SeqCst);
+    eventually(Duration::from_secs(3), "b is marked unhealthy", || async {
+        healthy(&b).await == 0.0
+    })
+    .await;
+    let before = b.hits();
+    let answers = requests(&gate, "/y", 100, 4).await;
+    assert!(
+        answers.iter().all(|(s, body)| *s == 200 && body == "a"),
+        "{answers:?}"
+    );
+    assert_eq!(b.hits(), before, "b took requests while failing its check");
+    assert_eq!(healthy(&a).await, 1.0);
+
+    // Both failing: the set is never empty, requests are still served.
+    a.healthy.store(false, Ordering::SeqCst);
+    eventually(Duration::from_secs(3), "a is marked unhealthy", || async {
+        healthy(&a).await == 0.0
+    })
+    .await;
+    let answers = requests(&gate, "/z", 20, 4).await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+
+    a.healthy.store(true, Ordering::SeqCst);
+    b.healthy.store(true, Ordering::SeqCst);
+    eventually(Duration::from_secs(3), "b passes again", || async {
+        healthy(&b).await == 1.0 && healthy(&a).await == 1.0
+    })
+    .await;
+    let before = b.hits();
+    let answers = requests(&gate, "/w", 100, 4).await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    assert!(
+        b.hits() - before >= 20,
+        "b took {} of 100 once healthy again",
+        b.hits() - before
+    );
+}
+
+/// Lines of `/etc/hosts` for one name, removed again when dropped: the
+/// test's own resolver records, read by the system resolver floodgate uses.
+struct HostsEntry {
+    name: String,
+}
+
+impl HostsEntry {
+    const FILE: &'static str = "/etc/hosts";
+
+    fn new(name: &str, addresses: &[&str]) -> Self {
+        let entry = Self {
+            name: name.to_owned(),
+        };
+        entry.point_to(addresses);
+        entry
+    }
+
+    /// The name resolves to `addresses` from now on.
+    fn point_to(&self, addresses: &[&str]) {
+        let mut text = self.others();
+        for address in addresses {
+            text.push_str(&format!("{address} {}\n", self.name));
+        }
+        std::fs::write(Self::FILE, text).unwrap_or_else(|e| {
+            panic!(
+                "this test controls DNS through {}, which it cannot write ({e}); run it as root, as CI does",
+                Self::FILE
+            )
+        });
+    }
+
+    /// The file without this name's lines.
+    fn others(&self) -> String {
+        let text = std::fs::read_to_string(Self::FILE).unwrap_or_default();
+        let suffix = format!(" {}", self.name);
+        text.lines()
+            .filter(|line| !line.ends_with(&suffix))
+            .map(|line| format!("{line}\n"))
+            .collect()
+    }
+}
+
+impl Drop for HostsEntry {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::FILE, self.others());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_name_whose_addresses_change_is_followed() {
+    let a = Endpoint::start_at("a", "127.0.0.1", 0).await;
+    let b = Endpoint::start_at("b", "127.0.0.2", a.port).await;
+    let name = format!("floodgate-dns-{}.test", std::process::id());
+    let hosts = HostsEntry::new(&name, &["127.0.0.1"]);
+    let toml = Config::new()
+        .upstream(
+            "named",
+            &[
+                &format!(r#"url = "http://{name}:{}""#, a.port),
+                r#"resolve_every = "200ms""#,
+            ],
+        )
+        .route(Route::new("all").upstream("named"))
+        .admin()
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let answers = requests(&gate, "/x", 40, 4).await;
+    assert!(
+        answers.iter().all(|(s, body)| *s == 200 && body == "a"),
+        "{answers:?}"
+    );
+
+    // The record changes: new requests go to the new address, and none
+    // after that goes to the old one over a kept-alive connection.
+    hosts.point_to(&["127.0.0.2"]);
+    eventually(Duration::from_secs(5), "requests reach b", || async {
+        requests(&gate, "/y", 4, 1)
+            .await
+            .iter()
+            .all(|(_, body)| body == "b")
+    })
+    .await;
+    let a_before = a.hits();
+    let answers = requests(&gate, "/z", 40, 4).await;
+    assert!(
+        answers.iter().all(|(s, body)| *s == 200 && body == "b"),
+        "{answers:?}"
+    );
+    assert_eq!(a.hits(), a_before);
+
+    // Two records, as a headless service has: both addresses take requests,
+    // each an endpoint with series of its own.
+    hosts.point_to(&["127.0.0.1", "127.0.0.2"]);
+    let address = |ip: &str| format!("address=\"{ip}:{}\"", a.port);
+    eventually(
+        Duration::from_secs(5),
+        "both addresses are endpoints",
+        || async {
+            let text = metrics(&gate).await;
+            ["127.0.0.1", "127.0.0.2"].iter().all(|ip| {
+                text.lines().any(|l| {
+                    l.starts_with("floodgate_upstream_endpoint_healthy")
+                        && l.contains(&address(ip))
+                        && l.contains("upstream=\"named\"")
+                })
+            })
+        },
+    )
+    .await;
+    let (a_before, b_before) = (a.hits(), b.hits());
+    let answers = requests(&gate, "/w", 100, 4).await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    let (on_a, on_b) = (a.hits() - a_before, b.hits() - b_before);
+    assert!(on_a >= 30 && on_b >= 30, "a took {on_a}, b {on_b} of 100");
+    let text = metrics(&gate).await;
+    let endpoint = format!("endpoint=\"http://{name}:{}\"", a.port);
+    assert!(
+        metric(
+            &text,
+            "floodgate_upstream_endpoint_requests_total",
+            &[&endpoint, &address("127.0.0.2")]
+        ) >= on_b as f64,
+        "{text}"
     );
 }
