@@ -1,7 +1,8 @@
 //! The forwarding headers tell the upstream the truth: a trusted proxy's
 //! `X-Forwarded-For`, `-Proto` and `-Host` are passed on (the chain with the
 //! proxy appended), anyone else's are replaced by what floodgate saw itself;
-//! `preserve_host` forwards the client's `Host`.
+//! `preserve_host` forwards the client's `Host`; `forwarded` and `via` add
+//! RFC 7239 `Forwarded` and `Via` for upstreams that read them.
 
 mod support;
 
@@ -104,5 +105,92 @@ async fn preserve_host_forwards_the_clients_host() {
     assert_eq!(
         replaced.echoed_header("x-forwarded-host").as_deref(),
         Some("api.example.com")
+    );
+}
+
+/// Every value of `name` the upstream saw on its last request.
+fn last_seen(upstream: &Upstream, name: &str) -> Vec<String> {
+    let seen = upstream.seen();
+    let last = seen.last().expect("the upstream saw a request");
+    last.headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().expect("text").to_owned())
+        .collect()
+}
+
+/// Through a floodgate trusting `trusted`, with an upstream that asks for
+/// `Forwarded` and `Via` on `/tells` and one that does not elsewhere.
+async fn gate_telling(upstream: &Upstream, trusted: &str) -> Floodgate {
+    let toml = Config::new()
+        .server(&format!("trusted_proxies = [{trusted}]"))
+        .upstream(
+            "tells",
+            &[
+                &format!(r#"url = "{}""#, upstream.url()),
+                "forwarded = true",
+                "via = true",
+            ],
+        )
+        .route(
+            Route::new("tells")
+                .matching(r#"path_prefix = "/tells""#)
+                .upstream("tells"),
+        )
+        .route(Route::new("rest").upstream(&upstream.url()))
+        .toml();
+    Floodgate::start(&toml).await
+}
+
+const CLIENT_SAYS: [(&str, &str); 3] = [
+    ("host", "api.example.com"),
+    ("forwarded", "for=203.0.113.5;proto=https"),
+    ("via", "1.1 corp-proxy"),
+];
+
+#[tokio::test]
+async fn forwarded_and_via_are_added_where_asked_and_an_untrusted_forwarded_is_dropped() {
+    let upstream = Upstream::start().await;
+    let gate = gate_telling(&upstream, r#""10.0.0.0/8""#).await;
+    let client = TestClient::http1();
+
+    let answer = client.get(&gate.url("/tells/x"), &CLIENT_SAYS).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        last_seen(&upstream, "forwarded"),
+        [r#"for=127.0.0.1;proto=http;host="api.example.com""#]
+    );
+    assert_eq!(
+        last_seen(&upstream, "via"),
+        ["1.1 corp-proxy", "1.1 floodgate"]
+    );
+    assert_eq!(answer.header("via"), Some("1.1 floodgate"));
+
+    // Off by default; an untrusted client's Forwarded is dropped all the
+    // same, while Via (a list of hops, not a claim) passes.
+    let answer = client.get(&gate.url("/other"), &CLIENT_SAYS).await;
+    assert_eq!(answer.status, 200);
+    assert!(last_seen(&upstream, "forwarded").is_empty());
+    assert_eq!(last_seen(&upstream, "via"), ["1.1 corp-proxy"]);
+    assert_eq!(answer.header("via"), None);
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_forwarded_elements_stay_ahead_of_floodgates() {
+    let upstream = Upstream::start().await;
+    let gate = gate_telling(&upstream, r#""127.0.0.1/32""#).await;
+    let client = TestClient::http1();
+    client.get(&gate.url("/tells/x"), &CLIENT_SAYS).await;
+    assert_eq!(
+        last_seen(&upstream, "forwarded"),
+        [
+            "for=203.0.113.5;proto=https",
+            r#"for=127.0.0.1;proto=http;host="api.example.com""#
+        ]
+    );
+    client.get(&gate.url("/other"), &CLIENT_SAYS).await;
+    assert_eq!(
+        last_seen(&upstream, "forwarded"),
+        ["for=203.0.113.5;proto=https"]
     );
 }
