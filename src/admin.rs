@@ -1,6 +1,8 @@
-//! The admin listener: `/healthz` (the process is up), `/readyz` (the rate
-//! limit store answers) and `/metrics` (Prometheus text format). Separate
-//! from the traffic listener so it can stay private.
+//! The admin listener: `/healthz` (the process is up), `/readyz` (the
+//! instance should get traffic: not stopping, and not refusing everything
+//! because the store is down under `on_error = "deny"`) and `/metrics`
+//! (Prometheus text format). Separate from the traffic listener so it can
+//! stay private.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::gate::Shared;
+use crate::gate::{Readiness, Shared};
 
 /// Most admin connections open at once: scrapers and probes need a few.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
@@ -58,11 +60,21 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
     }
     match request.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
-        "/readyz" if shared.ready() => text(StatusCode::OK, "ready\n".into()),
-        "/readyz" => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the rate limit store is not answering\n".into(),
-        ),
+        "/readyz" => {
+            let (status, says) = match shared.readiness() {
+                Readiness::Ready => (StatusCode::OK, "ready\n"),
+                Readiness::StoreDown => (
+                    StatusCode::OK,
+                    "ready: the rate limit store is not answering; on_error decides meanwhile\n",
+                ),
+                Readiness::Refusing => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: the rate limit store is not answering and on_error = \"deny\" refuses limited requests\n",
+                ),
+                Readiness::Draining => (StatusCode::SERVICE_UNAVAILABLE, "not ready: stopping\n"),
+            };
+            text(status, says.into())
+        }
         "/metrics" => {
             shared.refresh_gauges();
             let mut response = text(StatusCode::OK, shared.metrics().render());

@@ -31,6 +31,8 @@ use upstreams::{Defaults, UpstreamModel};
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time in-flight requests get to finish after SIGTERM.
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Default time `/readyz` says 503 before the listener closes at a stop.
+const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 /// Default deadline for one store decision, pool wait included.
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default cap on (route, client) entries in each in-process table.
@@ -76,6 +78,9 @@ impl Config {
         if a.shutdown_grace != b.shutdown_grace {
             out.push("shutdown_grace");
         }
+        if a.drain_delay != b.drain_delay {
+            out.push("drain_delay");
+        }
         if a.header_read_timeout != b.header_read_timeout {
             out.push("header_read_timeout");
         }
@@ -120,6 +125,10 @@ pub struct Server {
     pub max_request_body: Option<u64>,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// After SIGTERM, how long `/readyz` answers 503 while new connections
+    /// are still accepted, so load balancers stop sending before the
+    /// listener closes.
+    pub drain_delay: Duration,
     /// How long a client may take to send its first request head (408 past
     /// it), and how long a keep-alive connection may go without a request.
     pub header_read_timeout: Duration,
@@ -328,6 +337,7 @@ struct ServerModel {
     upgrade_idle_timeout: Option<Spanned<String>>,
     max_request_body: Option<Spanned<String>>,
     shutdown_grace: Option<Spanned<String>>,
+    drain_delay: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     #[serde(default = "yes")]
     reload_on_change: bool,
@@ -657,6 +667,12 @@ impl Validator<'_> {
             "shutdown_grace",
             DEFAULT_SHUTDOWN_GRACE,
         );
+        // Zero is allowed: close the listener at once.
+        let drain_delay = match &m.drain_delay {
+            None => Some(DEFAULT_DRAIN_DELAY),
+            Some(d) if matches!(d.get_ref().as_str(), "0" | "0s" | "0ms") => Some(Duration::ZERO),
+            Some(d) => self.duration(d, "drain_delay"),
+        };
         let header_read_timeout = self.optional_duration(
             m.header_read_timeout.as_ref(),
             "header_read_timeout",
@@ -716,6 +732,7 @@ impl Validator<'_> {
             upgrade_idle_timeout: upgrade_idle_timeout?,
             max_request_body: max_request_body?,
             shutdown_grace: shutdown_grace?,
+            drain_delay: drain_delay?,
             header_read_timeout: header_read_timeout?,
             reload_on_change: m.reload_on_change,
             max_client_id: max_client_id?,

@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -76,12 +76,15 @@ fn upstreams(config: &Config) -> Vec<Arc<Group>> {
     groups
 }
 
-/// Starts resolving the names and checking the endpoints of `config`'s
-/// upstreams; each task ends when its upstream is dropped by a reload.
-fn start_upkeep(config: &Config) {
+/// Resolves the DNS names of `config`'s upstreams (all at once), and starts
+/// resolving them again and checking their endpoints; each task ends when
+/// its upstream is dropped by a reload. Called before the rules go live.
+pub async fn start_upstreams(config: &Config) {
+    let mut starting = tokio::task::JoinSet::new();
     for group in upstreams(config) {
-        group.start();
+        starting.spawn(async move { group.start().await });
     }
+    while starting.join_next().await.is_some() {}
 }
 
 /// Everything a request needs, shared by all connections.
@@ -96,13 +99,35 @@ pub struct Shared {
     metrics: Metrics,
     /// When a shadow denial was last logged (ms): at most one line a second.
     shadow_logged: AtomicU64,
+    /// A stop was asked for: `/readyz` says so while the listener drains.
+    draining: AtomicBool,
+}
+
+/// What `/readyz` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Serving, the store answering.
+    Ready,
+    /// Serving while the store is down: `on_error` allows or counts locally.
+    StoreDown,
+    /// Not serving usefully: the store is down and `on_error = "deny"`
+    /// refuses every limited request.
+    Refusing,
+    /// Stopping: the listener closes after `drain_delay`.
+    Draining,
+}
+
+impl Readiness {
+    /// Whether load balancers should send this instance traffic.
+    pub fn ready(self) -> bool {
+        matches!(self, Self::Ready | Self::StoreDown)
+    }
 }
 
 impl Shared {
     /// The state for serving `config`, deciding with `limiter`, counting
     /// into `metrics`.
     pub fn new(config: &Config, limiter: Limiter, metrics: Metrics) -> Self {
-        start_upkeep(config);
         Self {
             rules: ArcSwap::from_pointee(Rules::new(config, &metrics)),
             tls: arc_swap::ArcSwapOption::new(
@@ -112,6 +137,7 @@ impl Shared {
             forwarder: Forwarder::new(metrics.timeouts().clone()),
             metrics,
             shadow_logged: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -136,9 +162,26 @@ impl Shared {
         self.limiter.recover().await;
     }
 
-    /// False while the shared store is considered down.
-    pub fn ready(&self) -> bool {
-        self.limiter.ready()
+    /// Whether the instance should get traffic, and why not. A store that
+    /// is down makes it unready only where `on_error = "deny"` refuses
+    /// everything limited: with `allow` or `local` it still serves, and
+    /// taking every replica out of service at once (they share the store)
+    /// would turn a fail-open policy into an outage.
+    pub fn readiness(&self) -> Readiness {
+        if self.draining.load(Ordering::Relaxed) {
+            Readiness::Draining
+        } else if self.limiter.ready() {
+            Readiness::Ready
+        } else if self.limiter.refuses_when_down() {
+            Readiness::Refusing
+        } else {
+            Readiness::StoreDown
+        }
+    }
+
+    /// A stop was asked for: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Brings gauges that are read rather than counted up to date.
@@ -153,8 +196,9 @@ impl Shared {
         &self.metrics
     }
 
-    /// Applies a newly loaded configuration's rules; parts that cannot
-    /// change while running are reported and keep their old values.
+    /// Applies a newly loaded configuration's rules (its upstreams started
+    /// with [`start_upstreams`]); parts that cannot change while running
+    /// are reported and keep their old values.
     pub fn reload(&self, running: &Config, new: Config) {
         for what in running.differences_needing_restart(&new) {
             tracing::warn!(
@@ -163,7 +207,6 @@ impl Shared {
             );
         }
         self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
-        start_upkeep(&new);
         self.tls
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();

@@ -50,6 +50,7 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
                 // The new file may name other certificate files.
                 watched = files(&new);
                 last_seen = contents(&watched);
+                crate::gate::start_upstreams(&new).await;
                 shared.reload(&running, new);
             }
             Err(e) => shared.reload_refused(&e),

@@ -103,7 +103,8 @@ pub enum ServeError {
     },
 }
 
-/// Serves `config` until `shutdown` completes, then stops accepting, lets
+/// Serves `config` until `shutdown` completes, then answers `/readyz` with
+/// 503 for `drain_delay` while still accepting, stops accepting, lets
 /// in-flight requests finish within the configured grace period, and
 /// returns. The rules are reloaded from `config.path` when `reload` is
 /// notified (SIGHUP) and when the file's contents change.
@@ -121,6 +122,7 @@ pub async fn run(
         metrics.store(),
     )
     .await?;
+    crate::gate::start_upstreams(&config).await;
     let shared = Arc::new(Shared::new(&config, limiter, metrics));
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
@@ -173,6 +175,22 @@ pub async fn run(
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut cap_logged = false;
     let mut accept_trouble = AcceptTrouble::default();
+    // A stop first turns `/readyz` to 503 and keeps accepting for
+    // `drain_delay`, so that load balancers stop sending new connections
+    // before the listener closes.
+    let drain_delay = config.server.drain_delay;
+    let draining = Arc::clone(&shared);
+    let shutdown = async move {
+        shutdown.await;
+        draining.start_draining();
+        if !drain_delay.is_zero() {
+            tracing::info!(
+                ?drain_delay,
+                "stopping: /readyz answers 503; still accepting until drain_delay passes"
+            );
+            tokio::time::sleep(drain_delay).await;
+        }
+    };
     tokio::pin!(shutdown);
     loop {
         let slot = match Arc::clone(&slots).try_acquire_owned() {

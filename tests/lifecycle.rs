@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use support::{Floodgate, FloodgateProcess, TestClient, Upstream, free_port, temp_dir};
 
+/// With `drain_delay = "0s"` the listener closes as soon as a stop is asked.
 #[tokio::test]
 async fn stop_finishes_in_flight_requests_and_refuses_new_connections() {
     let upstream = Upstream::start().await;
     let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n\n[[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\ndrain_delay = \"0s\"\n\n[[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
         upstream.url()
     );
     let mut gate = Floodgate::start(&toml).await;
@@ -32,7 +33,7 @@ async fn stop_closes_idle_connections_at_once_and_lets_http2_requests_finish() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = Upstream::start().await;
     let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"30s\"\n\n\
+        "[server]\nlisten = \"127.0.0.1:0\"\nshutdown_grace = \"30s\"\ndrain_delay = \"0s\"\n\n\
          [[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
         upstream.url()
     );
@@ -106,35 +107,55 @@ async fn quickstart_serves_200s_then_429_and_stops_on_sigterm() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// SIGTERM, in order: `/readyz` turns 503 at once while new connections
+/// are still served for `drain_delay`; then the listener closes, the
+/// request in flight finishes, and the process exits 0.
 #[tokio::test]
-async fn sigterm_during_a_slow_upstream_response_lets_it_finish_and_exits_zero() {
+async fn sigterm_turns_readyz_to_503_then_drains_and_lets_a_slow_response_finish() {
     let upstream = Upstream::start().await;
-    let port = free_port();
+    let (port, admin) = (free_port(), free_port());
     let dir = temp_dir("sigterm");
     let config = dir.join("floodgate.toml");
     std::fs::write(
         &config,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             drain_delay = \"1500ms\"\n\n[[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
             upstream.url()
         ),
     )
     .expect("write config");
     let mut process = FloodgateProcess::spawn(&config, port).await;
-    let url = process.url("/slow?ms=1500");
+    let client = TestClient::http1();
+    let readyz = format!("http://127.0.0.1:{admin}/readyz");
+    assert_eq!(client.get(&readyz, &[]).await.status, 200);
+    let url = process.url("/slow?ms=2500");
     let in_flight = tokio::spawn(async move { TestClient::http1().get(&url, &[]).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     process.signal("-TERM");
     tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Draining: not ready, yet a new connection is still served.
+    let ready = client.get(&readyz, &[]).await;
+    assert_eq!(ready.status, 503);
+    assert_eq!(ready.text(), "not ready: stopping\n");
+    let late = TestClient::http1().get(&process.url("/late"), &[]).await;
+    assert_eq!(
+        late.status, 200,
+        "a connection during drain_delay was refused"
+    );
+
+    // Past drain_delay: the listener is closed.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_err(),
-        "a new connection was accepted after SIGTERM"
+        "a new connection was accepted after drain_delay"
     );
     let answer = in_flight.await.expect("in-flight task");
     assert_eq!(answer.status, 200, "the slow response was cut off");
-    assert_eq!(answer.json()["uri"], "/slow?ms=1500");
+    assert_eq!(answer.json()["uri"], "/slow?ms=2500");
     assert_eq!(process.exit_code().await, Some(0));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -203,12 +203,12 @@ upstream = "{}"
 /// An instance with an admin listener and one route that answers 200 by
 /// itself under `limit`, counting in the Redis at `url` and letting
 /// requests through while Redis cannot answer.
-fn redis_instance(url: &str, prefix: &str, limit: &str) -> String {
+fn redis_instance(url: &str, prefix: &str, limit: &str, on_error: &str) -> String {
     Config::new()
         .admin()
         .redis(url, prefix)
         .store(r#"timeout = "100ms""#)
-        .store(r#"on_error = "allow""#)
+        .store(&format!("on_error = {on_error:?}"))
         .route(Route::new("api").respond("status = 200").limits(limit))
         .toml()
 }
@@ -218,13 +218,16 @@ async fn admin_status(client: &TestClient, gate: &Floodgate, path: &str) -> u16 
     client.get(&gate.admin_url(path), &[]).await.status.as_u16()
 }
 
+/// With `on_error = "deny"` an instance whose store is down refuses every
+/// limited request: it is not ready.
 #[tokio::test]
-async fn readyz_follows_redis_and_healthz_stays_up() {
+async fn readyz_follows_redis_where_on_error_denies_and_healthz_stays_up() {
     let mut redis = TestRedis::start_process().await;
     let gate = Floodgate::start(&redis_instance(
         &redis.url,
         &unique_prefix("readyz"),
         r#"{ algorithm = "token_bucket", limit = 1000, window = "1s" }"#,
+        "deny",
     ))
     .await;
     let client = TestClient::http1();
@@ -253,9 +256,55 @@ async fn readyz_follows_redis_and_healthz_stays_up() {
     assert_eq!(value(&m, "floodgate_store_circuit_open{}"), 0.0);
 }
 
-/// An instance that started while Redis was down is out of service
-/// (`/readyz` answers 503), so a load balancer sends it no requests: it must
-/// find Redis again by itself, and then limit from the first request on.
+/// With `on_error = "allow"` (or `"local"`) the instance serves through a
+/// store outage, so it stays ready: every replica shares the store, and
+/// taking them all out of service at once would be the outage the policy
+/// chose to avoid. The outage shows in the metrics instead.
+#[tokio::test]
+async fn readyz_stays_200_through_a_redis_outage_where_on_error_allows() {
+    let mut redis = TestRedis::start_process().await;
+    let gate = Floodgate::start(&redis_instance(
+        &redis.url,
+        &unique_prefix("readyz-allow"),
+        r#"{ algorithm = "token_bucket", limit = 1000, window = "1s" }"#,
+        "allow",
+    ))
+    .await;
+    let client = TestClient::http1();
+    let circuit_open = || async {
+        let m = scrape(&client.get(&gate.admin_url("/metrics"), &[]).await.text());
+        value(&m, "floodgate_store_circuit_open{}")
+    };
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while circuit_open().await != 1.0 {
+        assert_eq!(client.get(&gate.url("/"), &[]).await.status, 200);
+        assert!(Instant::now() < deadline, "the breaker never opened");
+    }
+    let ready = client.get(&gate.admin_url("/readyz"), &[]).await;
+    assert_eq!(ready.status, 200);
+    assert!(
+        ready.text().contains("store is not answering"),
+        "{}",
+        ready.text()
+    );
+    assert_eq!(client.get(&gate.url("/"), &[]).await.status, 200);
+    redis.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while circuit_open().await != 0.0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(Instant::now() < deadline, "the breaker never closed");
+    }
+    assert_eq!(
+        client.get(&gate.admin_url("/readyz"), &[]).await.text(),
+        "ready\n"
+    );
+}
+
+/// An instance that started while Redis was down under `on_error = "deny"`
+/// is out of service (`/readyz` answers 503), so a load balancer sends it
+/// no requests: it must find Redis again by itself, and then limit from the
+/// first request on.
 #[tokio::test]
 async fn readyz_recovers_without_requests_once_redis_is_up() {
     let mut redis = TestRedis::start_process().await;
@@ -264,6 +313,7 @@ async fn readyz_recovers_without_requests_once_redis_is_up() {
         &redis.url,
         &unique_prefix("recover"),
         r#"{ algorithm = "sliding_log", limit = 2, window = "60s" }"#,
+        "deny",
     ))
     .await;
     let client = TestClient::http1();
@@ -278,8 +328,8 @@ async fn readyz_recovers_without_requests_once_redis_is_up() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The first requests, all at once, are Redis's to decide: none goes
-    // through on `on_error = "allow"`.
+    // The first requests, all at once, are Redis's to decide: none is
+    // refused by `on_error`.
     let requests: Vec<_> = (0..20)
         .map(|_| {
             let client = client.clone();

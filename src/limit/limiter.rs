@@ -127,6 +127,15 @@ impl Limiter {
         }
     }
 
+    /// Whether requests are refused (503) while the store is down:
+    /// `on_error = "deny"`.
+    pub fn refuses_when_down(&self) -> bool {
+        match self {
+            Self::Memory(..) => false,
+            Self::Redis(shared) => shared.on_error == OnError::Deny,
+        }
+    }
+
     /// False while the shared store is considered down.
     pub fn ready(&self) -> bool {
         match self {

@@ -103,10 +103,14 @@ impl Source {
 // === impl Group ===
 
 impl Group {
-    /// Starts the task that resolves its names and checks its endpoints,
-    /// if it has either to do. Needs a Tokio runtime.
-    pub fn start(self: &Arc<Self>) {
+    /// Looks its DNS names up once (so that requests go to addresses from
+    /// the first one on), then starts the task that resolves them again and
+    /// checks its endpoints, if it has either to do. Needs a Tokio runtime.
+    pub async fn start(self: &Arc<Self>) {
         let resolves = self.sources.iter().any(|s| s.name.is_some());
+        if resolves {
+            self.resolve().await;
+        }
         if resolves || self.check.is_some() {
             tokio::spawn(upkeep(Arc::downgrade(self), resolves));
         }
@@ -211,7 +215,11 @@ impl Source {
 
 /// Resolves and checks the group until it is dropped.
 async fn upkeep(group: Weak<Group>, resolves: bool) {
-    let mut resolve_at = Instant::now();
+    let Some(every) = group.upgrade().map(|g| g.resolve_every) else {
+        return;
+    };
+    // [`Group::start`] has just resolved.
+    let mut resolve_at = Instant::now() + every;
     let mut check_at = Instant::now();
     loop {
         let Some(g) = group.upgrade() else {
