@@ -115,6 +115,67 @@ impl ClientId {
     }
 }
 
+/// How logs show a client: an address as it is; a header's value (an API
+/// key, a token) as `key:` and 16 hex digits of a SHA-256 keyed with a
+/// secret of this process, so that the logs of one instance name a client
+/// the same way each time without holding its credential.
+impl std::fmt::Display for ClientId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Addr(ip) => write!(f, "{ip}"),
+            Self::Header(value) => write!(f, "key:{}", redacted(value)),
+            Self::Digest(digest) => write!(f, "key:{}", redacted(&digest[..])),
+            Self::Composite(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("+")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The first 8 bytes, in hex, of `value`'s SHA-256 keyed with this
+/// process's secret.
+fn redacted(value: &[u8]) -> String {
+    use std::fmt::Write;
+    let digest = Sha256::new()
+        .chain_update(log_key())
+        .chain_update(value)
+        .finalize();
+    digest[..8]
+        .iter()
+        .fold(String::with_capacity(16), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// A secret drawn once per process from the system's random source (or,
+/// lacking one, from the process's hash seeds and the time).
+fn log_key() -> &'static [u8; 32] {
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        let mut key = [0u8; 32];
+        let read = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key));
+        if read.is_err() {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            key = Sha256::digest(hasher.finish().to_le_bytes()).into();
+        }
+        key
+    })
+}
+
 /// Why no client id could be derived.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {

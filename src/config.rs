@@ -244,7 +244,28 @@ impl fmt::Debug for Endpoint {
     }
 }
 
-/// Policy when the store cannot decide in time.
+/// As logs show it: plain text, passwords hidden.
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |url: &String| match url.split_once("://").zip(url.rsplit_once('@')) {
+            Some(((scheme, _), (_, host))) => format!("{scheme}://***@{host}"),
+            None => url.clone(),
+        };
+        match self {
+            Self::Single(url) => f.write_str(&shown(url)),
+            Self::Cluster(urls) => {
+                let all: Vec<String> = urls.iter().map(shown).collect();
+                write!(f, "cluster {}", all.join(" "))
+            }
+            Self::Sentinel { urls, master } => {
+                let all: Vec<String> = urls.iter().map(shown).collect();
+                write!(f, "sentinel {master} via {}", all.join(" "))
+            }
+        }
+    }
+}
+
+/// Policy when the store cannot decide in time; shown as configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnError {
     /// Forward the request (fail open).
@@ -253,6 +274,16 @@ pub enum OnError {
     Deny,
     /// Count in process with the same rules until the store is back.
     Local,
+}
+
+impl fmt::Display for OnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::Local => "local",
+        })
+    }
 }
 
 // === errors ===

@@ -240,11 +240,11 @@ impl Shared {
         {
             tracing::info!(
                 route,
-                ?client,
+                %client,
                 "shadow: would have denied (further ones this second at debug)"
             );
         } else {
-            tracing::debug!(route, ?client, "shadow: would have denied");
+            tracing::debug!(route, %client, "shadow: would have denied");
         }
     }
 }
@@ -377,7 +377,7 @@ async fn answer<H: Send + 'static>(
             }
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
-                tracing::debug!(route = %route.name, client = ?client, "denied");
+                tracing::debug!(route = %route.name, %client, "denied");
                 return Ok(if grpc {
                     response::grpc_too_many_requests(route, &d)
                 } else {

@@ -40,8 +40,10 @@ fn main() -> ExitCode {
     if let Some(url) = &flags.probe {
         return probe(url);
     }
-    let filter =
-        EnvFilter::try_from_env("FLOODGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, bad_filter) = match log_filter() {
+        Ok(filter) => (filter, None),
+        Err(problem) => (EnvFilter::new("info"), Some(problem)),
+    };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -50,11 +52,19 @@ fn main() -> ExitCode {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().flatten_event(true).init(),
     }
+    if let Some(problem) = bad_filter {
+        fatal(flags.log_format, &problem);
+        return ExitCode::FAILURE;
+    }
 
     let config = match floodgate::config::load(&flags.config) {
         Ok(config) => config,
-        Err(e) => {
+        Err(e) if flags.check => {
             eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            fatal(flags.log_format, &e.to_string());
             return ExitCode::FAILURE;
         }
     };
@@ -69,10 +79,45 @@ fn main() -> ExitCode {
     match serve(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("floodgate: {e:#}");
+            fatal(flags.log_format, &format!("floodgate: {e:#}"));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Reports why floodgate cannot start: as written for people, or one JSON
+/// log line per line of it for log pipelines.
+fn fatal(format: LogFormat, message: &str) {
+    match format {
+        LogFormat::Text => eprintln!("{message}"),
+        LogFormat::Json => {
+            for line in message.lines() {
+                tracing::error!("{line}");
+            }
+        }
+    }
+}
+
+/// The log filter `FLOODGATE_LOG` asks for (`info` when unset). Every
+/// directive must end in a level: a bare word such as `verbose` would be
+/// read as a target and turn every other log off.
+fn log_filter() -> Result<EnvFilter, String> {
+    let text = match std::env::var("FLOODGATE_LOG") {
+        Ok(text) if !text.trim().is_empty() => text,
+        _ => return Ok(EnvFilter::new("info")),
+    };
+    for directive in text.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let level = directive.rsplit_once('=').map_or(directive, |(_, l)| l);
+        if !matches!(
+            level.to_ascii_lowercase().as_str(),
+            "trace" | "debug" | "info" | "warn" | "error" | "off"
+        ) {
+            return Err(format!(
+                "FLOODGATE_LOG={text:?}: {directive:?} is not a level; use trace, debug, info, warn, error or off, or TARGET=LEVEL directives such as \"info,floodgate::proxy=debug\""
+            ));
+        }
+    }
+    EnvFilter::try_new(&text).map_err(|e| format!("FLOODGATE_LOG={text:?}: {e}"))
 }
 
 /// `--probe URL`: exit 0 when URL answers 2xx within three seconds.
@@ -130,7 +175,10 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
         let listeners = floodgate::Listeners::bind(&config.server).await?;
         tracing::info!(
             listen = %config.server.listen,
-            admin = ?config.server.admin_listen,
+            admin = %config
+                .server
+                .admin_listen
+                .map_or_else(|| "none".to_owned(), |a| a.to_string()),
             routes = config.routes.len(),
             digest = %config.digest,
             "floodgate listening"

@@ -89,14 +89,18 @@ impl Limiter {
             super::breaker::DEFAULT_COOLDOWN_MS,
         );
         match store.load_script().await {
-            Ok(()) => tracing::info!(store = ?settings, "Redis store ready"),
+            Ok(()) => tracing::info!(
+                redis = %settings.endpoint,
+                key_prefix = %settings.key_prefix,
+                "Redis store ready"
+            ),
             Err(e) => {
                 breaker.open_now(now_ms());
                 metrics.circuit_open.set(1);
                 tracing::warn!(
-                    store = ?settings,
+                    redis = %settings.endpoint,
                     error = %e,
-                    on_error = ?settings.on_error,
+                    on_error = %settings.on_error,
                     "cannot reach Redis; starting anyway, on_error applies until it answers"
                 );
             }
@@ -259,7 +263,7 @@ impl Shared {
         match change {
             Change::Opened => tracing::warn!(
                 error = %error.map_or_else(String::new, ToString::to_string),
-                on_error = ?self.on_error,
+                on_error = %self.on_error,
                 "rate limit store is down; circuit open, on_error applies"
             ),
             Change::Closed => tracing::info!("rate limit store answers again; circuit closed"),
@@ -277,7 +281,7 @@ impl Shared {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(%error, on_error = ?self.on_error, "rate limit store failed");
+            tracing::warn!(%error, on_error = %self.on_error, "rate limit store failed");
         }
         match self.on_error {
             OnError::Allow => Answer::Unavailable {

@@ -553,12 +553,9 @@ pub struct FloodgateProcess {
 impl FloodgateProcess {
     /// Starts the binary on `config` and waits until `port` answers.
     pub async fn spawn(config: &Path, port: u16) -> Self {
-        Self::start(
-            std::process::Command::new(env!("CARGO_BIN_EXE_floodgate")),
-            config,
-            port,
-        )
-        .await
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command.stderr(std::process::Stdio::null());
+        Self::start(command, config, port).await
     }
 
     /// The same, started with a soft limit of 1 024 open files and a hard
@@ -576,7 +573,10 @@ impl FloodgateProcess {
         hard: u64,
         log: Option<&Path>,
     ) -> Self {
-        let redirect = log.map_or_else(String::new, |l| format!(" 2>'{}'", l.display()));
+        let redirect = log.map_or_else(
+            || " 2>/dev/null".to_owned(),
+            |l| format!(" 2>'{}'", l.display()),
+        );
         let mut command = std::process::Command::new("sh");
         command.args([
             "-c",
@@ -586,10 +586,28 @@ impl FloodgateProcess {
         Self::start(command, config, port).await
     }
 
+    /// The same with `env` set, `args` added and its log written to `log`.
+    pub async fn spawn_logging(
+        config: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+        args: &[&str],
+        log: &Path,
+    ) -> Self {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command
+            .envs(env.iter().copied())
+            .args(args)
+            .stderr(std::fs::File::create(log).expect("create the log file"));
+        Self::start(command, config, port).await
+    }
+
     /// The same, pinned to one CPU with `taskset`.
     pub async fn spawn_on_one_cpu(config: &Path, port: u16) -> Self {
         let mut command = std::process::Command::new("taskset");
-        command.args(["-c", "0", env!("CARGO_BIN_EXE_floodgate")]);
+        command
+            .args(["-c", "0", env!("CARGO_BIN_EXE_floodgate")])
+            .stderr(std::process::Stdio::null());
         Self::start(command, config, port).await
     }
 
@@ -598,7 +616,6 @@ impl FloodgateProcess {
             .arg("--config")
             .arg(config)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start floodgate");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
