@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use http::header::{ACCEPT, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -77,13 +77,32 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
         }
         "/metrics" => {
             shared.refresh_gauges();
-            let mut response = text(StatusCode::OK, shared.metrics().render());
-            response.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static(
+            // OpenMetrics unless the scraper asks for the older text format
+            // alone (as `promtool` and some agents do).
+            let accept = request
+                .headers()
+                .get_all(ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect::<Vec<_>>()
+                .join(",");
+            let (body, kind) = if accept.contains("text/plain")
+                && !accept.contains("application/openmetrics-text")
+            {
+                (
+                    shared.metrics().render_text(),
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )
+            } else {
+                (
+                    shared.metrics().render(),
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-            );
+                )
+            };
+            let mut response = text(StatusCode::OK, body);
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
             response
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),

@@ -209,6 +209,15 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
 }
 
+fn upstream_histogram() -> Histogram {
+    // 1 ms to 300 s: past any upstream_timeout short of five minutes (the
+    // default is 30 s), so a slow answer lands in a bucket of its own.
+    Histogram::new([
+        0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        120.0, 300.0,
+    ])
+}
+
 /// Every metric floodgate exposes.
 #[derive(Debug)]
 pub struct Metrics {
@@ -325,7 +334,7 @@ impl Metrics {
             upstream_responses.clone(),
         );
         let upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(latency_histogram);
+            Family::new_with_constructor(upstream_histogram);
         registry.register(
             "floodgate_upstream_seconds",
             "Time until the upstream's response head, by route",
@@ -389,6 +398,18 @@ impl Metrics {
         }
         let endpoints = Arc::new(Endpoints::default());
         registry.register_collector(Box::new(Arc::clone(&endpoints)));
+        registry.register_collector(Box::new(Process::new()));
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "floodgate_build_info",
+            "1, labelled with the version of floodgate that runs",
+            build_info,
+        );
         Self {
             registry,
             requests,
@@ -582,6 +603,12 @@ impl Metrics {
         }
         out
     }
+
+    /// The same in the Prometheus text format 0.0.4, for scrapers that ask
+    /// for it.
+    pub fn render_text(&self) -> String {
+        text_format(&self.render())
+    }
 }
 
 impl RouteMetrics {
@@ -607,6 +634,141 @@ impl StoreMetrics {
     /// Counts a failed decision.
     pub fn failed(&self, kind: StoreErrorKind) {
         self.errors[kind as usize].inc();
+    }
+}
+
+/// The Prometheus text format 0.0.4 of an OpenMetrics exposition: a
+/// counter's `HELP` and `TYPE` name its samples (`…_total`), and there is
+/// no `UNIT` or `EOF` line.
+fn text_format(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            if let Some(pending) = help.replace(rest) {
+                out.push_str("# HELP ");
+                out.push_str(pending);
+                out.push('\n');
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let (name, kind) = match kind {
+                "counter" => (format!("{name}_total"), "counter"),
+                "gauge" | "histogram" | "summary" => (name.to_owned(), kind),
+                _ => (name.to_owned(), "untyped"),
+            };
+            if let Some(text) = help.take() {
+                let text = text.split_once(' ').map_or("", |(_, t)| t);
+                out.push_str(&format!("# HELP {name} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+            continue;
+        }
+        if let Some(pending) = help.take() {
+            out.push_str("# HELP ");
+            out.push_str(pending);
+            out.push('\n');
+        }
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
+}
+
+// === The process ===
+
+/// The standard `process_*` metrics, read from `/proc` at each scrape.
+#[derive(Debug)]
+struct Process {
+    /// When it started, in seconds since the Unix epoch.
+    started: f64,
+}
+
+impl Process {
+    fn new() -> Self {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        Self { started }
+    }
+}
+
+/// Clock ticks per second in `/proc/self/stat` (`USER_HZ`, 100 on Linux).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl Collector for Process {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // utime and stime are the 14th and 15th fields; the 2nd, the
+        // command, is in parentheses and may hold spaces.
+        let cpu = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| {
+                let after = stat.rsplit_once(')')?.1;
+                let fields: Vec<&str> = after.split_whitespace().collect();
+                let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+                Some((ticks(11)? + ticks(12)?) as f64 / TICKS_PER_SECOND)
+            });
+        if let Some(cpu) = cpu {
+            let family = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time spent by the process, in seconds.",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(cpu).encode(family)?;
+        }
+        let resident = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| {
+                let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+                let kib = line.split_whitespace().nth(1)?.parse::<i64>().ok()?;
+                Some(kib * 1024)
+            });
+        if let Some(bytes) = resident {
+            let family = encoder.encode_descriptor(
+                "process_resident_memory_bytes",
+                "Resident memory of the process, in bytes.",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(bytes).encode(family)?;
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            let family = encoder.encode_descriptor(
+                "process_open_fds",
+                "File descriptors the process holds open.",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(i64::try_from(fds.count()).unwrap_or(i64::MAX)).encode(family)?;
+        }
+        if let Some(max) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
+            let family = encoder.encode_descriptor(
+                "process_max_fds",
+                "Most file descriptors the process may open.",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(i64::try_from(max).unwrap_or(i64::MAX)).encode(family)?;
+        }
+        let family = encoder.encode_descriptor(
+            "process_start_time_seconds",
+            "When the process started, in seconds since the Unix epoch.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.started).encode(family)?;
+        Ok(())
     }
 }
 
@@ -651,12 +813,12 @@ impl Collector for Endpoints {
         let counters: [Series<u64>; 2] = [
             (
                 "floodgate_upstream_endpoint_requests",
-                "Requests sent to each upstream endpoint (a retry counts where it went)",
+                "Requests sent to each upstream endpoint (a retry counts where it went).",
                 |s| s.requests,
             ),
             (
                 "floodgate_upstream_endpoint_ejections",
-                "Times each upstream endpoint was ejected after failing in a row",
+                "Times each upstream endpoint was ejected after failing in a row.",
                 |s| s.ejections,
             ),
         ];
@@ -669,7 +831,7 @@ impl Collector for Endpoints {
         {
             let mut family = encoder.encode_descriptor(
                 "floodgate_upstream_endpoint_errors",
-                "Failures of each upstream endpoint by kind (connect, timeout, protocol)",
+                "Failures of each upstream endpoint by kind (connect, timeout, protocol).",
                 None,
                 MetricType::Counter,
             )?;
@@ -689,12 +851,12 @@ impl Collector for Endpoints {
         let gauges: [Series<i64>; 2] = [
             (
                 "floodgate_upstream_endpoint_in_flight",
-                "Requests in flight on each upstream endpoint",
+                "Requests in flight on each upstream endpoint.",
                 |s| i64::try_from(s.in_flight).unwrap_or(i64::MAX),
             ),
             (
                 "floodgate_upstream_endpoint_healthy",
-                "1 while an upstream endpoint takes requests (not ejected, not failing its health check)",
+                "1 while an upstream endpoint takes requests (not ejected, not failing its health check).",
                 |s| i64::from(s.healthy),
             ),
         ];

@@ -419,3 +419,112 @@ fn the_dockerfile_builds_with_the_readmes_command_and_checks_its_own_config() {
         .expect("run cargo");
     assert!(build.success(), "cargo build --release --locked failed");
 }
+
+/// The family a sample line belongs to: its name without labels, and
+/// without a histogram's `_bucket`, `_sum` or `_count`.
+fn family_of(sample: &str) -> &str {
+    let name = sample.split(['{', ' ']).next().unwrap_or(sample);
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
+}
+
+/// Scrapers that ask for the Prometheus text format get it, and it passes
+/// `promtool check metrics` (run when installed; `.ci/run` installs it and
+/// sets `FLOODGATE_TEST_NEEDS_PROMTOOL`); others get OpenMetrics. Every
+/// family has help text; the process and build series are there; the
+/// upstream histogram reaches past the default upstream timeout.
+#[tokio::test]
+async fn metrics_come_in_both_formats_with_help_process_and_build_series() {
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .admin()
+        .route(Route::new("proxied").upstream(&upstream.url()))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/x"), &[]).await.status, 200);
+
+    let old = client
+        .get(
+            &gate.admin_url("/metrics"),
+            &[("accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")],
+        )
+        .await;
+    assert_eq!(
+        old.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let text = old.text();
+    assert!(
+        !text.contains("# EOF") && !text.contains("# UNIT"),
+        "{text}"
+    );
+    let helped: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    for sample in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(
+            helped.contains(&family_of(sample)),
+            "no help text for {sample}"
+        );
+    }
+    let m = scrape(&text);
+    assert_eq!(
+        value(
+            &m,
+            &format!(
+                "floodgate_build_info{{version={}}}",
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        1.0
+    );
+    assert!(value(&m, "process_open_fds{}") > 0.0);
+    assert!(value(&m, "process_resident_memory_bytes{}") > 1_000_000.0);
+    assert!(value(&m, "process_max_fds{}") >= value(&m, "process_open_fds{}"));
+    assert!(value(&m, "process_start_time_seconds{}") > 1.7e9);
+    assert!(
+        text.contains(r#"floodgate_upstream_seconds_bucket{le="300.0",route="proxied"} 1"#),
+        "{text}"
+    );
+
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut promtool) => {
+            use std::io::Write;
+            promtool
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(text.as_bytes())
+                .expect("write to promtool");
+            let out = promtool.wait_with_output().expect("promtool");
+            assert!(
+                out.status.success(),
+                "promtool check metrics: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(e) => assert!(
+            std::env::var_os("FLOODGATE_TEST_NEEDS_PROMTOOL").is_none(),
+            "promtool is required here and cannot run: {e}"
+        ),
+    }
+
+    let new = client.get(&gate.admin_url("/metrics"), &[]).await;
+    assert_eq!(
+        new.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(new.text().ends_with("# EOF\n"));
+}
