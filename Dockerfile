@@ -6,9 +6,14 @@ WORKDIR /src
 COPY . .
 RUN cargo build --release --locked
 
-# Runtime: a small Debian base, running as an unprivileged user.
+# Runtime: a small Debian base, running as an unprivileged user, with the
+# CA bundle that rediss:// and https:// upstreams verify public
+# certificates against.
 FROM debian:bookworm-slim
-RUN useradd --system --uid 10001 --no-create-home floodgate
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home floodgate
 COPY --from=build /src/target/release/floodgate /usr/local/bin/floodgate
 COPY config/container.toml /etc/floodgate/floodgate.toml
 ENV FLOODGATE_CONFIG=/etc/floodgate/floodgate.toml
