@@ -23,6 +23,7 @@ use crate::client::{ClientRule, DEFAULT_MAX_CLIENT_ID, MissingHeader, Part, Repe
 use crate::limit::{Algorithm, Limit};
 use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table};
 
+mod access_log;
 mod upstreams;
 
 use upstreams::{Defaults, UpstreamModel};
@@ -61,6 +62,8 @@ pub struct Config {
     pub routes: Table,
     /// First 16 hex digits of the file's SHA-256: which file is in force.
     pub digest: String,
+    /// The access log, if on.
+    pub access_log: Option<crate::access_log::Settings>,
 }
 
 impl Config {
@@ -92,6 +95,9 @@ impl Config {
         }
         if self.store != new.store {
             out.push("store");
+        }
+        if self.access_log != new.access_log {
+            out.push("access_log");
         }
         out
     }
@@ -349,6 +355,7 @@ struct FileModel {
     upstreams: BTreeMap<String, Spanned<UpstreamModel>>,
     #[serde(default)]
     routes: Vec<Spanned<RouteModel>>,
+    access_log: Option<Spanned<access_log::AccessLogModel>>,
 }
 
 #[derive(Deserialize)]
@@ -499,13 +506,18 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     let defaults = Defaults::of(server.as_ref());
     let upstreams = v.upstreams(&model.upstreams, defaults);
     let routes = v.routes(&model.routes, server.as_ref(), &upstreams);
-    match (server, store, v.problems.is_empty()) {
-        (Some(server), Some(store), true) => Ok(Config {
+    let access_log = match &model.access_log {
+        Some(m) => v.access_log(m.get_ref()),
+        None => Some(None),
+    };
+    match (server, store, access_log, v.problems.is_empty()) {
+        (Some(server), Some(store), Some(access_log), true) => Ok(Config {
             path: path.to_owned(),
             server,
             store,
             routes: Table::new(routes),
             digest: digest(text),
+            access_log,
         }),
         _ => Err(LoadError::Invalid(v.problems)),
     }

@@ -14,6 +14,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
+use crate::access_log::{AccessLog, Logged, Record};
 use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
@@ -99,6 +100,8 @@ pub struct Shared {
     metrics: Metrics,
     /// When a shadow denial was last logged (ms): at most one line a second.
     shadow_logged: AtomicU64,
+    /// The access log, if on.
+    access_log: Option<Arc<AccessLog>>,
     /// A stop was asked for: `/readyz` says so while the listener drains.
     draining: AtomicBool,
 }
@@ -126,8 +129,13 @@ impl Readiness {
 
 impl Shared {
     /// The state for serving `config`, deciding with `limiter`, counting
-    /// into `metrics`.
-    pub fn new(config: &Config, limiter: Limiter, metrics: Metrics) -> Self {
+    /// into `metrics`, logging requests into `access_log`.
+    pub fn new(
+        config: &Config,
+        limiter: Limiter,
+        metrics: Metrics,
+        access_log: Option<Arc<AccessLog>>,
+    ) -> Self {
         Self {
             rules: ArcSwap::from_pointee(Rules::new(config, &metrics)),
             tls: arc_swap::ArcSwapOption::new(
@@ -137,6 +145,7 @@ impl Shared {
             forwarder: Forwarder::new(metrics.timeouts().clone()),
             metrics,
             shadow_logged: AtomicU64::new(0),
+            access_log,
             draining: AtomicBool::new(false),
         }
     }
@@ -272,9 +281,18 @@ pub async fn handle<H: Send + 'static>(
     peer: &Peer,
     request: Request<Incoming>,
     hold: impl FnOnce() -> H,
-) -> Response<Body> {
+) -> Response<Logged> {
     let grpc = response::is_grpc(request.headers());
-    match answer(shared, peer, request, grpc, hold).await {
+    let mut record = shared.access_log.as_ref().map(|_| {
+        Record::begin(
+            request.method(),
+            request.uri(),
+            request.version(),
+            peer.addr,
+            hyper::body::Body::size_hint(request.body()).exact(),
+        )
+    });
+    let response = match answer(shared, peer, request, grpc, hold, &mut record).await {
         Ok(response) => response,
         Err(refusal) => {
             shared.metrics.refused(&refusal);
@@ -284,7 +302,11 @@ pub async fn handle<H: Send + 'static>(
                 refusal.into_response()
             }
         }
+    };
+    if let Some(r) = record.as_mut() {
+        r.status(response.status().as_u16());
     }
+    response.map(|body| Logged::new(body, record, shared.access_log.as_ref()))
 }
 
 /// [`handle`]'s work: the answer, or what floodgate answers instead.
@@ -294,6 +316,7 @@ async fn answer<H: Send + 'static>(
     request: Request<Incoming>,
     grpc: bool,
     hold: impl FnOnce() -> H,
+    log: &mut Option<Record>,
 ) -> Result<Response<Body>, Refusal> {
     // Taken apart once: the head is lent, not moved, on its way upstream.
     let (mut request, body) = request.into_parts();
@@ -330,6 +353,9 @@ async fn answer<H: Send + 'static>(
         return Err(crate::head::HeadError::MethodCase(standard).into());
     }
     let counts = &rules.metrics[index];
+    if let Some(r) = log.as_mut() {
+        r.route(&route.name);
+    }
     // A body declared too large is refused before anything else is spent
     // on it; one that grows too large on the way is cut (proxy::body).
     if let (Action::Upstream(_), Some(max)) = (&route.action, route.max_request_body)
@@ -351,8 +377,14 @@ async fn answer<H: Send + 'static>(
     let mut decision = None;
     if exempt {
         counts.count(Outcome::Exempt);
+        if let Some(r) = log.as_mut() {
+            r.decided(Outcome::Exempt, None, None);
+        }
     } else if route.limits.is_empty() {
         counts.count(Outcome::Allowed);
+        if let Some(r) = log.as_mut() {
+            r.decided(Outcome::Allowed, None, None);
+        }
     } else {
         let client = route.client.identify_forwarded(
             &mut request.headers,
@@ -365,7 +397,27 @@ async fn answer<H: Send + 'static>(
             limits: &route.limits,
             cost: route.cost,
         };
-        match shared.limiter.decide(charge).await {
+        let answer = shared.limiter.decide(charge).await;
+        if let Some(r) = log.as_mut() {
+            let (outcome, limit) = match &answer {
+                Answer::Decided(d) => (
+                    if d.allowed {
+                        Outcome::Allowed
+                    } else if route.shadow {
+                        Outcome::ShadowDenied
+                    } else {
+                        Outcome::Denied
+                    },
+                    route
+                        .policy_names
+                        .get(d.limit)
+                        .map(|name| (name.as_str(), d.remaining)),
+                ),
+                Answer::Unavailable { .. } => (Outcome::StoreError, None),
+            };
+            r.decided(outcome, Some(&client), limit);
+        }
+        match answer {
             Answer::Decided(d) if d.allowed => {
                 counts.count(Outcome::Allowed);
                 decision = Some(d);
@@ -408,7 +460,7 @@ async fn answer<H: Send + 'static>(
             let started = Instant::now();
             // Only the upstream's own answers count as upstream responses;
             // floodgate's 502 and 504 are refusals.
-            let response = shared
+            let (response, endpoint) = shared
                 .forwarder
                 .forward(
                     upstream,
@@ -424,7 +476,11 @@ async fn answer<H: Send + 'static>(
                     hold,
                 )
                 .await?;
-            counts.upstream(response.status().as_u16(), started.elapsed());
+            let took = started.elapsed();
+            counts.upstream(response.status().as_u16(), took);
+            if let Some(r) = log.as_mut() {
+                r.upstream(&endpoint.endpoint.target, took);
+            }
             response
         }
     };

@@ -171,6 +171,7 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
         // Signal handlers first: a signal that arrives once the port answers
         // must find them installed.
         let reload = watch_reload_signal()?;
+        watch_reopen_signal()?;
         let shutdown = shutdown_signal()?;
         let listeners = floodgate::Listeners::bind(&config.server).await?;
         tracing::info!(
@@ -187,6 +188,21 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
             .await
             .context("server failed")
     })
+}
+
+/// SIGUSR1 reopens the access log file (after logrotate moved it).
+fn watch_reopen_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut usr1 = signal(SignalKind::user_defined1()).context("cannot watch SIGUSR1")?;
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                floodgate::access_log::reopen();
+            }
+        });
+    }
+    Ok(())
 }
 
 /// SIGHUP notifies the returned handle, which reloads the configuration.

@@ -246,6 +246,10 @@ pub struct Metrics {
     pub circuit_open: Gauge,
     /// Calls sent to Redis to decide requests.
     pub redis_calls: Counter,
+    /// Access log lines dropped because the writer fell behind.
+    pub access_log_dropped: Counter,
+    /// Access log lines for denials held back by the caps.
+    pub access_log_suppressed: Counter,
 }
 
 /// One route's metric handles, resolved once per load.
@@ -396,6 +400,18 @@ impl Metrics {
                 result: result.into(),
             });
         }
+        let access_log_dropped = Counter::default();
+        registry.register(
+            "floodgate_access_log_dropped",
+            "Access log lines dropped because the writer fell behind the traffic",
+            access_log_dropped.clone(),
+        );
+        let access_log_suppressed = Counter::default();
+        registry.register(
+            "floodgate_access_log_suppressed",
+            "Access log lines for denials held back by the per-client and overall caps",
+            access_log_suppressed.clone(),
+        );
         let endpoints = Arc::new(Endpoints::default());
         registry.register_collector(Box::new(Arc::clone(&endpoints)));
         registry.register_collector(Box::new(Process::new()));
@@ -430,6 +446,8 @@ impl Metrics {
             open_connections,
             circuit_open,
             redis_calls,
+            access_log_dropped,
+            access_log_suppressed,
         }
     }
 

@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::Entry;
@@ -33,7 +34,7 @@ pub mod upgrade;
 
 pub use idle::IdleTimer;
 
-use balance::Failure;
+use balance::{Failure, Member};
 use body::{ClientBodyError, RequestBody, Sent, UpstreamBody};
 use pool::{Exchange, Head, Pools, SendError};
 
@@ -113,7 +114,8 @@ impl Forwarder {
     /// taken for the upstream's request. Upstream trouble is a 502 or 504
     /// refusal; a request body that breaks off is the client's 400, one
     /// that stalls the client's 408. An upgrade the upstream accepts is
-    /// spliced on a task that holds what `hold` gives until it ends.
+    /// spliced on a task that holds what `hold` gives until it ends. The
+    /// endpoint that answered comes back with the response.
     #[allow(clippy::too_many_arguments)]
     pub async fn forward<H: Send + 'static>(
         &self,
@@ -125,7 +127,7 @@ impl Forwarder {
         now: Instant,
         timeouts: ClientSide,
         hold: impl FnOnce() -> H,
-    ) -> Result<Response<Body>, Refusal> {
+    ) -> Result<(Response<Body>, Arc<Member>), Refusal> {
         let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
         let group = &*upstream.group;
         // The endpoints in force when the request began, through its retry.
@@ -231,14 +233,15 @@ impl Forwarder {
             );
         }
         let body_timeouts = self.timeouts.counter(Phase::UpstreamBody).clone();
-        Ok(response.map(|body| {
+        let response = response.map(|body| {
             Either::Left(UpstreamBody::new(
                 body,
                 endpoint.body_timeout,
                 release,
                 body_timeouts,
             ))
-        }))
+        });
+        Ok((response, Arc::clone(&members[chosen])))
     }
 
     /// The refusal for a failed exchange, logged with its reason.

@@ -93,6 +93,9 @@ pub enum ServeError {
     /// The store could not be set up.
     #[error("cannot set up the rate limit store: {0}")]
     Store(#[from] crate::limit::StoreError),
+    /// The access log could not be opened.
+    #[error(transparent)]
+    AccessLog(#[from] crate::access_log::OpenError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -122,8 +125,16 @@ pub async fn run(
         metrics.store(),
     )
     .await?;
+    let access_log = match &config.access_log {
+        Some(settings) => Some(crate::access_log::AccessLog::start(
+            settings.clone(),
+            metrics.access_log_dropped.clone(),
+            metrics.access_log_suppressed.clone(),
+        )?),
+        None => None,
+    };
     crate::gate::start_upstreams(&config).await;
-    let shared = Arc::new(Shared::new(&config, limiter, metrics));
+    let shared = Arc::new(Shared::new(&config, limiter, metrics, access_log));
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
     let watcher = tokio::spawn(crate::reload::watch(

@@ -15,6 +15,7 @@ pub struct Config {
     store: Vec<String>,
     upstreams: Vec<(String, Vec<String>)>,
     routes: Vec<Route>,
+    access_log: Vec<String>,
 }
 
 /// One `[[routes]]` entry.
@@ -33,7 +34,14 @@ impl Config {
             store: Vec::new(),
             upstreams: Vec::new(),
             routes: Vec::new(),
+            access_log: Vec::new(),
         }
+    }
+
+    /// Turns the access log on, with these `[access_log]` lines.
+    pub fn access_log(mut self, lines: &[&str]) -> Self {
+        self.access_log = lines.iter().map(|l| (*l).to_owned()).collect();
+        self
     }
 
     /// Listens on `port` (for floodgate started as a process).
@@ -136,6 +144,13 @@ impl Config {
         for (name, lines) in &self.upstreams {
             out.push_str(&format!("\n[upstreams.{name}]\n"));
             for line in lines {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        if !self.access_log.is_empty() {
+            out.push_str("\n[access_log]\n");
+            for line in &self.access_log {
                 out.push_str(line);
                 out.push('\n');
             }

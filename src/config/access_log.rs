@@ -1,0 +1,69 @@
+//! `[access_log]`: whether requests are logged, where and how.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::Validator;
+use crate::access_log::{Format, Settings, ShowId};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AccessLogModel {
+    format: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    client_id: Option<Spanned<String>>,
+    sample_allowed: Option<Spanned<f64>>,
+    denied_per_client: Option<Spanned<i64>>,
+}
+
+impl Validator<'_> {
+    /// The access log's settings; `None` when it is off (no section, or
+    /// `format = "off"`).
+    pub(super) fn access_log(&mut self, m: &AccessLogModel) -> Option<Option<Settings>> {
+        let format = self.choice(
+            m.format.as_ref(),
+            "access_log format",
+            &[
+                ("json", Some(Format::Json)),
+                ("text", Some(Format::Text)),
+                ("off", None),
+            ],
+        );
+        let client_id = self.choice(
+            m.client_id.as_ref(),
+            "access_log client_id",
+            &[
+                ("hash", ShowId::Hash),
+                ("raw", ShowId::Raw),
+                ("none", ShowId::Hidden),
+            ],
+        );
+        let sample_allowed = match &m.sample_allowed {
+            None => Some(1.0),
+            Some(s) if (0.0..=1.0).contains(s.get_ref()) => Some(*s.get_ref()),
+            Some(s) => {
+                self.problem(
+                    s.span(),
+                    "sample_allowed is the share of allowed requests logged: a number from 0.0 to 1.0",
+                );
+                None
+            }
+        };
+        let denied_per_client = self.bounded(
+            m.denied_per_client.as_ref(),
+            5,
+            1..=1_000,
+            "denied_per_client must be a whole number of lines a second from 1 to 1000",
+        );
+        let path = m.path.as_ref().map(|p| self.resolve(p));
+        let format = format?;
+        Some(format.map(|format| Settings {
+            format,
+            path,
+            client_id: client_id.unwrap_or(ShowId::Hash),
+            sample_allowed: sample_allowed.unwrap_or(1.0),
+            denied_per_client: denied_per_client.map_or(5, |n| n as u64),
+        }))
+        .filter(|_| client_id.is_some() && sample_allowed.is_some() && denied_per_client.is_some())
+    }
+}
