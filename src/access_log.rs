@@ -61,15 +61,13 @@ pub enum ShowId {
     Hidden,
 }
 
-/// `[access_log]`.
+/// `[access_log]`, when it is on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// How lines are written.
     pub format: Format,
     /// The file; standard error when `None`.
     pub path: Option<PathBuf>,
-    /// How client ids appear.
-    pub client_id: ShowId,
     /// The share of allowed requests logged, 0 to 1.
     pub sample_allowed: f64,
     /// Most denial lines a second for one client.
@@ -86,17 +84,58 @@ pub struct OpenError {
     source: std::io::Error,
 }
 
+/// How client ids appear to operators: in the access log and on
+/// `/clients/top` (`[access_log] client_id`, which applies even while the
+/// log itself is off).
+#[derive(Debug)]
+pub struct Ids {
+    mode: ShowId,
+    key: [u8; 32],
+}
+
+impl Ids {
+    /// Ids shown as `mode` says, digests keyed as [`digest_key`] says.
+    pub fn new(mode: ShowId) -> Self {
+        Self {
+            mode,
+            key: digest_key(),
+        }
+    }
+
+    /// How `client` appears (`None` with `client_id = "none"`).
+    pub fn show(&self, client: &ClientId) -> Option<String> {
+        match self.mode {
+            ShowId::Hidden => None,
+            ShowId::Raw => Some(raw(client)),
+            ShowId::Hash => {
+                let digest = Sha256::new()
+                    .chain_update(self.key)
+                    .chain_update(raw(client).as_bytes())
+                    .finalize();
+                Some(
+                    digest[..8]
+                        .iter()
+                        .fold(String::with_capacity(16), |mut s, b| {
+                            let _ = write!(s, "{b:02x}");
+                            s
+                        }),
+                )
+            }
+        }
+    }
+}
+
 /// The access log in force.
 #[derive(Debug)]
 pub struct AccessLog {
     settings: Settings,
+    ids: Arc<Ids>,
     lines: SyncSender<String>,
     /// Per slot: the second (since the epoch) and the denial lines in it.
     slots: Box<[AtomicU64]>,
     /// The same for all denials.
     all_denied: AtomicU64,
     sampled: AtomicU64,
-    key: [u8; 32],
     /// Lines not written because the queue was full.
     dropped: Counter,
     /// Denial lines not written because of the caps.
@@ -118,6 +157,7 @@ impl AccessLog {
     /// counted into `dropped` and `suppressed`.
     pub fn start(
         settings: Settings,
+        ids: Arc<Ids>,
         dropped: Counter,
         suppressed: Counter,
     ) -> Result<Arc<Self>, OpenError> {
@@ -134,7 +174,7 @@ impl AccessLog {
             slots: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             all_denied: AtomicU64::new(0),
             sampled: AtomicU64::new(0),
-            key: digest_key(),
+            ids,
             dropped,
             suppressed,
             lines,
@@ -171,28 +211,6 @@ impl AccessLog {
             self.suppressed.inc();
         }
         allowed
-    }
-
-    /// How `client` appears in a line.
-    fn shown(&self, client: &ClientId) -> Option<String> {
-        match self.settings.client_id {
-            ShowId::Hidden => None,
-            ShowId::Raw => Some(raw(client)),
-            ShowId::Hash => {
-                let digest = Sha256::new()
-                    .chain_update(self.key)
-                    .chain_update(raw(client).as_bytes())
-                    .finalize();
-                Some(
-                    digest[..8]
-                        .iter()
-                        .fold(String::with_capacity(16), |mut s, b| {
-                            let _ = write!(s, "{b:02x}");
-                            s
-                        }),
-                )
-            }
-        }
     }
 
     fn send(&self, line: String) {
@@ -364,7 +382,7 @@ impl Record {
         let took_ms = self.started.elapsed().as_secs_f64() * 1000.0;
         let time = rfc3339(self.time);
         let decision = self.outcome.map_or("-", Outcome::name);
-        let client = self.client.as_ref().and_then(|c| log.shown(c));
+        let client = self.client.as_ref().and_then(|c| log.ids.show(c));
         let version = match self.version {
             Version::HTTP_10 => "HTTP/1.0",
             Version::HTTP_2 => "HTTP/2",
@@ -461,7 +479,13 @@ fn field(out: &mut String, name: &str, value: &str, first: bool) {
     }
     out.push('"');
     out.push_str(name);
-    out.push_str("\":\"");
+    out.push_str("\":");
+    json_string(out, value);
+}
+
+/// `value` as a JSON string.
+pub fn json_string(out: &mut String, value: &str) {
+    out.push('"');
     for c in value.chars() {
         match c {
             '"' => out.push_str("\\\""),

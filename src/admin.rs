@@ -105,6 +105,20 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
                 .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
             response
         }
+        "/clients/top" => {
+            let n = request
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("n=")))
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(10)
+                .clamp(1, 100);
+            let mut response = text(StatusCode::OK, shared.top_clients(n));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
 }

@@ -64,6 +64,8 @@ pub struct Config {
     pub digest: String,
     /// The access log, if on.
     pub access_log: Option<crate::access_log::Settings>,
+    /// How client ids appear in the access log and on `/clients/top`.
+    pub client_ids: crate::access_log::ShowId,
 }
 
 impl Config {
@@ -96,7 +98,7 @@ impl Config {
         if self.store != new.store {
             out.push("store");
         }
-        if self.access_log != new.access_log {
+        if self.access_log != new.access_log || self.client_ids != new.client_ids {
             out.push("access_log");
         }
         out
@@ -508,16 +510,17 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     let routes = v.routes(&model.routes, server.as_ref(), &upstreams);
     let access_log = match &model.access_log {
         Some(m) => v.access_log(m.get_ref()),
-        None => Some(None),
+        None => Some((None, crate::access_log::ShowId::Hash)),
     };
     match (server, store, access_log, v.problems.is_empty()) {
-        (Some(server), Some(store), Some(access_log), true) => Ok(Config {
+        (Some(server), Some(store), Some((access_log, client_ids)), true) => Ok(Config {
             path: path.to_owned(),
             server,
             store,
             routes: Table::new(routes),
             digest: digest(text),
             access_log,
+            client_ids,
         }),
         _ => Err(LoadError::Invalid(v.problems)),
     }

@@ -14,7 +14,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use ipnet::IpNet;
 
-use crate::access_log::{AccessLog, Logged, Record};
+use crate::access_log::{AccessLog, Ids, Logged, Record};
 use crate::client::{client_address, is_in};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
@@ -24,6 +24,7 @@ use crate::proxy::{ClientSide, Forwarder, Peer};
 use crate::refusal::Refusal;
 use crate::response::{self, Body};
 use crate::routes::{Action, EscapedSlashes, RequestFacts, Table, request_paths};
+use crate::top::RouteTop;
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
@@ -43,6 +44,9 @@ pub struct Rules {
     pub client_timeouts: ClientSide,
     /// How long a client may leave its answer unread.
     pub client_write_timeout: Duration,
+    /// Each route's heaviest clients, in route order; counted only when
+    /// the admin listener (which shows them) is configured.
+    pub top: Option<Vec<RouteTop>>,
 }
 
 impl Rules {
@@ -60,6 +64,10 @@ impl Rules {
                 max_body: None,
             },
             client_write_timeout: config.server.client_write_timeout,
+            top: config
+                .server
+                .admin_listen
+                .map(|_| config.routes.iter().map(|_| RouteTop::default()).collect()),
         }
     }
 }
@@ -102,6 +110,8 @@ pub struct Shared {
     shadow_logged: AtomicU64,
     /// The access log, if on.
     access_log: Option<Arc<AccessLog>>,
+    /// How client ids are shown.
+    ids: Arc<Ids>,
     /// A stop was asked for: `/readyz` says so while the listener drains.
     draining: AtomicBool,
 }
@@ -129,12 +139,14 @@ impl Readiness {
 
 impl Shared {
     /// The state for serving `config`, deciding with `limiter`, counting
-    /// into `metrics`, logging requests into `access_log`.
+    /// into `metrics`, logging requests into `access_log`, showing client
+    /// ids as `ids` says.
     pub fn new(
         config: &Config,
         limiter: Limiter,
         metrics: Metrics,
         access_log: Option<Arc<AccessLog>>,
+        ids: Arc<Ids>,
     ) -> Self {
         Self {
             rules: ArcSwap::from_pointee(Rules::new(config, &metrics)),
@@ -146,6 +158,7 @@ impl Shared {
             metrics,
             shadow_logged: AtomicU64::new(0),
             access_log,
+            ids,
             draining: AtomicBool::new(false),
         }
     }
@@ -186,6 +199,52 @@ impl Shared {
         } else {
             Readiness::StoreDown
         }
+    }
+
+    /// `/clients/top`: per limited route, the `n` heaviest clients of the
+    /// last minute, as JSON; ids shown as the access log shows them.
+    pub fn top_clients(&self, n: usize) -> String {
+        use std::fmt::Write;
+        let rules = self.rules.load_full();
+        let now = crate::limit::now_ms() / 1000;
+        let mut out = String::from("{\"window_seconds\":60,\"routes\":[");
+        let Some(top) = &rules.top else {
+            out.push_str("]}");
+            return out;
+        };
+        let mut first_route = true;
+        for (route, route_top) in rules.routes.iter().zip(top) {
+            if route.limits.is_empty() {
+                continue;
+            }
+            let (heaviest, held) = route_top.heaviest(n, now);
+            if !first_route {
+                out.push(',');
+            }
+            first_route = false;
+            out.push_str("{\"route\":");
+            crate::access_log::json_string(&mut out, &route.name);
+            let _ = write!(out, ",\"tracked\":{held},\"clients\":[");
+            for (i, h) in heaviest.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let shown = self.ids.show(&h.client);
+                out.push_str("{\"client\":");
+                crate::access_log::json_string(&mut out, shown.as_deref().unwrap_or("-"));
+                let _ = write!(
+                    out,
+                    ",\"requests\":{},\"allowed\":{},\"denied\":{},\"over\":{}}}",
+                    h.allowed + h.denied,
+                    h.allowed,
+                    h.denied,
+                    h.over
+                );
+            }
+            out.push_str("]}");
+        }
+        out.push_str("]}");
+        out
     }
 
     /// A stop was asked for: `/readyz` answers 503 from now on.
@@ -416,6 +475,11 @@ async fn answer<H: Send + 'static>(
                 Answer::Unavailable { .. } => (Outcome::StoreError, None),
             };
             r.decided(outcome, Some(&client), limit);
+        }
+        if let (Some(top), Answer::Decided(d)) = (&rules.top, &answer)
+            && let Some(route_top) = top.get(index)
+        {
+            route_top.count(&client, !d.allowed, crate::limit::now_ms() / 1000);
         }
         match answer {
             Answer::Decided(d) if d.allowed => {

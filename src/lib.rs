@@ -16,6 +16,7 @@
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
 //! | [`access_log`] | one line per request, written off the data path, with sampling and caps |
+//! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
 //! | [`gate`] | one request's phases in order (head, route, client, limit, forward or refuse), the rules a reload swaps, the state requests share |
 //! | [`server`] | listeners, accepting connections under a cap, serving them with hyper, shutting down gracefully |
@@ -42,5 +43,6 @@ pub mod response;
 pub mod routes;
 pub mod server;
 pub mod tls;
+pub mod top;
 
 pub use server::{Listeners, ServeError, run};

@@ -125,16 +125,18 @@ pub async fn run(
         metrics.store(),
     )
     .await?;
+    let ids = Arc::new(crate::access_log::Ids::new(config.client_ids));
     let access_log = match &config.access_log {
         Some(settings) => Some(crate::access_log::AccessLog::start(
             settings.clone(),
+            Arc::clone(&ids),
             metrics.access_log_dropped.clone(),
             metrics.access_log_suppressed.clone(),
         )?),
         None => None,
     };
     crate::gate::start_upstreams(&config).await;
-    let shared = Arc::new(Shared::new(&config, limiter, metrics, access_log));
+    let shared = Arc::new(Shared::new(&config, limiter, metrics, access_log, ids));
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
     let watcher = tokio::spawn(crate::reload::watch(

@@ -17,9 +17,9 @@ pub(super) struct AccessLogModel {
 }
 
 impl Validator<'_> {
-    /// The access log's settings; `None` when it is off (no section, or
-    /// `format = "off"`).
-    pub(super) fn access_log(&mut self, m: &AccessLogModel) -> Option<Option<Settings>> {
+    /// The access log's settings (`None` when `format = "off"`) and how
+    /// client ids are shown.
+    pub(super) fn access_log(&mut self, m: &AccessLogModel) -> Option<(Option<Settings>, ShowId)> {
         let format = self.choice(
             m.format.as_ref(),
             "access_log format",
@@ -56,14 +56,14 @@ impl Validator<'_> {
             "denied_per_client must be a whole number of lines a second from 1 to 1000",
         );
         let path = m.path.as_ref().map(|p| self.resolve(p));
-        let format = format?;
-        Some(format.map(|format| Settings {
+        let (format, client_id, sample_allowed, denied_per_client) =
+            (format?, client_id?, sample_allowed?, denied_per_client?);
+        let settings = format.map(|format| Settings {
             format,
             path,
-            client_id: client_id.unwrap_or(ShowId::Hash),
-            sample_allowed: sample_allowed.unwrap_or(1.0),
-            denied_per_client: denied_per_client.map_or(5, |n| n as u64),
-        }))
-        .filter(|_| client_id.is_some() && sample_allowed.is_some() && denied_per_client.is_some())
+            sample_allowed,
+            denied_per_client: denied_per_client as u64,
+        });
+        Some((settings, client_id))
     }
 }
