@@ -5,8 +5,9 @@
 # - Redis: REDIS_URL if set, else Docker (testcontainers) if a daemon
 #   answers; else a redis-server the tests start themselves, with redis-cli.
 # - openssl (the TLS tests make their certificates), promtool (the metrics
-#   exposition is checked with it), Python 3 with grpcio and websockets (the
-#   gRPC and WebSocket peers in tests/peers/).
+#   exposition is checked with it), Chromium (the dashboard is rendered
+#   headless), Python 3 with grpcio and websockets (the gRPC and WebSocket
+#   peers in tests/peers/).
 #
 # What is missing is installed with apt-get and pip when this runs as root
 # (or FLOODGATE_TEST_INSTALL=1 with sudo); otherwise the script names
@@ -21,6 +22,7 @@ fi
 command -v redis-cli >/dev/null 2>&1 || packages+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || packages+=(openssl)
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v python3 >/dev/null 2>&1 || packages+=(python3 python3-pip)
 python_ok() { python3 -c 'import grpc, websockets' >/dev/null 2>&1; }
 
@@ -49,6 +51,8 @@ if ! python_ok; then
   $sudo python3 -m pip install --quiet --disable-pip-version-check 'grpcio>=1.60' 'websockets>=14,<18'
 fi
 
-# Everything is here: the promtool check must run, not be skipped.
+# Everything is here: the promtool and Chromium checks must run, not be
+# skipped.
 export FLOODGATE_TEST_NEEDS_PROMTOOL=1
+export FLOODGATE_TEST_NEEDS_CHROMIUM=1
 exec cargo test --locked "$@"

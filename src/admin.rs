@@ -1,8 +1,9 @@
 //! The admin listener: `/healthz` (the process is up), `/readyz` (the
 //! instance should get traffic: not stopping, and not refusing everything
-//! because the store is down under `on_error = "deny"`) and `/metrics`
-//! (Prometheus text format). Separate from the traffic listener so it can
-//! stay private.
+//! because the store is down under `on_error = "deny"`), `/metrics`
+//! (Prometheus), `/clients/top` (who is limited), and a dashboard at `/`
+//! over `/status.json`. Separate from the traffic listener so it can stay
+//! private.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,6 +19,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::gate::{Readiness, Shared};
+
+/// The dashboard: one page, its script polling `/status.json` and
+/// `/clients/top`; no external assets.
+const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 /// Most admin connections open at once: scrapers and probes need a few.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
@@ -103,6 +108,21 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
             response
                 .headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+            response
+        }
+        "/" => {
+            let mut response = text(StatusCode::OK, DASHBOARD.to_owned());
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            response
+        }
+        "/status.json" => {
+            let mut response = text(StatusCode::OK, shared.status_json());
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             response
         }
         "/clients/top" => {

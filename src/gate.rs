@@ -247,6 +247,61 @@ impl Shared {
         out
     }
 
+    /// `/status.json`, which the dashboard polls: the configuration in
+    /// force, the store's state, and each route's limits and counts.
+    pub fn status_json(&self) -> String {
+        use std::fmt::Write;
+        let rules = self.rules.load_full();
+        let readiness = match self.readiness() {
+            Readiness::Ready => "ready",
+            Readiness::StoreDown => "store_down",
+            Readiness::Refusing => "refusing",
+            Readiness::Draining => "draining",
+        };
+        let mut out = String::from("{\"version\":");
+        crate::access_log::json_string(&mut out, env!("CARGO_PKG_VERSION"));
+        out.push_str(",\"config\":");
+        crate::access_log::json_string(&mut out, &self.metrics.config_digest());
+        let _ = write!(
+            out,
+            ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"on_error\":\"{}\",\"redis_calls\":{}}},\"routes\":[",
+            self.limiter.kind(),
+            self.limiter.ready(),
+            self.limiter.on_error(),
+            self.metrics.redis_calls.get(),
+        );
+        for (i, (route, counts)) in rules.routes.iter().zip(&rules.metrics).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"name\":");
+            crate::access_log::json_string(&mut out, &route.name);
+            let _ = write!(out, ",\"shadow\":{},\"limits\":[", route.shadow);
+            for (j, (limit, policy)) in route.limits.iter().zip(&route.policy_names).enumerate() {
+                if j > 0 {
+                    out.push(',');
+                }
+                out.push_str("{\"policy\":");
+                crate::access_log::json_string(&mut out, policy);
+                let _ = write!(
+                    out,
+                    ",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
+                    limit.algorithm.name(),
+                    limit.limit,
+                    limit.window_ms as f64 / 1000.0,
+                    limit.burst
+                );
+            }
+            out.push(']');
+            for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
+                let _ = write!(out, ",\"{}\":{n}", outcome.name());
+            }
+            out.push('}');
+        }
+        out.push_str("]}");
+        out
+    }
+
     /// A stop was asked for: `/readyz` answers 503 from now on.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);

@@ -594,6 +594,14 @@ impl Metrics {
         }
     }
 
+    /// The digest of the configuration in force.
+    pub fn config_digest(&self) -> String {
+        self.config_digest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Marks `digest` as the configuration in force.
     pub fn config_loaded(&self, digest: &str) {
         let mut current = self
@@ -630,6 +638,12 @@ impl Metrics {
 }
 
 impl RouteMetrics {
+    /// The requests counted so far, by [`Outcome`] (in [`Outcome::ALL`]'s
+    /// order).
+    pub fn counts(&self) -> [u64; 5] {
+        std::array::from_fn(|i| self.outcomes[i].get())
+    }
+
     /// Counts one request's outcome.
     pub fn count(&self, outcome: Outcome) {
         self.outcomes[outcome as usize].inc();

@@ -131,6 +131,23 @@ impl Limiter {
         }
     }
 
+    /// Which store decides: `"memory"` or `"redis"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Memory(..) => "memory",
+            Self::Redis(..) => "redis",
+        }
+    }
+
+    /// The `on_error` policy (`allow` for the memory store, which does not
+    /// fail).
+    pub fn on_error(&self) -> OnError {
+        match self {
+            Self::Memory(..) => OnError::Allow,
+            Self::Redis(shared) => shared.on_error,
+        }
+    }
+
     /// Whether requests are refused (503) while the store is down:
     /// `on_error = "deny"`.
     pub fn refuses_when_down(&self) -> bool {
