@@ -233,20 +233,29 @@ impl Endpoint {
     }
 }
 
+/// A Redis URL without its password: only where it points.
+fn shown(url: &str) -> String {
+    match url.split_once("://").zip(url.rsplit_once('@')) {
+        Some(((scheme, _), (_, host))) => format!("{scheme}://***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
 impl fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // URLs may carry a password; show only where they point.
-        let shown = |url: &String| match url.split_once("://").zip(url.rsplit_once('@')) {
-            Some(((scheme, _), (_, host))) => format!("{scheme}://***@{host}"),
-            None => url.clone(),
-        };
         match self {
             Self::Single(url) => write!(f, "{}", shown(url)),
-            Self::Cluster(urls) => f.debug_list().entries(urls.iter().map(shown)).finish(),
+            Self::Cluster(urls) => f
+                .debug_list()
+                .entries(urls.iter().map(|u| shown(u)))
+                .finish(),
             Self::Sentinel { urls, master } => f
                 .debug_struct("Sentinel")
                 .field("master", master)
-                .field("sentinels", &urls.iter().map(shown).collect::<Vec<_>>())
+                .field(
+                    "sentinels",
+                    &urls.iter().map(|u| shown(u)).collect::<Vec<_>>(),
+                )
                 .finish(),
         }
     }
@@ -255,18 +264,14 @@ impl fmt::Debug for Endpoint {
 /// As logs show it: plain text, passwords hidden.
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = |url: &String| match url.split_once("://").zip(url.rsplit_once('@')) {
-            Some(((scheme, _), (_, host))) => format!("{scheme}://***@{host}"),
-            None => url.clone(),
-        };
         match self {
             Self::Single(url) => f.write_str(&shown(url)),
             Self::Cluster(urls) => {
-                let all: Vec<String> = urls.iter().map(shown).collect();
+                let all: Vec<String> = urls.iter().map(|u| shown(u)).collect();
                 write!(f, "cluster {}", all.join(" "))
             }
             Self::Sentinel { urls, master } => {
-                let all: Vec<String> = urls.iter().map(shown).collect();
+                let all: Vec<String> = urls.iter().map(|u| shown(u)).collect();
                 write!(f, "sentinel {master} via {}", all.join(" "))
             }
         }
