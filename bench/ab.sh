@@ -6,6 +6,8 @@
 # own CPU (user + system from /proc/PID/stat, its process alone) in µs per
 # request, Redis's CPU per request, and requests per second.
 #   bench/ab.sh BIN_A BIN_B [rounds] [seconds]     defaults: 5 rounds of 8 s
+# With ADMIN=1 both run with an admin listener (which turns on the
+# per-client counting behind /clients/top).
 # To compare with an earlier commit:
 #   git worktree add /tmp/before <commit>
 #   (cd /tmp/before && CARGO_TARGET_DIR=/tmp/before-target cargo build --release)
@@ -45,6 +47,7 @@ for bin in a b; do
     p=$(port); key="$bin-$store"; portof[$key]=$p
     {
       echo "[server]"; echo "listen = \"127.0.0.1:$p\""
+      [ "${ADMIN:-0}" = 1 ] && echo "admin_listen = \"127.0.0.1:$(port)\""
       if [ "$store" = redis ]; then
         printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s"\nkey_prefix = "ab-%s"\ntimeout = "100ms"\n' "$redis_port" "$key"
       fi
