@@ -28,7 +28,7 @@ use hyper::body::{Body as _, Frame, SizeHint};
 use prometheus_client::metrics::counter::Counter;
 use sha2::{Digest as _, Sha256};
 
-use crate::client::ClientId;
+use crate::client::{ClientId, hex, keyed_digest, process_key};
 use crate::metrics::Outcome;
 use crate::response::Body;
 
@@ -107,20 +107,7 @@ impl Ids {
         match self.mode {
             ShowId::Hidden => None,
             ShowId::Raw => Some(raw(client)),
-            ShowId::Hash => {
-                let digest = Sha256::new()
-                    .chain_update(self.key)
-                    .chain_update(raw(client).as_bytes())
-                    .finalize();
-                Some(
-                    digest[..8]
-                        .iter()
-                        .fold(String::with_capacity(16), |mut s, b| {
-                            let _ = write!(s, "{b:02x}");
-                            s
-                        }),
-                )
-            }
+            ShowId::Hash => Some(keyed_digest(&self.key, raw(client).as_bytes())),
         }
     }
 }
@@ -250,20 +237,14 @@ fn now_secs() -> u64 {
 }
 
 /// The key of client digests: `FLOODGATE_ACCESS_LOG_KEY` (the same on every
-/// instance gives the same digests everywhere), else drawn at start.
+/// instance gives the same digests everywhere), else the process's own.
 fn digest_key() -> [u8; 32] {
     if let Ok(key) = std::env::var("FLOODGATE_ACCESS_LOG_KEY")
         && !key.is_empty()
     {
         return Sha256::digest(key.as_bytes()).into();
     }
-    let mut key = [0u8; 32];
-    let read = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key));
-    if read.is_err() {
-        key = Sha256::digest(format!("{:?}{}", SystemTime::now(), std::process::id())).into();
-    }
-    key
+    *process_key()
 }
 
 /// A client id as sent: an address, a header's value (lossy UTF-8), parts
@@ -272,10 +253,7 @@ fn raw(client: &ClientId) -> String {
     match client {
         ClientId::Addr(ip) => ip.to_string(),
         ClientId::Header(value) => String::from_utf8_lossy(value).into_owned(),
-        ClientId::Digest(d) => d.iter().fold(String::new(), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        }),
+        ClientId::Digest(d) => hex(&d[..]),
         ClientId::Composite(parts) => parts.iter().map(raw).collect::<Vec<_>>().join("+"),
     }
 }

@@ -141,14 +141,25 @@ impl std::fmt::Display for ClientId {
 /// The first 8 bytes, in hex, of `value`'s SHA-256 keyed with this
 /// process's secret.
 fn redacted(value: &[u8]) -> String {
-    use std::fmt::Write;
+    keyed_digest(process_key(), value)
+}
+
+/// The first 8 bytes of `value`'s SHA-256 keyed with `key`, in hex: how
+/// operators are shown a credential they must not read.
+pub(crate) fn keyed_digest(key: &[u8; 32], value: &[u8]) -> String {
     let digest = Sha256::new()
-        .chain_update(log_key())
+        .chain_update(key)
         .chain_update(value)
         .finalize();
-    digest[..8]
+    hex(&digest[..8])
+}
+
+/// `bytes` in lower-case hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
         .iter()
-        .fold(String::with_capacity(16), |mut s, b| {
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
             let _ = write!(s, "{b:02x}");
             s
         })
@@ -156,7 +167,7 @@ fn redacted(value: &[u8]) -> String {
 
 /// A secret drawn once per process from the system's random source (or,
 /// lacking one, from the process's hash seeds and the time).
-fn log_key() -> &'static [u8; 32] {
+pub(crate) fn process_key() -> &'static [u8; 32] {
     static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
     KEY.get_or_init(|| {
         let mut key = [0u8; 32];
