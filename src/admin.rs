@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::gate::{Readiness, Shared};
+use crate::metrics::Outcome;
 
 /// The dashboard: one page, its script polling `/status.json` and
 /// `/clients/top`; no external assets.
@@ -119,7 +120,7 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
             response
         }
         "/status.json" => {
-            let mut response = text(StatusCode::OK, shared.status_json());
+            let mut response = text(StatusCode::OK, status_json(shared));
             response
                 .headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -133,7 +134,7 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
                 .and_then(|n| n.parse::<usize>().ok())
                 .unwrap_or(10)
                 .clamp(1, 100);
-            let mut response = text(StatusCode::OK, shared.top_clients(n));
+            let mut response = text(StatusCode::OK, top_clients(shared, n));
             response
                 .headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -151,4 +152,106 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// `/clients/top`: per limited route, the `n` heaviest clients of the
+/// last minute, as JSON; ids shown as the access log shows them.
+fn top_clients(shared: &Shared, n: usize) -> String {
+    use std::fmt::Write;
+    let rules = shared.rules();
+    let now = crate::limit::now_ms() / 1000;
+    let mut out = String::from("{\"window_seconds\":60,\"routes\":[");
+    let Some(top) = &rules.top else {
+        out.push_str("]}");
+        return out;
+    };
+    let mut first_route = true;
+    for (route, route_top) in rules.routes.iter().zip(top) {
+        if route.limits.is_empty() {
+            continue;
+        }
+        let (heaviest, held) = route_top.heaviest(n, now);
+        if !first_route {
+            out.push(',');
+        }
+        first_route = false;
+        out.push_str("{\"route\":");
+        crate::access_log::json_string(&mut out, &route.name);
+        let _ = write!(out, ",\"tracked\":{held},\"clients\":[");
+        for (i, h) in heaviest.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let shown = shared.ids().show(&h.client);
+            out.push_str("{\"client\":");
+            crate::access_log::json_string(&mut out, shown.as_deref().unwrap_or("-"));
+            let _ = write!(
+                out,
+                ",\"requests\":{},\"allowed\":{},\"denied\":{},\"over\":{}}}",
+                h.allowed + h.denied,
+                h.allowed,
+                h.denied,
+                h.over
+            );
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}");
+    out
+}
+
+/// `/status.json`, which the dashboard polls: the configuration in
+/// force, the store's state, and each route's limits and counts.
+fn status_json(shared: &Shared) -> String {
+    use std::fmt::Write;
+    let rules = shared.rules();
+    let readiness = match shared.readiness() {
+        Readiness::Ready => "ready",
+        Readiness::StoreDown => "store_down",
+        Readiness::Refusing => "refusing",
+        Readiness::Draining => "draining",
+    };
+    let (kind, up, on_error) = shared.store();
+    let mut out = String::from("{\"version\":");
+    crate::access_log::json_string(&mut out, env!("CARGO_PKG_VERSION"));
+    out.push_str(",\"config\":");
+    crate::access_log::json_string(&mut out, &shared.metrics().config_digest());
+    let _ = write!(
+        out,
+        ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"on_error\":\"{}\",\"redis_calls\":{}}},\"routes\":[",
+        kind,
+        up,
+        on_error,
+        shared.metrics().redis_calls.get(),
+    );
+    for (i, (route, counts)) in rules.routes.iter().zip(&rules.metrics).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"name\":");
+        crate::access_log::json_string(&mut out, &route.name);
+        let _ = write!(out, ",\"shadow\":{},\"limits\":[", route.shadow);
+        for (j, (limit, policy)) in route.limits.iter().zip(&route.policy_names).enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"policy\":");
+            crate::access_log::json_string(&mut out, policy);
+            let _ = write!(
+                out,
+                ",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
+                limit.algorithm.name(),
+                limit.limit,
+                limit.window_ms as f64 / 1000.0,
+                limit.burst
+            );
+        }
+        out.push(']');
+        for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
+            let _ = write!(out, ",\"{}\":{n}", outcome.name());
+        }
+        out.push('}');
+    }
+    out.push_str("]}");
+    out
 }

@@ -201,105 +201,18 @@ impl Shared {
         }
     }
 
-    /// `/clients/top`: per limited route, the `n` heaviest clients of the
-    /// last minute, as JSON; ids shown as the access log shows them.
-    pub fn top_clients(&self, n: usize) -> String {
-        use std::fmt::Write;
-        let rules = self.rules.load_full();
-        let now = crate::limit::now_ms() / 1000;
-        let mut out = String::from("{\"window_seconds\":60,\"routes\":[");
-        let Some(top) = &rules.top else {
-            out.push_str("]}");
-            return out;
-        };
-        let mut first_route = true;
-        for (route, route_top) in rules.routes.iter().zip(top) {
-            if route.limits.is_empty() {
-                continue;
-            }
-            let (heaviest, held) = route_top.heaviest(n, now);
-            if !first_route {
-                out.push(',');
-            }
-            first_route = false;
-            out.push_str("{\"route\":");
-            crate::access_log::json_string(&mut out, &route.name);
-            let _ = write!(out, ",\"tracked\":{held},\"clients\":[");
-            for (i, h) in heaviest.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let shown = self.ids.show(&h.client);
-                out.push_str("{\"client\":");
-                crate::access_log::json_string(&mut out, shown.as_deref().unwrap_or("-"));
-                let _ = write!(
-                    out,
-                    ",\"requests\":{},\"allowed\":{},\"denied\":{},\"over\":{}}}",
-                    h.allowed + h.denied,
-                    h.allowed,
-                    h.denied,
-                    h.over
-                );
-            }
-            out.push_str("]}");
-        }
-        out.push_str("]}");
-        out
-    }
-
-    /// `/status.json`, which the dashboard polls: the configuration in
-    /// force, the store's state, and each route's limits and counts.
-    pub fn status_json(&self) -> String {
-        use std::fmt::Write;
-        let rules = self.rules.load_full();
-        let readiness = match self.readiness() {
-            Readiness::Ready => "ready",
-            Readiness::StoreDown => "store_down",
-            Readiness::Refusing => "refusing",
-            Readiness::Draining => "draining",
-        };
-        let mut out = String::from("{\"version\":");
-        crate::access_log::json_string(&mut out, env!("CARGO_PKG_VERSION"));
-        out.push_str(",\"config\":");
-        crate::access_log::json_string(&mut out, &self.metrics.config_digest());
-        let _ = write!(
-            out,
-            ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"on_error\":\"{}\",\"redis_calls\":{}}},\"routes\":[",
+    /// The shared store: its kind, whether it answers, its `on_error`.
+    pub fn store(&self) -> (&'static str, bool, crate::config::OnError) {
+        (
             self.limiter.kind(),
             self.limiter.ready(),
             self.limiter.on_error(),
-            self.metrics.redis_calls.get(),
-        );
-        for (i, (route, counts)) in rules.routes.iter().zip(&rules.metrics).enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str("{\"name\":");
-            crate::access_log::json_string(&mut out, &route.name);
-            let _ = write!(out, ",\"shadow\":{},\"limits\":[", route.shadow);
-            for (j, (limit, policy)) in route.limits.iter().zip(&route.policy_names).enumerate() {
-                if j > 0 {
-                    out.push(',');
-                }
-                out.push_str("{\"policy\":");
-                crate::access_log::json_string(&mut out, policy);
-                let _ = write!(
-                    out,
-                    ",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
-                    limit.algorithm.name(),
-                    limit.limit,
-                    limit.window_ms as f64 / 1000.0,
-                    limit.burst
-                );
-            }
-            out.push(']');
-            for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
-                let _ = write!(out, ",\"{}\":{n}", outcome.name());
-            }
-            out.push('}');
-        }
-        out.push_str("]}");
-        out
+        )
+    }
+
+    /// How client ids are shown to operators.
+    pub fn ids(&self) -> &Ids {
+        &self.ids
     }
 
     /// A stop was asked for: `/readyz` answers 503 from now on.
