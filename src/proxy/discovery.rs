@@ -85,6 +85,18 @@ impl Source {
         Member::new(self.endpoint.clone(), index, address)
     }
 
+    fn lookup_failed(&self, upstream: &str, error: &str) {
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            let host = self.name.as_ref().map_or("", |(h, _)| h);
+            tracing::warn!(
+                upstream,
+                host,
+                error,
+                "cannot resolve the upstream's DNS name; keeping the addresses last found"
+            );
+        }
+    }
+
     /// The endpoint at `address`, for a resolved name: connected there,
     /// while `Host`, TLS's server name and the logs keep the name.
     fn at(&self, index: usize, address: SocketAddr) -> Option<Member> {
@@ -196,20 +208,6 @@ impl Group {
             });
         }
         while checks.join_next().await.is_some() {}
-    }
-}
-
-impl Source {
-    fn lookup_failed(&self, upstream: &str, error: &str) {
-        if !self.failing.swap(true, Ordering::Relaxed) {
-            let host = self.name.as_ref().map_or("", |(h, _)| h);
-            tracing::warn!(
-                upstream,
-                host,
-                error,
-                "cannot resolve the upstream's DNS name; keeping the addresses last found"
-            );
-        }
     }
 }
 
