@@ -17,12 +17,17 @@ local function gcra()
     end
     local after = before + window * cost
     if after <= tolerance then
-      return 1, floor_div(tolerance - after, window), ceil_div(after, limit), 0, after
+      local more = 0
+      if tolerance - after < window then
+        -- Until one more emission interval fits under the tolerance.
+        more = ceil_div(after + window - tolerance, limit)
+      end
+      return 1, floor_div(tolerance - after, window), more, 0, after
     end
     -- A clock that stepped back leaves the TAT further ahead than the
     -- tolerance: nothing remains.
-    return 0, floor_div(max(tolerance - before, 0), window), ceil_div(before, limit),
-      ceil_div(after - tolerance, limit), after
+    local retry = ceil_div(after - tolerance, limit)
+    return 0, floor_div(max(tolerance - before, 0), window), retry, retry, after
   end
 
   local function commit(key, limit, window, now, cost, burst, after)

@@ -7,7 +7,10 @@
 -- algorithms a request uses run. A loader returns two functions:
 --
 --   check(key, limit, window, now, cost, burst)
---     -> allowed (1/0), remaining, reset_ms, retry_after_ms, a, b, c
+--     -> allowed (1/0), remaining, next_ms, retry_after_ms, a, b, c
+--     next_ms is the wait until at least one more unit is available: 0
+--     while units remain, the wait for this request when it is denied
+--     (RateLimit's `t` per draft-ietf-httpapi-ratelimit-headers-10).
 --     Whether `cost` units fit in the limit stored at `key` at time `now`
 --     (milliseconds). It may tidy the key (drop expired entries) but never
 --     consumes. `a`, `b` and `c` are what it read, handed back to commit so

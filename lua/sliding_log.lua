@@ -16,13 +16,22 @@ local function sliding_log()
     redis_call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
     local total = redis_call('ZCARD', key)
     if total + cost <= limit then
-      return 1, limit - total - cost, window, 0
+      local left = limit - total - cost
+      local more = 0
+      if left == 0 then
+        -- The next unit is free when the oldest leaves (this request's
+        -- own, when it is the only one).
+        more = window
+        if total > 0 then
+          more = score_at(key, 0) + window - now
+        end
+      end
+      return 1, left, more, 0
     end
     -- Wait until enough of the oldest units have left the window.
     local excess = total + cost - limit
     local retry = score_at(key, excess - 1) + window - now
-    local reset = score_at(key, -1) + window - now
-    return 0, limit - total, reset, retry
+    return 0, limit - total, retry, retry
   end
 
   local function commit(key, limit, window, now, cost)

@@ -8,6 +8,18 @@
 -- start). A `now` before the key's window (the clock stepped back) is read
 -- as that window's start.
 local function sliding_window()
+  -- The wait from `now` until `cost` more units fit beside `cur` in the
+  -- window that starts at `start` and `prev` in the one before; called only
+  -- when they do not fit now.
+  local function wait(limit, window, now, start, cur, prev, cost)
+    if cur + cost <= limit then
+      -- Later in this window, once enough of the previous one has slid out.
+      return start + window - floor_div((limit - cost - cur) * window, prev) - now
+    end
+    -- Not before the next window, where this one's count is the previous.
+    return (start + window - now) + (window - floor_div((limit - cost) * window, cur))
+  end
+
   local function check(key, limit, window, now, cost)
     local s, c, p = load(key)
     -- The counts are read at `t`, never before the key's window; waits are
@@ -32,24 +44,15 @@ local function sliding_window()
       used = used + cost
     end
     local remaining = max(limit - used, 0)
-    local reset = 0
-    if cur > 0 or allowed then
-      reset = start + 2 * window - now
-    elseif prev > 0 then
-      reset = start + window - now
-    end
     if allowed then
-      return 1, remaining, reset, 0, cur, prev, start
+      local more = 0
+      if remaining == 0 then
+        more = wait(limit, window, now, start, cur + cost, prev, 1)
+      end
+      return 1, remaining, more, 0, cur, prev, start
     end
-    local retry
-    if cur + cost <= limit then
-      -- Later in this window, once enough of the previous one has slid out.
-      retry = start + window - floor_div((limit - cost - cur) * window, prev) - now
-    else
-      -- Not before the next window, where this one's count is the previous.
-      retry = (start + window - now) + (window - floor_div((limit - cost) * window, cur))
-    end
-    return 0, remaining, reset, retry, cur, prev, start
+    local retry = wait(limit, window, now, start, cur, prev, cost)
+    return 0, remaining, retry, retry, cur, prev, start
   end
 
   local function commit(key, limit, window, now, cost, burst, cur, prev, start)

@@ -26,10 +26,15 @@ local function token_bucket()
     local need = cost * window
     if tokens >= need then
       local after = tokens - need
-      return 1, floor_div(after, window), ceil_div(capacity - after, limit) + shift, 0, tokens, last
+      local more = 0
+      if after < window then
+        -- Until the bucket holds one whole token again.
+        more = ceil_div(window - after, limit) + shift
+      end
+      return 1, floor_div(after, window), more, 0, tokens, last
     end
-    return 0, floor_div(tokens, window), ceil_div(capacity - tokens, limit) + shift,
-      ceil_div(need - tokens, limit) + shift, tokens, last
+    local retry = ceil_div(need - tokens, limit) + shift
+    return 0, floor_div(tokens, window), retry, retry, tokens, last
   end
 
   local function commit(key, limit, window, now, cost, burst, tokens, last)

@@ -254,6 +254,7 @@ fn raw(client: &ClientId) -> String {
         ClientId::Addr(ip) => ip.to_string(),
         ClientId::Header(value) => String::from_utf8_lossy(value).into_owned(),
         ClientId::Digest(d) => hex(&d[..]),
+        ClientId::Global => "global".to_owned(),
         ClientId::Composite(parts) => parts.iter().map(raw).collect::<Vec<_>>().join("+"),
     }
 }

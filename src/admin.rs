@@ -167,7 +167,7 @@ fn top_clients(shared: &Shared, n: usize) -> String {
     };
     let mut first_route = true;
     for (route, route_top) in rules.routes.iter().zip(top) {
-        if route.limits.is_empty() {
+        if route.policy.limits.is_empty() {
             continue;
         }
         let (heaviest, held) = route_top.heaviest(n, now);
@@ -231,7 +231,13 @@ fn status_json(shared: &Shared) -> String {
         out.push_str("{\"name\":");
         crate::access_log::json_string(&mut out, &route.name);
         let _ = write!(out, ",\"shadow\":{},\"limits\":[", route.shadow);
-        for (j, (limit, policy)) in route.limits.iter().zip(&route.policy_names).enumerate() {
+        for (j, (limit, policy)) in route
+            .policy
+            .limits
+            .iter()
+            .zip(&route.policy.names)
+            .enumerate()
+        {
             if j > 0 {
                 out.push(',');
             }

@@ -76,6 +76,23 @@ pub enum Part {
     /// A request header's value, such as an API key (names are
     /// case-insensitive).
     Header(HeaderName),
+    /// A parameter of the route's path template (`/users/{id}/orders`):
+    /// the request path's segment at `index` (counted after the leading
+    /// `/`).
+    PathParam {
+        /// The parameter's name, as the template gives it.
+        name: Box<str>,
+        /// Its segment's position.
+        index: usize,
+        /// Compare without case (the route matches paths without case).
+        fold_case: bool,
+    },
+    /// A claim of the request's bearer token, once its signature and
+    /// lifetime are verified.
+    Claim(std::sync::Arc<crate::jwt::ClaimRule>),
+    /// Nobody in particular: every request of the route counts in one
+    /// bucket, across all instances.
+    Global,
 }
 
 /// What a rule does when a header part is absent.
@@ -95,12 +112,15 @@ pub enum MissingHeader {
 pub enum ClientId {
     /// A network address (IPv6 possibly reduced to its prefix).
     Addr(IpAddr),
-    /// A header's value, copied out of the request.
+    /// A value read from the request (a header, a path parameter, a
+    /// verified claim), copied out of it.
     Header(Box<[u8]>),
     /// The SHA-256 of a header value longer than the rule's `max_len`.
     Digest(Box<[u8; 32]>),
     /// Several parts, in the rule's order.
     Composite(Box<[ClientId]>),
+    /// Every client of the route (`from = "global"`).
+    Global,
 }
 
 impl ClientId {
@@ -125,6 +145,7 @@ impl std::fmt::Display for ClientId {
             Self::Addr(ip) => write!(f, "{ip}"),
             Self::Header(value) => write!(f, "key:{}", redacted(value)),
             Self::Digest(digest) => write!(f, "key:{}", redacted(&digest[..])),
+            Self::Global => f.write_str("global"),
             Self::Composite(parts) => {
                 for (i, part) in parts.iter().enumerate() {
                     if i > 0 {
@@ -199,6 +220,10 @@ pub enum ClientError {
     /// The identifying header's value is longer than the rule allows.
     #[error("the {0} header is longer than {1} bytes")]
     TooLong(HeaderName, usize),
+    /// The route keys clients by a token claim, and the request's bearer
+    /// token is missing, invalid or lacks the claim.
+    #[error("this route requires a valid bearer token: {0}")]
+    Token(crate::jwt::TokenError),
 }
 
 impl ClientRule {
@@ -259,17 +284,20 @@ impl ClientRule {
     /// part sent several times or as a comma list is refused: counting one
     /// of its values while another is forwarded would let the client choose
     /// which one is counted.
+    ///
+    /// `path` is the path the route matched, where path parameters are read.
     pub fn identify(
         &self,
         headers: &HeaderMap,
+        path: &str,
         peer: IpAddr,
         trusted: &[IpNet],
     ) -> Result<ClientId, ClientError> {
         match self.parts.as_slice() {
-            [part] => self.part(part, headers, peer, trusted),
+            [part] => self.part(part, headers, path, peer, trusted),
             parts => parts
                 .iter()
-                .map(|part| self.part(part, headers, peer, trusted))
+                .map(|part| self.part(part, headers, path, peer, trusted))
                 .collect::<Result<Box<[_]>, _>>()
                 .map(ClientId::Composite),
         }
@@ -279,6 +307,7 @@ impl ClientRule {
         &self,
         part: &Part,
         headers: &HeaderMap,
+        path: &str,
         peer: IpAddr,
         trusted: &[IpNet],
     ) -> Result<ClientId, ClientError> {
@@ -286,6 +315,34 @@ impl ClientRule {
         match part {
             Part::RemoteAddr => Ok(address(peer.to_canonical())),
             Part::ForwardedFor => Ok(address(client_address(headers, peer, trusted))),
+            Part::Global => Ok(ClientId::Global),
+            Part::PathParam {
+                index, fold_case, ..
+            } => {
+                // The route's template matched, so the segment exists and
+                // is not empty; its length is bounded by the request line.
+                let segment = path
+                    .split('/')
+                    .nth(index + 1)
+                    .unwrap_or_default()
+                    .as_bytes();
+                if segment.len() > self.max_len {
+                    return Ok(ClientId::digest_of(segment));
+                }
+                Ok(if *fold_case {
+                    ClientId::Header(segment.to_ascii_lowercase().into())
+                } else {
+                    ClientId::header(segment)
+                })
+            }
+            Part::Claim(rule) => match rule.claim(headers) {
+                Ok(value) if value.len() <= self.max_len => Ok(ClientId::header(value)),
+                Ok(value) => Ok(ClientId::digest_of(value)),
+                Err(e) => match self.missing {
+                    MissingHeader::Fallback => Ok(address(client_address(headers, peer, trusted))),
+                    MissingHeader::Reject => Err(ClientError::Token(e)),
+                },
+            },
             Part::Header(name) => {
                 let mut values = headers.get_all(name).iter();
                 match values.next() {
@@ -315,13 +372,14 @@ impl ClientRule {
     pub fn identify_forwarded(
         &self,
         headers: &mut HeaderMap,
+        path: &str,
         peer: IpAddr,
         trusted: &[IpNet],
     ) -> Result<ClientId, ClientError> {
-        match self.identify(headers, peer, trusted) {
+        match self.identify(headers, path, peer, trusted) {
             Err(ClientError::Repeated(_)) if self.repeated != Repeated::Reject => {
                 self.single_values(headers)?;
-                self.identify(headers, peer, trusted)
+                self.identify(headers, path, peer, trusted)
             }
             answer => answer,
         }
@@ -416,7 +474,7 @@ mod tests {
     fn untrusted_peer_is_the_client_whatever_it_forwards() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = headers(&["203.0.113.9"]);
-        let id = rule(vec![Part::ForwardedFor]).identify(&h, ip("198.51.100.7"), &trusted);
+        let id = rule(vec![Part::ForwardedFor]).identify(&h, "/", ip("198.51.100.7"), &trusted);
         assert_eq!(id, Ok(ClientId::Addr(ip("198.51.100.7"))));
     }
 
@@ -424,7 +482,7 @@ mod tests {
     fn two_trusted_hops_are_skipped() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = headers(&["6.6.6.6, 203.0.113.9, 10.1.1.1"]);
-        let id = rule(vec![Part::ForwardedFor]).identify(&h, ip("10.0.0.2"), &trusted);
+        let id = rule(vec![Part::ForwardedFor]).identify(&h, "/", ip("10.0.0.2"), &trusted);
         assert_eq!(id, Ok(ClientId::Addr(ip("203.0.113.9"))));
     }
 
@@ -432,7 +490,7 @@ mod tests {
     fn several_forwarded_for_headers_read_as_one_list() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = headers(&["203.0.113.9", "10.1.1.1"]);
-        let id = rule(vec![Part::ForwardedFor]).identify(&h, ip("10.0.0.2"), &trusted);
+        let id = rule(vec![Part::ForwardedFor]).identify(&h, "/", ip("10.0.0.2"), &trusted);
         assert_eq!(id, Ok(ClientId::Addr(ip("203.0.113.9"))));
     }
 
@@ -440,7 +498,7 @@ mod tests {
     fn garbage_from_a_trusted_proxy_stops_at_the_last_trusted_hop() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = headers(&["203.0.113.9, nonsense"]);
-        let id = rule(vec![Part::ForwardedFor]).identify(&h, ip("10.0.0.2"), &trusted);
+        let id = rule(vec![Part::ForwardedFor]).identify(&h, "/", ip("10.0.0.2"), &trusted);
         assert_eq!(id, Ok(ClientId::Addr(ip("10.0.0.2"))));
     }
 
@@ -454,6 +512,7 @@ mod tests {
         ] {
             let id = rule(vec![Part::ForwardedFor]).identify(
                 &headers(&[entry]),
+                "/",
                 ip("10.0.0.2"),
                 &trusted,
             );
@@ -463,7 +522,8 @@ mod tests {
 
     #[test]
     fn mapped_ipv6_peers_count_as_ipv4() {
-        let id = ClientRule::remote_addr().identify(&HeaderMap::new(), ip("::ffff:192.0.2.1"), &[]);
+        let id =
+            ClientRule::remote_addr().identify(&HeaderMap::new(), "/", ip("::ffff:192.0.2.1"), &[]);
         assert_eq!(id, Ok(ClientId::Addr(ip("192.0.2.1"))));
     }
 
@@ -473,13 +533,13 @@ mod tests {
             ipv6_prefix: 64,
             ..ClientRule::remote_addr()
         };
-        let a = per_64.identify(&HeaderMap::new(), ip("2001:db8:1:2:aaaa::1"), &[]);
-        let b = per_64.identify(&HeaderMap::new(), ip("2001:db8:1:2:bbbb::2"), &[]);
-        let c = per_64.identify(&HeaderMap::new(), ip("2001:db8:1:3::1"), &[]);
+        let a = per_64.identify(&HeaderMap::new(), "/", ip("2001:db8:1:2:aaaa::1"), &[]);
+        let b = per_64.identify(&HeaderMap::new(), "/", ip("2001:db8:1:2:bbbb::2"), &[]);
+        let c = per_64.identify(&HeaderMap::new(), "/", ip("2001:db8:1:3::1"), &[]);
         assert_eq!(a, Ok(ClientId::Addr(ip("2001:db8:1:2::"))));
         assert_eq!(a, b);
         assert_ne!(a, c);
-        let v4 = per_64.identify(&HeaderMap::new(), ip("192.0.2.1"), &[]);
+        let v4 = per_64.identify(&HeaderMap::new(), "/", ip("192.0.2.1"), &[]);
         assert_eq!(v4, Ok(ClientId::Addr(ip("192.0.2.1"))));
     }
 
@@ -489,14 +549,14 @@ mod tests {
         let r = rule(vec![Part::Header(key.clone()), Part::RemoteAddr]);
         let mut h = HeaderMap::new();
         h.insert(&key, HeaderValue::from_static("k1"));
-        let id = r.identify(&h, ip("192.0.2.1"), &[]);
+        let id = r.identify(&h, "/", ip("192.0.2.1"), &[]);
         assert_eq!(
             id,
             Ok(ClientId::Composite(
                 vec![ClientId::header("k1"), ClientId::Addr(ip("192.0.2.1"))].into()
             ))
         );
-        let other_addr = r.identify(&h, ip("192.0.2.2"), &[]);
+        let other_addr = r.identify(&h, "/", ip("192.0.2.2"), &[]);
         assert_ne!(id, other_addr);
     }
 
@@ -509,7 +569,7 @@ mod tests {
             &key,
             HeaderValue::from_maybe_shared(head.slice(0..2)).unwrap_or_else(|_| unreachable!()),
         );
-        let id = rule(vec![Part::Header(key)]).identify(&h, ip("192.0.2.1"), &[]);
+        let id = rule(vec![Part::Header(key)]).identify(&h, "/", ip("192.0.2.1"), &[]);
         assert_eq!(id, Ok(ClientId::header("k1")));
         drop(h);
         // The id owns two bytes; the 50 kB head it came from is the test's
@@ -527,7 +587,7 @@ mod tests {
             ..rule(vec![Part::Header(key.clone())])
         };
         assert_eq!(
-            refuse.identify(&h, ip("192.0.2.1"), &[]),
+            refuse.identify(&h, "/", ip("192.0.2.1"), &[]),
             Err(ClientError::TooLong(key.clone(), 9))
         );
         let hash = ClientRule {
@@ -535,7 +595,7 @@ mod tests {
             ..refuse.clone()
         };
         assert_eq!(
-            hash.identify(&h, ip("192.0.2.1"), &[]),
+            hash.identify(&h, "/", ip("192.0.2.1"), &[]),
             Ok(ClientId::digest_of("0123456789"))
         );
         let fits = ClientRule {
@@ -543,7 +603,7 @@ mod tests {
             ..refuse
         };
         assert_eq!(
-            fits.identify(&h, ip("192.0.2.1"), &[]),
+            fits.identify(&h, "/", ip("192.0.2.1"), &[]),
             Ok(ClientId::header("0123456789"))
         );
     }
@@ -593,16 +653,16 @@ mod tests {
         for repeated in [Repeated::Reject, Repeated::First, Repeated::Last] {
             let h = lines(&["victim", "throwaway-1"]);
             assert_eq!(
-                with(repeated).identify(&h, peer, &[]),
+                with(repeated).identify(&h, "/", peer, &[]),
                 Err(ClientError::Repeated(key.clone()))
             );
         }
         let mut h = lines(&["victim, throwaway-1"]);
-        let id = with(Repeated::First).identify_forwarded(&mut h, peer, &[]);
+        let id = with(Repeated::First).identify_forwarded(&mut h, "/", peer, &[]);
         assert_eq!(id, Ok(ClientId::header("victim")));
         assert_eq!(h.get_all(&key).iter().collect::<Vec<_>>(), ["victim"]);
         let mut h = lines(&["victim", "throwaway-1"]);
-        let id = with(Repeated::Reject).identify_forwarded(&mut h, peer, &[]);
+        let id = with(Repeated::Reject).identify_forwarded(&mut h, "/", peer, &[]);
         assert_eq!(id, Err(ClientError::Repeated(key.clone())));
     }
 
@@ -610,7 +670,7 @@ mod tests {
     fn a_missing_header_falls_back_to_the_forwarded_address_behind_a_proxy() {
         let trusted = nets(&["10.0.0.0/8"]);
         let r = rule(vec![Part::Header(HeaderName::from_static("x-api-key"))]);
-        let id = r.identify(&headers(&["203.0.113.9"]), ip("10.0.0.2"), &trusted);
+        let id = r.identify(&headers(&["203.0.113.9"]), "/", ip("10.0.0.2"), &trusted);
         assert_eq!(id, Ok(ClientId::Addr(ip("203.0.113.9"))));
     }
 }

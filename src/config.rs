@@ -14,16 +14,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderValue;
-use http::header::HeaderName;
 use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::client::{ClientRule, DEFAULT_MAX_CLIENT_ID, MissingHeader, Part, Repeated, TooLong};
+use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
 use crate::limit::{Algorithm, Limit};
 use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table};
 
 mod access_log;
+mod answers;
+mod clients;
+mod matching;
+mod overrides;
 mod upstreams;
 
 use upstreams::{Defaults, UpstreamModel};
@@ -157,6 +160,11 @@ pub struct Server {
     /// TLS on the proxy listener: where the files are, and the rustls
     /// configuration read from them at load.
     pub tls: Option<(crate::tls::ListenerTls, Arc<rustls::ServerConfig>)>,
+    /// Which rate-limit fields responses carry, unless a route says otherwise.
+    pub rate_limit_headers: crate::response::HeaderMode,
+    /// Requests carrying one of these header values bypass every route's
+    /// limits.
+    pub exempt_keys: Vec<crate::routes::KeyExemption>,
 }
 
 /// `[store]`: where limits are counted.
@@ -392,6 +400,9 @@ struct ServerModel {
     max_client_entries: Option<Spanned<i64>>,
     max_connections: Option<Spanned<i64>>,
     tls: Option<Spanned<ListenerTlsModel>>,
+    rate_limit_headers: Option<Spanned<String>>,
+    #[serde(default)]
+    exempt_keys: overrides::ExemptKeysModel,
 }
 
 #[derive(Deserialize)]
@@ -431,7 +442,7 @@ struct RouteModel {
     upstream: Option<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
     respond: Option<Spanned<RespondModel>>,
-    client: Option<Spanned<ClientModel>>,
+    client: Option<Spanned<clients::ClientModel>>,
     cost: Option<Spanned<i64>>,
     #[serde(default)]
     shadow: bool,
@@ -439,6 +450,12 @@ struct RouteModel {
     exempt: Vec<Spanned<String>>,
     limits: Option<Spanned<Vec<Spanned<LimitModel>>>>,
     max_request_body: Option<Spanned<String>>,
+    deny: Option<Spanned<answers::DenyModel>>,
+    rate_limit_headers: Option<Spanned<String>>,
+    #[serde(default)]
+    overrides: Vec<Spanned<overrides::OverrideModel>>,
+    #[serde(default)]
+    exempt_keys: overrides::ExemptKeysModel,
 }
 
 #[derive(Deserialize, Default)]
@@ -450,6 +467,8 @@ struct MatchModel {
     host: Option<Spanned<String>>,
     #[serde(default)]
     ignore_case: bool,
+    #[serde(default)]
+    headers: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -459,17 +478,6 @@ struct RespondModel {
     #[serde(default)]
     body: String,
     content_type: Option<Spanned<String>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ClientModel {
-    from: Option<Spanned<String>>,
-    name: Option<Spanned<String>>,
-    missing: Option<Spanned<String>>,
-    parts: Option<Spanned<Vec<Spanned<String>>>>,
-    ipv6_prefix: Option<Spanned<i64>>,
-    repeated: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -770,6 +778,10 @@ impl Validator<'_> {
             None => Some(None),
             Some(tls) => self.listener_tls(tls).map(Some),
         };
+        let rate_limit_headers = self.header_mode(
+            m.rate_limit_headers.as_ref(),
+            crate::response::HeaderMode::default(),
+        );
         Some(Server {
             listen: listen?,
             admin_listen,
@@ -792,6 +804,8 @@ impl Validator<'_> {
             max_client_entries: max_client_entries?,
             max_connections: max_connections?,
             tls: tls?,
+            rate_limit_headers: rate_limit_headers?,
+            exempt_keys: self.exempt_keys(&m.exempt_keys),
         })
     }
 
@@ -1073,7 +1087,7 @@ impl Validator<'_> {
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
         let defaults = Defaults::of(server);
-        let server_exempt = server.map_or(&[][..], |s| &s.exempt);
+        let server_exempt = server.map_or((&[][..], &[][..]), |s| (&s.exempt, &s.exempt_keys));
         let long_ids = server.map_or((DEFAULT_MAX_CLIENT_ID, TooLong::Reject), |s| {
             (s.max_client_id, s.on_long_client_id)
         });
@@ -1120,7 +1134,7 @@ impl Validator<'_> {
             &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
             Defaults,
         ),
-        server_exempt: &[IpNet],
+        server_exempt: (&[IpNet], &[crate::routes::KeyExemption]),
         long_ids: (usize, TooLong),
     ) -> Option<Route> {
         let name = m.name.get_ref();
@@ -1166,7 +1180,16 @@ impl Validator<'_> {
                 None
             }
         };
-        let client = self.client(m.client.as_ref(), long_ids);
+        let client = self.client(
+            m.client.as_ref(),
+            &clients::Context {
+                template: matcher
+                    .as_ref()
+                    .and_then(|m| m.template.as_ref().map(|(t, _)| t)),
+                ignore_case: matcher.as_ref().is_some_and(|m| m.ignore_case),
+                long_ids,
+            },
+        );
         let cost = match &m.cost {
             None => Some(1),
             Some(c) if *c.get_ref() < 1 => {
@@ -1176,15 +1199,25 @@ impl Validator<'_> {
             Some(c) => Some(*c.get_ref() as u64),
         };
         let limits = self.limits(m.limits.as_ref(), cost.unwrap_or(1));
-        let policy_names = limits
-            .as_ref()
-            .map(|l| crate::response::policy_names(name, l.len()));
-        let policy = match (&limits, &policy_names) {
-            (Some(l), Some(n)) => crate::response::policy_header(n, l),
-            _ => None,
-        };
-        let mut exempt = server_exempt.to_vec();
+        let overrides = self.overrides(name, &m.overrides, client.as_ref(), cost.unwrap_or(1));
+        if let (Some(first), Some(limits)) = (m.overrides.first(), &limits)
+            && limits.is_empty()
+        {
+            self.problem(
+                first.span(),
+                "overrides change a route's limits, and this route has none; give it limits",
+            );
+        }
+        let mut exempt = server_exempt.0.to_vec();
         exempt.extend(self.networks(&m.exempt, "exempt"));
+        let mut exempt_keys = server_exempt.1.to_vec();
+        exempt_keys.extend(self.exempt_keys(&m.exempt_keys));
+        let rate_limit_headers =
+            self.header_mode(m.rate_limit_headers.as_ref(), defaults.rate_limit_headers);
+        let deny = match &m.deny {
+            None => Some(None),
+            Some(d) => self.deny(d).map(Some),
+        };
         if !name_ok {
             return None;
         }
@@ -1200,10 +1233,12 @@ impl Validator<'_> {
             client: client?,
             cost: cost?,
             shadow: m.shadow,
-            limits: limits?,
-            policy_names: policy_names?,
-            policy_header: policy,
+            policy: crate::routes::Policy::new(name, limits?),
+            overrides: overrides?,
+            rate_limit_headers: rate_limit_headers?,
+            deny: deny?,
             exempt,
+            exempt_keys,
         })
     }
 
@@ -1227,7 +1262,7 @@ impl Validator<'_> {
                 return None;
             }
             let normal = crate::routes::normalize_path(s);
-            if normal != *s {
+            if normal != *s && !s.contains('{') {
                 v.problem(
                     p.span(),
                     format!(
@@ -1258,6 +1293,31 @@ impl Validator<'_> {
             self.problem(p.span(), "match has both path and path_prefix; keep one");
             ok = false;
         }
+        // A path with {param} segments is a template, matched segment by
+        // segment instead.
+        let mut template = None;
+        for (text, spanned, prefix) in [
+            (&path, &m.path, false),
+            (&path_prefix, &m.path_prefix, true),
+        ] {
+            let (Some(text), Some(spanned)) = (text, spanned) else {
+                continue;
+            };
+            match crate::routes::Template::parse(text) {
+                Ok(None) => {}
+                Ok(Some(t)) => template = Some((t, prefix)),
+                Err(e) => {
+                    self.problem(spanned.span(), e);
+                    ok = false;
+                }
+            }
+        }
+        let (path, path_prefix) = match &template {
+            Some(_) => (None, None),
+            None => (path, path_prefix),
+        };
+        let headers = self.header_conditions(&m.headers);
+        ok &= headers.is_some();
         let mut methods = Vec::new();
         if let Some(list) = &m.methods {
             if list.get_ref().is_empty() {
@@ -1299,6 +1359,8 @@ impl Validator<'_> {
         ok.then_some(Match {
             path_prefix,
             path,
+            template,
+            headers: headers.unwrap_or_default(),
             methods,
             host,
             ignore_case: m.ignore_case,
@@ -1335,168 +1397,6 @@ impl Validator<'_> {
             body: bytes::Bytes::from(m.body.clone()),
             content_type: content_type?,
         })
-    }
-
-    fn client(
-        &mut self,
-        model: Option<&Spanned<ClientModel>>,
-        (max_len, too_long): (usize, TooLong),
-    ) -> Option<ClientRule> {
-        let Some(model) = model else {
-            return Some(ClientRule::remote_addr());
-        };
-        let m = model.get_ref();
-        let from = m
-            .from
-            .as_ref()
-            .map_or("remote_addr", |f| f.get_ref().as_str());
-        let from_span = m.from.as_ref().map_or_else(|| model.span(), Spanned::span);
-        let missing = self.choice(
-            m.missing.as_ref(),
-            "missing",
-            &[
-                ("fallback", MissingHeader::Fallback),
-                ("reject", MissingHeader::Reject),
-            ],
-        );
-        let ipv6_prefix = match &m.ipv6_prefix {
-            None => Some(128),
-            Some(p) => match u8::try_from(*p.get_ref()) {
-                Ok(bits @ 1..=128) => Some(bits),
-                _ => {
-                    self.problem(
-                        p.span(),
-                        "ipv6_prefix must be a prefix length from 1 to 128",
-                    );
-                    None
-                }
-            },
-        };
-        let misplaced = |v: &mut Self, key: &str, span: Option<Range<usize>>, wanted: &str| {
-            if let Some(span) = span {
-                v.problem(span, format!("{key} is only used with {wanted}"));
-            }
-        };
-        if from != "header" {
-            misplaced(
-                self,
-                "name",
-                m.name.as_ref().map(Spanned::span),
-                "from = \"header\"",
-            );
-        }
-        if from != "composite" {
-            misplaced(
-                self,
-                "parts",
-                m.parts.as_ref().map(Spanned::span),
-                "from = \"composite\"",
-            );
-        }
-        let parts = match from {
-            "remote_addr" => Some(vec![Part::RemoteAddr]),
-            "forwarded_for" => Some(vec![Part::ForwardedFor]),
-            "header" => match &m.name {
-                Some(name) => self.header_name(name).map(|h| vec![Part::Header(h)]),
-                None => {
-                    self.problem(
-                        from_span,
-                        "from = \"header\" needs name = \"X-Api-Key\" (the header to read)",
-                    );
-                    None
-                }
-            },
-            "composite" => match &m.parts {
-                Some(list) if list.get_ref().len() >= 2 => {
-                    let parts: Vec<Option<Part>> =
-                        list.get_ref().iter().map(|p| self.part(p)).collect();
-                    parts.into_iter().collect()
-                }
-                Some(list) => {
-                    self.problem(list.span(), "parts needs at least two entries");
-                    None
-                }
-                None => {
-                    self.problem(
-                        from_span,
-                        "from = \"composite\" needs parts, e.g. [\"header:X-Api-Key\", \"remote_addr\"]",
-                    );
-                    None
-                }
-            },
-            other => {
-                self.problem(
-                    from_span,
-                    format!(
-                        "from {other:?} is not one of \"remote_addr\", \"header\", \"forwarded_for\", \"composite\""
-                    ),
-                );
-                None
-            }
-        };
-        let repeated = self.choice(
-            m.repeated.as_ref(),
-            "repeated",
-            &[
-                ("reject", Repeated::Reject),
-                ("first", Repeated::First),
-                ("last", Repeated::Last),
-            ],
-        );
-        let parts = parts?;
-        if !parts.iter().any(|p| matches!(p, Part::Header(_))) {
-            for (key, value) in [("missing", &m.missing), ("repeated", &m.repeated)] {
-                misplaced(
-                    self,
-                    key,
-                    value.as_ref().map(Spanned::span),
-                    "a header part",
-                );
-            }
-        }
-        Some(ClientRule {
-            parts,
-            missing: missing?,
-            ipv6_prefix: ipv6_prefix?,
-            repeated: repeated?,
-            max_len,
-            too_long,
-        })
-    }
-
-    fn header_name(&mut self, name: &Spanned<String>) -> Option<HeaderName> {
-        match HeaderName::from_bytes(name.get_ref().as_bytes()) {
-            Ok(header) => Some(header),
-            Err(_) => {
-                self.problem(
-                    name.span(),
-                    format!("{:?} is not a valid header name", name.get_ref()),
-                );
-                None
-            }
-        }
-    }
-
-    fn part(&mut self, part: &Spanned<String>) -> Option<Part> {
-        match part.get_ref().as_str() {
-            "remote_addr" => Some(Part::RemoteAddr),
-            "forwarded_for" => Some(Part::ForwardedFor),
-            text => match text.strip_prefix("header:") {
-                Some(name) => {
-                    let name = Spanned::new(part.span(), name.to_owned());
-                    self.header_name(&name).map(Part::Header)
-                }
-                None => {
-                    self.problem(
-                        part.span(),
-                        format!(
-                            "part {text:?} is not one of \"remote_addr\", \"forwarded_for\", \"header:<name>\""
-                        ),
-                    );
-                    None
-                }
-            },
-        }
     }
 
     fn limits(

@@ -364,6 +364,7 @@ async fn answer<H: Send + 'static>(
         method: &request.method,
         host,
         path: &matched_path,
+        headers: &request.headers,
     };
     let Some((index, route)) = rules.routes.find(&facts) else {
         shared.metrics.no_route.inc();
@@ -396,18 +397,22 @@ async fn answer<H: Send + 'static>(
 
     // Exempt clients skip identification too: a health checker need not
     // send the API key header that limits everyone else.
-    let exempt = !route.exempt.is_empty()
+    let exempt = (!route.exempt.is_empty()
         && is_in(
             client_address(&request.headers, peer.addr.ip(), &rules.trusted_proxies),
             &route.exempt,
-        );
+        ))
+        || route
+            .exempt_keys
+            .iter()
+            .any(|keys| keys.exempts(&request.headers));
     let mut decision = None;
     if exempt {
         counts.count(Outcome::Exempt);
         if let Some(r) = log.as_mut() {
             r.decided(Outcome::Exempt, None, None);
         }
-    } else if route.limits.is_empty() {
+    } else if route.policy.limits.is_empty() {
         counts.count(Outcome::Allowed);
         if let Some(r) = log.as_mut() {
             r.decided(Outcome::Allowed, None, None);
@@ -415,13 +420,15 @@ async fn answer<H: Send + 'static>(
     } else {
         let client = route.client.identify_forwarded(
             &mut request.headers,
+            &matched_path,
             peer.addr.ip(),
             &rules.trusted_proxies,
         )?;
+        let policy = route.policy_for(&client, &request.headers);
         let charge = Charge {
             route: &route.name,
             client: &client,
-            limits: &route.limits,
+            limits: &policy.limits,
             cost: route.cost,
         };
         let answer = shared.limiter.decide(charge).await;
@@ -435,8 +442,8 @@ async fn answer<H: Send + 'static>(
                     } else {
                         Outcome::Denied
                     },
-                    route
-                        .policy_names
+                    policy
+                        .names
                         .get(d.limit)
                         .map(|name| (name.as_str(), d.remaining)),
                 ),
@@ -452,20 +459,20 @@ async fn answer<H: Send + 'static>(
         match answer {
             Answer::Decided(d) if d.allowed => {
                 counts.count(Outcome::Allowed);
-                decision = Some(d);
+                decision = Some((d, policy));
             }
             Answer::Decided(d) if route.shadow => {
                 counts.count(Outcome::ShadowDenied);
                 shared.log_shadow(&route.name, &client);
-                decision = Some(d);
+                decision = Some((d, policy));
             }
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
                 tracing::debug!(route = %route.name, %client, "denied");
                 return Ok(if grpc {
-                    response::grpc_too_many_requests(route, &d)
+                    response::grpc_too_many_requests(route, policy, &d)
                 } else {
-                    response::too_many_requests(route, &d)
+                    response::too_many_requests(route, policy, &d)
                 });
             }
             Answer::Unavailable {
@@ -516,8 +523,8 @@ async fn answer<H: Send + 'static>(
             response
         }
     };
-    if let Some(d) = &decision {
-        response::annotate(response.headers_mut(), route, d);
+    if let Some((d, policy)) = &decision {
+        response::annotate(response.headers_mut(), route, policy, d);
     }
     Ok(response)
 }

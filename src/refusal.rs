@@ -155,7 +155,11 @@ impl From<crate::routes::PathError> for Refusal {
 
 impl From<crate::client::ClientError> for Refusal {
     fn from(e: crate::client::ClientError) -> Self {
-        Self::client(StatusCode::BAD_REQUEST, e.to_string())
+        let status = match e {
+            crate::client::ClientError::Token(_) => StatusCode::UNAUTHORIZED,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        Self::client(status, e.to_string())
     }
 }
 

@@ -16,7 +16,7 @@ use http_body_util::{Either, Full};
 
 use crate::limit::{Decision, Limit};
 use crate::proxy::body::UpstreamBody;
-use crate::routes::Route;
+use crate::routes::{Policy, Route};
 
 /// Body of every response floodgate sends: streamed from an upstream, or
 /// floodgate's own.
@@ -26,6 +26,67 @@ pub type Body = Either<UpstreamBody, Full<Bytes>>;
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` header name.
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`: the most constrained limit's quota.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`: units left in it.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`: seconds until it has at least one more unit.
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Which rate-limit fields a route's responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderMode {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, as many clients still read.
+    XRateLimit,
+    /// Both sets.
+    Both,
+    /// None (a 429 still carries `Retry-After`).
+    None,
+}
+
+impl HeaderMode {
+    /// Every mode with its name in configuration files.
+    pub const NAMES: [(&'static str, HeaderMode); 4] = [
+        ("ietf", HeaderMode::Ietf),
+        ("x-ratelimit", HeaderMode::XRateLimit),
+        ("both", HeaderMode::Both),
+        ("none", HeaderMode::None),
+    ];
+
+    /// The mode a configuration file names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, m)| m)
+    }
+
+    fn ietf(self) -> bool {
+        matches!(self, Self::Ietf | Self::Both)
+    }
+
+    fn x_ratelimit(self) -> bool {
+        matches!(self, Self::XRateLimit | Self::Both)
+    }
+}
+
+/// A route's own answer to a request its limits deny, in place of the
+/// default 429 problem document. `Retry-After` and the route's rate-limit
+/// fields are always added to it.
+#[derive(Debug, Clone)]
+pub struct DenyAnswer {
+    /// The status (4xx or 5xx).
+    pub status: StatusCode,
+    /// The body, sent as it is.
+    pub body: Bytes,
+    /// Its `Content-Type`.
+    pub content_type: HeaderValue,
+    /// Further headers, in file order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
@@ -40,7 +101,9 @@ pub fn policy_names(route: &str, count: usize) -> Vec<String> {
     }
 }
 
-/// The `RateLimit-Policy` value for a route, built once at load.
+/// The `RateLimit-Policy` value for a route, built once at load: each
+/// limit's quota `q` is the most units it grants at once (the burst of
+/// `token_bucket` and `gcra`), so `r` never exceeds it.
 pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
     if limits.is_empty() {
         return None;
@@ -53,7 +116,7 @@ pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> 
         let _ = write!(
             value,
             "\"{name}\";q={};w={}",
-            limit.limit,
+            limit.capacity(),
             limit.window_ms.div_ceil(1000)
         );
     }
@@ -92,14 +155,37 @@ fn seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// Adds `RateLimit-Policy` and `RateLimit` for `decision` on `route`.
-pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
-    let Some(policy) = &route.policy_header else {
+/// Adds the rate-limit fields of `route`'s header mode for `decision`. A
+/// shadow route never denies, so on a decision it would have denied it
+/// sends only the policy, no state that claims a denial.
+pub fn annotate(headers: &mut HeaderMap, route: &Route, limits: &Policy, decision: &Decision) {
+    let Some(policy) = &limits.header else {
         return;
     };
+    let state = decision.allowed || !route.shadow;
+    if route.rate_limit_headers.x_ratelimit() {
+        let quota = limits.limits.get(decision.limit).map_or(0, Limit::capacity);
+        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(quota));
+        if state {
+            headers.insert(
+                X_RATELIMIT_REMAINING.clone(),
+                HeaderValue::from(decision.remaining),
+            );
+            headers.insert(
+                X_RATELIMIT_RESET.clone(),
+                HeaderValue::from(seconds(decision.next_ms)),
+            );
+        }
+    }
+    if !route.rate_limit_headers.ietf() {
+        return;
+    }
     headers.insert(RATELIMIT_POLICY.clone(), policy.clone());
-    let name = route
-        .policy_names
+    if !state {
+        return;
+    }
+    let name = limits
+        .names
         .get(decision.limit)
         .map_or(&*route.name, String::as_str);
     // `"name";r=N;t=M`, assembled by hand: this runs on every response.
@@ -116,7 +202,7 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, decision: &Decision) {
     push(b"\";r=");
     push(decimal(decision.remaining, &mut digits));
     push(b";t=");
-    push(decimal(seconds(decision.reset_ms), &mut digits));
+    push(decimal(seconds(decision.next_ms), &mut digits));
     // Checked, though it is visible ASCII by construction (a quote, a
     // route's name, `";r=`, digits, `;t=`, digits): the check is a scan of
     // a few dozen bytes, and floodgate has no `unsafe`.
@@ -153,17 +239,32 @@ pub fn retry_after(ms: u64) -> HeaderValue {
     HeaderValue::from(seconds(ms).max(1))
 }
 
-/// 429 for a request `route`'s limits denied.
-pub fn too_many_requests(route: &Route, decision: &Decision) -> Response<Body> {
-    let wait = seconds(decision.retry_after_ms).max(1);
-    let detail = format!(
-        "rate limit of route \"{}\" exceeded; retry in {wait} s",
-        route.name
-    );
-    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, &detail);
+/// The answer to a request `route`'s limits denied: the route's own `deny`
+/// answer, or a 429 problem document.
+pub fn too_many_requests(route: &Route, limits: &Policy, decision: &Decision) -> Response<Body> {
+    let mut response = match &route.deny {
+        Some(deny) => {
+            let mut response = Response::new(Either::Right(Full::new(deny.body.clone())));
+            *response.status_mut() = deny.status;
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, deny.content_type.clone());
+            for (name, value) in &deny.headers {
+                headers.append(name.clone(), value.clone());
+            }
+            response
+        }
+        None => {
+            let wait = seconds(decision.retry_after_ms).max(1);
+            let detail = format!(
+                "rate limit of route \"{}\" exceeded; retry in {wait} s",
+                route.name
+            );
+            problem(StatusCode::TOO_MANY_REQUESTS, &detail)
+        }
+    };
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, retry_after(decision.retry_after_ms));
-    annotate(headers, route, decision);
+    annotate(headers, route, limits, decision);
     response
 }
 
@@ -179,7 +280,11 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 /// gRPC's RESOURCE_EXHAUSTED for a request `route`'s limits denied, as
 /// Envoy answers a rate-limited gRPC call: HTTP 200, the status in the
 /// head (a trailers-only answer), and the rate-limit fields.
-pub fn grpc_too_many_requests(route: &Route, decision: &Decision) -> Response<Body> {
+pub fn grpc_too_many_requests(
+    route: &Route,
+    limits: &Policy,
+    decision: &Decision,
+) -> Response<Body> {
     let wait = seconds(decision.retry_after_ms).max(1);
     let message = format!(
         "rate limit of route \"{}\" exceeded; retry in {wait} s",
@@ -188,7 +293,7 @@ pub fn grpc_too_many_requests(route: &Route, decision: &Decision) -> Response<Bo
     let mut response = grpc_status(GRPC_RESOURCE_EXHAUSTED, &message);
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, retry_after(decision.retry_after_ms));
-    annotate(headers, route, decision);
+    annotate(headers, route, limits, decision);
     response
 }
 

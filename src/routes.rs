@@ -13,15 +13,17 @@ use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Method, StatusCode};
 
-use crate::client::ClientRule;
+use crate::client::{ClientId, ClientRule};
 use crate::limit::Limit;
 use crate::proxy::pool::PoolSlot;
 use crate::tls::UpstreamTls;
 use ipnet::IpNet;
 
 mod path;
+mod template;
 
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
+pub use template::{Segment, Template};
 
 /// The compiled routes of one configuration, in file order.
 #[derive(Debug, Clone, Default)]
@@ -44,17 +46,127 @@ pub struct Route {
     pub cost: u64,
     /// Count and annotate, but never reject.
     pub shadow: bool,
-    /// All must allow; empty means the route is not limited.
-    pub limits: Vec<Limit>,
-    /// The policy name of each limit, as sent in `RateLimit` headers.
-    pub policy_names: Vec<String>,
-    /// The `RateLimit-Policy` value, computed once at load.
-    pub policy_header: Option<HeaderValue>,
+    /// The limits, all of which must allow; no limits means the route is
+    /// not limited.
+    pub policy: Policy,
+    /// Other limits for some clients, tried in order before `policy`.
+    pub overrides: Vec<Override>,
+    /// Which rate-limit fields responses carry.
+    pub rate_limit_headers: crate::response::HeaderMode,
+    /// The answer to a denied request, when not the default 429.
+    pub deny: Option<crate::response::DenyAnswer>,
     /// Clients in these networks bypass the limits (`[server]`'s and the
     /// route's own `exempt`).
     pub exempt: Vec<IpNet>,
+    /// Requests carrying one of these header values bypass the limits
+    /// (`[server]`'s and the route's own `exempt_keys`).
+    pub exempt_keys: Vec<KeyExemption>,
     /// Largest request body forwarded, in bytes (413 past it).
     pub max_request_body: Option<u64>,
+}
+
+/// A route's limits and what the rate-limit headers call them.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// All must allow.
+    pub limits: Vec<Limit>,
+    /// The policy name of each limit, as sent in `RateLimit` headers.
+    pub names: Vec<String>,
+    /// The `RateLimit-Policy` value, computed once at load.
+    pub header: Option<HeaderValue>,
+}
+
+impl Policy {
+    /// `limits` of the route `route`, named for its headers.
+    pub fn new(route: &str, limits: Vec<Limit>) -> Self {
+        let names = crate::response::policy_names(route, limits.len());
+        let header = crate::response::policy_header(&names, &limits);
+        Self {
+            limits,
+            names,
+            header,
+        }
+    }
+}
+
+/// Limits of their own for some of a route's clients: those whose id is in
+/// `clients`, or whose requests meet `headers`, or both when both are given.
+#[derive(Debug, Clone)]
+pub struct Override {
+    /// The client ids it applies to; `None`: any.
+    pub clients: Option<ClientSet>,
+    /// Header conditions that must hold.
+    pub headers: Vec<HeaderCondition>,
+    /// Its limits.
+    pub policy: Policy,
+}
+
+/// Client ids, as the route identifies clients: addresses by network,
+/// values (API keys, claims, path parameters) as they are or by their
+/// SHA-256, so a file need not hold a credential in the clear.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSet {
+    /// Networks an address id may be in.
+    pub nets: Vec<IpNet>,
+    /// Values, byte for byte.
+    pub values: std::collections::HashSet<Box<[u8]>>,
+    /// SHA-256 digests of values.
+    pub digests: std::collections::HashSet<[u8; 32]>,
+}
+
+impl ClientSet {
+    /// Whether `client` is in the set.
+    pub fn contains(&self, client: &ClientId) -> bool {
+        match client {
+            ClientId::Addr(ip) => crate::client::is_in(*ip, &self.nets),
+            ClientId::Header(value) => {
+                self.values.contains(value)
+                    || (!self.digests.is_empty() && self.digests.contains(&sha256(value)))
+            }
+            // A value too long to keep is counted by its SHA-256.
+            ClientId::Digest(digest) => self.digests.contains(&**digest),
+            ClientId::Composite(_) | ClientId::Global => false,
+        }
+    }
+}
+
+fn sha256(value: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(value).into()
+}
+
+/// Requests carrying one of these values in `header` bypass the limits.
+#[derive(Debug, Clone)]
+pub struct KeyExemption {
+    /// The header read.
+    pub header: http::header::HeaderName,
+    /// SHA-256 digests of the values that exempt.
+    pub digests: std::collections::HashSet<[u8; 32]>,
+}
+
+impl KeyExemption {
+    /// Whether `headers` carry an exempting value (one value, one line).
+    pub fn exempts(&self, headers: &http::HeaderMap) -> bool {
+        let mut values = headers.get_all(&self.header).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => self.digests.contains(&sha256(value.as_bytes())),
+            _ => false,
+        }
+    }
+}
+
+impl Route {
+    /// The limits `client`'s request falls under: the first override that
+    /// applies, else the route's own.
+    pub fn policy_for(&self, client: &ClientId, headers: &http::HeaderMap) -> &Policy {
+        self.overrides
+            .iter()
+            .find(|o| {
+                o.clients.as_ref().is_none_or(|set| set.contains(client))
+                    && o.headers.iter().all(|h| h.holds(headers))
+            })
+            .map_or(&self.policy, |o| &o.policy)
+    }
 }
 
 /// What a request must look like to belong to a route.
@@ -64,6 +176,11 @@ pub struct Match {
     pub path_prefix: Option<String>,
     /// Exact normalised path.
     pub path: Option<String>,
+    /// A `path` or `path_prefix` with `{param}` segments, in their place;
+    /// `true` when it is a prefix.
+    pub template: Option<(Template, bool)>,
+    /// Conditions on request headers; all must hold.
+    pub headers: Vec<HeaderCondition>,
     /// Allowed methods; empty means any.
     pub methods: Vec<Method>,
     /// Host, compared without case.
@@ -71,6 +188,57 @@ pub struct Match {
     /// Paths and methods compared without case, for upstreams that route
     /// without it (`/SEARCH` is `/search`, `post` is `POST`).
     pub ignore_case: bool,
+}
+
+/// A condition on one request header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderCondition {
+    /// The header (names are case-insensitive).
+    pub name: http::header::HeaderName,
+    /// What it must hold.
+    pub test: HeaderTest,
+}
+
+/// What a header must hold. A header sent more than once matches only
+/// `Present(true)`: with two values, which one an upstream reads is
+/// anyone's guess, so no value condition is met by either.
+#[derive(Debug, Clone)]
+pub enum HeaderTest {
+    /// Exactly this value.
+    Equals(HeaderValue),
+    /// Present (`true`) or absent (`false`).
+    Present(bool),
+    /// A value the regular expression matches (anchor it with `^…$` for a
+    /// whole-value match).
+    Regex(regex::bytes::Regex),
+}
+
+impl PartialEq for HeaderTest {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Equals(a), Self::Equals(b)) => a == b,
+            (Self::Present(a), Self::Present(b)) => a == b,
+            (Self::Regex(a), Self::Regex(b)) => a.as_str() == b.as_str(),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for HeaderTest {}
+
+impl HeaderCondition {
+    /// Whether `headers` meet the condition.
+    pub fn holds(&self, headers: &http::HeaderMap) -> bool {
+        let mut values = headers.get_all(&self.name).iter();
+        let first = values.next();
+        match (&self.test, first) {
+            (HeaderTest::Present(want), first) => first.is_some() == *want,
+            (_, None) => false,
+            (_, Some(_)) if values.next().is_some() => false,
+            (HeaderTest::Equals(want), Some(v)) => v == want,
+            (HeaderTest::Regex(re), Some(v)) => re.is_match(v.as_bytes()),
+        }
+    }
 }
 
 /// A host to match, with an optional port.
@@ -187,6 +355,8 @@ pub struct RequestFacts<'a> {
     pub host: Option<&'a str>,
     /// The path as matched: normalised (see [`request_paths`]).
     pub path: &'a str,
+    /// The request's headers.
+    pub headers: &'a http::HeaderMap,
 }
 
 // === impl Table ===
@@ -252,7 +422,12 @@ impl Match {
         {
             return false;
         }
-        true
+        if let Some((template, prefix)) = &self.template
+            && !template.matches(request.path, *prefix, self.ignore_case)
+        {
+            return false;
+        }
+        self.headers.iter().all(|h| h.holds(request.headers))
     }
 
     /// Whether every request `later` matches is matched by `self` too, which
@@ -267,18 +442,24 @@ impl Match {
         let methods = self.methods.is_empty()
             || (!later.methods.is_empty()
                 && later.methods.iter().all(|m| self.methods.contains(m)));
-        let path = match (&self.path_prefix, &self.path) {
-            (None, None) => true,
-            (Some(p), _) => match (&later.path_prefix, &later.path) {
+        // A later template's paths all start with its literal head.
+        let later_head = later.template.as_ref().map(|(t, _)| t.literal_head());
+        let later_prefix = later.path_prefix.as_ref().or(later_head.as_ref());
+        let path = match (&self.path_prefix, &self.path, &self.template) {
+            (_, _, Some(template)) => later.template.as_ref() == Some(template),
+            (None, None, None) => true,
+            (Some(p), _, _) => match (later_prefix, &later.path) {
                 (Some(q), _) | (None, Some(q)) => segment_prefix(p, q, self.ignore_case),
                 (None, None) => p == "/",
             },
-            (None, Some(x)) => later
+            (None, Some(x), None) => later
                 .path
                 .as_ref()
                 .is_some_and(|y| exact_path(x, y, self.ignore_case)),
         };
-        host && case && methods && path
+        // Every condition of ours must be one of the later route's.
+        let headers = self.headers.iter().all(|h| later.headers.contains(h));
+        host && case && methods && path && headers
     }
 }
 

@@ -302,15 +302,15 @@ async fn gcra_follows_the_redis_rate_sequence() {
     let both = Both::new(&redis, "gcra-seq");
     let l = [Limit::new(Algorithm::Gcra, 10, 1_000)];
     let d = both.decide(&l, 1, T0).await;
-    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 9, 100));
+    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 9, 0));
     let d = both.decide(&l, 2, T0).await;
-    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 7, 300));
+    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 7, 0));
     let d = both.decide(&l, 7, T0).await;
-    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 0, 1_000));
+    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 0, 100));
     let d = both.decide(&l, 1, T0).await;
     assert_eq!(
-        (d.allowed, d.remaining, d.retry_after_ms, d.reset_ms),
-        (false, 0, 100, 1_000)
+        (d.allowed, d.remaining, d.retry_after_ms, d.next_ms),
+        (false, 0, 100, 100)
     );
     // One emission interval later exactly one more unit fits.
     assert!(both.decide(&l, 1, T0 + 100).await.allowed);
@@ -363,7 +363,7 @@ async fn token_bucket_refills_continuously_at_exact_instants() {
     );
     // 250 ms later: 2.5 tokens, so cost 2 fits and leaves the half token.
     let d = both.decide(&l, 2, T0 + 350).await;
-    assert_eq!((d.allowed, d.remaining, d.reset_ms), (true, 0, 450));
+    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 0, 50));
     // A long pause refills to capacity, never beyond.
     let d = both.decide(&l, 1, T0 + 60_000).await;
     assert_eq!((d.allowed, d.remaining), (true, 4));

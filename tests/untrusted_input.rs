@@ -128,7 +128,7 @@ proptest! {
         ];
         for missing in [MissingHeader::Fallback, MissingHeader::Reject] {
             let rule = ClientRule { parts: parts.clone(), missing, ipv6_prefix: prefix, ..ClientRule::remote_addr() };
-            if let Ok(ClientId::Composite(ids)) = rule.identify(&h, peer, &trusted) {
+            if let Ok(ClientId::Composite(ids)) = rule.identify(&h, "/", peer, &trusted) {
                 prop_assert_eq!(ids.len(), 3);
             }
         }

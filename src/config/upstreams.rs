@@ -76,6 +76,8 @@ pub(super) struct Defaults {
     pub body_timeout: Duration,
     /// `[server] max_request_body`.
     pub max_request_body: Option<u64>,
+    /// `[server] rate_limit_headers`.
+    pub rate_limit_headers: crate::response::HeaderMode,
 }
 
 impl Defaults {
@@ -86,12 +88,14 @@ impl Defaults {
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 body_timeout: DEFAULT_BODY_TIMEOUT,
                 max_request_body: None,
+                rate_limit_headers: crate::response::HeaderMode::default(),
             },
             |s| Self {
                 timeout: s.upstream_timeout,
                 connect_timeout: s.upstream_connect_timeout,
                 body_timeout: s.upstream_body_timeout,
                 max_request_body: s.max_request_body,
+                rate_limit_headers: s.rate_limit_headers,
             },
         )
     }

@@ -92,13 +92,19 @@ impl State {
         match self {
             Self::FixedWindow { start, count } => {
                 let (window_start, counted) = fixed_window_at(*start, *count, now, w);
-                let reset_ms = window_start + w - now;
+                let window_end = window_start + w - now;
                 let allowed = counted + cost <= limit.limit;
+                let remaining = limit.limit - counted - if allowed { cost } else { 0 };
                 Verdict {
                     allowed,
-                    remaining: limit.limit - counted - if allowed { cost } else { 0 },
-                    reset_ms,
-                    retry_after_ms: if allowed { 0 } else { reset_ms },
+                    remaining,
+                    // More units come only with the next window.
+                    next_ms: if allowed && remaining > 0 {
+                        0
+                    } else {
+                        window_end
+                    },
+                    retry_after_ms: if allowed { 0 } else { window_end },
                 }
             }
             Self::SlidingLog { entries, total } => {
@@ -112,10 +118,18 @@ impl State {
                 }
                 let allowed = *total + cost <= limit.limit;
                 if allowed {
+                    let remaining = limit.limit - *total - cost;
+                    // The next unit is free when the oldest leaves (this
+                    // request's own, when it is the only one).
+                    let next_ms = match entries.front() {
+                        _ if remaining > 0 => 0,
+                        Some(&(t, _)) => (t + w).saturating_sub(now),
+                        None => w,
+                    };
                     return Verdict {
                         allowed,
-                        remaining: limit.limit - *total - cost,
-                        reset_ms: w,
+                        remaining,
+                        next_ms,
                         retry_after_ms: 0,
                     };
                 }
@@ -130,11 +144,10 @@ impl State {
                         break;
                     }
                 }
-                let newest = entries.back().map_or(now, |&(t, _)| t);
                 Verdict {
                     allowed,
                     remaining: limit.limit - *total,
-                    reset_ms: (newest + w).saturating_sub(now),
+                    next_ms: retry_after_ms,
                     retry_after_ms,
                 }
             }
@@ -151,29 +164,36 @@ impl State {
                 let allowed = weighted + (cur + cost) * w <= limit.limit * w;
                 let used = weighted.div_ceil(w) + cur + if allowed { cost } else { 0 };
                 let remaining = limit.limit.saturating_sub(used);
-                let reset_ms = if cur > 0 || allowed {
-                    window_start + 2 * w - now
-                } else if prev > 0 {
-                    window_start + w - now
-                } else {
-                    0
+                let wait = |cur: u64, cost: u64| {
+                    if cur + cost <= limit.limit {
+                        // Later in this window, once enough of the previous one has slid out.
+                        let room = limit.limit - cost - cur;
+                        window_start + w - room * w / prev - now
+                    } else {
+                        // Not before the next window, where this one's count is the previous.
+                        let room = limit.limit - cost;
+                        (window_start + w - now) + (w - room * w / cur)
+                    }
                 };
-                let retry_after_ms = if allowed {
-                    0
-                } else if cur + cost <= limit.limit {
-                    // Later in this window, once enough of the previous one has slid out.
-                    let room = limit.limit - cost - cur;
-                    window_start + w - room * w / prev - now
+                if allowed {
+                    Verdict {
+                        allowed,
+                        remaining,
+                        next_ms: if remaining > 0 {
+                            0
+                        } else {
+                            wait(cur + cost, 1)
+                        },
+                        retry_after_ms: 0,
+                    }
                 } else {
-                    // Not before the next window, where this one's count is the previous.
-                    let room = limit.limit - cost;
-                    (window_start + w - now) + (w - room * w / cur)
-                };
-                Verdict {
-                    allowed,
-                    remaining,
-                    reset_ms,
-                    retry_after_ms,
+                    let retry_after_ms = wait(cur, cost);
+                    Verdict {
+                        allowed,
+                        remaining,
+                        next_ms: retry_after_ms,
+                        retry_after_ms,
+                    }
                 }
             }
             Self::TokenBucket { tokens, last } => {
@@ -182,16 +202,27 @@ impl State {
                 let shift = t - now;
                 let need = cost * w;
                 let allowed = available >= need;
-                let after = if allowed { available - need } else { available };
-                Verdict {
-                    allowed,
-                    remaining: after / w,
-                    reset_ms: (capacity - after).div_ceil(limit.limit) + shift,
-                    retry_after_ms: if allowed {
-                        0
-                    } else {
-                        (need - available).div_ceil(limit.limit) + shift
-                    },
+                if allowed {
+                    let after = available - need;
+                    Verdict {
+                        allowed,
+                        remaining: after / w,
+                        // Until the bucket holds one whole token again.
+                        next_ms: if after >= w {
+                            0
+                        } else {
+                            (w - after).div_ceil(limit.limit) + shift
+                        },
+                        retry_after_ms: 0,
+                    }
+                } else {
+                    let retry_after_ms = (need - available).div_ceil(limit.limit) + shift;
+                    Verdict {
+                        allowed,
+                        remaining: available / w,
+                        next_ms: retry_after_ms,
+                        retry_after_ms,
+                    }
                 }
             }
             Self::Gcra { tat_ms, tat_frac } => {
@@ -205,18 +236,28 @@ impl State {
                 let tolerance = w * limit.burst;
                 let after = ahead + w * cost;
                 let allowed = after <= tolerance;
-                let held = if allowed { after } else { ahead };
-                Verdict {
-                    allowed,
-                    // A clock that stepped back leaves the TAT further ahead
-                    // than the tolerance: nothing remains.
-                    remaining: tolerance.saturating_sub(held) / w,
-                    reset_ms: held.div_ceil(rate),
-                    retry_after_ms: if allowed {
-                        0
-                    } else {
-                        (after - tolerance).div_ceil(rate)
-                    },
+                if allowed {
+                    Verdict {
+                        allowed,
+                        remaining: (tolerance - after) / w,
+                        // Until one more emission interval fits under the tolerance.
+                        next_ms: if tolerance - after >= w {
+                            0
+                        } else {
+                            (after + w - tolerance).div_ceil(rate)
+                        },
+                        retry_after_ms: 0,
+                    }
+                } else {
+                    let retry_after_ms = (after - tolerance).div_ceil(rate);
+                    Verdict {
+                        allowed,
+                        // A clock that stepped back leaves the TAT further
+                        // ahead than the tolerance: nothing remains.
+                        remaining: tolerance.saturating_sub(ahead) / w,
+                        next_ms: retry_after_ms,
+                        retry_after_ms,
+                    }
                 }
             }
         }
@@ -366,14 +407,14 @@ mod tests {
             Verdict {
                 allowed: false,
                 remaining: 0,
-                reset_ms: 600,
+                next_ms: 600,
                 retry_after_ms: 600
             }
         );
         assert!(!take(&mut s, &l, 10_999, 1).allowed);
         let v = take(&mut s, &l, 11_000, 1);
         assert!(v.allowed);
-        assert_eq!((v.remaining, v.reset_ms), (2, 1000));
+        assert_eq!((v.remaining, v.next_ms), (2, 0));
     }
 
     /// Five requests just before a window boundary and five right at it,
@@ -403,7 +444,7 @@ mod tests {
         assert!(take(&mut s, &l, 700, 1).allowed);
         let v = take(&mut s, &l, 800, 1);
         assert!(!v.allowed);
-        assert_eq!((v.retry_after_ms, v.reset_ms), (300, 900));
+        assert_eq!((v.retry_after_ms, v.next_ms), (300, 300));
         assert!(!take(&mut s, &l, 1099, 1).allowed);
         let v = take(&mut s, &l, 1100, 1);
         assert!(v.allowed);

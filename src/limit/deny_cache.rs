@@ -74,7 +74,7 @@ impl DenyCache {
         let d = entry.decision;
         Some(Decision {
             retry_after_ms: d.retry_after_ms.saturating_sub(passed).max(1),
-            reset_ms: d.reset_ms.saturating_sub(passed),
+            next_ms: d.next_ms.saturating_sub(passed),
             ..d
         })
     }
@@ -135,13 +135,13 @@ mod tests {
         let denial = Decision {
             allowed: false,
             remaining: 0,
-            reset_ms: 900,
+            next_ms: 900,
             retry_after_ms: 300,
             limit: 0,
         };
         cache.insert(&route, &client, sent, denial);
         let d = cache.get(&route, &client, sent + Duration::from_millis(100));
-        assert_eq!(d.map(|d| (d.retry_after_ms, d.reset_ms)), Some((200, 800)));
+        assert_eq!(d.map(|d| (d.retry_after_ms, d.next_ms)), Some((200, 800)));
         assert!(cache.get(&route, &other, sent).is_none());
         assert!(cache.get(&"s".into(), &client, sent).is_none());
         assert!(

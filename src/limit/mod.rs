@@ -103,8 +103,10 @@ pub struct Verdict {
     pub allowed: bool,
     /// Units left after this request (before it, when denied).
     pub remaining: u64,
-    /// Milliseconds until the limit is fully restored.
-    pub reset_ms: u64,
+    /// Milliseconds until at least one more unit is available: 0 while
+    /// units remain, the wait for this request when it is denied
+    /// (`RateLimit`'s `t` per draft-ietf-httpapi-ratelimit-headers-10).
+    pub next_ms: u64,
     /// Milliseconds until this request would fit; 0 when allowed.
     pub retry_after_ms: u64,
 }
@@ -116,8 +118,9 @@ pub struct Decision {
     pub allowed: bool,
     /// Units left in the most constrained limit.
     pub remaining: u64,
-    /// Milliseconds until that limit is fully restored.
-    pub reset_ms: u64,
+    /// Milliseconds until that limit has at least one more unit (0 while
+    /// units remain); when denied, the wait until this request fits.
+    pub next_ms: u64,
     /// Milliseconds until every denying limit would allow; 0 when allowed.
     pub retry_after_ms: u64,
     /// Index in the route's limits of the limit reported in headers: the
@@ -133,7 +136,7 @@ impl Decision {
             let candidate = Decision {
                 allowed: v.allowed,
                 remaining: v.remaining,
-                reset_ms: v.reset_ms,
+                next_ms: v.next_ms,
                 retry_after_ms: v.retry_after_ms,
                 limit: i,
             };
@@ -146,7 +149,7 @@ impl Decision {
                         (false, false) => v.retry_after_ms > best.retry_after_ms,
                         (true, true) => {
                             v.remaining < best.remaining
-                                || (v.remaining == best.remaining && v.reset_ms > best.reset_ms)
+                                || (v.remaining == best.remaining && v.next_ms > best.next_ms)
                         }
                     };
                     if replace {
@@ -219,11 +222,11 @@ pub fn now_ms() -> u64 {
 mod tests {
     use super::*;
 
-    fn allowed(remaining: u64, reset_ms: u64) -> Verdict {
+    fn allowed(remaining: u64, next_ms: u64) -> Verdict {
         Verdict {
             allowed: true,
             remaining,
-            reset_ms,
+            next_ms,
             retry_after_ms: 0,
         }
     }
@@ -232,7 +235,7 @@ mod tests {
         Verdict {
             allowed: false,
             remaining: 0,
-            reset_ms: retry_after_ms,
+            next_ms: retry_after_ms,
             retry_after_ms,
         }
     }
@@ -241,7 +244,7 @@ mod tests {
     fn most_constrained_limit_is_reported_when_all_allow() {
         let d = Decision::combine([allowed(10, 1000), allowed(2, 500), allowed(2, 900)]);
         assert!(d.allowed);
-        assert_eq!((d.limit, d.remaining, d.reset_ms), (2, 2, 900));
+        assert_eq!((d.limit, d.remaining, d.next_ms), (2, 2, 900));
     }
 
     #[test]

@@ -788,6 +788,8 @@ pub fn write_client(out: &mut String, client: &ClientId) {
         }
         // The same text as the long value it stands for would write.
         ClientId::Digest(digest) => write_digest(out, digest),
+        // One bucket for the whole route.
+        ClientId::Global => out.push('g'),
         ClientId::Composite(parts) => {
             // No part's text contains '|', so the joined text is unambiguous.
             out.push_str("c:");
@@ -810,7 +812,7 @@ fn write_digest(out: &mut String, digest: &[u8; 32]) {
 }
 
 /// The verdicts in the reply to a call: four integers per limit (allowed,
-/// remaining, reset_ms, retry_after_ms), `limits` limits in all, read from
+/// remaining, next_ms, retry_after_ms), `limits` limits in all, read from
 /// the array as it came; anything else is an error.
 fn verdict_values(reply: &Value, limits: usize) -> Result<&[Value], StoreError> {
     let values = match reply {
@@ -845,7 +847,7 @@ fn decision_from_values(values: &[Value]) -> Decision {
     Decision::combine(values.chunks_exact(4).map(|v| Verdict {
         allowed: matches!(v[0], Value::Int(1)),
         remaining: int(&v[1]),
-        reset_ms: int(&v[2]),
+        next_ms: int(&v[2]),
         retry_after_ms: int(&v[3]),
     }))
 }
@@ -996,7 +998,7 @@ mod tests {
         let ints = |v: &[i64]| Value::Array(v.iter().map(|&n| Value::Int(n)).collect());
         let d = decision_from_reply(&ints(&[1, 5, 1000, 0]), 1).expect("one limit");
         assert!(d.allowed);
-        assert_eq!((d.remaining, d.reset_ms, d.retry_after_ms), (5, 1000, 0));
+        assert_eq!((d.remaining, d.next_ms, d.retry_after_ms), (5, 1000, 0));
         let d = decision_from_reply(&ints(&[1, 9, 500, 0, 0, -3, 60000, 1 << 50]), 2)
             .expect("two limits");
         assert!(!d.allowed);

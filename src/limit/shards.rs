@@ -156,6 +156,7 @@ impl KeyBytes {
                     && self.push(bytes)
             }
             ClientId::Digest(digest) => self.push(b"d") && self.push(&digest[..]),
+            ClientId::Global => self.push(b"g"),
             ClientId::Composite(parts) => {
                 self.push(b"c")
                     && self.push(&(parts.len() as u64).to_le_bytes())

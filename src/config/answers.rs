@@ -1,0 +1,154 @@
+//! A route's answers to denied requests: `deny = { … }` and which
+//! rate-limit fields responses carry (`rate_limit_headers`).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::{HeaderValue, StatusCode};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::Validator;
+use crate::response::{DenyAnswer, HeaderMode};
+
+/// `deny = { status, body, content_type, headers }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DenyModel {
+    status: Option<Spanned<i64>>,
+    body: Option<Spanned<String>>,
+    content_type: Option<Spanned<String>>,
+    #[serde(default)]
+    headers: BTreeMap<Spanned<String>, Spanned<String>>,
+}
+
+/// Headers floodgate sets itself on a denial; a `deny.headers` entry may not
+/// name them.
+const OWN_HEADERS: [&str; 7] = [
+    "retry-after",
+    "ratelimit",
+    "ratelimit-policy",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "content-type",
+];
+
+/// Headers that would break the framing or the connection if set by hand.
+const HOP_HEADERS: [&str; 6] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+];
+
+impl Validator<'_> {
+    /// The rate-limit header mode `value` names, or `default`.
+    pub(super) fn header_mode(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        default: HeaderMode,
+    ) -> Option<HeaderMode> {
+        let Some(value) = value else {
+            return Some(default);
+        };
+        self.choice(Some(value), "rate_limit_headers", &HeaderMode::NAMES)
+    }
+
+    /// A route's `deny` answer.
+    pub(super) fn deny(&mut self, model: &Spanned<DenyModel>) -> Option<DenyAnswer> {
+        let m = model.get_ref();
+        let status = match &m.status {
+            None => Some(StatusCode::TOO_MANY_REQUESTS),
+            Some(s) => match u16::try_from(*s.get_ref())
+                .ok()
+                .filter(|s| (400..=599).contains(s))
+                .and_then(|s| StatusCode::from_u16(s).ok())
+            {
+                Some(s) => Some(s),
+                None => {
+                    self.problem(
+                        s.span(),
+                        "deny status must be a 4xx or 5xx code (a denial is an error to the client)",
+                    );
+                    None
+                }
+            },
+        };
+        let content_type = match &m.content_type {
+            Some(ct) => match HeaderValue::from_str(ct.get_ref()) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    self.problem(ct.span(), "deny content_type is not a valid header value");
+                    None
+                }
+            },
+            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
+        };
+        let mut headers = Vec::with_capacity(m.headers.len());
+        let mut ok = true;
+        for (name, value) in &m.headers {
+            let lower = name.get_ref().to_ascii_lowercase();
+            let parsed = HeaderName::from_bytes(lower.as_bytes());
+            let Ok(header) = parsed else {
+                self.problem(
+                    name.span(),
+                    format!(
+                        "deny header {:?} is not a valid header name",
+                        name.get_ref()
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            if OWN_HEADERS.contains(&lower.as_str()) {
+                self.problem(
+                    name.span(),
+                    format!(
+                        "deny header {:?} is set by floodgate itself (content_type is its own key)",
+                        name.get_ref()
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+            if HOP_HEADERS.contains(&lower.as_str()) {
+                self.problem(
+                    name.span(),
+                    format!(
+                        "deny header {:?} describes the connection or the framing and cannot be set",
+                        name.get_ref()
+                    ),
+                );
+                ok = false;
+                continue;
+            }
+            match HeaderValue::from_str(value.get_ref()) {
+                Ok(v) => headers.push((header, v)),
+                Err(_) => {
+                    self.problem(
+                        value.span(),
+                        format!("deny header {:?} has an invalid value", name.get_ref()),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let body = m
+            .body
+            .as_ref()
+            .map_or_else(Bytes::new, |b| Bytes::from(b.get_ref().clone()));
+        if !ok {
+            return None;
+        }
+        Some(DenyAnswer {
+            status: status?,
+            body,
+            content_type: content_type?,
+            headers,
+        })
+    }
+}

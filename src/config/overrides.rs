@@ -1,0 +1,183 @@
+//! Per-client limits on a route (`overrides`), and clients exempt by an
+//! API key (`exempt_keys`).
+
+use std::collections::{BTreeMap, HashSet};
+
+use toml::Spanned;
+
+use super::{LimitModel, Validator};
+use crate::client::ClientRule;
+use crate::client::Part;
+use crate::routes::{ClientSet, KeyExemption, Override, Policy};
+
+/// `overrides = [{ clients = [...], headers = {...}, limits = [...] }]`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct OverrideModel {
+    clients: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    headers: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+    limits: Spanned<Vec<Spanned<LimitModel>>>,
+}
+
+/// `exempt_keys = { "X-Internal-Key" = ["k1", "sha256:<hex>"] }`.
+pub(super) type ExemptKeysModel = BTreeMap<Spanned<String>, Spanned<Vec<Spanned<String>>>>;
+
+/// A value as written (`"key"`) or as its SHA-256 (`"sha256:<64 hex>"`).
+enum Value {
+    Raw(Vec<u8>),
+    Digest([u8; 32]),
+}
+
+fn digest_of(text: &str) -> Option<Value> {
+    let Some(hex) = text.strip_prefix("sha256:") else {
+        return Some(Value::Raw(text.as_bytes().to_vec()));
+    };
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(Value::Digest(out))
+}
+
+fn sha256(value: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(value).into()
+}
+
+impl Validator<'_> {
+    /// A route's overrides; `client` is how the route identifies clients,
+    /// which says what a `clients` entry is.
+    pub(super) fn overrides(
+        &mut self,
+        route: &str,
+        models: &[Spanned<OverrideModel>],
+        client: Option<&ClientRule>,
+        cost: u64,
+    ) -> Option<Vec<Override>> {
+        let mut out = Vec::with_capacity(models.len());
+        let mut ok = true;
+        for model in models {
+            let m = model.get_ref();
+            let clients = match &m.clients {
+                None => Some(None),
+                Some(list) => self.client_set(list, client).map(Some),
+            };
+            let headers = self.header_conditions(&m.headers);
+            if m.clients.is_none() && m.headers.is_empty() {
+                self.problem(
+                    model.span(),
+                    "an override needs clients = [...] or headers = {...} (whom it applies to)",
+                );
+                ok = false;
+                continue;
+            }
+            let limits = self.limits(Some(&m.limits), cost);
+            match (clients, headers, limits) {
+                (Some(clients), Some(headers), Some(limits)) if !limits.is_empty() => {
+                    out.push(Override {
+                        clients,
+                        headers,
+                        policy: Policy::new(route, limits),
+                    })
+                }
+                _ => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn client_set(
+        &mut self,
+        list: &Spanned<Vec<Spanned<String>>>,
+        client: Option<&ClientRule>,
+    ) -> Option<ClientSet> {
+        let rule = client?;
+        let by_address = match rule.parts.as_slice() {
+            [Part::RemoteAddr | Part::ForwardedFor] => true,
+            [Part::Header(_) | Part::PathParam { .. } | Part::Claim(_)] => false,
+            _ => {
+                self.problem(
+                    list.span(),
+                    "override clients need a route whose client is one address, header, path parameter or claim (not composite or global)",
+                );
+                return None;
+            }
+        };
+        let mut set = ClientSet::default();
+        let mut ok = true;
+        for entry in list.get_ref() {
+            let text = entry.get_ref();
+            if by_address {
+                match super::parse_cidr(text) {
+                    Some(net) => set.nets.push(net),
+                    None => {
+                        self.problem(
+                            entry.span(),
+                            format!("{text:?} is not an address or CIDR (this route counts clients by address)"),
+                        );
+                        ok = false;
+                    }
+                }
+                continue;
+            }
+            match digest_of(text) {
+                Some(Value::Raw(v)) if v.len() > rule.max_len => {
+                    // Such an id is counted by its SHA-256.
+                    set.digests.insert(sha256(&v));
+                }
+                Some(Value::Raw(v)) => {
+                    set.values.insert(v.into_boxed_slice());
+                }
+                Some(Value::Digest(d)) => {
+                    set.digests.insert(d);
+                }
+                None => {
+                    self.problem(
+                        entry.span(),
+                        "a sha256: entry is \"sha256:\" and 64 hex digits",
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(set)
+    }
+
+    /// `exempt_keys`, by header.
+    pub(super) fn exempt_keys(&mut self, model: &ExemptKeysModel) -> Vec<KeyExemption> {
+        let mut out = Vec::with_capacity(model.len());
+        for (name, values) in model {
+            let Some(header) = self.header_name(name) else {
+                continue;
+            };
+            let mut digests = HashSet::new();
+            for value in values.get_ref() {
+                match digest_of(value.get_ref()) {
+                    Some(Value::Raw(v)) if v.is_empty() => {
+                        self.problem(value.span(), "an exempt key is not empty");
+                    }
+                    Some(Value::Raw(v)) => {
+                        digests.insert(sha256(&v));
+                    }
+                    Some(Value::Digest(d)) => {
+                        digests.insert(d);
+                    }
+                    None => self.problem(
+                        value.span(),
+                        "a sha256: entry is \"sha256:\" and 64 hex digits",
+                    ),
+                }
+            }
+            if digests.is_empty() {
+                self.problem(values.span(), "exempt_keys lists no key for this header");
+                continue;
+            }
+            out.push(KeyExemption { header, digests });
+        }
+        out
+    }
+}

@@ -1,0 +1,526 @@
+//! Client ids from a verified JSON Web Token claim (RFC 7519).
+//!
+//! A route with `client = { from = "jwt", claim = "sub", … }` counts each
+//! request under a claim of its `Authorization: Bearer` token, but only once
+//! the token is proven: its signature checks out against a key from the
+//! configuration with the one algorithm the route pins (so `alg: none` or
+//! an HS256 token signed with an RSA public key as the secret never pass),
+//! `exp` and `nbf` hold (with a small leeway for clock skew), and `iss` and
+//! `aud` are the configured ones when the route names them. An unverified
+//! claim is never read: it would let a client choose its own bucket.
+//!
+//! Signatures are checked with `ring`, the crypto library rustls already
+//! brings: HMAC-SHA256 (compared in constant time), RSASSA-PKCS1-v1_5 with
+//! SHA-256 (keys of 2048 to 8192 bits), ECDSA P-256 with SHA-256.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use http::HeaderMap;
+use http::header::AUTHORIZATION;
+use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
+use serde::Deserialize;
+
+/// The longest token read, in bytes: anything longer is refused unread.
+pub const MAX_TOKEN: usize = 8 * 1024;
+
+/// A signature algorithm a route accepts (exactly one per route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// HMAC with SHA-256, a shared secret.
+    Hs256,
+    /// RSASSA-PKCS1-v1_5 with SHA-256, an RSA public key.
+    Rs256,
+    /// ECDSA on P-256 with SHA-256, an EC public key.
+    Es256,
+}
+
+impl Algorithm {
+    /// Every algorithm with its JOSE name.
+    pub const NAMES: [(&'static str, Algorithm); 3] = [
+        ("HS256", Algorithm::Hs256),
+        ("RS256", Algorithm::Rs256),
+        ("ES256", Algorithm::Es256),
+    ];
+
+    /// The JOSE name (`alg`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hs256 => "HS256",
+            Self::Rs256 => "RS256",
+            Self::Es256 => "ES256",
+        }
+    }
+}
+
+/// One verification key.
+#[derive(Clone)]
+pub enum Key {
+    /// An HMAC secret.
+    Hmac(ring::hmac::Key),
+    /// An RSA public key's modulus and exponent (big-endian).
+    Rsa(RsaPublicKeyComponents<Vec<u8>>),
+    /// A P-256 public key as an uncompressed point (`04 ‖ x ‖ y`).
+    Ec(Vec<u8>),
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the secret itself.
+        f.write_str(match self {
+            Self::Hmac(_) => "Hmac(…)",
+            Self::Rsa(_) => "Rsa(…)",
+            Self::Ec(_) => "Ec(…)",
+        })
+    }
+}
+
+/// How a route reads a client id from a token.
+#[derive(Debug, Clone)]
+pub struct ClaimRule {
+    /// The claim counted (`sub`, `client_id`, …).
+    pub claim: Box<str>,
+    /// The one algorithm accepted.
+    pub algorithm: Algorithm,
+    /// Keys to try, each with its `kid` when it has one.
+    pub keys: Vec<(Option<String>, Key)>,
+    /// Required `iss`, if any.
+    pub issuer: Option<String>,
+    /// Required `aud` (one of the token's audiences), if any.
+    pub audience: Option<String>,
+    /// Clock skew tolerated on `exp` and `nbf`.
+    pub leeway: Duration,
+}
+
+impl PartialEq for ClaimRule {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for ClaimRule {}
+
+/// Why a token gave no client id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// No `Authorization: Bearer` header.
+    #[error("no bearer token")]
+    Missing,
+    /// The header came more than once.
+    #[error("more than one Authorization header")]
+    Repeated,
+    /// Not three base64url parts of JSON, or too long.
+    #[error("the token is malformed")]
+    Malformed,
+    /// `alg` is not the route's algorithm.
+    #[error("the token's algorithm is not the one accepted")]
+    Algorithm,
+    /// No configured key verifies the signature.
+    #[error("the token's signature is invalid")]
+    Signature,
+    /// `exp` has passed (or is missing).
+    #[error("the token has expired")]
+    Expired,
+    /// `nbf` is still ahead.
+    #[error("the token is not valid yet")]
+    NotYet,
+    /// `iss` or `aud` is not the configured one.
+    #[error("the token was issued by or for someone else")]
+    Audience,
+    /// The claim is absent, or not a string or a number.
+    #[error("the token lacks the claim this route counts by")]
+    Claim,
+}
+
+#[derive(Deserialize)]
+struct Header<'a> {
+    alg: &'a str,
+    #[serde(default)]
+    kid: Option<String>,
+}
+
+fn base64url(text: &[u8]) -> Result<Vec<u8>, TokenError> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text)
+        .map_err(|_| TokenError::Malformed)
+}
+
+impl ClaimRule {
+    /// The verified claim of the request's bearer token.
+    pub fn claim(&self, headers: &HeaderMap) -> Result<Vec<u8>, TokenError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.claim_at(headers, now)
+    }
+
+    /// [`ClaimRule::claim`] at `now`, in seconds since the Unix epoch.
+    pub fn claim_at(&self, headers: &HeaderMap, now: u64) -> Result<Vec<u8>, TokenError> {
+        let mut values = headers.get_all(AUTHORIZATION).iter();
+        let value = values.next().ok_or(TokenError::Missing)?;
+        if values.next().is_some() {
+            return Err(TokenError::Repeated);
+        }
+        let value = value.as_bytes();
+        let token = match value.get(..7) {
+            Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => value[7..].trim_ascii(),
+            _ => return Err(TokenError::Missing),
+        };
+        if token.len() > MAX_TOKEN {
+            return Err(TokenError::Malformed);
+        }
+        let mut parts = token.splitn(3, |&b| b == b'.');
+        let (Some(head), Some(body), Some(sig)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(TokenError::Malformed);
+        };
+        if sig.contains(&b'.') {
+            return Err(TokenError::Malformed);
+        }
+        let header_json = base64url(head)?;
+        let header: Header<'_> =
+            serde_json::from_slice(&header_json).map_err(|_| TokenError::Malformed)?;
+        if header.alg != self.algorithm.name() {
+            return Err(TokenError::Algorithm);
+        }
+        let signature = base64url(sig)?;
+        let signed = &token[..head.len() + 1 + body.len()];
+        if !self.verified(header.kid.as_deref(), signed, &signature) {
+            return Err(TokenError::Signature);
+        }
+        let payload = base64url(body)?;
+        let claims: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
+        let leeway = self.leeway.as_secs();
+        match claims.get("exp").and_then(serde_json::Value::as_f64) {
+            Some(exp) if (exp as u64).saturating_add(leeway) > now => {}
+            _ => return Err(TokenError::Expired),
+        }
+        if let Some(nbf) = claims.get("nbf") {
+            match nbf.as_f64() {
+                Some(nbf) if (nbf as u64) <= now.saturating_add(leeway) => {}
+                _ => return Err(TokenError::NotYet),
+            }
+        }
+        if let Some(issuer) = &self.issuer
+            && claims.get("iss").and_then(serde_json::Value::as_str) != Some(issuer)
+        {
+            return Err(TokenError::Audience);
+        }
+        if let Some(audience) = &self.audience {
+            let ok = match claims.get("aud") {
+                Some(serde_json::Value::String(a)) => a == audience,
+                Some(serde_json::Value::Array(list)) => {
+                    list.iter().any(|a| a.as_str() == Some(audience))
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(TokenError::Audience);
+            }
+        }
+        match claims.get(&*self.claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.as_bytes().to_vec()),
+            Some(serde_json::Value::Number(n)) => Ok(n.to_string().into_bytes()),
+            _ => Err(TokenError::Claim),
+        }
+    }
+
+    /// Whether a key (the one named `kid` when the token names one the
+    /// configuration knows, else any) signed `signed`.
+    fn verified(&self, kid: Option<&str>, signed: &[u8], signature: &[u8]) -> bool {
+        let named = kid.is_some() && self.keys.iter().any(|(k, _)| k.as_deref() == kid);
+        self.keys
+            .iter()
+            .filter(|(k, _)| !named || k.as_deref() == kid)
+            .any(|(_, key)| match key {
+                Key::Hmac(key) => ring::hmac::verify(key, signed, signature).is_ok(),
+                Key::Rsa(key) => key
+                    .verify(&signature::RSA_PKCS1_2048_8192_SHA256, signed, signature)
+                    .is_ok(),
+                Key::Ec(point) => {
+                    UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, point)
+                        .verify(signed, signature)
+                        .is_ok()
+                }
+            })
+    }
+}
+
+// === keys from files ===
+
+/// An HMAC key from a secret.
+pub fn hmac_key(secret: &[u8]) -> Key {
+    Key::Hmac(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret))
+}
+
+/// The key of a PEM `PUBLIC KEY` (SubjectPublicKeyInfo) for `algorithm`.
+pub fn pem_key(pem: &[u8], algorithm: Algorithm) -> Result<Key, String> {
+    use rustls_pki_types::SubjectPublicKeyInfoDer;
+    use rustls_pki_types::pem::PemObject as _;
+    let spki = SubjectPublicKeyInfoDer::from_pem_slice(pem)
+        .map_err(|e| format!("no PEM PUBLIC KEY in it ({e})"))?;
+    let (oid, key) = spki_parts(spki.as_ref()).ok_or("its PUBLIC KEY is not valid DER")?;
+    match algorithm {
+        Algorithm::Rs256 if oid == RSA_ENCRYPTION => {
+            let mut seq = Der::new(Der::new(key).take(0x30).ok_or("bad RSA key")?);
+            let n = seq.take(0x02).ok_or("bad RSA modulus")?;
+            let e = seq.take(0x02).ok_or("bad RSA exponent")?;
+            Ok(Key::Rsa(RsaPublicKeyComponents {
+                n: strip_zeros(n).to_vec(),
+                e: strip_zeros(e).to_vec(),
+            }))
+        }
+        Algorithm::Es256 if oid == EC_PUBLIC_KEY => {
+            if key.len() != 65 || key[0] != 4 {
+                return Err("its EC key is not an uncompressed P-256 point".into());
+            }
+            Ok(Key::Ec(key.to_vec()))
+        }
+        Algorithm::Hs256 => Err("HS256 takes secret_file, not a public key".into()),
+        _ => Err(format!("its key is not a {} key", algorithm.name())),
+    }
+}
+
+#[derive(Deserialize)]
+struct Jwks {
+    keys: Vec<Jwk>,
+}
+
+#[derive(Deserialize)]
+struct Jwk {
+    kty: String,
+    #[serde(default)]
+    kid: Option<String>,
+    #[serde(default)]
+    alg: Option<String>,
+    #[serde(default, rename = "use")]
+    usage: Option<String>,
+    #[serde(default)]
+    n: Option<String>,
+    #[serde(default)]
+    e: Option<String>,
+    #[serde(default)]
+    crv: Option<String>,
+    #[serde(default)]
+    x: Option<String>,
+    #[serde(default)]
+    y: Option<String>,
+    #[serde(default)]
+    k: Option<String>,
+}
+
+/// The keys of a JWK Set (RFC 7517) usable with `algorithm`: keys of
+/// another type, another `alg` or another `use` than `sig` are left out.
+pub fn jwks_keys(json: &[u8], algorithm: Algorithm) -> Result<Vec<(Option<String>, Key)>, String> {
+    let set: Jwks =
+        serde_json::from_slice(json).map_err(|e| format!("it is not a JWK Set: {e}"))?;
+    let field = |v: &Option<String>, name: &str| -> Result<Vec<u8>, String> {
+        let text = v.as_deref().ok_or(format!("a key lacks \"{name}\""))?;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text.trim_end_matches('='))
+            .map_err(|_| format!("a key's \"{name}\" is not base64url"))
+    };
+    let mut keys = Vec::new();
+    for jwk in &set.keys {
+        if jwk.alg.as_deref().is_some_and(|a| a != algorithm.name())
+            || jwk.usage.as_deref().is_some_and(|u| u != "sig")
+        {
+            continue;
+        }
+        let key = match (algorithm, jwk.kty.as_str()) {
+            (Algorithm::Rs256, "RSA") => Key::Rsa(RsaPublicKeyComponents {
+                n: strip_zeros(&field(&jwk.n, "n")?).to_vec(),
+                e: strip_zeros(&field(&jwk.e, "e")?).to_vec(),
+            }),
+            (Algorithm::Es256, "EC") if jwk.crv.as_deref() == Some("P-256") => {
+                let (x, y) = (field(&jwk.x, "x")?, field(&jwk.y, "y")?);
+                if x.len() != 32 || y.len() != 32 {
+                    return Err("a P-256 key's x and y must be 32 bytes each".into());
+                }
+                let mut point = Vec::with_capacity(65);
+                point.push(4);
+                point.extend_from_slice(&x);
+                point.extend_from_slice(&y);
+                Key::Ec(point)
+            }
+            (Algorithm::Hs256, "oct") => hmac_key(&field(&jwk.k, "k")?),
+            _ => continue,
+        };
+        keys.push((jwk.kid.clone(), key));
+    }
+    if keys.is_empty() {
+        return Err(format!("it holds no {} signing key", algorithm.name()));
+    }
+    Ok(keys)
+}
+
+const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
+const EC_PUBLIC_KEY: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
+const P256: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+
+/// The algorithm OID and the key bits of a SubjectPublicKeyInfo; an EC key
+/// must be on P-256.
+fn spki_parts(der: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut spki = Der::new(Der::new(der).take(0x30)?);
+    let mut algorithm = Der::new(spki.take(0x30)?);
+    let oid = algorithm.take(0x06)?;
+    if oid == EC_PUBLIC_KEY && algorithm.take(0x06)? != P256 {
+        return None;
+    }
+    let bits = spki.take(0x03)?;
+    // No unused bits in a key.
+    let (&0, key) = bits.split_first()? else {
+        return None;
+    };
+    Some((oid, key))
+}
+
+fn strip_zeros(mut n: &[u8]) -> &[u8] {
+    while let [0, rest @ ..] = n {
+        n = rest;
+    }
+    n
+}
+
+/// Just enough DER to read a public key: definite lengths, one-byte tags.
+struct Der<'a>(&'a [u8]);
+
+impl<'a> Der<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Self(bytes)
+    }
+
+    /// The contents of the next element, which must have `tag`.
+    fn take(&mut self, tag: u8) -> Option<&'a [u8]> {
+        let (&t, rest) = self.0.split_first()?;
+        if t != tag {
+            return None;
+        }
+        let (&first, mut rest) = rest.split_first()?;
+        let len = if first < 0x80 {
+            usize::from(first)
+        } else {
+            let count = usize::from(first & 0x7f);
+            if count == 0 || count > 4 {
+                return None;
+            }
+            let (bytes, after) = rest.split_at_checked(count)?;
+            rest = after;
+            bytes.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b))
+        };
+        let (contents, after) = rest.split_at_checked(len)?;
+        self.0 = after;
+        Some(contents)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    fn hs256(secret: &[u8], header: &str, claims: &str) -> String {
+        let signed = format!("{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()));
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+        let tag = ring::hmac::sign(&key, signed.as_bytes());
+        format!("{signed}.{}", b64(tag.as_ref()))
+    }
+
+    fn rule() -> ClaimRule {
+        ClaimRule {
+            claim: "sub".into(),
+            algorithm: Algorithm::Hs256,
+            keys: vec![(None, hmac_key(b"s3cret"))],
+            issuer: Some("idp".into()),
+            audience: Some("api".into()),
+            leeway: Duration::from_secs(30),
+        }
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {token}")) {
+            h.insert(AUTHORIZATION, v);
+        }
+        h
+    }
+
+    const NOW: u64 = 1_800_000_000;
+
+    #[test]
+    fn a_valid_token_gives_its_claim_and_every_fault_is_named() {
+        let r = rule();
+        let h = r#"{"alg":"HS256","typ":"JWT"}"#;
+        let good = r#"{"sub":"alice","exp":1800000100,"iss":"idp","aud":["x","api"]}"#;
+        assert_eq!(
+            r.claim_at(&bearer(&hs256(b"s3cret", h, good)), NOW),
+            Ok(b"alice".to_vec())
+        );
+        let cases = [
+            (hs256(b"other", h, good), TokenError::Signature),
+            (
+                hs256(b"s3cret", r#"{"alg":"none"}"#, good),
+                TokenError::Algorithm,
+            ),
+            (
+                hs256(
+                    b"s3cret",
+                    h,
+                    r#"{"sub":"a","exp":1799999900,"iss":"idp","aud":"api"}"#,
+                ),
+                TokenError::Expired,
+            ),
+            (
+                hs256(b"s3cret", h, r#"{"sub":"a","iss":"idp","aud":"api"}"#),
+                TokenError::Expired,
+            ),
+            (
+                hs256(
+                    b"s3cret",
+                    h,
+                    r#"{"sub":"a","exp":1800000100,"nbf":1800000100,"iss":"idp","aud":"api"}"#,
+                ),
+                TokenError::NotYet,
+            ),
+            (
+                hs256(
+                    b"s3cret",
+                    h,
+                    r#"{"sub":"a","exp":1800000100,"iss":"evil","aud":"api"}"#,
+                ),
+                TokenError::Audience,
+            ),
+            (
+                hs256(
+                    b"s3cret",
+                    h,
+                    r#"{"exp":1800000100,"iss":"idp","aud":"api"}"#,
+                ),
+                TokenError::Claim,
+            ),
+            ("a.b".to_owned(), TokenError::Malformed),
+        ];
+        for (token, want) in cases {
+            assert_eq!(r.claim_at(&bearer(&token), NOW), Err(want), "{token}");
+        }
+        // Within the leeway, an expired token still counts.
+        let late = r#"{"sub":"bob","exp":1799999990,"iss":"idp","aud":"api"}"#;
+        assert_eq!(
+            r.claim_at(&bearer(&hs256(b"s3cret", h, late)), NOW),
+            Ok(b"bob".to_vec())
+        );
+        assert_eq!(r.claim_at(&HeaderMap::new(), NOW), Err(TokenError::Missing));
+    }
+
+    #[test]
+    fn der_lengths_are_read_in_both_forms() {
+        let long = [0x04, 0x81, 0x03, 1, 2, 3];
+        assert_eq!(Der::new(&long).take(0x04), Some(&[1u8, 2, 3][..]));
+        assert_eq!(Der::new(&[0x04, 0x05, 1]).take(0x04), None);
+        assert_eq!(Der::new(&[0x05, 0x00]).take(0x04), None);
+    }
+}

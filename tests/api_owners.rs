@@ -1,0 +1,681 @@
+//! Limits the way API owners think of them, against a real floodgate and a
+//! real Redis: tiers and per-client overrides, clients keyed by a verified
+//! JWT claim, a path parameter or nothing at all (a global limit), API-key
+//! exemptions, the deny answer and header modes, and the rate-limit fields
+//! as draft-ietf-httpapi-ratelimit-headers-10 defines them.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine as _;
+use ring::rand::SystemRandom;
+use ring::signature::{self, EcdsaKeyPair, KeyPair as _, RsaKeyPair};
+use support::config::{Config, Route};
+use support::redis::{TestRedis, unique_prefix};
+use support::{Answer, Floodgate, TestClient, Upstream, temp_dir};
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Claims for `sub`, valid for an hour from now (or expired an hour ago).
+fn claims(sub: &str, expired: bool) -> String {
+    let exp = if expired { now() - 3600 } else { now() + 3600 };
+    format!(r#"{{"sub":"{sub}","exp":{exp},"iss":"https://idp.example","aud":"orders"}}"#)
+}
+
+/// A JWT with `header` and `claims`, signed by `sign` over the JWS input.
+fn token(header: &str, claims: &str, sign: impl FnOnce(&[u8]) -> Vec<u8>) -> String {
+    let input = format!("{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()));
+    let sig = sign(input.as_bytes());
+    format!("{input}.{}", b64(&sig))
+}
+
+fn hs256(secret: &[u8]) -> impl FnOnce(&[u8]) -> Vec<u8> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    move |input| ring::hmac::sign(&key, input).as_ref().to_vec()
+}
+
+async fn bearer(client: &TestClient, url: &str, token: &str) -> Answer {
+    client
+        .get(url, &[("authorization", &format!("Bearer {token}"))])
+        .await
+}
+
+/// An RSA key pair made by openssl: the PKCS#1 private key (DER) and the
+/// PEM public key's path.
+fn rsa_key(dir: &Path) -> (Vec<u8>, std::path::PathBuf) {
+    let der = dir.join("rsa.der");
+    let pkcs1 = dir.join("rsa.pkcs1.der");
+    let public = dir.join("rsa.pub.pem");
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("run openssl");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    };
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-outform",
+        "DER",
+        "-out",
+        der.to_str().unwrap_or_default(),
+    ]);
+    run(&[
+        "pkey",
+        "-inform",
+        "DER",
+        "-in",
+        der.to_str().unwrap_or_default(),
+        "-pubout",
+        "-out",
+        public.to_str().unwrap_or_default(),
+    ]);
+    run(&[
+        "pkey",
+        "-inform",
+        "DER",
+        "-in",
+        der.to_str().unwrap_or_default(),
+        "-traditional",
+        "-outform",
+        "DER",
+        "-out",
+        pkcs1.to_str().unwrap_or_default(),
+    ]);
+    (std::fs::read(&pkcs1).expect("read key"), public)
+}
+
+#[tokio::test]
+async fn a_free_and_a_paid_tier_share_one_path() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let key = r#"client = { from = "header", name = "X-Api-Key", missing = "reject" }"#;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("tiers"))
+        // The plan header is set by the authenticating gateway in front.
+        .route(
+            Route::new("search-paid")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/search", headers = { "X-Plan" = "paid" }"#)
+                .line(key)
+                .limit("sliding_log", 5, "60s"),
+        )
+        .route(
+            Route::new("search-free")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/search""#)
+                .line(key)
+                .limit("sliding_log", 2, "60s")
+                // One partner's key is worth more, named by its SHA-256 so
+                // the file does not hold it.
+                .line(&format!(
+                    r#"overrides = [{{ clients = ["sha256:{}"], limits = [{{ algorithm = "sliding_log", limit = 4, window = "60s" }}] }}, {{ headers = {{ "X-Trial" = {{ regex = "^2026-" }} }}, limits = [{{ algorithm = "sliding_log", limit = 3, window = "60s" }}] }}]"#,
+                    hex_sha256(b"partner-key")
+                )),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let url = gate.url("/search?q=x");
+    let admitted = |headers: Vec<(&'static str, &'static str)>| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let mut n = 0;
+            for _ in 0..8 {
+                let a = client.get(&url, &headers).await;
+                match a.status.as_u16() {
+                    200 => n += 1,
+                    429 => {}
+                    other => panic!("{other}: {}", a.text()),
+                }
+            }
+            n
+        }
+    };
+    assert_eq!(admitted(vec![("x-api-key", "free-1")]).await, 2);
+    assert_eq!(
+        admitted(vec![("x-api-key", "paid-1"), ("x-plan", "paid")]).await,
+        5
+    );
+    assert_eq!(admitted(vec![("x-api-key", "partner-key")]).await, 4);
+    assert_eq!(
+        admitted(vec![("x-api-key", "trial-1"), ("x-trial", "2026-12")]).await,
+        3
+    );
+    // Each tier tells its clients their own quota.
+    let a = client
+        .get(&url, &[("x-api-key", "paid-2"), ("x-plan", "paid")])
+        .await;
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some("\"search-paid\";q=5;w=60")
+    );
+    let a = client.get(&url, &[("x-api-key", "partner-key")]).await;
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some("\"search-free\";q=4;w=60")
+    );
+    // A plan header sent twice matches no tier's value.
+    let request = http::Request::get(&url)
+        .header("x-api-key", "dup-1")
+        .header("x-plan", "paid")
+        .header("x-plan", "paid")
+        .body(support::empty())
+        .expect("request");
+    let a = client.send(request).await;
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some("\"search-free\";q=2;w=60")
+    );
+}
+
+fn hex_sha256(value: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, value)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn clients_are_counted_by_a_verified_jwt_claim() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let dir = temp_dir("jwt-claims");
+    let secret = b"a-shared-secret-of-at-least-32-bytes!";
+    std::fs::write(dir.join("secret"), secret).expect("write secret");
+    let (rsa_der, rsa_pub) = rsa_key(&dir);
+    let rng = SystemRandom::new();
+    let ec_pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+        .expect("ec key");
+    let ec = EcdsaKeyPair::from_pkcs8(
+        &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        ec_pkcs8.as_ref(),
+        &rng,
+    )
+    .expect("ec pair");
+    let point = ec.public_key().as_ref();
+    let jwks = format!(
+        r#"{{"keys":[{{"kty":"EC","crv":"P-256","kid":"k1","alg":"ES256","use":"sig","x":"{}","y":"{}"}}]}}"#,
+        b64(&point[1..33]),
+        b64(&point[33..65])
+    );
+    std::fs::write(dir.join("jwks.json"), jwks).expect("write jwks");
+    let jwt = |alg: &str, key: &str| {
+        format!(
+            r#"client = {{ from = "jwt", claim = "sub", algorithm = "{alg}", {key}, issuer = "https://idp.example", audience = "orders", missing = "reject" }}"#
+        )
+    };
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("jwt"))
+        .route(
+            Route::new("hs")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/hs""#)
+                .line(&jwt(
+                    "HS256",
+                    &format!("secret_file = \"{}\"", dir.join("secret").display()),
+                ))
+                .limit("sliding_log", 2, "60s"),
+        )
+        .route(
+            Route::new("rs")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/rs""#)
+                .line(&jwt(
+                    "RS256",
+                    &format!("key_file = \"{}\"", rsa_pub.display()),
+                ))
+                .limit("sliding_log", 2, "60s"),
+        )
+        .route(
+            Route::new("es")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/es""#)
+                .line(&jwt(
+                    "ES256",
+                    &format!("jwks_file = \"{}\"", dir.join("jwks.json").display()),
+                ))
+                .limit("sliding_log", 2, "60s"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+
+    let rsa = RsaKeyPair::from_der(&rsa_der).expect("rsa pair");
+    let rs256 = |claims: &str| {
+        token(r#"{"alg":"RS256","typ":"JWT"}"#, claims, |input| {
+            let mut sig = vec![0; rsa.public().modulus_len()];
+            rsa.sign(&signature::RSA_PKCS1_SHA256, &rng, input, &mut sig)
+                .expect("rsa sign");
+            sig
+        })
+    };
+    let es256 = |claims: &str| {
+        token(r#"{"alg":"ES256","kid":"k1"}"#, claims, |input| {
+            ec.sign(&rng, input).expect("ec sign").as_ref().to_vec()
+        })
+    };
+    let hs = |claims: &str| token(r#"{"alg":"HS256"}"#, claims, hs256(secret));
+
+    // Valid tokens: each subject has its own two requests, whatever else
+    // the token or the connection carries.
+    for (path, make) in [
+        ("/hs", &hs as &dyn Fn(&str) -> String),
+        ("/rs", &rs256),
+        ("/es", &es256),
+    ] {
+        let url = gate.url(path);
+        for sub in ["alice", "bob"] {
+            let statuses: Vec<u16> = {
+                let mut out = Vec::new();
+                for _ in 0..3 {
+                    out.push(
+                        bearer(&client, &url, &make(&claims(sub, false)))
+                            .await
+                            .status
+                            .as_u16(),
+                    );
+                }
+                out
+            };
+            assert_eq!(statuses, [200, 200, 429], "{path} {sub}");
+        }
+        // Expired: refused before it is counted.
+        let a = bearer(&client, &url, &make(&claims("carol", true))).await;
+        assert_eq!(a.problem().0, 401, "{path}");
+        assert!(a.problem().1.contains("expired"), "{}", a.text());
+    }
+
+    // Wrong algorithm: an HS256 token "signed" with the RSA public key as
+    // its secret (the classic confusion), and an unsigned one.
+    let public_pem = std::fs::read(&rsa_pub).expect("read public key");
+    let confused = token(
+        r#"{"alg":"HS256"}"#,
+        &claims("mallory", false),
+        hs256(&public_pem),
+    );
+    let a = bearer(&client, &gate.url("/rs"), &confused).await;
+    assert_eq!(a.problem().0, 401);
+    assert!(a.problem().1.contains("algorithm"), "{}", a.text());
+    let unsigned = format!(
+        "{}.{}.",
+        b64(br#"{"alg":"none"}"#),
+        b64(claims("mallory", false).as_bytes())
+    );
+    assert_eq!(
+        bearer(&client, &gate.url("/hs"), &unsigned).await.status,
+        401
+    );
+
+    // Forged: alice's claims re-signed with another secret, and a valid
+    // token whose subject was edited after signing.
+    let forged = token(
+        r#"{"alg":"HS256"}"#,
+        &claims("alice", false),
+        hs256(b"not-the-secret-not-the-secret-not-it"),
+    );
+    let a = bearer(&client, &gate.url("/hs"), &forged).await;
+    assert_eq!(a.problem().0, 401);
+    assert!(a.problem().1.contains("signature"), "{}", a.text());
+    let genuine = es256(&claims("dave", false));
+    let mut parts: Vec<&str> = genuine.split('.').collect();
+    let edited = b64(claims("eve", false).as_bytes());
+    parts[1] = &edited;
+    assert_eq!(
+        bearer(&client, &gate.url("/es"), &parts.join("."))
+            .await
+            .status,
+        401
+    );
+    // No token at all.
+    assert_eq!(client.get(&gate.url("/rs"), &[]).await.status, 401);
+    assert_eq!(
+        upstream.hits(),
+        12,
+        "only verified tokens reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn a_path_parameter_keys_the_limit() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("path-param"))
+        .route(
+            Route::new("orders")
+                .upstream(&upstream.url())
+                .matching(r#"path = "/users/{id}/orders", methods = ["GET"]"#)
+                .client(r#"from = "path", name = "id""#)
+                .limit("fixed_window", 2, "60s"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let status = |path: &'static str| {
+        let client = client.clone();
+        let url = gate.url(path);
+        async move { client.get(&url, &[]).await.status.as_u16() }
+    };
+    assert_eq!(status("/users/42/orders").await, 200);
+    // The same user by another spelling of the same path.
+    assert_eq!(status("/users/42/orders/").await, 200);
+    assert_eq!(status("/users//42/./orders").await, 429);
+    // Another user has a bucket of its own.
+    assert_eq!(status("/users/7/orders").await, 200);
+    // Paths the template does not match are not on the route.
+    assert_eq!(status("/users/42/orders/1").await, 404);
+    assert_eq!(status("/users/42").await, 404);
+    assert_eq!(upstream.hits(), 3);
+}
+
+#[tokio::test]
+async fn a_global_limit_is_shared_by_every_client_and_instance() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("global"))
+        .route(
+            Route::new("export")
+                .upstream(&upstream.url())
+                .client(r#"from = "global""#)
+                .limit("sliding_log", 6, "60s"),
+        )
+        .toml();
+    let one = Floodgate::start(&toml).await;
+    let two = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let mut admitted = 0;
+    for i in 0..12 {
+        let gate = if i % 2 == 0 { &one } else { &two };
+        let key = format!("client-{i}");
+        let a = client
+            .get(&gate.url("/export"), &[("x-api-key", &key)])
+            .await;
+        if a.status == 200 {
+            admitted += 1;
+        } else {
+            assert_eq!(a.status, 429);
+        }
+    }
+    assert_eq!(admitted, 6);
+    assert_eq!(upstream.hits(), 6);
+}
+
+#[tokio::test]
+async fn api_keys_exempt_their_holders_and_nobody_else() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("exempt-keys"))
+        .server(&format!(
+            r#"exempt_keys = {{ "X-Monitor-Key" = ["sha256:{}"] }}"#,
+            hex_sha256(b"monitor-secret")
+        ))
+        .route(
+            Route::new("api")
+                .upstream(&upstream.url())
+                .client(r#"from = "header", name = "X-Api-Key""#)
+                .line(r#"exempt_keys = { "X-Api-Key" = ["internal-batch-key"] }"#)
+                .limit("sliding_log", 1, "60s"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let url = gate.url("/api");
+    for headers in [
+        vec![("x-api-key", "internal-batch-key")],
+        vec![("x-monitor-key", "monitor-secret")],
+    ] {
+        for _ in 0..5 {
+            let a = client.get(&url, &headers).await;
+            assert_eq!(a.status, 200, "{headers:?}");
+            assert!(
+                a.header("ratelimit").is_none(),
+                "exempt requests are not counted"
+            );
+        }
+    }
+    // A wrong key, or the right one twice, exempts nobody.
+    assert_eq!(
+        client.get(&url, &[("x-api-key", "guess")]).await.status,
+        200
+    );
+    assert_eq!(
+        client.get(&url, &[("x-api-key", "guess")]).await.status,
+        429
+    );
+    let a = client
+        .get(&url, &[("x-api-key", "guess"), ("x-monitor-key", "wrong")])
+        .await;
+    assert_eq!(a.status, 429);
+    let request = http::Request::get(&url)
+        .header("x-monitor-key", "monitor-secret")
+        .header("x-monitor-key", "monitor-secret")
+        .header("x-api-key", "guess")
+        .body(support::empty())
+        .expect("request");
+    assert_eq!(client.send(request).await.status, 429);
+}
+
+#[tokio::test]
+async fn the_deny_answer_and_every_header_mode() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let mut config = Config::new().redis(&redis.url, &unique_prefix("deny-answer"));
+    for mode in ["ietf", "x-ratelimit", "both", "none"] {
+        config = config.route(
+            Route::new(mode)
+                .upstream(&upstream.url())
+                .matching(&format!(r#"path_prefix = "/{mode}""#))
+                .line(&format!(r#"rate_limit_headers = "{mode}""#))
+                .line(
+                    r#"deny = { status = 503, body = "{\"error\":\"slow down\"}", content_type = "application/json", headers = { "X-Reason" = "quota", "Cache-Control" = "no-store" } }"#,
+                )
+                .limit("sliding_log", 2, "60s"),
+        );
+    }
+    let gate = Floodgate::start(&config.toml()).await;
+    let client = TestClient::http1();
+    for mode in ["ietf", "x-ratelimit", "both", "none"] {
+        let url = gate.url(&format!("/{mode}"));
+        let first = client.get(&url, &[]).await;
+        assert_eq!(first.status, 200);
+        let second = client.get(&url, &[]).await;
+        let denied = client.get(&url, &[]).await;
+        assert_eq!(denied.status, 503, "{mode}");
+        assert_eq!(denied.text(), r#"{"error":"slow down"}"#);
+        assert_eq!(denied.header("content-type"), Some("application/json"));
+        assert_eq!(denied.header("x-reason"), Some("quota"));
+        assert_eq!(denied.header("cache-control"), Some("no-store"));
+        let retry: u64 = denied
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{mode}: Retry-After is always sent"));
+        assert!((59..=60).contains(&retry), "{mode}: {retry}");
+        let ietf = matches!(mode, "ietf" | "both");
+        let x = matches!(mode, "x-ratelimit" | "both");
+        for a in [&first, &second, &denied] {
+            assert_eq!(a.header("ratelimit-policy").is_some(), ietf, "{mode}");
+            assert_eq!(a.header("ratelimit").is_some(), ietf, "{mode}");
+            assert_eq!(a.header("x-ratelimit-limit").is_some(), x, "{mode}");
+        }
+        if ietf {
+            assert_eq!(
+                first.header("ratelimit"),
+                Some(format!("\"{mode}\";r=1;t=0").as_str())
+            );
+            assert_eq!(
+                denied.header("ratelimit"),
+                Some(format!("\"{mode}\";r=0;t={retry}").as_str())
+            );
+        }
+        if x {
+            assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
+            assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+            assert_eq!(first.header("x-ratelimit-reset"), Some("0"));
+            assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+            assert_eq!(
+                denied.header("x-ratelimit-reset"),
+                Some(retry.to_string().as_str())
+            );
+        }
+    }
+}
+
+/// `(r, t)` of a `RateLimit` value `"name";r=R;t=T`.
+fn fields(a: &Answer) -> (u64, u64) {
+    let value = a.header("ratelimit").unwrap_or_default();
+    let number = |key: &str| {
+        value
+            .split(';')
+            .find_map(|p| p.strip_prefix(key))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {value:?}"))
+    };
+    (number("r="), number("t="))
+}
+
+#[tokio::test]
+async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let algorithms = [
+        "fixed_window",
+        "sliding_log",
+        "sliding_window",
+        "token_bucket",
+        "gcra",
+    ];
+    let mut config = Config::new().redis(&redis.url, &unique_prefix("draft-10"));
+    for algorithm in algorithms {
+        config = config
+            .route(
+                Route::new(algorithm)
+                    .upstream(&upstream.url())
+                    .matching(&format!(r#"path_prefix = "/{algorithm}""#))
+                    .limit(algorithm, 2, "3s"),
+            )
+            .route(
+                Route::new(&format!("{algorithm}-minute"))
+                    .upstream(&upstream.url())
+                    .matching(&format!(r#"path_prefix = "/minute/{algorithm}""#))
+                    .limit(algorithm, 10, "60s"),
+            );
+    }
+    config = config.route(
+        Route::new("burst")
+            .upstream(&upstream.url())
+            .matching(r#"path_prefix = "/burst""#)
+            .limits(r#"{ algorithm = "token_bucket", limit = 2, window = "60s", burst = 5 }"#),
+    );
+    let gate = Floodgate::start(&config.toml()).await;
+    let client = TestClient::http1();
+
+    // Remaining > 0: t is 0. After 5 of 10 per minute, the issue's case.
+    for algorithm in algorithms {
+        let url = gate.url(&format!("/minute/{algorithm}"));
+        for i in 0..5 {
+            let a = client.get(&url, &[]).await;
+            assert_eq!(a.status, 200);
+            assert_eq!(fields(&a), (9 - i, 0), "{algorithm}");
+        }
+    }
+    // The rate algorithms free one unit every 6 s: at 0 remaining that is
+    // the wait, not the 60 s to a full bucket.
+    for algorithm in ["token_bucket", "gcra"] {
+        let url = gate.url(&format!("/minute/{algorithm}"));
+        for _ in 0..4 {
+            client.get(&url, &[]).await;
+        }
+        let last = client.get(&url, &[]).await;
+        assert_eq!(last.status, 200);
+        assert_eq!(fields(&last), (0, 6), "{algorithm}");
+        let denied = client.get(&url, &[]).await;
+        assert_eq!(denied.status, 429);
+        assert_eq!(fields(&denied), (0, 6), "{algorithm}");
+        assert_eq!(denied.header("retry-after"), Some("6"), "{algorithm}");
+    }
+
+    // Every algorithm, 2 per 3 s: r counts down, t is 0 while units remain
+    // and the wait for the next unit at 0; a 429's Retry-After equals its
+    // t; a client that sleeps exactly Retry-After is admitted.
+    for algorithm in algorithms {
+        let url = gate.url(&format!("/{algorithm}"));
+        let first = client.get(&url, &[]).await;
+        assert_eq!(
+            (first.status.as_u16(), fields(&first)),
+            (200, (1, 0)),
+            "{algorithm}"
+        );
+        let second = client.get(&url, &[]).await;
+        let (r, t) = fields(&second);
+        assert_eq!((second.status.as_u16(), r), (200, 0), "{algorithm}");
+        assert!((1..=6).contains(&t), "{algorithm}: t={t}");
+        let denied = client.get(&url, &[]).await;
+        assert_eq!(denied.status, 429, "{algorithm}");
+        let retry: u64 = denied
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        let (r, t) = fields(&denied);
+        assert_eq!(r, 0, "{algorithm}");
+        assert_eq!(retry, t, "{algorithm}: Retry-After equals t");
+        assert!(retry >= 1, "{algorithm}");
+        tokio::time::sleep(Duration::from_secs(retry)).await;
+        let again = client.get(&url, &[]).await;
+        assert_eq!(again.status, 200, "{algorithm}: admitted after Retry-After");
+    }
+
+    // With a burst above the limit, q advertises the burst and r never
+    // exceeds it.
+    let a = client.get(&gate.url("/burst"), &[]).await;
+    assert_eq!(a.header("ratelimit-policy"), Some("\"burst\";q=5;w=60"));
+    assert_eq!(fields(&a), (4, 0));
+}
+
+#[tokio::test]
+async fn shadow_routes_claim_no_denial() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("shadow-fields"))
+        .route(
+            Route::new("search")
+                .upstream(&upstream.url())
+                .line("shadow = true")
+                .line(r#"rate_limit_headers = "both""#)
+                .limit("sliding_log", 1, "60s"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let first = client.get(&gate.url("/search"), &[]).await;
+    assert_eq!(first.header("ratelimit"), Some("\"search\";r=0;t=60"));
+    for _ in 0..3 {
+        let a = client.get(&gate.url("/search"), &[]).await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.header("ratelimit-policy"), Some("\"search\";q=1;w=60"));
+        assert!(a.header("ratelimit").is_none(), "{:?}", a.headers);
+        assert!(a.header("x-ratelimit-remaining").is_none());
+        assert!(a.header("retry-after").is_none());
+    }
+    assert_eq!(upstream.hits(), 4);
+}
