@@ -25,6 +25,7 @@ use crate::routes::{Action, EscapedSlashes, Match, Respond, Route, Table};
 mod access_log;
 mod answers;
 mod clients;
+mod document;
 mod matching;
 mod overrides;
 mod upstreams;
@@ -507,15 +508,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         text,
         problems: Vec::new(),
         upstream_urls: HashMap::new(),
+        removed: document::Removed::default(),
     };
-    let model: FileModel = match toml::from_str(text) {
-        Ok(model) => model,
-        Err(e) => {
-            let span = e.span().unwrap_or(0..0);
-            v.problem(span, e.message().trim_end().to_owned());
-            return Err(LoadError::Invalid(v.problems));
-        }
+    let Some((model, removed)) = v.model() else {
+        return Err(LoadError::Invalid(v.sorted_problems()));
     };
+    v.removed = removed;
     let server = v.server(&model.server);
     let store = v.store(model.store.as_ref());
     let defaults = Defaults::of(server.as_ref());
@@ -535,7 +533,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
             access_log,
             client_ids,
         }),
-        _ => Err(LoadError::Invalid(v.problems)),
+        _ => Err(LoadError::Invalid(v.sorted_problems())),
     }
 }
 
@@ -545,10 +543,17 @@ struct Validator<'a> {
     problems: Vec<Problem>,
     /// The upstreams routes gave as URLs, one group per URL.
     upstream_urls: HashMap<String, Arc<crate::proxy::balance::Group>>,
+    /// Entries taken out of the file because serde refused them (already
+    /// reported).
+    removed: document::Removed,
 }
 
 impl Validator<'_> {
     fn problem(&mut self, span: Range<usize>, message: impl Into<String>) {
+        // A table that lacks what was taken out of it is not a second fault.
+        if self.removed.explains(&span) {
+            return;
+        }
         let (line, column) = line_column(self.text, span.start);
         self.problems.push(Problem {
             path: self.path.to_owned(),
@@ -556,6 +561,13 @@ impl Validator<'_> {
             column,
             message: message.into(),
         });
+    }
+
+    /// The problems found, in the order of the file.
+    fn sorted_problems(&mut self) -> Vec<Problem> {
+        let mut problems = std::mem::take(&mut self.problems);
+        problems.sort_by_key(|p| (p.line, p.column));
+        problems
     }
 
     /// A whole number in `range`, or `default` when `value` is absent.

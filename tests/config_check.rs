@@ -101,3 +101,37 @@ fn a_missing_file_is_reported_by_name() {
         "{stderr}"
     );
 }
+
+/// One run names every mistake of a file, of every kind (unknown keys,
+/// values of the wrong type, invalid values), and nothing that only
+/// follows from one of them.
+#[test]
+fn one_check_run_lists_every_mistake_once() {
+    let file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("config/invalid/every_kind_of_mistake.toml");
+    let out = floodgate()
+        .arg("--check")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let text = std::fs::read_to_string(&file).expect("read fixture");
+    let expected = text.lines().filter(|l| l.starts_with("# expect: ")).count();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), expected, "{stderr}");
+    assert!(expected >= 5);
+    // In the order of the file.
+    let positions: Vec<(usize, usize)> = lines
+        .iter()
+        .filter_map(|l| {
+            let mut fields = l.split(':').skip(1);
+            Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+        })
+        .collect();
+    let mut sorted = positions.clone();
+    sorted.sort_unstable();
+    assert_eq!(positions, sorted);
+    assert_eq!(positions.len(), expected);
+}
