@@ -26,7 +26,7 @@ const MAX_REMOVALS: usize = 200;
 /// tables and arrays that held it, innermost first (a `[table]`'s span is
 /// its header; the document's is last), and its key.
 #[derive(Debug, Default)]
-pub(super) struct Removed(Vec<(Range<usize>, Vec<Range<usize>>, Option<String>)>);
+pub(super) struct Removed(Vec<Taken>);
 
 impl Removed {
     /// Whether serde's "missing field `x`" at `span` only says that `x`
