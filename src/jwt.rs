@@ -90,6 +90,9 @@ pub struct ClaimRule {
     pub audience: Option<String>,
     /// Clock skew tolerated on `exp` and `nbf`.
     pub leeway: Duration,
+    /// The file the keys were read from, watched for changes like the
+    /// configuration itself.
+    pub source: Option<std::path::PathBuf>,
 }
 
 impl PartialEq for ClaimRule {
@@ -438,6 +441,7 @@ mod tests {
             issuer: Some("idp".into()),
             audience: Some("api".into()),
             leeway: Duration::from_secs(30),
+            source: None,
         }
     }
 

@@ -59,13 +59,19 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
 }
 
 /// The files whose contents decide `config`: the file itself, the
-/// listener's TLS files and the upstreams' CA and client certificates.
+/// listener's TLS files, the upstreams' CA and client certificates, and
+/// the keys JWT clients are verified with.
 fn files(config: &Config) -> Vec<PathBuf> {
     let mut files = vec![config.path.clone()];
     if let Some((tls, _)) = &config.server.tls {
         files.extend(tls.files().map(Path::to_path_buf));
     }
     for route in config.routes.iter() {
+        for part in &route.client.parts {
+            if let crate::client::Part::Claim(rule) = part {
+                files.extend(rule.source.clone());
+            }
+        }
         if let crate::routes::Action::Upstream(upstream) = &route.action {
             for endpoint in upstream.group.sources() {
                 if let Some(tls) = &endpoint.tls {

@@ -679,3 +679,42 @@ async fn shadow_routes_claim_no_denial() {
     }
     assert_eq!(upstream.hits(), 4);
 }
+
+#[tokio::test]
+async fn a_rotated_jwt_key_applies_without_a_restart() {
+    let upstream = Upstream::start().await;
+    let dir = temp_dir("jwt-rotation");
+    let old = b"the-first-secret-of-at-least-32-bytes";
+    let new = b"the-second-secret-of-at-least-32-byte";
+    let secret = dir.join("secret");
+    std::fs::write(&secret, old).expect("write secret");
+    let path = dir.join("config.toml");
+    let toml = Config::new()
+        .route(
+            Route::new("api")
+                .upstream(&upstream.url())
+                .line(&format!(
+                    r#"client = {{ from = "jwt", claim = "sub", algorithm = "HS256", secret_file = "{}", missing = "reject" }}"#,
+                    secret.display()
+                ))
+                .limit("sliding_log", 100, "60s"),
+        )
+        .toml();
+    std::fs::write(&path, toml).expect("write config");
+    let gate = Floodgate::start_file(&path).await;
+    let client = TestClient::http1();
+    let url = gate.url("/api");
+    let signed_by = |key: &[u8]| token(r#"{"alg":"HS256"}"#, &claims("alice", false), hs256(key));
+    assert_eq!(bearer(&client, &url, &signed_by(old)).await.status, 200);
+    assert_eq!(bearer(&client, &url, &signed_by(new)).await.status, 401);
+    std::fs::write(&secret, new).expect("rotate secret");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while bearer(&client, &url, &signed_by(new)).await.status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new key never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(bearer(&client, &url, &signed_by(old)).await.status, 401);
+}

@@ -333,6 +333,11 @@ impl Validator<'_> {
                 }
             }
         };
+        let source = [&m.secret_file, &m.key_file, &m.jwks_file]
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|f| self.resolve(f));
         let keys = if let Some(file) = &m.secret_file {
             if algorithm != jwt::Algorithm::Hs256 {
                 self.problem(
@@ -393,6 +398,7 @@ impl Validator<'_> {
             issuer: m.issuer.as_ref().map(|i| i.get_ref().clone()),
             audience: m.audience.as_ref().map(|a| a.get_ref().clone()),
             leeway: leeway?,
+            source,
         }))
     }
 }
