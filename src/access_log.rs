@@ -50,6 +50,13 @@ pub enum Format {
     Text,
 }
 
+/// Every `format` of `[access_log]` by name: `off` is no log at all.
+pub const FORMATS: [(&str, Option<Format>); 3] = [
+    ("json", Some(Format::Json)),
+    ("text", Some(Format::Text)),
+    ("off", None),
+];
+
 /// How a client's id appears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShowId {
@@ -59,6 +66,15 @@ pub enum ShowId {
     Hash,
     /// Not at all.
     Hidden,
+}
+
+impl ShowId {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, ShowId); 3] = [
+        ("hash", ShowId::Hash),
+        ("raw", ShowId::Raw),
+        ("none", ShowId::Hidden),
+    ];
 }
 
 /// `[access_log]`, when it is on.

@@ -53,6 +53,15 @@ pub enum Repeated {
     Last,
 }
 
+impl Repeated {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, Repeated); 3] = [
+        ("reject", Repeated::Reject),
+        ("first", Repeated::First),
+        ("last", Repeated::Last),
+    ];
+}
+
 /// What a rule does with a header value longer than its `max_len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TooLong {
@@ -60,6 +69,12 @@ pub enum TooLong {
     Reject,
     /// Count it by its SHA-256, which is as long as any other id.
     Hash,
+}
+
+impl TooLong {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, TooLong); 2] =
+        [("reject", TooLong::Reject), ("hash", TooLong::Hash)];
 }
 
 /// The default longest client id, in bytes.
@@ -102,6 +117,14 @@ pub enum MissingHeader {
     Fallback,
     /// Answer 400.
     Reject,
+}
+
+impl MissingHeader {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, MissingHeader); 2] = [
+        ("fallback", MissingHeader::Fallback),
+        ("reject", MissingHeader::Reject),
+    ];
 }
 
 /// The identity a request is counted under.

@@ -202,7 +202,7 @@ impl Shared {
     }
 
     /// The shared store: its kind, whether it answers, its `on_error`.
-    pub fn store(&self) -> (&'static str, bool, crate::config::OnError) {
+    pub fn store(&self) -> (&'static str, bool, crate::limit::settings::OnError) {
         (
             self.limiter.kind(),
             self.limiter.ready(),

@@ -335,6 +335,16 @@ pub enum Protocol {
     Auto,
 }
 
+impl Protocol {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, Protocol); 4] = [
+        ("http1", Protocol::Http1),
+        ("h2c", Protocol::H2c),
+        ("h2", Protocol::H2),
+        ("auto", Protocol::Auto),
+    ];
+}
+
 /// A fixed answer.
 #[derive(Debug, Clone)]
 pub struct Respond {

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::access_log::{Format, Settings, ShowId};
+use crate::access_log::{Settings, ShowId};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,21 +23,9 @@ impl Validator<'_> {
         let format = self.choice(
             m.format.as_ref(),
             "access_log format",
-            &[
-                ("json", Some(Format::Json)),
-                ("text", Some(Format::Text)),
-                ("off", None),
-            ],
+            &crate::access_log::FORMATS,
         );
-        let client_id = self.choice(
-            m.client_id.as_ref(),
-            "access_log client_id",
-            &[
-                ("hash", ShowId::Hash),
-                ("raw", ShowId::Raw),
-                ("none", ShowId::Hidden),
-            ],
-        );
+        let client_id = self.choice(m.client_id.as_ref(), "access_log client_id", &ShowId::NAMES);
         let sample_allowed = match &m.sample_allowed {
             None => Some(1.0),
             Some(s) if (0.0..=1.0).contains(s.get_ref()) => Some(*s.get_ref()),

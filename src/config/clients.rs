@@ -63,14 +63,7 @@ impl Validator<'_> {
             .as_ref()
             .map_or("remote_addr", |f| f.get_ref().as_str());
         let from_span = m.from.as_ref().map_or_else(|| model.span(), Spanned::span);
-        let missing = self.choice(
-            m.missing.as_ref(),
-            "missing",
-            &[
-                ("fallback", MissingHeader::Fallback),
-                ("reject", MissingHeader::Reject),
-            ],
-        );
+        let missing = self.choice(m.missing.as_ref(), "missing", &MissingHeader::NAMES);
         let ipv6_prefix = match &m.ipv6_prefix {
             None => Some(128),
             Some(p) => match u8::try_from(*p.get_ref()) {
@@ -187,15 +180,7 @@ impl Validator<'_> {
                 None
             }
         };
-        let repeated = self.choice(
-            m.repeated.as_ref(),
-            "repeated",
-            &[
-                ("reject", Repeated::Reject),
-                ("first", Repeated::First),
-                ("last", Repeated::Last),
-            ],
-        );
+        let repeated = self.choice(m.repeated.as_ref(), "repeated", &Repeated::NAMES);
         let parts = parts?;
         if !parts
             .iter()

@@ -158,14 +158,7 @@ impl Validator<'_> {
                 return None;
             }
         };
-        let balance = self.choice(
-            m.balance.as_ref(),
-            "balance",
-            &[
-                ("least_in_flight", Balance::LeastInFlight),
-                ("round_robin", Balance::RoundRobin),
-            ],
-        );
+        let balance = self.choice(m.balance.as_ref(), "balance", &Balance::NAMES);
         let eject_after = self.bounded(
             m.eject_after.as_ref(),
             3,
@@ -279,16 +272,7 @@ impl Validator<'_> {
             None if https => Protocol::Auto,
             None => Protocol::Http1,
             Some(p) => {
-                let chosen = self.choice(
-                    Some(p),
-                    "protocol",
-                    &[
-                        ("http1", Protocol::Http1),
-                        ("h2c", Protocol::H2c),
-                        ("h2", Protocol::H2),
-                        ("auto", Protocol::Auto),
-                    ],
-                )?;
+                let chosen = self.choice(Some(p), "protocol", &Protocol::NAMES)?;
                 match (chosen, https) {
                     (Protocol::H2c, true) => {
                         self.problem(

@@ -47,7 +47,7 @@ impl DenyCache {
     /// An empty cache of the default capacity.
     pub fn new() -> Self {
         Self::with_capacity(
-            crate::config::DEFAULT_MAX_CLIENT_ENTRIES,
+            super::settings::DEFAULT_MAX_CLIENT_ENTRIES,
             TableMetrics::default(),
         )
     }

@@ -8,8 +8,8 @@ use super::breaker::{Breaker, Change, Pass, Probe};
 use super::deny_cache::DenyCache;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
+use super::settings::{OnError, Store as StoreConfig};
 use super::{Charge, Decision, Limit, Store, StoreError, now_ms};
-use crate::config::{OnError, Store as StoreConfig};
 use crate::metrics::{StoreErrorKind, StoreKind, StoreMetrics};
 
 /// `Retry-After` for a 503 while the store is down.

@@ -51,7 +51,7 @@ impl MemoryStore {
     /// An empty store of the default capacity.
     pub fn new() -> Self {
         Self::with_capacity(
-            crate::config::DEFAULT_MAX_CLIENT_ENTRIES,
+            super::settings::DEFAULT_MAX_CLIENT_ENTRIES,
             TableMetrics::default(),
         )
     }

@@ -11,6 +11,7 @@ pub mod deny_cache;
 mod limiter;
 pub mod memory;
 pub mod redis;
+pub mod settings;
 mod shards;
 
 pub use limiter::{Answer, Limiter};
@@ -45,15 +46,18 @@ impl Algorithm {
         Algorithm::Gcra,
     ];
 
+    /// Every algorithm with its name in configuration files.
+    pub const NAMES: [(&'static str, Algorithm); 5] = [
+        ("fixed_window", Algorithm::FixedWindow),
+        ("sliding_log", Algorithm::SlidingLog),
+        ("sliding_window", Algorithm::SlidingWindow),
+        ("token_bucket", Algorithm::TokenBucket),
+        ("gcra", Algorithm::Gcra),
+    ];
+
     /// The name used in configuration files.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingLog => "sliding_log",
-            Self::SlidingWindow => "sliding_window",
-            Self::TokenBucket => "token_bucket",
-            Self::Gcra => "gcra",
-        }
+        Self::NAMES[self as usize].0
     }
 }
 
@@ -252,6 +256,15 @@ mod tests {
         let d = Decision::combine([allowed(0, 1000), denied(300), denied(700), allowed(5, 5)]);
         assert!(!d.allowed);
         assert_eq!((d.limit, d.retry_after_ms), (2, 700));
+    }
+
+    #[test]
+    fn algorithm_names_follow_the_declaration_order() {
+        for (i, (name, algorithm)) in Algorithm::NAMES.into_iter().enumerate() {
+            assert_eq!(algorithm as usize, i);
+            assert_eq!(algorithm.name(), name);
+            assert_eq!(Algorithm::ALL[i], algorithm);
+        }
     }
 
     #[test]

@@ -47,9 +47,9 @@ use redis::{
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
+use super::settings::{Endpoint, Tls};
 use super::{Charge, Decision, Limit, Store, StoreError, Verdict};
 use crate::client::ClientId;
-use crate::config::{Endpoint, Tls};
 
 /// The decision code shared by the script and the function library:
 /// prelude, one file per algorithm, then `decide`.

@@ -41,6 +41,14 @@ pub enum Balance {
     RoundRobin,
 }
 
+impl Balance {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, Balance); 2] = [
+        ("least_in_flight", Balance::LeastInFlight),
+        ("round_robin", Balance::RoundRobin),
+    ];
+}
+
 /// What kind of failure an endpoint had, as its metrics count them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {

@@ -20,6 +20,15 @@ pub enum EscapedSlashes {
     Keep,
 }
 
+impl EscapedSlashes {
+    /// Every choice with its name in configuration files.
+    pub const NAMES: [(&'static str, EscapedSlashes); 3] = [
+        ("reject", EscapedSlashes::Reject),
+        ("decode", EscapedSlashes::Decode),
+        ("keep", EscapedSlashes::Keep),
+    ];
+}
+
 /// Why a request path was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {

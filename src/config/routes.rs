@@ -1,0 +1,506 @@
+//! `[[routes]]`: which requests a route takes, what it does with them, and
+//! its limits.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use http::HeaderValue;
+use ipnet::IpNet;
+
+use super::upstreams::Defaults;
+use super::{MAX_LIMIT, MAX_UNIT_MS, Server, Validator, answers, clients, overrides};
+use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
+use crate::limit::{Algorithm, Limit};
+use crate::routes::{Action, Match, Respond, Route};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RouteModel {
+    name: Spanned<String>,
+    #[serde(rename = "match", default)]
+    matcher: Option<Spanned<MatchModel>>,
+    upstream: Option<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    respond: Option<Spanned<RespondModel>>,
+    client: Option<Spanned<clients::ClientModel>>,
+    cost: Option<Spanned<i64>>,
+    #[serde(default)]
+    shadow: bool,
+    #[serde(default)]
+    exempt: Vec<Spanned<String>>,
+    limits: Option<Spanned<Vec<Spanned<LimitModel>>>>,
+    max_request_body: Option<Spanned<String>>,
+    deny: Option<Spanned<answers::DenyModel>>,
+    rate_limit_headers: Option<Spanned<String>>,
+    #[serde(default)]
+    overrides: Vec<Spanned<overrides::OverrideModel>>,
+    #[serde(default)]
+    exempt_keys: overrides::ExemptKeysModel,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MatchModel {
+    path_prefix: Option<Spanned<String>>,
+    path: Option<Spanned<String>>,
+    methods: Option<Spanned<Vec<Spanned<String>>>>,
+    host: Option<Spanned<String>>,
+    #[serde(default)]
+    ignore_case: bool,
+    #[serde(default)]
+    headers: BTreeMap<Spanned<String>, Spanned<toml::Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RespondModel {
+    status: Spanned<i64>,
+    #[serde(default)]
+    body: String,
+    content_type: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitModel {
+    algorithm: Spanned<String>,
+    limit: Spanned<i64>,
+    window: Spanned<String>,
+    burst: Option<Spanned<i64>>,
+}
+
+impl Validator<'_> {
+    pub(super) fn routes(
+        &mut self,
+        models: &[Spanned<RouteModel>],
+        server: Option<&Server>,
+        upstreams: &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
+    ) -> Vec<Route> {
+        let mut names = HashSet::new();
+        let mut routes: Vec<Route> = Vec::new();
+        let defaults = Defaults::of(server);
+        let server_exempt = server.map_or((&[][..], &[][..]), |s| (&s.exempt, &s.exempt_keys));
+        let long_ids = server.map_or((DEFAULT_MAX_CLIENT_ID, TooLong::Reject), |s| {
+            (s.max_client_id, s.on_long_client_id)
+        });
+        for model in models {
+            let span = model.span();
+            let route = self.route(
+                model.get_ref(),
+                span.clone(),
+                (upstreams, defaults),
+                server_exempt,
+                long_ids,
+            );
+            let Some(route) = route else {
+                continue;
+            };
+            if !names.insert(route.name.clone()) {
+                self.problem(
+                    model.get_ref().name.span(),
+                    format!(
+                        "route name {:?} is used twice; names must be unique",
+                        route.name
+                    ),
+                );
+                continue;
+            }
+            if let Some(earlier) = routes.iter().find(|r| r.matcher.covers(&route.matcher)) {
+                let message = format!(
+                    "route {:?} can never match: route {:?} above it matches every request it would; move it above {:?} or narrow {:?}",
+                    route.name, earlier.name, earlier.name, earlier.name
+                );
+                self.problem(span.clone(), message);
+                continue;
+            }
+            routes.push(route);
+        }
+        routes
+    }
+
+    pub(super) fn route(
+        &mut self,
+        m: &RouteModel,
+        span: Range<usize>,
+        (upstreams, defaults): (
+            &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
+            Defaults,
+        ),
+        server_exempt: (&[IpNet], &[crate::routes::KeyExemption]),
+        long_ids: (usize, TooLong),
+    ) -> Option<Route> {
+        let name = m.name.get_ref();
+        let name_ok = valid_name(name);
+        if !name_ok {
+            self.problem(
+                m.name.span(),
+                format!(
+                    "route name {name:?} may use only letters, digits, '_', '-' and '.' (1 to 64 of them)"
+                ),
+            );
+        }
+        let matcher = self.matcher(m.matcher.as_ref());
+        let timeout = self.optional_duration(
+            m.upstream_timeout.as_ref(),
+            "upstream_timeout",
+            defaults.timeout,
+        );
+        let action = match (&m.upstream, &m.respond) {
+            (Some(u), None) => self
+                .route_upstream(u, upstreams, defaults, timeout?)
+                .map(Action::Upstream),
+            (None, Some(r)) => {
+                if let Some(t) = &m.upstream_timeout {
+                    self.problem(t.span(), "upstream_timeout has no meaning with respond");
+                }
+                self.respond(r).map(Action::Respond)
+            }
+            (Some(u), Some(_)) => {
+                self.problem(
+                    u.span(),
+                    format!("route {name:?} has both upstream and respond; keep one"),
+                );
+                None
+            }
+            (None, None) => {
+                self.problem(
+                    span.clone(),
+                    format!(
+                        "route {name:?} needs upstream = \"http://host:port\" or respond = {{ status = 200 }}"
+                    ),
+                );
+                None
+            }
+        };
+        let client = self.client(
+            m.client.as_ref(),
+            &clients::Context {
+                template: matcher
+                    .as_ref()
+                    .and_then(|m| m.template.as_ref().map(|(t, _)| t)),
+                ignore_case: matcher.as_ref().is_some_and(|m| m.ignore_case),
+                long_ids,
+            },
+        );
+        let cost = match &m.cost {
+            None => Some(1),
+            Some(c) if *c.get_ref() < 1 => {
+                self.problem(c.span(), "cost must be a whole number of at least 1");
+                None
+            }
+            Some(c) => Some(*c.get_ref() as u64),
+        };
+        let limits = self.limits(m.limits.as_ref(), cost.unwrap_or(1));
+        let overrides = self.overrides(name, &m.overrides, client.as_ref(), cost.unwrap_or(1));
+        if let (Some(first), Some(limits)) = (m.overrides.first(), &limits)
+            && limits.is_empty()
+        {
+            self.problem(
+                first.span(),
+                "overrides change a route's limits, and this route has none; give it limits",
+            );
+        }
+        let mut exempt = server_exempt.0.to_vec();
+        exempt.extend(self.networks(&m.exempt, "exempt"));
+        let mut exempt_keys = server_exempt.1.to_vec();
+        exempt_keys.extend(self.exempt_keys(&m.exempt_keys));
+        let rate_limit_headers =
+            self.header_mode(m.rate_limit_headers.as_ref(), defaults.rate_limit_headers);
+        let deny = match &m.deny {
+            None => Some(None),
+            Some(d) => self.deny(d).map(Some),
+        };
+        if !name_ok {
+            return None;
+        }
+        let max_request_body = match &m.max_request_body {
+            None => Some(defaults.max_request_body),
+            Some(size) => self.size(size, "max_request_body").map(Some),
+        };
+        Some(Route {
+            max_request_body: max_request_body?,
+            name: name.as_str().into(),
+            matcher: matcher?,
+            action: action?,
+            client: client?,
+            cost: cost?,
+            shadow: m.shadow,
+            policy: crate::routes::Policy::new(name, limits?),
+            overrides: overrides?,
+            rate_limit_headers: rate_limit_headers?,
+            deny: deny?,
+            exempt,
+            exempt_keys,
+        })
+    }
+
+    pub(super) fn matcher(&mut self, model: Option<&Spanned<MatchModel>>) -> Option<Match> {
+        let default = MatchModel::default();
+        let m = model.map_or(&default, Spanned::get_ref);
+        let mut ok = true;
+        let check_path = |v: &mut Self, p: &Spanned<String>, key: &str| -> Option<String> {
+            let s = p.get_ref();
+            if !s.starts_with('/') {
+                v.problem(p.span(), format!("{key} must start with '/'"));
+                return None;
+            }
+            if s.contains(';') {
+                v.problem(
+                    p.span(),
+                    format!(
+                        "{key} {s:?} has ';': requests are matched without their ;parameters, so write the path without them"
+                    ),
+                );
+                return None;
+            }
+            let normal = crate::routes::normalize_path(s);
+            if normal != *s && !s.contains('{') {
+                v.problem(
+                    p.span(),
+                    format!(
+                        "{key} {s:?} is not in normal form (requests are matched after normalising); write {normal:?}"
+                    ),
+                );
+                return None;
+            }
+            Some(s.clone())
+        };
+        let path_prefix = match &m.path_prefix {
+            Some(p) => {
+                let r = check_path(self, p, "path_prefix");
+                ok &= r.is_some();
+                r
+            }
+            None => None,
+        };
+        let path = match &m.path {
+            Some(p) => {
+                let r = check_path(self, p, "path");
+                ok &= r.is_some();
+                r
+            }
+            None => None,
+        };
+        if let (Some(_), Some(p)) = (&m.path_prefix, &m.path) {
+            self.problem(p.span(), "match has both path and path_prefix; keep one");
+            ok = false;
+        }
+        // A path with {param} segments is a template, matched segment by
+        // segment instead.
+        let mut template = None;
+        for (text, spanned, prefix) in [
+            (&path, &m.path, false),
+            (&path_prefix, &m.path_prefix, true),
+        ] {
+            let (Some(text), Some(spanned)) = (text, spanned) else {
+                continue;
+            };
+            match crate::routes::Template::parse(text) {
+                Ok(None) => {}
+                Ok(Some(t)) => template = Some((t, prefix)),
+                Err(e) => {
+                    self.problem(spanned.span(), e);
+                    ok = false;
+                }
+            }
+        }
+        let (path, path_prefix) = match &template {
+            Some(_) => (None, None),
+            None => (path, path_prefix),
+        };
+        let headers = self.header_conditions(&m.headers);
+        ok &= headers.is_some();
+        let mut methods = Vec::new();
+        if let Some(list) = &m.methods {
+            if list.get_ref().is_empty() {
+                self.problem(
+                    list.span(),
+                    "methods is empty, so the route would match nothing; remove the key to match every method",
+                );
+                ok = false;
+            }
+            for method in list.get_ref() {
+                match http::Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes()) {
+                    Ok(parsed) => methods.push(parsed),
+                    Err(_) => {
+                        self.problem(
+                            method.span(),
+                            format!("{:?} is not an HTTP method", method.get_ref()),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+        }
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods.dedup();
+        let host = match &m.host {
+            Some(h) => match crate::routes::HostMatch::parse(h.get_ref()) {
+                Some(host) => Some(host),
+                None => {
+                    self.problem(
+                        h.span(),
+                        format!("host {:?} is not a host name such as \"api.example.com\" or \"api.example.com:8080\"", h.get_ref()),
+                    );
+                    ok = false;
+                    None
+                }
+            },
+            None => None,
+        };
+        ok.then_some(Match {
+            path_prefix,
+            path,
+            template,
+            headers: headers.unwrap_or_default(),
+            methods,
+            host,
+            ignore_case: m.ignore_case,
+        })
+    }
+
+    pub(super) fn respond(&mut self, r: &Spanned<RespondModel>) -> Option<Respond> {
+        let m = r.get_ref();
+        let status = match u16::try_from(*m.status.get_ref())
+            .ok()
+            .and_then(|s| http::StatusCode::from_u16(s).ok())
+        {
+            Some(s) => Some(s),
+            None => {
+                self.problem(
+                    m.status.span(),
+                    "status must be an HTTP status code from 100 to 999",
+                );
+                None
+            }
+        };
+        let content_type = match &m.content_type {
+            Some(ct) => match HeaderValue::from_str(ct.get_ref()) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    self.problem(ct.span(), "content_type is not a valid header value");
+                    None
+                }
+            },
+            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
+        };
+        Some(Respond {
+            status: status?,
+            body: bytes::Bytes::from(m.body.clone()),
+            content_type: content_type?,
+        })
+    }
+
+    pub(super) fn limits(
+        &mut self,
+        model: Option<&Spanned<Vec<Spanned<LimitModel>>>>,
+        cost: u64,
+    ) -> Option<Vec<Limit>> {
+        let Some(list) = model else {
+            return Some(Vec::new());
+        };
+        if list.get_ref().is_empty() {
+            self.problem(
+                list.span(),
+                "limits is empty; add a limit, or remove the key for a route without limits",
+            );
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ok = true;
+        for item in list.get_ref() {
+            match self.limit(item, cost) {
+                Some(l) => out.push(l),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    pub(super) fn limit(&mut self, item: &Spanned<LimitModel>, cost: u64) -> Option<Limit> {
+        let m = item.get_ref();
+        let algorithm = self.choice(Some(&m.algorithm), "algorithm", &Algorithm::NAMES);
+        let limit = self.count(&m.limit, "limit");
+        let burst = match (&m.burst, algorithm) {
+            (None, _) => limit,
+            (Some(b), Some(Algorithm::TokenBucket | Algorithm::Gcra)) => self.count(b, "burst"),
+            (Some(b), Some(other)) => {
+                self.problem(
+                    b.span(),
+                    format!(
+                        "burst applies only to \"token_bucket\" and \"gcra\", not {:?}",
+                        other.name()
+                    ),
+                );
+                None
+            }
+            (Some(_), None) => None,
+        };
+        let window_ms = match self.duration(&m.window, "window") {
+            Some(w) if w.subsec_nanos() % 1_000_000 != 0 => {
+                self.problem(
+                    m.window.span(),
+                    "window must be a whole number of milliseconds",
+                );
+                None
+            }
+            Some(w) => Some(w.as_millis() as u64),
+            None => None,
+        };
+        let limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
+        if cost > limit.capacity() {
+            let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
+                (Some(b), true) => (b.span(), "burst"),
+                _ => (m.limit.span(), "limit"),
+            };
+            self.problem(
+                span,
+                format!(
+                    "the route's cost {cost} exceeds {what} {}, so no request could ever pass; raise the {what} or lower the cost",
+                    limit.capacity()
+                ),
+            );
+            return None;
+        }
+        // The algorithms count in unit-milliseconds; Lua's numbers are exact
+        // integers only up to 2^53, so leave room below that.
+        if limit.limit.max(limit.burst).saturating_mul(limit.window_ms) > MAX_UNIT_MS {
+            self.problem(
+                item.span(),
+                format!(
+                    "limit × window is too large to count exactly (at most {MAX_UNIT_MS} unit-milliseconds); lower the limit or burst, or shorten the window"
+                ),
+            );
+            return None;
+        }
+        Some(limit)
+    }
+
+    pub(super) fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
+        match *value.get_ref() {
+            n if n < 1 => {
+                self.problem(
+                    value.span(),
+                    format!("{what} must be a whole number of at least 1"),
+                );
+                None
+            }
+            n if n > MAX_LIMIT => {
+                self.problem(value.span(), format!("{what} must be at most {MAX_LIMIT}"));
+                None
+            }
+            n => Some(n as u64),
+        }
+    }
+}
+
+/// Route names and key prefixes end up in Redis keys, logs and headers.
+pub(super) fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}

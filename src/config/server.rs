@@ -1,0 +1,239 @@
+//! `[server]`: listeners and server-wide settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use std::path::PathBuf;
+
+use super::{
+    DEFAULT_CLIENT_BODY_TIMEOUT, DEFAULT_CLIENT_WRITE_TIMEOUT, DEFAULT_DRAIN_DELAY,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CLIENT_ENTRIES, DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_UPGRADE_IDLE_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, Server, Validator, overrides,
+    upstreams,
+};
+use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
+use crate::routes::EscapedSlashes;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ServerModel {
+    listen: Spanned<String>,
+    admin_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    trusted_proxies: Vec<Spanned<String>>,
+    #[serde(default)]
+    exempt: Vec<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    upstream_connect_timeout: Option<Spanned<String>>,
+    upstream_body_timeout: Option<Spanned<String>>,
+    client_body_timeout: Option<Spanned<String>>,
+    client_write_timeout: Option<Spanned<String>>,
+    upgrade_idle_timeout: Option<Spanned<String>>,
+    max_request_body: Option<Spanned<String>>,
+    shutdown_grace: Option<Spanned<String>>,
+    drain_delay: Option<Spanned<String>>,
+    header_read_timeout: Option<Spanned<String>>,
+    #[serde(default = "yes")]
+    reload_on_change: bool,
+    max_client_id: Option<Spanned<i64>>,
+    on_long_client_id: Option<Spanned<String>>,
+    escaped_slashes: Option<Spanned<String>>,
+    max_client_entries: Option<Spanned<i64>>,
+    max_connections: Option<Spanned<i64>>,
+    tls: Option<Spanned<ListenerTlsModel>>,
+    rate_limit_headers: Option<Spanned<String>>,
+    #[serde(default)]
+    exempt_keys: overrides::ExemptKeysModel,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListenerTlsModel {
+    cert_file: Spanned<String>,
+    key_file: Spanned<String>,
+    client_ca_file: Option<Spanned<String>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Validator<'_> {
+    pub(super) fn server(&mut self, model: &Spanned<ServerModel>) -> Option<Server> {
+        let m = model.get_ref();
+        let listen = self.socket_addr(&m.listen, "listen");
+        let admin_listen = match &m.admin_listen {
+            Some(a) => Some(self.socket_addr(a, "admin_listen")?),
+            None => None,
+        };
+        let trusted_proxies = self.networks(&m.trusted_proxies, "trusted_proxies");
+        let exempt = self.networks(&m.exempt, "exempt");
+        let upstream_timeout = self.optional_duration(
+            m.upstream_timeout.as_ref(),
+            "upstream_timeout",
+            DEFAULT_UPSTREAM_TIMEOUT,
+        );
+        let mut timeout = |value: &Option<Spanned<String>>, key: &str, default: Duration| {
+            self.optional_duration(value.as_ref(), key, default)
+        };
+        let upstream_connect_timeout = timeout(
+            &m.upstream_connect_timeout,
+            "upstream_connect_timeout",
+            upstreams::DEFAULT_CONNECT_TIMEOUT,
+        );
+        let upstream_body_timeout = timeout(
+            &m.upstream_body_timeout,
+            "upstream_body_timeout",
+            upstreams::DEFAULT_BODY_TIMEOUT,
+        );
+        let client_body_timeout = timeout(
+            &m.client_body_timeout,
+            "client_body_timeout",
+            DEFAULT_CLIENT_BODY_TIMEOUT,
+        );
+        let client_write_timeout = timeout(
+            &m.client_write_timeout,
+            "client_write_timeout",
+            DEFAULT_CLIENT_WRITE_TIMEOUT,
+        );
+        let upgrade_idle_timeout = timeout(
+            &m.upgrade_idle_timeout,
+            "upgrade_idle_timeout",
+            DEFAULT_UPGRADE_IDLE_TIMEOUT,
+        );
+        let max_request_body = match &m.max_request_body {
+            None => Some(None),
+            Some(size) => self.size(size, "max_request_body").map(Some),
+        };
+        let shutdown_grace = self.optional_duration(
+            m.shutdown_grace.as_ref(),
+            "shutdown_grace",
+            DEFAULT_SHUTDOWN_GRACE,
+        );
+        // Zero is allowed: close the listener at once.
+        let drain_delay = match &m.drain_delay {
+            None => Some(DEFAULT_DRAIN_DELAY),
+            Some(d) if matches!(d.get_ref().as_str(), "0" | "0s" | "0ms") => Some(Duration::ZERO),
+            Some(d) => self.duration(d, "drain_delay"),
+        };
+        let header_read_timeout = self.optional_duration(
+            m.header_read_timeout.as_ref(),
+            "header_read_timeout",
+            DEFAULT_HEADER_READ_TIMEOUT,
+        );
+        let max_client_id = self.bounded(
+            m.max_client_id.as_ref(),
+            DEFAULT_MAX_CLIENT_ID,
+            16..=8192,
+            "max_client_id must be a number of bytes from 16 to 8192",
+        );
+        let on_long_client_id = self.choice(
+            m.on_long_client_id.as_ref(),
+            "on_long_client_id",
+            &TooLong::NAMES,
+        );
+        let escaped_slashes = self.choice(
+            m.escaped_slashes.as_ref(),
+            "escaped_slashes",
+            &EscapedSlashes::NAMES,
+        );
+        let max_client_entries = self.bounded(
+            m.max_client_entries.as_ref(),
+            DEFAULT_MAX_CLIENT_ENTRIES,
+            1_000..=100_000_000,
+            "max_client_entries must be a whole number from 1000 to 100000000",
+        );
+        let max_connections = match &m.max_connections {
+            None => Some(None),
+            some => self
+                .bounded(
+                    some.as_ref(),
+                    0,
+                    1..=10_000_000,
+                    "max_connections must be a whole number from 1 to 10000000",
+                )
+                .map(Some),
+        };
+        let tls = match &m.tls {
+            None => Some(None),
+            Some(tls) => self.listener_tls(tls).map(Some),
+        };
+        let rate_limit_headers = self.header_mode(
+            m.rate_limit_headers.as_ref(),
+            crate::response::HeaderMode::default(),
+        );
+        Some(Server {
+            listen: listen?,
+            admin_listen,
+            trusted_proxies,
+            exempt,
+            upstream_timeout: upstream_timeout?,
+            upstream_connect_timeout: upstream_connect_timeout?,
+            upstream_body_timeout: upstream_body_timeout?,
+            client_body_timeout: client_body_timeout?,
+            client_write_timeout: client_write_timeout?,
+            upgrade_idle_timeout: upgrade_idle_timeout?,
+            max_request_body: max_request_body?,
+            shutdown_grace: shutdown_grace?,
+            drain_delay: drain_delay?,
+            header_read_timeout: header_read_timeout?,
+            reload_on_change: m.reload_on_change,
+            max_client_id: max_client_id?,
+            on_long_client_id: on_long_client_id?,
+            escaped_slashes: escaped_slashes?,
+            max_client_entries: max_client_entries?,
+            max_connections: max_connections?,
+            tls: tls?,
+            rate_limit_headers: rate_limit_headers?,
+            exempt_keys: self.exempt_keys(&m.exempt_keys),
+        })
+    }
+
+    /// `[server.tls]`: the files, read and made into a rustls configuration
+    /// now, so that a bad certificate is refused with its file's name.
+    pub(super) fn listener_tls(
+        &mut self,
+        model: &Spanned<ListenerTlsModel>,
+    ) -> Option<(crate::tls::ListenerTls, Arc<rustls::ServerConfig>)> {
+        let m = model.get_ref();
+        let resolve = |v: &Self, path: &Spanned<String>| {
+            v.path.parent().map_or_else(
+                || PathBuf::from(path.get_ref()),
+                |dir| dir.join(path.get_ref()),
+            )
+        };
+        let files = crate::tls::ListenerTls {
+            cert_file: resolve(self, &m.cert_file),
+            key_file: resolve(self, &m.key_file),
+            client_ca_file: m.client_ca_file.as_ref().map(|p| resolve(self, p)),
+        };
+        match files.server_config() {
+            Ok(config) => Some((files, config)),
+            Err(e) => {
+                let span = match &e {
+                    crate::tls::TlsError::Read { path, .. }
+                    | crate::tls::TlsError::NoPem { path, .. }
+                    | crate::tls::TlsError::UpstreamCa { path, .. }
+                    | crate::tls::TlsError::ClientCa { path, .. } => {
+                        if Some(path) == files.client_ca_file.as_ref() {
+                            m.client_ca_file
+                                .as_ref()
+                                .map_or(model.span(), Spanned::span)
+                        } else if *path == files.key_file {
+                            m.key_file.span()
+                        } else {
+                            m.cert_file.span()
+                        }
+                    }
+                    crate::tls::TlsError::Certificate { .. }
+                    | crate::tls::TlsError::ServerName { .. } => m.cert_file.span(),
+                };
+                self.problem(span, format!("[server.tls]: {e}"));
+                None
+            }
+        }
+    }
+}

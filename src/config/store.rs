@@ -1,0 +1,239 @@
+//! `[store]`: where limits are counted, and what happens when it fails.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use super::{
+    DEFAULT_STORE_TIMEOUT, Endpoint, OnError, RedisStore, Store, Tls, Validator, valid_name,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StoreModel {
+    backend: Option<Spanned<String>>,
+    url: Option<Spanned<String>>,
+    urls: Option<Spanned<Vec<String>>>,
+    key_prefix: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    on_error: Option<Spanned<String>>,
+    local_instances: Option<Spanned<i64>>,
+    tls_ca_file: Option<Spanned<String>>,
+    tls_cert_file: Option<Spanned<String>>,
+    tls_key_file: Option<Spanned<String>>,
+    master_name: Option<Spanned<String>>,
+}
+
+impl Validator<'_> {
+    pub(super) fn store(&mut self, model: Option<&Spanned<StoreModel>>) -> Option<Store> {
+        let Some(model) = model else {
+            return Some(Store::Memory);
+        };
+        let m = model.get_ref();
+        let backend = m
+            .backend
+            .as_ref()
+            .map_or("memory", |b| b.get_ref().as_str());
+        let backend_span = m
+            .backend
+            .as_ref()
+            .map_or_else(|| model.span(), Spanned::span);
+        let key_prefix = match &m.key_prefix {
+            Some(p) if !valid_name(p.get_ref()) => {
+                self.problem(
+                    p.span(),
+                    "key_prefix may use only letters, digits, '_', '-' and '.' (1 to 64 of them)",
+                );
+                None
+            }
+            Some(p) => Some(p.get_ref().clone()),
+            None => Some("floodgate".to_owned()),
+        };
+        let timeout = self.optional_duration(m.timeout.as_ref(), "timeout", DEFAULT_STORE_TIMEOUT);
+        let on_error = self.choice(m.on_error.as_ref(), "on_error", &OnError::NAMES);
+        let local_instances = match &m.local_instances {
+            None => Some(1),
+            Some(n) if (1..=10_000).contains(n.get_ref()) => {
+                if on_error != Some(OnError::Local) {
+                    self.problem(
+                        n.span(),
+                        "local_instances is only used with on_error = \"local\"",
+                    );
+                }
+                Some(*n.get_ref() as u64)
+            }
+            Some(n) => {
+                self.problem(
+                    n.span(),
+                    "local_instances must be a whole number from 1 to 10000",
+                );
+                None
+            }
+        };
+        match backend {
+            "memory" => {
+                for (key, present) in [
+                    ("url", m.url.as_ref().map(Spanned::span)),
+                    ("urls", m.urls.as_ref().map(Spanned::span)),
+                ] {
+                    if let Some(span) = present {
+                        self.problem(
+                            span,
+                            format!("{key} has no meaning for backend \"memory\"; remove it or set backend = \"redis\""),
+                        );
+                    }
+                }
+                Some(Store::Memory)
+            }
+            "redis" | "redis_cluster" | "redis_sentinel" => {
+                let single = backend == "redis";
+                let (wanted, unwanted, example) = if single {
+                    (
+                        "url",
+                        m.urls.as_ref().map(Spanned::span),
+                        "url = \"redis://host:6379/0\"",
+                    )
+                } else {
+                    (
+                        "urls",
+                        m.url.as_ref().map(Spanned::span),
+                        "urls = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]",
+                    )
+                };
+                if let Some(span) = unwanted {
+                    self.problem(
+                        span,
+                        format!("backend {backend:?} takes {wanted}, not this key"),
+                    );
+                }
+                if backend != "redis_sentinel"
+                    && let Some(name) = &m.master_name
+                {
+                    self.problem(
+                        name.span(),
+                        "master_name is only used with backend = \"redis_sentinel\"",
+                    );
+                }
+                let check = |v: &mut Self, url: &str, span: Range<usize>| -> Option<String> {
+                    if url.starts_with("redis://") || url.starts_with("rediss://") {
+                        Some(url.to_owned())
+                    } else {
+                        v.problem(
+                            span,
+                            format!("{url:?} must start with redis:// or rediss://"),
+                        );
+                        None
+                    }
+                };
+                let urls = match &m.urls {
+                    Some(list) if !single && !list.get_ref().is_empty() => {
+                        let urls: Vec<Option<String>> = list
+                            .get_ref()
+                            .iter()
+                            .map(|u| check(self, u, list.span()))
+                            .collect();
+                        urls.into_iter().collect::<Option<Vec<_>>>()
+                    }
+                    _ => None,
+                };
+                let endpoint = match (backend, &m.url, urls) {
+                    ("redis", Some(u), _) => {
+                        check(self, u.get_ref(), u.span()).map(Endpoint::Single)
+                    }
+                    ("redis_cluster", _, Some(urls)) => Some(Endpoint::Cluster(urls)),
+                    ("redis_sentinel", _, Some(urls)) => match &m.master_name {
+                        Some(name) if !name.get_ref().is_empty() => Some(Endpoint::Sentinel {
+                            urls,
+                            master: name.get_ref().clone(),
+                        }),
+                        _ => {
+                            self.problem(
+                                backend_span.clone(),
+                                "backend \"redis_sentinel\" needs master_name = \"mymaster\" (the monitored group)",
+                            );
+                            None
+                        }
+                    },
+                    _ => {
+                        self.problem(backend_span, format!("backend {backend:?} needs {example}"));
+                        None
+                    }
+                };
+                let tls = self.tls(m);
+                if endpoint.as_ref().is_some_and(|e| !e.uses_tls())
+                    && let Some(key) = [&m.tls_ca_file, &m.tls_cert_file, &m.tls_key_file]
+                        .into_iter()
+                        .flatten()
+                        .next()
+                {
+                    self.problem(key.span(), "TLS files apply only to rediss:// URLs");
+                }
+                Some(Store::Redis(RedisStore {
+                    endpoint: endpoint?,
+                    key_prefix: key_prefix?,
+                    timeout: timeout?,
+                    on_error: on_error?,
+                    local_instances: local_instances?,
+                    tls: tls?,
+                }))
+            }
+            other => {
+                self.problem(
+                    backend_span,
+                    format!(
+                        "backend {other:?} is not one of \"memory\", \"redis\", \"redis_cluster\", \"redis_sentinel\""
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn tls(&mut self, m: &StoreModel) -> Option<Tls> {
+        let read = |v: &mut Self, file: &Option<Spanned<String>>, key: &str| match file {
+            None => Some(None),
+            Some(path) => {
+                let resolved = v.path.parent().map_or_else(
+                    || PathBuf::from(path.get_ref()),
+                    |dir| dir.join(path.get_ref()),
+                );
+                match std::fs::read(&resolved) {
+                    Ok(bytes) if bytes.starts_with(b"-----BEGIN") => Some(Some(bytes)),
+                    Ok(_) => {
+                        v.problem(
+                            path.span(),
+                            format!("{key} {:?} is not a PEM file", path.get_ref()),
+                        );
+                        None
+                    }
+                    Err(e) => {
+                        v.problem(
+                            path.span(),
+                            format!("cannot read {key} {}: {e}", resolved.display()),
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let ca = read(self, &m.tls_ca_file, "tls_ca_file");
+        let cert = read(self, &m.tls_cert_file, "tls_cert_file");
+        let key = read(self, &m.tls_key_file, "tls_key_file");
+        let client = match (cert?, key?) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => {
+                let span = m
+                    .tls_cert_file
+                    .as_ref()
+                    .or(m.tls_key_file.as_ref())
+                    .map_or(0..0, Spanned::span);
+                self.problem(span, "tls_cert_file and tls_key_file go together");
+                return None;
+            }
+        };
+        Some(Tls { ca: ca?, client })
+    }
+}
