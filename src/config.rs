@@ -184,7 +184,7 @@ pub struct Server {
     /// configuration read from them at load.
     pub tls: Option<(crate::tls::ListenerTls, Arc<rustls::ServerConfig>)>,
     /// Which rate-limit fields responses carry, unless a route says otherwise.
-    pub rate_limit_headers: crate::response::HeaderMode,
+    pub rate_limit_headers: crate::routes::HeaderMode,
     /// Requests carrying one of these header values bypass every route's
     /// limits.
     pub exempt_keys: Vec<crate::routes::KeyExemption>,

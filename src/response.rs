@@ -33,95 +33,8 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 /// `X-RateLimit-Reset`: seconds until it has at least one more unit.
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// Which rate-limit fields a route's responses carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HeaderMode {
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
-    #[default]
-    Ietf,
-    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, as many clients still read.
-    XRateLimit,
-    /// Both sets.
-    Both,
-    /// None (a 429 still carries `Retry-After`).
-    None,
-}
-
-impl HeaderMode {
-    /// Every mode with its name in configuration files.
-    pub const NAMES: [(&'static str, HeaderMode); 4] = [
-        ("ietf", HeaderMode::Ietf),
-        ("x-ratelimit", HeaderMode::XRateLimit),
-        ("both", HeaderMode::Both),
-        ("none", HeaderMode::None),
-    ];
-
-    /// The mode a configuration file names.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::NAMES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|&(_, m)| m)
-    }
-
-    fn ietf(self) -> bool {
-        matches!(self, Self::Ietf | Self::Both)
-    }
-
-    fn x_ratelimit(self) -> bool {
-        matches!(self, Self::XRateLimit | Self::Both)
-    }
-}
-
-/// A route's own answer to a request its limits deny, in place of the
-/// default 429 problem document. `Retry-After` and the route's rate-limit
-/// fields are always added to it.
-#[derive(Debug, Clone)]
-pub struct DenyAnswer {
-    /// The status (4xx or 5xx).
-    pub status: StatusCode,
-    /// The body, sent as it is.
-    pub body: Bytes,
-    /// Its `Content-Type`.
-    pub content_type: HeaderValue,
-    /// Further headers, in file order.
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-}
-
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
-
-/// Policy names of a route's limits: the route's name when it has one limit,
-/// `name.1`, `name.2`, … when it has several.
-pub fn policy_names(route: &str, count: usize) -> Vec<String> {
-    if count == 1 {
-        vec![route.to_owned()]
-    } else {
-        (1..=count).map(|i| format!("{route}.{i}")).collect()
-    }
-}
-
-/// The `RateLimit-Policy` value for a route, built once at load: each
-/// limit's quota `q` is the most units it grants at once (the burst of
-/// `token_bucket` and `gcra`), so `r` never exceeds it.
-pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
-    if limits.is_empty() {
-        return None;
-    }
-    let mut value = String::new();
-    for (i, (name, limit)) in names.iter().zip(limits).enumerate() {
-        if i > 0 {
-            value.push_str(", ");
-        }
-        let _ = write!(
-            value,
-            "\"{name}\";q={};w={}",
-            limit.capacity(),
-            limit.window_ms.div_ceil(1000)
-        );
-    }
-    HeaderValue::from_str(&value).ok()
-}
 
 /// Formats a header value through a stack buffer, so the value itself is
 /// the only allocation; `None` if the text is not a valid header value.
@@ -375,21 +288,6 @@ pub fn respond(respond: &crate::routes::Respond) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::Algorithm;
-
-    #[test]
-    fn policy_lists_every_limit_with_window_in_seconds() {
-        let limits = [
-            Limit::new(Algorithm::SlidingLog, 5, 60_000),
-            Limit::new(Algorithm::FixedWindow, 100, 250),
-        ];
-        let names = policy_names("login", 2);
-        let v = policy_header(&names, &limits).expect("valid header");
-        assert_eq!(v, "\"login.1\";q=5;w=60, \"login.2\";q=100;w=1");
-        let one = policy_names("login", 1);
-        let v = policy_header(&one, &limits[..1]).expect("valid header");
-        assert_eq!(v, "\"login\";q=5;w=60");
-    }
 
     #[test]
     fn values_keep_their_bytes_across_blocks() {

@@ -14,15 +14,18 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Method, StatusCode};
 
 use crate::client::{ClientId, ClientRule};
-use crate::limit::Limit;
 use crate::proxy::pool::PoolSlot;
 use crate::tls::UpstreamTls;
 use ipnet::IpNet;
 
 mod path;
+mod policy;
 mod template;
 
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
+pub use policy::{
+    ClientSet, DenyAnswer, HeaderMode, KeyExemption, Override, Policy, policy_header, policy_names,
+};
 pub use template::{Segment, Template};
 
 /// The compiled routes of one configuration, in file order.
@@ -52,9 +55,9 @@ pub struct Route {
     /// Other limits for some clients, tried in order before `policy`.
     pub overrides: Vec<Override>,
     /// Which rate-limit fields responses carry.
-    pub rate_limit_headers: crate::response::HeaderMode,
+    pub rate_limit_headers: HeaderMode,
     /// The answer to a denied request, when not the default 429.
-    pub deny: Option<crate::response::DenyAnswer>,
+    pub deny: Option<DenyAnswer>,
     /// Clients in these networks bypass the limits (`[server]`'s and the
     /// route's own `exempt`).
     pub exempt: Vec<IpNet>,
@@ -63,96 +66,6 @@ pub struct Route {
     pub exempt_keys: Vec<KeyExemption>,
     /// Largest request body forwarded, in bytes (413 past it).
     pub max_request_body: Option<u64>,
-}
-
-/// A route's limits and what the rate-limit headers call them.
-#[derive(Debug, Clone, Default)]
-pub struct Policy {
-    /// All must allow.
-    pub limits: Vec<Limit>,
-    /// The policy name of each limit, as sent in `RateLimit` headers.
-    pub names: Vec<String>,
-    /// The `RateLimit-Policy` value, computed once at load.
-    pub header: Option<HeaderValue>,
-}
-
-impl Policy {
-    /// `limits` of the route `route`, named for its headers.
-    pub fn new(route: &str, limits: Vec<Limit>) -> Self {
-        let names = crate::response::policy_names(route, limits.len());
-        let header = crate::response::policy_header(&names, &limits);
-        Self {
-            limits,
-            names,
-            header,
-        }
-    }
-}
-
-/// Limits of their own for some of a route's clients: those whose id is in
-/// `clients`, or whose requests meet `headers`, or both when both are given.
-#[derive(Debug, Clone)]
-pub struct Override {
-    /// The client ids it applies to; `None`: any.
-    pub clients: Option<ClientSet>,
-    /// Header conditions that must hold.
-    pub headers: Vec<HeaderCondition>,
-    /// Its limits.
-    pub policy: Policy,
-}
-
-/// Client ids, as the route identifies clients: addresses by network,
-/// values (API keys, claims, path parameters) as they are or by their
-/// SHA-256, so a file need not hold a credential in the clear.
-#[derive(Debug, Clone, Default)]
-pub struct ClientSet {
-    /// Networks an address id may be in.
-    pub nets: Vec<IpNet>,
-    /// Values, byte for byte.
-    pub values: std::collections::HashSet<Box<[u8]>>,
-    /// SHA-256 digests of values.
-    pub digests: std::collections::HashSet<[u8; 32]>,
-}
-
-impl ClientSet {
-    /// Whether `client` is in the set.
-    pub fn contains(&self, client: &ClientId) -> bool {
-        match client {
-            ClientId::Addr(ip) => crate::client::is_in(*ip, &self.nets),
-            ClientId::Header(value) => {
-                self.values.contains(value)
-                    || (!self.digests.is_empty() && self.digests.contains(&sha256(value)))
-            }
-            // A value too long to keep is counted by its SHA-256.
-            ClientId::Digest(digest) => self.digests.contains(&**digest),
-            ClientId::Composite(_) | ClientId::Global => false,
-        }
-    }
-}
-
-fn sha256(value: &[u8]) -> [u8; 32] {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(value).into()
-}
-
-/// Requests carrying one of these values in `header` bypass the limits.
-#[derive(Debug, Clone)]
-pub struct KeyExemption {
-    /// The header read.
-    pub header: http::header::HeaderName,
-    /// SHA-256 digests of the values that exempt.
-    pub digests: std::collections::HashSet<[u8; 32]>,
-}
-
-impl KeyExemption {
-    /// Whether `headers` carry an exempting value (one value, one line).
-    pub fn exempts(&self, headers: &http::HeaderMap) -> bool {
-        let mut values = headers.get_all(&self.header).iter();
-        match (values.next(), values.next()) {
-            (Some(value), None) => self.digests.contains(&sha256(value.as_bytes())),
-            _ => false,
-        }
-    }
 }
 
 impl Route {

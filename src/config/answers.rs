@@ -10,7 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::response::{DenyAnswer, HeaderMode};
+use crate::routes::{DenyAnswer, HeaderMode};
 
 /// `deny = { status, body, content_type, headers }`.
 #[derive(Deserialize)]

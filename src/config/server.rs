@@ -163,7 +163,7 @@ impl Validator<'_> {
         };
         let rate_limit_headers = self.header_mode(
             m.rate_limit_headers.as_ref(),
-            crate::response::HeaderMode::default(),
+            crate::routes::HeaderMode::default(),
         );
         Some(Server {
             listen: listen?,

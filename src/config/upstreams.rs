@@ -77,7 +77,7 @@ pub(super) struct Defaults {
     /// `[server] max_request_body`.
     pub max_request_body: Option<u64>,
     /// `[server] rate_limit_headers`.
-    pub rate_limit_headers: crate::response::HeaderMode,
+    pub rate_limit_headers: crate::routes::HeaderMode,
 }
 
 impl Defaults {
@@ -88,7 +88,7 @@ impl Defaults {
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 body_timeout: DEFAULT_BODY_TIMEOUT,
                 max_request_body: None,
-                rate_limit_headers: crate::response::HeaderMode::default(),
+                rate_limit_headers: crate::routes::HeaderMode::default(),
             },
             |s| Self {
                 timeout: s.upstream_timeout,

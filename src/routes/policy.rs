@@ -1,0 +1,215 @@
+//! What a route's limits are called and how its answers carry them: the
+//! policies (the route's own and its overrides), the clients an override or
+//! an exemption names, the header mode and the deny answer. Compiled once
+//! at load; `response` writes them out.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use http::header::HeaderName;
+use http::{HeaderValue, StatusCode};
+use ipnet::IpNet;
+
+use super::HeaderCondition;
+use crate::client::ClientId;
+use crate::limit::Limit;
+
+/// A route's limits and what the rate-limit headers call them.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// All must allow.
+    pub limits: Vec<Limit>,
+    /// The policy name of each limit, as sent in `RateLimit` headers.
+    pub names: Vec<String>,
+    /// The `RateLimit-Policy` value, computed once at load.
+    pub header: Option<HeaderValue>,
+}
+
+impl Policy {
+    /// `limits` of the route `route`, named for its headers.
+    pub fn new(route: &str, limits: Vec<Limit>) -> Self {
+        let names = policy_names(route, limits.len());
+        let header = policy_header(&names, &limits);
+        Self {
+            limits,
+            names,
+            header,
+        }
+    }
+}
+
+/// Limits of their own for some of a route's clients: those whose id is in
+/// `clients`, or whose requests meet `headers`, or both when both are given.
+#[derive(Debug, Clone)]
+pub struct Override {
+    /// The client ids it applies to; `None`: any.
+    pub clients: Option<ClientSet>,
+    /// Header conditions that must hold.
+    pub headers: Vec<HeaderCondition>,
+    /// Its limits.
+    pub policy: Policy,
+}
+
+/// Client ids, as the route identifies clients: addresses by network,
+/// values (API keys, claims, path parameters) as they are or by their
+/// SHA-256, so a file need not hold a credential in the clear.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSet {
+    /// Networks an address id may be in.
+    pub nets: Vec<IpNet>,
+    /// Values, byte for byte.
+    pub values: HashSet<Box<[u8]>>,
+    /// SHA-256 digests of values.
+    pub digests: HashSet<[u8; 32]>,
+}
+
+impl ClientSet {
+    /// Whether `client` is in the set.
+    pub fn contains(&self, client: &ClientId) -> bool {
+        match client {
+            ClientId::Addr(ip) => crate::client::is_in(*ip, &self.nets),
+            ClientId::Header(value) => {
+                self.values.contains(value)
+                    || (!self.digests.is_empty() && self.digests.contains(&sha256(value)))
+            }
+            // A value too long to keep is counted by its SHA-256.
+            ClientId::Digest(digest) => self.digests.contains(&**digest),
+            ClientId::Composite(_) | ClientId::Global => false,
+        }
+    }
+}
+
+fn sha256(value: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(value).into()
+}
+
+/// Requests carrying one of these values in `header` bypass the limits.
+#[derive(Debug, Clone)]
+pub struct KeyExemption {
+    /// The header read.
+    pub header: http::header::HeaderName,
+    /// SHA-256 digests of the values that exempt.
+    pub digests: HashSet<[u8; 32]>,
+}
+
+impl KeyExemption {
+    /// Whether `headers` carry an exempting value (one value, one line).
+    pub fn exempts(&self, headers: &http::HeaderMap) -> bool {
+        let mut values = headers.get_all(&self.header).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => self.digests.contains(&sha256(value.as_bytes())),
+            _ => false,
+        }
+    }
+}
+
+/// Policy names of a route's limits: the route's name when it has one limit,
+/// `name.1`, `name.2`, … when it has several.
+pub fn policy_names(route: &str, count: usize) -> Vec<String> {
+    if count == 1 {
+        vec![route.to_owned()]
+    } else {
+        (1..=count).map(|i| format!("{route}.{i}")).collect()
+    }
+}
+
+/// The `RateLimit-Policy` value for a route, built once at load: each
+/// limit's quota `q` is the most units it grants at once (the burst of
+/// `token_bucket` and `gcra`), so `r` never exceeds it.
+pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
+    if limits.is_empty() {
+        return None;
+    }
+    let mut value = String::new();
+    for (i, (name, limit)) in names.iter().zip(limits).enumerate() {
+        if i > 0 {
+            value.push_str(", ");
+        }
+        let _ = write!(
+            value,
+            "\"{name}\";q={};w={}",
+            limit.capacity(),
+            limit.window_ms.div_ceil(1000)
+        );
+    }
+    HeaderValue::from_str(&value).ok()
+}
+
+/// Which rate-limit fields a route's responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderMode {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, as many clients still read.
+    XRateLimit,
+    /// Both sets.
+    Both,
+    /// None (a 429 still carries `Retry-After`).
+    None,
+}
+
+impl HeaderMode {
+    /// Every mode with its name in configuration files.
+    pub const NAMES: [(&'static str, HeaderMode); 4] = [
+        ("ietf", HeaderMode::Ietf),
+        ("x-ratelimit", HeaderMode::XRateLimit),
+        ("both", HeaderMode::Both),
+        ("none", HeaderMode::None),
+    ];
+
+    /// The mode a configuration file names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, m)| m)
+    }
+
+    /// Whether the IETF fields are sent.
+    pub fn ietf(self) -> bool {
+        matches!(self, Self::Ietf | Self::Both)
+    }
+
+    /// Whether the `X-RateLimit-*` fields are sent.
+    pub fn x_ratelimit(self) -> bool {
+        matches!(self, Self::XRateLimit | Self::Both)
+    }
+}
+
+/// A route's own answer to a request its limits deny, in place of the
+/// default 429 problem document. `Retry-After` and the route's rate-limit
+/// fields are always added to it.
+#[derive(Debug, Clone)]
+pub struct DenyAnswer {
+    /// The status (4xx or 5xx).
+    pub status: StatusCode,
+    /// The body, sent as it is.
+    pub body: Bytes,
+    /// Its `Content-Type`.
+    pub content_type: HeaderValue,
+    /// Further headers, in file order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Algorithm;
+
+    #[test]
+    fn policy_lists_every_limit_with_window_in_seconds() {
+        let limits = [
+            Limit::new(Algorithm::SlidingLog, 5, 60_000),
+            Limit::new(Algorithm::FixedWindow, 100, 250),
+        ];
+        let names = policy_names("login", 2);
+        let v = policy_header(&names, &limits).expect("valid header");
+        assert_eq!(v, "\"login.1\";q=5;w=60, \"login.2\";q=100;w=1");
+        let one = policy_names("login", 1);
+        let v = policy_header(&one, &limits[..1]).expect("valid header");
+        assert_eq!(v, "\"login\";q=5;w=60");
+    }
+}
