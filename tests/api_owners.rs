@@ -718,3 +718,48 @@ async fn a_rotated_jwt_key_applies_without_a_restart() {
     }
     assert_eq!(bearer(&client, &url, &signed_by(old)).await.status, 401);
 }
+
+#[tokio::test]
+async fn composite_keys_take_any_number_of_parts_including_one() {
+    let redis = TestRedis::start().await;
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("composite-parts"))
+        .route(
+            Route::new("one-part")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/one""#)
+                .client(r#"from = "composite", parts = ["header:X-Tenant"], missing = "reject""#)
+                .limit("fixed_window", 1, "60s"),
+        )
+        .route(
+            Route::new("three-parts")
+                .upstream(&upstream.url())
+                .matching(r#"path = "/shops/{shop}/cart""#)
+                .client(r#"from = "composite", parts = ["header:X-Tenant", "path:shop", "remote_addr"]"#)
+                .limit("fixed_window", 1, "60s"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let get = |path: &'static str, tenant: &'static str| {
+        let client = client.clone();
+        let url = gate.url(path);
+        async move {
+            client
+                .get(&url, &[("x-tenant", tenant)])
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    assert_eq!(get("/one", "a").await, 200);
+    assert_eq!(get("/one", "a").await, 429);
+    assert_eq!(get("/one", "b").await, 200);
+    assert_eq!(client.get(&gate.url("/one"), &[]).await.status, 400);
+    assert_eq!(get("/shops/1/cart", "a").await, 200);
+    assert_eq!(get("/shops/1/cart", "a").await, 429);
+    // Another shop, or another tenant, is another bucket.
+    assert_eq!(get("/shops/2/cart", "a").await, 200);
+    assert_eq!(get("/shops/1/cart", "b").await, 200);
+}
