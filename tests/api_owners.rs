@@ -17,6 +17,13 @@ use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
 use support::{Answer, Floodgate, TestClient, Upstream, temp_dir};
 
+/// A route named `name` for the paths under `prefix`, forwarding to `upstream`.
+fn on(name: &str, prefix: &str, upstream: &Upstream) -> Route {
+    Route::new(name)
+        .upstream(&upstream.url())
+        .matching(&format!(r#"path_prefix = "{prefix}""#))
+}
+
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
@@ -116,9 +123,7 @@ async fn a_free_and_a_paid_tier_share_one_path() {
                 .limit("sliding_log", 5, "60s"),
         )
         .route(
-            Route::new("search-free")
-                .upstream(&upstream.url())
-                .matching(r#"path_prefix = "/search""#)
+            on("search-free", "/search", &upstream)
                 .line(key)
                 .limit("sliding_log", 2, "60s")
                 // One partner's key is worth more, named by its SHA-256 so
@@ -225,9 +230,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
     let toml = Config::new()
         .redis(&redis.url, &unique_prefix("jwt"))
         .route(
-            Route::new("hs")
-                .upstream(&upstream.url())
-                .matching(r#"path_prefix = "/hs""#)
+            on("hs", "/hs", &upstream)
                 .line(&jwt(
                     "HS256",
                     &format!("secret_file = \"{}\"", dir.join("secret").display()),
@@ -235,9 +238,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
                 .limit("sliding_log", 2, "60s"),
         )
         .route(
-            Route::new("rs")
-                .upstream(&upstream.url())
-                .matching(r#"path_prefix = "/rs""#)
+            on("rs", "/rs", &upstream)
                 .line(&jwt(
                     "RS256",
                     &format!("key_file = \"{}\"", rsa_pub.display()),
@@ -245,9 +246,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
                 .limit("sliding_log", 2, "60s"),
         )
         .route(
-            Route::new("es")
-                .upstream(&upstream.url())
-                .matching(r#"path_prefix = "/es""#)
+            on("es", "/es", &upstream)
                 .line(&jwt(
                     "ES256",
                     &format!("jwks_file = \"{}\"", dir.join("jwks.json").display()),
@@ -482,9 +481,7 @@ async fn the_deny_answer_and_every_header_mode() {
     let mut config = Config::new().redis(&redis.url, &unique_prefix("deny-answer"));
     for mode in ["ietf", "x-ratelimit", "both", "none"] {
         config = config.route(
-            Route::new(mode)
-                .upstream(&upstream.url())
-                .matching(&format!(r#"path_prefix = "/{mode}""#))
+            on(mode, &format!("/{mode}"), &upstream)
                 .line(&format!(r#"rate_limit_headers = "{mode}""#))
                 .line(
                     r#"deny = { status = 503, body = "{\"error\":\"slow down\"}", content_type = "application/json", headers = { "X-Reason" = "quota", "Cache-Control" = "no-store" } }"#,
@@ -557,22 +554,11 @@ fn fields(a: &Answer) -> (u64, u64) {
 async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
     let redis = TestRedis::start().await;
     let upstream = Upstream::start().await;
-    let algorithms = [
-        "fixed_window",
-        "sliding_log",
-        "sliding_window",
-        "token_bucket",
-        "gcra",
-    ];
+    let algorithms = floodgate::limit::Algorithm::NAMES.map(|(name, _)| name);
     let mut config = Config::new().redis(&redis.url, &unique_prefix("draft-10"));
     for algorithm in algorithms {
         config = config
-            .route(
-                Route::new(algorithm)
-                    .upstream(&upstream.url())
-                    .matching(&format!(r#"path_prefix = "/{algorithm}""#))
-                    .limit(algorithm, 2, "3s"),
-            )
+            .route(on(algorithm, &format!("/{algorithm}"), &upstream).limit(algorithm, 2, "3s"))
             .route(
                 Route::new(&format!("{algorithm}-minute"))
                     .upstream(&upstream.url())
@@ -581,9 +567,7 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
             );
     }
     config = config.route(
-        Route::new("burst")
-            .upstream(&upstream.url())
-            .matching(r#"path_prefix = "/burst""#)
+        on("burst", "/burst", &upstream)
             .limits(r#"{ algorithm = "token_bucket", limit = 2, window = "60s", burst = 5 }"#),
     );
     let gate = Floodgate::start(&config.toml()).await;
@@ -726,9 +710,7 @@ async fn composite_keys_take_any_number_of_parts_including_one() {
     let toml = Config::new()
         .redis(&redis.url, &unique_prefix("composite-parts"))
         .route(
-            Route::new("one-part")
-                .upstream(&upstream.url())
-                .matching(r#"path_prefix = "/one""#)
+            on("one-part", "/one", &upstream)
                 .client(r#"from = "composite", parts = ["header:X-Tenant"], missing = "reject""#)
                 .limit("fixed_window", 1, "60s"),
         )

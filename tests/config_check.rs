@@ -8,6 +8,16 @@ fn floodgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_floodgate"))
 }
 
+/// `floodgate --check --config file`, run to the end.
+fn check(file: &Path) -> std::process::Output {
+    floodgate()
+        .arg("--check")
+        .arg("--config")
+        .arg(file)
+        .output()
+        .expect("run")
+}
+
 fn files_in(dir: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -27,12 +37,7 @@ fn every_shipped_config_passes_check() {
         "expected quickstart.toml and example.toml"
     );
     for file in files {
-        let out = floodgate()
-            .arg("--check")
-            .arg("--config")
-            .arg(&file)
-            .output()
-            .expect("run");
+        let out = check(&file);
         assert!(
             out.status.success(),
             "{} failed --check:\n{}",
@@ -60,12 +65,7 @@ fn every_invalid_fixture_is_refused_naming_line_and_column() {
             "{} has no `# expect:` line",
             file.display()
         );
-        let out = floodgate()
-            .arg("--check")
-            .arg("--config")
-            .arg(&file)
-            .output()
-            .expect("run");
+        let out = check(&file);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{}: {stderr}", file.display());
         for (at, message) in &expects {
@@ -109,12 +109,7 @@ fn a_missing_file_is_reported_by_name() {
 fn one_check_run_lists_every_mistake_once() {
     let file =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("config/invalid/every_kind_of_mistake.toml");
-    let out = floodgate()
-        .arg("--check")
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .expect("run");
+    let out = check(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let text = std::fs::read_to_string(&file).expect("read fixture");

@@ -46,6 +46,24 @@ const HOP_HEADERS: [&str; 6] = [
 ];
 
 impl Validator<'_> {
+    /// A `Content-Type` value, `text/plain; charset=utf-8` when absent.
+    pub(super) fn content_type(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        key: &str,
+    ) -> Option<HeaderValue> {
+        let Some(value) = value else {
+            return Some(HeaderValue::from_static("text/plain; charset=utf-8"));
+        };
+        match HeaderValue::from_str(value.get_ref()) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.problem(value.span(), format!("{key} is not a valid header value"));
+                None
+            }
+        }
+    }
+
     /// The rate-limit header mode `value` names, or `default`.
     pub(super) fn header_mode(
         &mut self,
@@ -78,16 +96,7 @@ impl Validator<'_> {
                 }
             },
         };
-        let content_type = match &m.content_type {
-            Some(ct) => match HeaderValue::from_str(ct.get_ref()) {
-                Ok(v) => Some(v),
-                Err(_) => {
-                    self.problem(ct.span(), "deny content_type is not a valid header value");
-                    None
-                }
-            },
-            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
-        };
+        let content_type = self.content_type(m.content_type.as_ref(), "deny content_type");
         let mut headers = Vec::with_capacity(m.headers.len());
         let mut ok = true;
         for (name, value) in &m.headers {
@@ -104,24 +113,17 @@ impl Validator<'_> {
                 ok = false;
                 continue;
             };
-            if OWN_HEADERS.contains(&lower.as_str()) {
+            let refused = if OWN_HEADERS.contains(&lower.as_str()) {
+                Some("is set by floodgate itself (content_type is its own key)")
+            } else if HOP_HEADERS.contains(&lower.as_str()) {
+                Some("describes the connection or the framing and cannot be set")
+            } else {
+                None
+            };
+            if let Some(why) = refused {
                 self.problem(
                     name.span(),
-                    format!(
-                        "deny header {:?} is set by floodgate itself (content_type is its own key)",
-                        name.get_ref()
-                    ),
-                );
-                ok = false;
-                continue;
-            }
-            if HOP_HEADERS.contains(&lower.as_str()) {
-                self.problem(
-                    name.span(),
-                    format!(
-                        "deny header {:?} describes the connection or the framing and cannot be set",
-                        name.get_ref()
-                    ),
+                    format!("deny header {:?} {why}", name.get_ref()),
                 );
                 ok = false;
                 continue;

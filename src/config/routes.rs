@@ -8,7 +8,6 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use http::HeaderValue;
 use ipnet::IpNet;
 
 use super::upstreams::Defaults;
@@ -378,16 +377,7 @@ impl Validator<'_> {
                 None
             }
         };
-        let content_type = match &m.content_type {
-            Some(ct) => match HeaderValue::from_str(ct.get_ref()) {
-                Ok(v) => Some(v),
-                Err(_) => {
-                    self.problem(ct.span(), "content_type is not a valid header value");
-                    None
-                }
-            },
-            None => Some(HeaderValue::from_static("text/plain; charset=utf-8")),
-        };
+        let content_type = self.content_type(m.content_type.as_ref(), "content_type");
         Some(Respond {
             status: status?,
             body: bytes::Bytes::from(m.body.clone()),
