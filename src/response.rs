@@ -2,7 +2,8 @@
 //!
 //! Headers follow draft-ietf-httpapi-ratelimit-headers in structured-field
 //! syntax: `RateLimit-Policy: "login";q=5;w=60` names every limit of a route,
-//! and `RateLimit: "login";r=2;t=41` reports the most constrained one.
+//! and `RateLimit: "login";r=0;t=41` reports the most constrained one (`t`:
+//! seconds until at least one more unit, per draft -10).
 //! Denials, and every other answer floodgate makes itself
 //! ([`crate::refusal`]), are RFC 9457 problem documents.
 
