@@ -13,6 +13,7 @@
 //! brings: HMAC-SHA256 (compared in constant time), RSASSA-PKCS1-v1_5 with
 //! SHA-256 (keys of 2048 to 8192 bits), ECDSA P-256 with SHA-256.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -76,7 +77,7 @@ impl std::fmt::Debug for Key {
 }
 
 /// How a route reads a client id from a token.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ClaimRule {
     /// The claim counted (`sub`, `client_id`, …).
     pub claim: Box<str>,
@@ -93,6 +94,36 @@ pub struct ClaimRule {
     /// The file the keys were read from, watched for changes like the
     /// configuration itself.
     pub source: Option<std::path::PathBuf>,
+    /// Tokens already verified.
+    pub verified: Verified,
+}
+
+/// Most tokens remembered as verified per rule; when full, they are all
+/// forgotten (and verified again on their next use).
+const VERIFIED_CAP: usize = 4096;
+
+/// Tokens this rule has verified, by their SHA-256, with their claim and
+/// lifetime: a client sends the same token with every request, and an
+/// ES256 or RS256 signature costs far more to check than a request costs
+/// to proxy. Only a token whose signature, algorithm, issuer and audience
+/// passed is remembered; its lifetime is checked again on every use. A
+/// reload builds new rules, so rotated keys start afresh. Bounded: at most
+/// [`VERIFIED_CAP`] entries of a digest, a claim (at most the token's
+/// length) and two times.
+#[derive(Default)]
+pub struct Verified(std::sync::Mutex<HashMap<[u8; 32], Remembered>>);
+
+struct Remembered {
+    claim: Box<[u8]>,
+    exp: u64,
+    nbf: Option<u64>,
+}
+
+impl std::fmt::Debug for Verified {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = self.0.lock().map_or(0, |m| m.len());
+        write!(f, "Verified({len} tokens)")
+    }
 }
 
 impl PartialEq for ClaimRule {
@@ -179,6 +210,16 @@ impl ClaimRule {
         if sig.contains(&b'.') {
             return Err(TokenError::Malformed);
         }
+        let digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, token)
+            .as_ref()
+            .try_into()
+            .map_err(|_| TokenError::Malformed)?;
+        if let Ok(verified) = self.verified.0.lock()
+            && let Some(known) = verified.get(&digest)
+        {
+            self.lifetime(known.exp, known.nbf, now)?;
+            return Ok(known.claim.to_vec());
+        }
         let header_json = base64url(head)?;
         let header: Header<'_> =
             serde_json::from_slice(&header_json).map_err(|_| TokenError::Malformed)?;
@@ -187,23 +228,21 @@ impl ClaimRule {
         }
         let signature = base64url(sig)?;
         let signed = &token[..head.len() + 1 + body.len()];
-        if !self.verified(header.kid.as_deref(), signed, &signature) {
+        if !self.signed_by_a_key(header.kid.as_deref(), signed, &signature) {
             return Err(TokenError::Signature);
         }
         let payload = base64url(body)?;
         let claims: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
-        let leeway = self.leeway.as_secs();
-        match claims.get("exp").and_then(serde_json::Value::as_f64) {
-            Some(exp) if (exp as u64).saturating_add(leeway) > now => {}
-            _ => return Err(TokenError::Expired),
-        }
-        if let Some(nbf) = claims.get("nbf") {
-            match nbf.as_f64() {
-                Some(nbf) if (nbf as u64) <= now.saturating_add(leeway) => {}
-                _ => return Err(TokenError::NotYet),
-            }
-        }
+        let seconds = |v: &serde_json::Value| v.as_f64().map(|n| n.max(0.0) as u64);
+        let exp = claims
+            .get("exp")
+            .and_then(seconds)
+            .ok_or(TokenError::Expired)?;
+        let nbf = match claims.get("nbf") {
+            None => None,
+            Some(v) => Some(seconds(v).ok_or(TokenError::NotYet)?),
+        };
         if let Some(issuer) = &self.issuer
             && claims.get("iss").and_then(serde_json::Value::as_str) != Some(issuer)
         {
@@ -221,16 +260,45 @@ impl ClaimRule {
                 return Err(TokenError::Audience);
             }
         }
-        match claims.get(&*self.claim) {
-            Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.as_bytes().to_vec()),
-            Some(serde_json::Value::Number(n)) => Ok(n.to_string().into_bytes()),
-            _ => Err(TokenError::Claim),
+        let claim = match claims.get(&*self.claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => s.as_bytes().to_vec(),
+            Some(serde_json::Value::Number(n)) => n.to_string().into_bytes(),
+            _ => return Err(TokenError::Claim),
+        };
+        // Remembered once proven, whatever its lifetime says now: an
+        // expired token stays refused by the check below and on every use.
+        if let Ok(mut verified) = self.verified.0.lock() {
+            if verified.len() >= VERIFIED_CAP {
+                verified.clear();
+            }
+            verified.insert(
+                digest,
+                Remembered {
+                    claim: claim.clone().into_boxed_slice(),
+                    exp,
+                    nbf,
+                },
+            );
         }
+        self.lifetime(exp, nbf, now)?;
+        Ok(claim)
+    }
+
+    /// `exp` has not passed and `nbf` has, at `now`, within the leeway.
+    fn lifetime(&self, exp: u64, nbf: Option<u64>, now: u64) -> Result<(), TokenError> {
+        let leeway = self.leeway.as_secs();
+        if exp.saturating_add(leeway) <= now {
+            return Err(TokenError::Expired);
+        }
+        if nbf.is_some_and(|nbf| nbf > now.saturating_add(leeway)) {
+            return Err(TokenError::NotYet);
+        }
+        Ok(())
     }
 
     /// Whether a key (the one named `kid` when the token names one the
     /// configuration knows, else any) signed `signed`.
-    fn verified(&self, kid: Option<&str>, signed: &[u8], signature: &[u8]) -> bool {
+    fn signed_by_a_key(&self, kid: Option<&str>, signed: &[u8], signature: &[u8]) -> bool {
         let named = kid.is_some() && self.keys.iter().any(|(k, _)| k.as_deref() == kid);
         self.keys
             .iter()
@@ -442,6 +510,7 @@ mod tests {
             audience: Some("api".into()),
             leeway: Duration::from_secs(30),
             source: None,
+            verified: Verified::default(),
         }
     }
 
@@ -518,6 +587,36 @@ mod tests {
             Ok(b"bob".to_vec())
         );
         assert_eq!(r.claim_at(&HeaderMap::new(), NOW), Err(TokenError::Missing));
+    }
+
+    #[test]
+    fn a_remembered_token_still_expires_and_forged_ones_are_not_remembered() {
+        let r = rule();
+        let h = r#"{"alg":"HS256"}"#;
+        let token = hs256(
+            b"s3cret",
+            h,
+            r#"{"sub":"alice","exp":1800000100,"iss":"idp","aud":"api"}"#,
+        );
+        assert_eq!(r.claim_at(&bearer(&token), NOW), Ok(b"alice".to_vec()));
+        assert_eq!(r.claim_at(&bearer(&token), NOW + 1), Ok(b"alice".to_vec()));
+        let remembered = |r: &ClaimRule| r.verified.0.lock().map_or(0, |m| m.len());
+        assert_eq!(remembered(&r), 1);
+        // Past exp and the leeway, the remembered token is refused too.
+        assert_eq!(
+            r.claim_at(&bearer(&token), 1_800_000_131),
+            Err(TokenError::Expired)
+        );
+        let forged = hs256(
+            b"other",
+            h,
+            r#"{"sub":"bob","exp":1800000100,"iss":"idp","aud":"api"}"#,
+        );
+        assert_eq!(
+            r.claim_at(&bearer(&forged), NOW),
+            Err(TokenError::Signature)
+        );
+        assert_eq!(remembered(&r), 1);
     }
 
     #[test]

@@ -384,6 +384,7 @@ impl Validator<'_> {
             audience: m.audience.as_ref().map(|a| a.get_ref().clone()),
             leeway: leeway?,
             source,
+            verified: jwt::Verified::default(),
         }))
     }
 }
