@@ -549,6 +549,9 @@ fn rfc3339(time: SystemTime) -> String {
 pub struct Logged {
     inner: Body,
     line: Option<(Box<Record>, Arc<AccessLog>)>,
+    /// The request's concurrency slot, given back when the body is done
+    /// with (dropped).
+    slot: Option<crate::concurrency::Slot>,
 }
 
 impl Logged {
@@ -560,7 +563,17 @@ impl Logged {
             }
             _ => None,
         };
-        Self { inner, line }
+        Self {
+            inner,
+            line,
+            slot: None,
+        }
+    }
+
+    /// Holds `slot` until the body is done with.
+    pub fn holding(mut self, slot: Option<crate::concurrency::Slot>) -> Self {
+        self.slot = slot;
+        self
     }
 
     fn finish(&mut self, complete: bool) {

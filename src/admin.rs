@@ -224,7 +224,13 @@ fn status_json(shared: &Shared) -> String {
         on_error,
         shared.metrics().redis_calls.get(),
     );
-    for (i, (route, counts)) in rules.routes.iter().zip(&rules.metrics).enumerate() {
+    for (i, ((route, counts), capacity)) in rules
+        .routes
+        .iter()
+        .zip(&rules.metrics)
+        .zip(&rules.capacity)
+        .enumerate()
+    {
         if i > 0 {
             out.push(',');
         }
@@ -255,6 +261,29 @@ fn status_json(shared: &Shared) -> String {
         out.push(']');
         for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
             let _ = write!(out, ",\"{}\":{n}", outcome.name());
+        }
+        match capacity {
+            None => out.push_str(",\"concurrency\":null"),
+            Some(c) => {
+                let settings = c.settings();
+                let per = match settings.per {
+                    crate::concurrency::Per::Route => "route",
+                    crate::concurrency::Per::Client => "client",
+                };
+                let limit = match settings.per {
+                    crate::concurrency::Per::Route => c.limit(),
+                    crate::concurrency::Per::Client => settings.max_in_flight,
+                };
+                let refused = c.refused_full.load(std::sync::atomic::Ordering::Relaxed)
+                    + c.refused_timeout.load(std::sync::atomic::Ordering::Relaxed);
+                let _ = write!(
+                    out,
+                    ",\"concurrency\":{{\"per\":\"{per}\",\"adaptive\":{},\"limit\":{limit},\"in_flight\":{},\"waiting\":{},\"refused\":{refused}}}",
+                    settings.adaptive.is_some(),
+                    c.in_flight(),
+                    c.waiting()
+                );
+            }
         }
         out.push('}');
     }

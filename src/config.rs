@@ -34,6 +34,7 @@ use crate::routes::{EscapedSlashes, Table};
 mod access_log;
 mod answers;
 mod clients;
+mod concurrency;
 mod document;
 mod durations;
 mod matching;

@@ -16,6 +16,7 @@ use ipnet::IpNet;
 
 use crate::access_log::{AccessLog, Ids, Logged, Record};
 use crate::client::{client_address, is_in};
+use crate::concurrency::{Capacity, Per, Slot};
 use crate::config::Config;
 use crate::limit::{Answer, Charge, Limiter};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
@@ -47,13 +48,50 @@ pub struct Rules {
     /// Each route's heaviest clients, in route order; counted only when
     /// the admin listener (which shows them) is configured.
     pub top: Option<Vec<RouteTop>>,
+    /// Each route's concurrency caps, in route order (`None`: uncapped).
+    /// A reload keeps a route's caps, and what they count, when its name
+    /// and settings are unchanged.
+    pub capacity: Vec<Option<Arc<Capacity>>>,
 }
 
 impl Rules {
-    /// The swappable rules of `config`, counting into `metrics`.
-    pub fn new(config: &Config, metrics: &Metrics) -> Self {
+    /// The swappable rules of `config`, counting into `metrics`, keeping
+    /// the concurrency caps of `previous` rules that did not change.
+    pub fn new(config: &Config, metrics: &Metrics, previous: Option<&Rules>) -> Self {
         metrics.bind_upstreams(upstreams(config));
+        let capacity: Vec<Option<Arc<Capacity>>> = config
+            .routes
+            .iter()
+            .map(|route| {
+                let settings = route.concurrency.as_ref()?;
+                let kept = previous.and_then(|p| {
+                    p.routes
+                        .iter()
+                        .zip(&p.capacity)
+                        .find(|(r, c)| {
+                            r.name == route.name
+                                && c.as_ref().is_some_and(|c| c.settings() == settings)
+                        })
+                        .and_then(|(_, c)| c.clone())
+                });
+                Some(kept.unwrap_or_else(|| {
+                    Arc::new(Capacity::new(
+                        settings.clone(),
+                        config.server.max_client_entries,
+                    ))
+                }))
+            })
+            .collect();
+        metrics.bind_capacity(
+            config
+                .routes
+                .iter()
+                .zip(&capacity)
+                .filter_map(|(r, c)| Some((Arc::clone(&r.name), Arc::clone(c.as_ref()?))))
+                .collect(),
+        );
         Self {
+            capacity,
             metrics: metrics.bind(&config.routes),
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
@@ -149,7 +187,7 @@ impl Shared {
         ids: Arc<Ids>,
     ) -> Self {
         Self {
-            rules: ArcSwap::from_pointee(Rules::new(config, &metrics)),
+            rules: ArcSwap::from_pointee(Rules::new(config, &metrics, None)),
             tls: arc_swap::ArcSwapOption::new(
                 config.server.tls.as_ref().map(|(_, c)| Arc::clone(c)),
             ),
@@ -242,7 +280,8 @@ impl Shared {
                 "{what} changed but cannot be applied while running; restart floodgate to apply it"
             );
         }
-        self.rules.store(Arc::new(Rules::new(&new, &self.metrics)));
+        let rules = Rules::new(&new, &self.metrics, Some(&self.rules.load()));
+        self.rules.store(Arc::new(rules));
         self.tls
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();
@@ -319,7 +358,8 @@ pub async fn handle<H: Send + 'static>(
             hyper::body::Body::size_hint(request.body()).exact(),
         )
     });
-    let response = match answer(shared, peer, request, grpc, hold, &mut record).await {
+    let mut slot = None;
+    let response = match answer(shared, peer, request, grpc, hold, &mut record, &mut slot).await {
         Ok(response) => response,
         Err(refusal) => {
             shared.metrics.refused(&refusal);
@@ -333,7 +373,7 @@ pub async fn handle<H: Send + 'static>(
     if let Some(r) = record.as_mut() {
         r.status(response.status().as_u16());
     }
-    response.map(|body| Logged::new(body, record, shared.access_log.as_ref()))
+    response.map(|body| Logged::new(body, record, shared.access_log.as_ref()).holding(slot))
 }
 
 /// [`handle`]'s work: the answer, or what floodgate answers instead.
@@ -344,6 +384,7 @@ async fn answer<H: Send + 'static>(
     grpc: bool,
     hold: impl FnOnce() -> H,
     log: &mut Option<Record>,
+    slot_out: &mut Option<Slot>,
 ) -> Result<Response<Body>, Refusal> {
     // Taken apart once: the head is lent, not moved, on its way upstream.
     let (mut request, body) = request.into_parts();
@@ -406,6 +447,48 @@ async fn answer<H: Send + 'static>(
             .exempt_keys
             .iter()
             .any(|keys| keys.exempts(&request.headers));
+    let capacity = rules.capacity.get(index).and_then(Option::as_ref);
+    let per_client = capacity.is_some_and(|c| c.settings().per == Per::Client);
+    let client = if !exempt && (!route.policy.limits.is_empty() || per_client) {
+        Some(route.client.identify_forwarded(
+            &mut request.headers,
+            &matched_path,
+            peer.addr.ip(),
+            &rules.trusted_proxies,
+        )?)
+    } else {
+        None
+    };
+    // Room in flight first, so a request refused for it costs no rate
+    // units; a request the rate refuses drops its slot on the way out.
+    let slot = match capacity {
+        Some(capacity) if !(per_client && client.is_none()) => {
+            match capacity.acquire(client.as_ref()).await {
+                Ok(slot) => Some(slot),
+                Err(reason) => {
+                    let detail = match capacity.settings().per {
+                        Per::Route => format!(
+                            "route \"{}\" has as many requests in flight as it allows ({}); retry shortly",
+                            route.name,
+                            capacity.limit()
+                        ),
+                        Per::Client => format!(
+                            "this client has as many requests in flight on route \"{}\" as it allows ({}); retry shortly",
+                            route.name,
+                            capacity.settings().max_in_flight
+                        ),
+                    };
+                    tracing::debug!(route = %route.name, reason = reason.name(), "concurrency cap full");
+                    return Err(Refusal::capacity(capacity.settings().status, detail));
+                }
+            }
+        }
+        _ => None,
+    };
+    let hold = {
+        let slot = slot.clone();
+        move || (hold(), slot)
+    };
     let mut decision = None;
     if exempt {
         counts.count(Outcome::Exempt);
@@ -417,13 +500,7 @@ async fn answer<H: Send + 'static>(
         if let Some(r) = log.as_mut() {
             r.decided(Outcome::Allowed, None, None);
         }
-    } else {
-        let client = route.client.identify_forwarded(
-            &mut request.headers,
-            &matched_path,
-            peer.addr.ip(),
-            &rules.trusted_proxies,
-        )?;
+    } else if let Some(client) = client {
         let policy = route.policy_for(&client, &request.headers);
         let charge = Charge {
             route: &route.name,
@@ -516,6 +593,9 @@ async fn answer<H: Send + 'static>(
                 )
                 .await?;
             let took = started.elapsed();
+            if let Some(slot) = &slot {
+                slot.sample(took);
+            }
             counts.upstream(response.status().as_u16(), took);
             if let Some(r) = log.as_mut() {
                 r.upstream(&endpoint.endpoint.target, took);
@@ -526,5 +606,9 @@ async fn answer<H: Send + 'static>(
     if let Some((d, policy)) = &decision {
         response::annotate(response.headers_mut(), route, policy, d);
     }
+    // The answer's body holds the slot until it is sent (an upgraded
+    // connection's tunnel holds a clone); refusals and denials drop it
+    // when this returns.
+    *slot_out = slot;
     Ok(response)
 }

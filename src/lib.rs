@@ -9,6 +9,7 @@
 //! | [`routes`] | which route is this request on? |
 //! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route) |
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
+//! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue) |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breaker, denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome |
 //! | [`proxy`] | forward it upstream and stream the answer back over hyper's HTTP/1.1 and HTTP/2 client connections ([`proxy::pool`]), TLS to `https://` upstreams ([`proxy::connect`]), upgrades spliced ([`proxy::upgrade`]), every phase timed ([`proxy::body`]); an upstream's endpoints balanced and ejected ([`proxy::balance`]), its DNS names followed and health checked ([`proxy::discovery`]) |
@@ -32,6 +33,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod client;
+pub mod concurrency;
 pub mod config;
 pub mod gate;
 pub mod head;

@@ -234,6 +234,7 @@ pub struct Metrics {
     refusals: Family<RefusalLabel, Counter>,
     timeouts: Timeouts,
     endpoints: Arc<Endpoints>,
+    capacities: Arc<Capacities>,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -414,6 +415,8 @@ impl Metrics {
         );
         let endpoints = Arc::new(Endpoints::default());
         registry.register_collector(Box::new(Arc::clone(&endpoints)));
+        let capacities = Arc::new(Capacities::default());
+        registry.register_collector(Box::new(Arc::clone(&capacities)));
         registry.register_collector(Box::new(Process::new()));
         let build_info = Family::<VersionLabel, Gauge>::default();
         build_info
@@ -440,6 +443,7 @@ impl Metrics {
             refusals,
             timeouts,
             endpoints,
+            capacities,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
             no_route,
@@ -504,6 +508,11 @@ impl Metrics {
     /// in place of the previous rules' ones.
     pub fn bind_upstreams(&self, upstreams: Vec<Arc<Group>>) {
         self.endpoints.groups.store(Arc::new(upstreams));
+    }
+
+    /// Exports the concurrency caps of the rules in force, by route.
+    pub fn bind_capacity(&self, caps: Vec<(Arc<str>, Arc<crate::concurrency::Capacity>)>) {
+        self.capacities.caps.store(Arc::new(caps));
     }
 
     /// Removes every series labelled with route `name`.
@@ -800,6 +809,79 @@ impl Collector for Process {
             MetricType::Gauge,
         )?;
         ConstGauge::new(self.started).encode(family)?;
+        Ok(())
+    }
+}
+
+// === Concurrency caps ===
+
+/// The routes' concurrency series, read from the caps in force at each
+/// scrape.
+#[derive(Debug, Default)]
+struct Capacities {
+    caps: ArcSwap<Vec<(Arc<str>, Arc<crate::concurrency::Capacity>)>>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    route: String,
+    reason: &'static str,
+}
+
+impl Collector for Capacities {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::concurrency::Capacity;
+        let caps = self.caps.load();
+        type Read = fn(&Capacity) -> usize;
+        let gauges: [(&str, &str, Read); 3] = [
+            (
+                "floodgate_concurrency_in_flight",
+                "Requests in flight on each route with a concurrency cap (all its clients together for per-client caps).",
+                Capacity::in_flight,
+            ),
+            (
+                "floodgate_concurrency_waiting",
+                "Requests waiting in each route's concurrency queue.",
+                Capacity::waiting,
+            ),
+            (
+                "floodgate_concurrency_limit",
+                "Each route's concurrency cap now (an adaptive cap moves; per-client caps are per client).",
+                |c| match c.settings().per {
+                    crate::concurrency::Per::Client => c.settings().max_in_flight,
+                    crate::concurrency::Per::Route => c.limit(),
+                },
+            ),
+        ];
+        for (name, help, read) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (route, cap) in caps.iter() {
+                let label = RouteLabel {
+                    route: route.to_string(),
+                };
+                ConstGauge::new(i64::try_from(read(cap)).unwrap_or(i64::MAX))
+                    .encode(family.encode_family(&label)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "floodgate_concurrency_refusals",
+            "Requests refused by each route's concurrency cap, by reason (full: no slot and no room in the queue; queue_timeout: waited the whole queue_timeout).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (route, cap) in caps.iter() {
+            for (reason, count) in [
+                ("full", &cap.refused_full),
+                ("queue_timeout", &cap.refused_timeout),
+            ] {
+                let label = ReasonLabel {
+                    route: route.to_string(),
+                    reason,
+                };
+                ConstCounter::new(count.load(std::sync::atomic::Ordering::Relaxed) as u64)
+                    .encode(family.encode_family(&label)?)?;
+            }
+        }
         Ok(())
     }
 }

@@ -28,11 +28,19 @@ pub enum Fault {
     Upstream,
     /// The rate limit store could not decide and `on_error = "deny"` (503).
     Store,
+    /// The route (or the client) has as many requests in flight as its
+    /// concurrency cap allows (503 or 429 by default).
+    Capacity,
 }
 
 impl Fault {
     /// Every fault, in exposition order.
-    pub const ALL: [Fault; 3] = [Fault::Client, Fault::Upstream, Fault::Store];
+    pub const ALL: [Fault; 4] = [
+        Fault::Client,
+        Fault::Upstream,
+        Fault::Store,
+        Fault::Capacity,
+    ];
 
     /// The label value.
     pub fn name(self) -> &'static str {
@@ -40,6 +48,7 @@ impl Fault {
             Self::Client => "client",
             Self::Upstream => "upstream",
             Self::Store => "store",
+            Self::Capacity => "capacity",
         }
     }
 }
@@ -74,6 +83,14 @@ impl Refusal {
                 Fault::Store,
                 "the rate limit store is unavailable; retry later",
             )
+        }
+    }
+
+    /// A concurrency cap is full: `status`, retry after a second.
+    pub fn capacity(status: StatusCode, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            retry_after_ms: Some(1000),
+            ..Self::new(status, Fault::Capacity, detail)
         }
     }
 

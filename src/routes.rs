@@ -66,6 +66,8 @@ pub struct Route {
     pub exempt_keys: Vec<KeyExemption>,
     /// Largest request body forwarded, in bytes (413 past it).
     pub max_request_body: Option<u64>,
+    /// How many requests may be in flight at once, if capped.
+    pub concurrency: Option<crate::concurrency::Settings>,
 }
 
 impl Route {

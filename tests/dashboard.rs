@@ -71,6 +71,7 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
         .route(
             Route::new("api")
                 .respond("status = 200")
+                .line("concurrency = { max_in_flight = 4 }")
                 .limit("token_bucket", 1000, "1s"),
         )
         .toml();
@@ -114,6 +115,18 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
         rows[0]
     );
     assert!(rows[1].contains("1000/1s token_bucket"), "{}", rows[1]);
+    // In flight: none capped on login; api's cap of 4.
+    let row = |r: &str| r.split("</tr>").next().unwrap_or_default().to_owned();
+    assert!(
+        row(rows[0]).ends_with(r#"<td class="n">–</td>"#),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        row(rows[1]).ends_with(r#"/4</td>"#) && !row(rows[1]).contains("refused"),
+        "{}",
+        rows[1]
+    );
     assert!(dom.contains("up, breaker closed"), "store state");
     let top = dom
         .split("<tbody id=\"top\">")

@@ -164,3 +164,53 @@ async fn metrics_text(gate: &Floodgate) -> String {
         .await
         .text()
 }
+
+#[tokio::test]
+async fn an_upgraded_connection_holds_its_concurrency_slot_until_it_closes() {
+    let server = PeerServer::start("ws_peer.py");
+    let toml = Config::new()
+        .server(r#"upgrade_idle_timeout = "2s""#)
+        .admin()
+        .route(
+            Route::new("ws")
+                .upstream(&format!("http://127.0.0.1:{}", server.port))
+                .line(r#"concurrency = { max_in_flight = 1 }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let url = format!("ws://{}/quiet", gate.addr);
+    let silent =
+        tokio::spawn(
+            async move { client("ws_peer.py", &["silent".into(), url, "10".into()]).await },
+        );
+    let http = support::TestClient::http1();
+    let in_flight = |text: &str| text.contains("floodgate_concurrency_in_flight{route=\"ws\"} 1");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !in_flight(&metrics_text(&gate).await) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tunnel never took its slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The tunnel is open and silent: its slot is taken.
+    assert_eq!(http.get(&gate.url("/plain"), &[]).await.status, 503);
+    let closed = silent.await.expect("silent client");
+    assert!(
+        closed[0]["closed_after"].as_f64().is_some(),
+        "{}",
+        closed[0]
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !metrics_text(&gate)
+        .await
+        .contains("floodgate_concurrency_in_flight{route=\"ws\"} 0")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot was never given back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_ne!(http.get(&gate.url("/plain"), &[]).await.status, 503);
+}

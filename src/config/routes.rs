@@ -11,7 +11,7 @@ use toml::Spanned;
 use ipnet::IpNet;
 
 use super::upstreams::Defaults;
-use super::{MAX_LIMIT, MAX_UNIT_MS, Server, Validator, answers, clients, overrides};
+use super::{MAX_LIMIT, MAX_UNIT_MS, Server, Validator, answers, clients, concurrency, overrides};
 use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
 use crate::limit::{Algorithm, Limit};
 use crate::routes::{Action, Match, Respond, Route};
@@ -39,6 +39,7 @@ pub(super) struct RouteModel {
     overrides: Vec<Spanned<overrides::OverrideModel>>,
     #[serde(default)]
     exempt_keys: overrides::ExemptKeysModel,
+    concurrency: Option<Spanned<concurrency::ConcurrencyModel>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -213,6 +214,10 @@ impl Validator<'_> {
             None => Some(None),
             Some(d) => self.deny(d).map(Some),
         };
+        let concurrency = match &m.concurrency {
+            None => Some(None),
+            Some(c) => self.concurrency(c).map(Some),
+        };
         if !name_ok {
             return None;
         }
@@ -234,6 +239,7 @@ impl Validator<'_> {
             deny: deny?,
             exempt,
             exempt_keys,
+            concurrency: concurrency?,
         })
     }
 
