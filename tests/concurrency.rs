@@ -523,3 +523,47 @@ async fn a_streamed_answer_holds_its_slot_until_its_body_is_sent() {
     in_flight_returns_to_zero(&client, &gate, "files").await;
     assert_eq!(client.get(&gate.url("/other"), &[]).await.status, 200);
 }
+
+#[tokio::test]
+async fn a_reload_keeps_an_unchanged_cap_and_what_it_counts() {
+    let upstream = Sleeper::start(800, 1000).await;
+    let dir = support::temp_dir("concurrency-reload");
+    let path = dir.join("config.toml");
+    let config = |other_limit: u64, cap: usize| {
+        Config::new()
+            .admin()
+            .route(
+                Route::new("api")
+                    .upstream(&upstream.url())
+                    .matching(r#"path_prefix = "/api""#)
+                    .line(&format!("concurrency = {{ max_in_flight = {cap} }}")),
+            )
+            .route(Route::new("other").limit("sliding_log", other_limit, "60s"))
+            .toml()
+    };
+    std::fs::write(&path, config(5, 1)).expect("write config");
+    let gate = Floodgate::start_file(&path).await;
+    let client = TestClient::http1();
+    let holder = {
+        let client = client.clone();
+        let url = gate.url("/api");
+        tokio::spawn(async move { client.get(&url, &[]).await.status.as_u16() })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Another route changes: the cap, and the request it holds, stay.
+    std::fs::write(&path, config(6, 1)).expect("rewrite config");
+    gate.reload.notify_one();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !client
+        .get(&gate.url("/other"), &[])
+        .await
+        .header("ratelimit-policy")
+        .is_some_and(|p| p.contains("q=6"))
+    {
+        assert!(Instant::now() < deadline, "the reload never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(client.get(&gate.url("/api"), &[]).await.status, 503);
+    assert_eq!(holder.await.expect("holder"), 200);
+    in_flight_returns_to_zero(&client, &gate, "api").await;
+}
