@@ -46,6 +46,26 @@ const HOP_HEADERS: [&str; 6] = [
 ];
 
 impl Validator<'_> {
+    /// A 4xx or 5xx status, `default` when absent.
+    pub(super) fn error_status(
+        &mut self,
+        value: Option<&Spanned<i64>>,
+        default: StatusCode,
+        message: &str,
+    ) -> Option<StatusCode> {
+        let Some(value) = value else {
+            return Some(default);
+        };
+        let status = u16::try_from(*value.get_ref())
+            .ok()
+            .filter(|s| (400..=599).contains(s))
+            .and_then(|s| StatusCode::from_u16(s).ok());
+        if status.is_none() {
+            self.problem(value.span(), message);
+        }
+        status
+    }
+
     /// A `Content-Type` value, `text/plain; charset=utf-8` when absent.
     pub(super) fn content_type(
         &mut self,
@@ -79,23 +99,11 @@ impl Validator<'_> {
     /// A route's `deny` answer.
     pub(super) fn deny(&mut self, model: &Spanned<DenyModel>) -> Option<DenyAnswer> {
         let m = model.get_ref();
-        let status = match &m.status {
-            None => Some(StatusCode::TOO_MANY_REQUESTS),
-            Some(s) => match u16::try_from(*s.get_ref())
-                .ok()
-                .filter(|s| (400..=599).contains(s))
-                .and_then(|s| StatusCode::from_u16(s).ok())
-            {
-                Some(s) => Some(s),
-                None => {
-                    self.problem(
-                        s.span(),
-                        "deny status must be a 4xx or 5xx code (a denial is an error to the client)",
-                    );
-                    None
-                }
-            },
-        };
+        let status = self.error_status(
+            m.status.as_ref(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "deny status must be a 4xx or 5xx code (a denial is an error to the client)",
+        );
         let content_type = self.content_type(m.content_type.as_ref(), "deny content_type");
         let mut headers = Vec::with_capacity(m.headers.len());
         let mut ok = true;

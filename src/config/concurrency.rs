@@ -76,20 +76,11 @@ impl Validator<'_> {
             Some(Per::Client) => http::StatusCode::TOO_MANY_REQUESTS,
             _ => http::StatusCode::SERVICE_UNAVAILABLE,
         };
-        let status = match &m.status {
-            None => Some(default_status),
-            Some(s) => match u16::try_from(*s.get_ref())
-                .ok()
-                .filter(|s| (400..=599).contains(s))
-                .and_then(|s| http::StatusCode::from_u16(s).ok())
-            {
-                Some(s) => Some(s),
-                None => {
-                    self.problem(s.span(), "status must be a 4xx or 5xx code");
-                    None
-                }
-            },
-        };
+        let status = self.error_status(
+            m.status.as_ref(),
+            default_status,
+            "status must be a 4xx or 5xx code",
+        );
         let adaptive = match &m.adaptive {
             None => Some(None),
             Some(a) => {
