@@ -330,13 +330,12 @@ impl Gradient {
             self.floor = Some(typical);
         }
         let floor = self.floor.unwrap_or(floor);
-        // Near the floor the ratio is above 1 and the cap grows (with a
-        // square-root headroom, so a small cap finds its way up quickly);
-        // well above it the ratio falls below 1 and the cap shrinks in
-        // proportion.
-        let ratio = (floor.as_secs_f64() * (1.0 + self.settings.tolerance)
-            / typical.as_secs_f64().max(1e-6))
-        .clamp(0.5, 2.0);
+        // Within the tolerance of the floor the cap grows by a square-root
+        // headroom (quickly while it is small, carefully once it is
+        // large); above it, it shrinks in proportion to how much slower
+        // the upstream has become, by half at most.
+        let near = floor.as_secs_f64() * (1.0 + self.settings.tolerance);
+        let ratio = (near / typical.as_secs_f64().max(1e-6)).clamp(0.5, 1.0);
         let headroom = if ratio >= 1.0 { self.limit.sqrt() } else { 0.0 };
         // Half way there each interval: the samples of one interval were
         // taken under the caps of the ones before, so a full step would

@@ -32,6 +32,9 @@ struct Sleeper {
     most: Arc<AtomicUsize>,
     floor_ms: Arc<AtomicU64>,
     knee: Arc<AtomicUsize>,
+    /// Latencies given, in ms, and how many: their mean since the last
+    /// reset.
+    given: Arc<(AtomicU64, AtomicU64)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -53,22 +56,25 @@ impl Sleeper {
         let most = Arc::new(AtomicUsize::new(0));
         let floor = Arc::new(AtomicU64::new(floor_ms));
         let knee_at = Arc::new(AtomicUsize::new(knee));
-        let (h, m, f, k) = (
+        let given = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let (h, m, f, k, g) = (
             Arc::clone(&held),
             Arc::clone(&most),
             Arc::clone(&floor),
             Arc::clone(&knee_at),
+            Arc::clone(&given),
         );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (h, m, f, k) = (
+                let (h, m, f, k, g) = (
                     Arc::clone(&h),
                     Arc::clone(&m),
                     Arc::clone(&f),
                     Arc::clone(&k),
+                    Arc::clone(&g),
                 );
                 tokio::spawn(async move {
                     let service = service_fn(move |_req: Request<Incoming>| {
@@ -79,6 +85,8 @@ impl Sleeper {
                         let knee = k.load(Ordering::SeqCst);
                         let over = now.saturating_sub(knee) as u64;
                         let latency = Duration::from_millis(floor * (1 + over));
+                        g.0.fetch_add(floor * (1 + over), Ordering::SeqCst);
+                        g.1.fetch_add(1, Ordering::SeqCst);
                         async move {
                             tokio::time::sleep(latency).await;
                             drop(holding);
@@ -97,6 +105,7 @@ impl Sleeper {
             most,
             floor_ms: floor,
             knee: knee_at,
+            given,
             task,
         }
     }
@@ -115,6 +124,17 @@ impl Sleeper {
 
     fn reset_most(&self) {
         self.most.store(self.held(), Ordering::SeqCst);
+        self.given.0.store(0, Ordering::SeqCst);
+        self.given.1.store(0, Ordering::SeqCst);
+    }
+
+    /// The mean latency given since the last reset, in ms.
+    fn mean_latency_ms(&self) -> f64 {
+        let (sum, n) = (
+            self.given.0.load(Ordering::SeqCst),
+            self.given.1.load(Ordering::SeqCst),
+        );
+        sum as f64 / n.max(1) as f64
     }
 }
 
@@ -471,6 +491,13 @@ async fn an_adaptive_cap_finds_the_upstream_knee_and_follows_it() {
         "the upstream held {} at once while the cap was settled",
         upstream.most()
     );
+    // Its latency stays near its floor of 40 ms (up to 8 at once).
+    let mean = upstream.mean_latency_ms();
+    println!(
+        "settled: caps {seen:?}, mean latency {mean:.1} ms, most held {}",
+        upstream.most()
+    );
+    assert!(mean <= 80.0, "mean latency {mean:.1} ms while settled");
     // The upstream speeds up (its knee moves to 32): the cap rises again.
     upstream.knee.store(32, Ordering::SeqCst);
     let raised = Instant::now();
