@@ -1,0 +1,237 @@
+//! Decisions queued and sent together: one call decides one or more
+//! requests, each all or nothing.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use redis::{Cmd, RedisWrite, ToRedisArgs, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::limit::{Decision, Limit, StoreError};
+
+use super::code::FUNCTIONS_NO;
+use super::keys::{Key, decimal};
+use super::replies::{next_decision, verdict_values};
+use super::{Link, MAX_BATCH};
+
+/// One decision as a call carries it.
+#[derive(Clone, Copy)]
+pub(super) struct Ask<'a> {
+    /// The hash tag of its keys.
+    pub(super) tag: &'a str,
+    pub(super) limits: &'a [Limit],
+    pub(super) cost: u64,
+    /// Replaces Redis `TIME` (tests only).
+    pub(super) now: Option<u64>,
+}
+
+/// A decision waiting for a call, and where its answer goes.
+pub(super) struct Pending {
+    pub(super) tag: String,
+    pub(super) limits: Limits,
+    pub(super) cost: u64,
+    pub(super) now: Option<u64>,
+    pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
+}
+
+impl Pending {
+    pub(super) fn ask(&self) -> Ask<'_> {
+        Ask {
+            tag: &self.tag,
+            limits: self.limits.as_slice(),
+            cost: self.cost,
+            now: self.now,
+        }
+    }
+}
+
+/// A route's limits, owned while the decision waits: most routes have one,
+/// which needs no allocation.
+pub(super) enum Limits {
+    One(Limit),
+    Many(Box<[Limit]>),
+}
+
+impl Limits {
+    pub(super) fn new(limits: &[Limit]) -> Self {
+        match limits {
+            [one] => Self::One(*one),
+            many => Self::Many(many.into()),
+        }
+    }
+
+    pub(super) fn as_slice(&self) -> &[Limit] {
+        match self {
+            Self::One(one) => std::slice::from_ref(one),
+            Self::Many(many) => many,
+        }
+    }
+}
+
+/// One of the tasks that send a store's calls: takes every decision waiting
+/// (up to [`MAX_BATCH`]), sends them in one call, hands each its answer,
+/// and starts over. Ends when the store is dropped.
+pub(super) async fn send_calls(
+    link: Arc<Link>,
+    waiting: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
+) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
+    let mut command = Cmd::new();
+    loop {
+        // One task at a time waits for decisions; the others are in flight.
+        if waiting.lock().await.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
+        // A decision whose request gave up (timed out, or the client left)
+        // is not sent: nothing would see its answer.
+        batch.retain(|p| !p.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let asks = batch.iter().map(Pending::ask);
+        let sent = tokio::time::timeout(link.timeout, link.call(&mut command, asks));
+        let answer = match sent.await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::Timeout(link.timeout)),
+        };
+        deliver(&mut batch, answer);
+    }
+}
+
+/// Hands each decision of `batch` its part of `answer`, in order, and
+/// empties `batch`.
+pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError>) {
+    let limits = batch.iter().map(|p| p.limits.as_slice().len()).sum();
+    let failed = match answer.as_ref().map(|reply| verdict_values(reply, limits)) {
+        Ok(Ok(values)) => {
+            let mut rest = values;
+            for pending in batch.drain(..) {
+                let decision = next_decision(&mut rest, pending.limits.as_slice().len());
+                let _ = pending.reply.send(Ok(decision));
+            }
+            return;
+        }
+        Ok(Err(e)) => e,
+        Err(e) => e.clone(),
+    };
+    for pending in batch.drain(..) {
+        let _ = pending.reply.send(Err(failed.clone()));
+    }
+}
+
+/// A route's limits as the Lua code reads them: `<algorithm> <limit>
+/// <window_ms> <burst>` for each, separated by spaces. A route sends the
+/// same text with every decision, so Redis parses it once.
+pub(super) struct Spec<'a>(&'a [Limit]);
+
+impl ToRedisArgs for Spec<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut spec = out.writer_for_next_arg();
+        let mut digits = [0u8; 20];
+        // Writing into the command's buffer cannot fail.
+        for (i, limit) in self.0.iter().enumerate() {
+            if i > 0 {
+                let _ = spec.write_all(b" ");
+            }
+            let _ = spec.write_all(limit.algorithm.name().as_bytes());
+            for n in [limit.limit, limit.window_ms, limit.burst] {
+                let _ = spec.write_all(b" ");
+                let _ = spec.write_all(decimal(n, &mut digits));
+            }
+        }
+    }
+}
+
+impl Link {
+    /// Builds in `command`: `FCALL <function> <number of keys> <keys…>`, then
+    /// per decision `<now> <cost> "<algorithm> <limit> <window> <burst>…"`;
+    /// or `EVALSHA <sha> …` with the same arguments where Redis has no
+    /// functions.
+    pub(super) fn command<'a>(
+        &self,
+        command: &mut Cmd,
+        asks: impl Iterator<Item = Ask<'a>> + Clone,
+    ) {
+        command.clear();
+        if self.functions.load(Ordering::Relaxed) == FUNCTIONS_NO {
+            command.arg("EVALSHA").arg(self.script.get_hash());
+        } else {
+            command.arg("FCALL").arg(self.library.function.as_str());
+        }
+        command.arg(asks.clone().map(|a| a.limits.len()).sum::<usize>());
+        for ask in asks.clone() {
+            for (index, limit) in ask.limits.iter().enumerate() {
+                command.arg(Key {
+                    tag: ask.tag,
+                    index,
+                    limit,
+                });
+            }
+        }
+        for ask in asks {
+            match ask.now {
+                Some(now) => command.arg(now),
+                None => command.arg(""),
+            };
+            command.arg(ask.cost).arg(Spec(ask.limits));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Algorithm;
+    use crate::limit::redis::RedisStore;
+    use std::time::Duration;
+
+    #[test]
+    fn calls_carry_keys_first_then_now_cost_and_limits_per_decision() {
+        let store =
+            RedisStore::new("redis://127.0.0.1:1", "p", Duration::from_secs(1)).expect("store");
+        let one = [Limit::new(Algorithm::Gcra, 5, 1_000).with_burst(7)];
+        let two = [
+            Limit::new(Algorithm::FixedWindow, 3, 60_000),
+            Limit::new(Algorithm::SlidingLog, 10, 2_500),
+        ];
+        let asks = [
+            Ask {
+                tag: "t1",
+                limits: &one,
+                cost: 1,
+                now: None,
+            },
+            Ask {
+                tag: "t2",
+                limits: &two,
+                cost: 4,
+                now: Some(1_700_000_000_123),
+            },
+        ];
+        let mut command = Cmd::new();
+        store.link.command(&mut command, asks.iter().copied());
+        let args: Vec<String> = command
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a plain argument>".to_owned(),
+            })
+            .collect();
+        assert_eq!(
+            args[2..],
+            [
+                "3",
+                "t1:0:gcra:1000",
+                "t2:0:fixed_window:60000",
+                "t2:1:sliding_log:2500",
+                "",
+                "1",
+                "gcra 5 1000 7",
+                "1700000000123",
+                "4",
+                "fixed_window 3 60000 3 sliding_log 10 2500 10",
+            ]
+        );
+    }
+}

@@ -1,0 +1,426 @@
+//! The Redis store: every instance counts in one Redis, at most one command
+//! per decision.
+//!
+//! The Lua files in `lua/` are joined into a function library and decisions
+//! are sent with `FCALL` (Redis 7 and later: the algorithms are loaded once,
+//! when the library is, which costs Redis about a fifth less CPU per
+//! decision than a script). Where Redis refuses functions, the same code runs
+//! as a script with `EVALSHA`. Either is loaded again when Redis answers that
+//! it lacks it (a restart, `FUNCTION FLUSH`, `SCRIPT FLUSH`). Time comes from
+//! Redis `TIME` inside the code, so instances with skewed clocks agree.
+//!
+//! Calls: one `FCALL` decides one or more requests, one after another, each
+//! all or nothing, in one atomic run of the code. On one Redis, decisions
+//! queue for a few tasks that send the calls (at most `IN_FLIGHT` in
+//! flight): a decision that finds a task free goes at once, alone; decisions
+//! that arrive while every task waits for Redis go together in the next
+//! call. Redis then pays a call's fixed cost (the command, `TIME`, the reply)
+//! once for all of them, which is what makes it keep up under load. A Redis
+//! Cluster gets one call per decision, since one call's keys must share a
+//! slot.
+//!
+//! Connections: a deadpool pool of redis-rs multiplexed connections. The
+//! store keeps a handle on a few of them and sends every call on one of
+//! those, round-robin, so calls in flight are pipelined on a few TCP
+//! connections; the pool is asked only for a missing or broken one.
+//! deadpool-redis pings every connection it hands out; this store's pool does
+//! not (that would be a second command per checkout) and instead retires a
+//! connection as soon as a command on it fails for a connection reason.
+//!
+//! The module answers one question per file: [`keys`] (what a decision's
+//! keys are called), [`code`] (the Lua code and getting it loaded),
+//! [`batch`] (decisions queued and sent together), [`replies`] (reading
+//! the verdicts back) and [`connections`] (the pool).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use deadpool::managed;
+use prometheus_client::metrics::counter::Counter;
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, IntoConnectionInfo, RedisError, Script,
+    TlsCertificates, Value,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use super::settings::{Endpoint, Tls};
+use super::{Charge, Decision, Store, StoreError};
+use crate::client::ClientId;
+
+mod batch;
+mod code;
+mod connections;
+mod keys;
+mod replies;
+
+use batch::{Ask, Limits, Pending, send_calls};
+pub use code::SCRIPT;
+use code::{FUNCTIONS_UNKNOWN, Library, code_missing};
+use connections::{Lane, Lanes, cluster_retry_waits};
+#[doc(hidden)] // how tests find a client's keys in Redis
+pub use keys::write_client;
+use replies::{decision_from_reply, next_decision, verdict_values};
+
+/// Multiplexed connections in the pool; each carries many calls at once.
+const CONNECTIONS: usize = 4;
+
+/// Calls in flight at once to one Redis. Decisions that arrive while all
+/// are in flight wait, and go together in the next call.
+const IN_FLIGHT: usize = 2;
+
+/// Most decisions in one call.
+const MAX_BATCH: usize = 32;
+
+/// Counts limits in Redis, shared by every floodgate instance using it.
+pub struct RedisStore {
+    link: Arc<Link>,
+    /// Where decisions wait for a call to one Redis (not a cluster); set by
+    /// the first decision, which starts the tasks that send the calls.
+    queue: ArcSwapOption<mpsc::UnboundedSender<Pending>>,
+    key_prefix: String,
+}
+
+/// What a store shares with the tasks that send its calls: the connections
+/// and the decision code.
+struct Link {
+    pool: managed::Pool<Lanes>,
+    /// Cached handles on pooled connections, used round-robin.
+    lanes: Box<[ArcSwapOption<Lane>]>,
+    next_lane: AtomicUsize,
+    script: Script,
+    library: Library,
+    /// One of `FUNCTIONS_*`.
+    functions: AtomicU8,
+    /// Redis Cluster: every call carries one decision, whose keys share a
+    /// slot.
+    cluster: bool,
+    timeout: Duration,
+    /// Counts the calls sent (`floodgate_redis_calls_total`).
+    calls: Counter,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout", &self.link.timeout)
+            .field("cluster", &self.link.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// A store for one Redis at `url`; connects lazily, so it starts even
+    /// while Redis is down.
+    pub fn new(url: &str, key_prefix: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let endpoint = Endpoint::Single(url.to_owned());
+        Self::connect(
+            &endpoint,
+            &Tls::default(),
+            key_prefix,
+            timeout,
+            Counter::default(),
+        )
+    }
+
+    /// A store for `endpoint`: one Redis or a Redis Cluster, over TLS with
+    /// `tls` for `rediss://`, counting the calls it sends in `calls`.
+    /// Connects lazily.
+    pub fn connect(
+        endpoint: &Endpoint,
+        tls: &Tls,
+        key_prefix: &str,
+        timeout: Duration,
+        calls: Counter,
+    ) -> Result<Self, StoreError> {
+        let connect_timeout = timeout.max(Duration::from_millis(500));
+        let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis settings: {e}"));
+        let certificates = || TlsCertificates {
+            client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            root_cert: tls.ca.clone(),
+        };
+        let custom_tls = tls.ca.is_some() || tls.client.is_some();
+        let lanes = match endpoint {
+            Endpoint::Single(url) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                let info = if custom_tls {
+                    redis::Client::build_with_tls(url.as_str(), certificates())
+                        .map_err(invalid)?
+                        .get_connection_info()
+                        .clone()
+                } else {
+                    url.as_str().into_connection_info().map_err(invalid)?
+                };
+                Lanes::Single(
+                    deadpool_redis::Manager::new_with_config(info, config).map_err(invalid)?,
+                )
+            }
+            Endpoint::Cluster(urls) => {
+                let (min_wait, max_wait) = cluster_retry_waits(timeout);
+                let mut builder =
+                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
+                        .connection_timeout(connect_timeout)
+                        .min_retry_wait(min_wait)
+                        .max_retry_wait(max_wait);
+                if custom_tls {
+                    builder = builder.certs(certificates());
+                }
+                Lanes::Cluster(builder.build().map_err(invalid)?)
+            }
+            Endpoint::Sentinel { urls, master } => {
+                let nodes = redis::sentinel::SentinelNodeConnectionInfo::default();
+                let client = redis::sentinel::SentinelClient::build(
+                    urls.iter().map(String::as_str).collect(),
+                    master.as_str(),
+                    Some(nodes),
+                    redis::sentinel::SentinelServerType::Master,
+                )
+                .map_err(invalid)?;
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(None);
+                Lanes::Sentinel(tokio::sync::Mutex::new(client), config)
+            }
+        };
+        let cluster = matches!(lanes, Lanes::Cluster(_));
+        let pool = managed::Pool::builder(lanes)
+            .max_size(CONNECTIONS)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Backend(format!("cannot build the Redis pool: {e}")))?;
+        Ok(Self {
+            link: Arc::new(Link {
+                pool,
+                lanes: (0..CONNECTIONS).map(|_| ArcSwapOption::empty()).collect(),
+                next_lane: AtomicUsize::new(0),
+                script: Script::new(SCRIPT),
+                library: Library::new(),
+                functions: AtomicU8::new(FUNCTIONS_UNKNOWN),
+                cluster,
+                timeout,
+                calls,
+            }),
+            queue: ArcSwapOption::empty(),
+            key_prefix: key_prefix.to_owned(),
+        })
+    }
+
+    /// Retires every connection this store sends on; the next call opens a
+    /// new one. A Redis whose host vanished, or a network that drops its
+    /// packets, leaves connections open that will never answer and that
+    /// TCP gives up on only after many minutes; a new connection reaches
+    /// whatever answers at the address now (a restarted Redis, the new
+    /// primary behind a managed endpoint's name or the Sentinels, a
+    /// cluster's current topology). Calls in flight end by their timeout.
+    pub fn reconnect(&self) {
+        for slot in &self.link.lanes {
+            if let Some(lane) = slot.swap(None) {
+                // The pool discards the connection instead of handing it out.
+                lane.broken.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Gives Redis the decision code (the function library, or the script
+    /// where Redis has no functions) so the first decision needs no retry.
+    pub async fn load_script(&self) -> Result<(), StoreError> {
+        let link = &*self.link;
+        let work = async {
+            let lane = link.lane().await?;
+            let mut conn = lane.conn.clone();
+            let loaded = link.load_code(&mut conn).await;
+            loaded.map_err(|e| lane.failed(e))
+        };
+        tokio::time::timeout(link.timeout.max(Duration::from_secs(1)), work)
+            .await
+            .map_err(|_| StoreError::Timeout(link.timeout))?
+    }
+
+    /// Decides `charge`. `now` (milliseconds) replaces Redis `TIME`: tests
+    /// only, never in production.
+    ///
+    /// On one Redis, the decision waits in a queue for a free call (at most
+    /// `IN_FLIGHT` are in flight): at low load it goes at once, alone;
+    /// under load, the decisions that arrived during the calls in flight go
+    /// together in one call. On a cluster, each decision is its own call.
+    #[doc(hidden)] // an explicit `now` is for tests and benchmarks
+    pub async fn decide_at(
+        &self,
+        charge: Charge<'_>,
+        now: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let timeout = self.link.timeout;
+        let tag = self.hash_tag(charge.route, charge.client);
+        if self.link.cluster {
+            let ask = Ask {
+                tag: &tag,
+                limits: charge.limits,
+                cost: charge.cost,
+                now,
+            };
+            let work = async {
+                // Sized up front, so that building it allocates twice
+                // rather than once per doubling of its buffers: a key and
+                // about 40 bytes of limits per limit, six more arguments.
+                let n = charge.limits.len();
+                let mut command = Cmd::with_capacity(6 + n, 64 + n * (tag.len() + 72));
+                let reply = self.link.call(&mut command, std::iter::once(ask)).await?;
+                decision_from_reply(&reply, charge.limits.len())
+            };
+            return tokio::time::timeout(timeout, work)
+                .await
+                .map_err(|_| StoreError::Timeout(timeout))?;
+        }
+        let (reply, decided) = oneshot::channel();
+        self.enqueue(Pending {
+            tag,
+            limits: Limits::new(charge.limits),
+            cost: charge.cost,
+            now,
+            reply,
+        })?;
+        match tokio::time::timeout(timeout, decided).await {
+            Ok(Ok(decided)) => decided,
+            Ok(Err(_)) => Err(StoreError::Backend(
+                "the task sending calls to Redis stopped".to_owned(),
+            )),
+            Err(_) => Err(StoreError::Timeout(timeout)),
+        }
+    }
+
+    /// Decides `charges` in one call, in order, each at its own `now` or at
+    /// Redis `TIME`: what the shared calls of a loaded instance do, with the
+    /// call's make-up fixed, for tests and benchmarks. Each decision sees
+    /// the ones before it, as if each had been its own call. On a cluster
+    /// the charges must share one route and client (one slot).
+    #[doc(hidden)] // for tests and benchmarks
+    pub async fn decide_together_at(
+        &self,
+        charges: &[(Charge<'_>, Option<u64>)],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let tags: Vec<String> = charges
+            .iter()
+            .map(|(charge, _)| self.hash_tag(charge.route, charge.client))
+            .collect();
+        let asks = charges.iter().zip(&tags).map(|((charge, now), tag)| Ask {
+            tag,
+            limits: charge.limits,
+            cost: charge.cost,
+            now: *now,
+        });
+        let work = async {
+            let reply = self.link.call(&mut Cmd::new(), asks).await?;
+            let limits = charges.iter().map(|(charge, _)| charge.limits.len());
+            let mut rest = verdict_values(&reply, limits.clone().sum())?;
+            Ok(limits.map(|n| next_decision(&mut rest, n)).collect())
+        };
+        tokio::time::timeout(self.link.timeout, work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.link.timeout))?
+    }
+
+    /// Queues `pending` for the tasks that send calls, starting them first
+    /// if there are none yet (or they ended with the runtime they ran on).
+    fn enqueue(&self, pending: Pending) -> Result<(), StoreError> {
+        let pending = match self.queue.load().as_deref() {
+            Some(queue) => match queue.send(pending) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(pending)) => pending,
+            },
+            None => pending,
+        };
+        let (queue, waiting) = mpsc::unbounded_channel();
+        let waiting = Arc::new(tokio::sync::Mutex::new(waiting));
+        for _ in 0..IN_FLIGHT {
+            tokio::spawn(send_calls(Arc::clone(&self.link), Arc::clone(&waiting)));
+        }
+        queue.send(pending).map_err(|_| {
+            StoreError::Backend("cannot start the tasks that send calls to Redis".to_owned())
+        })?;
+        self.queue.store(Some(Arc::new(queue)));
+        Ok(())
+    }
+
+    /// `{prefix}:{route:client}`: the braces make one hash tag per route and
+    /// client, so Redis Cluster keeps all of a decision's keys in one slot.
+    pub fn hash_tag(&self, route: &str, client: &ClientId) -> String {
+        let mut tag = String::with_capacity(self.key_prefix.len() + route.len() + 80);
+        tag.push_str(&self.key_prefix);
+        tag.push_str(":{");
+        tag.push_str(route);
+        tag.push(':');
+        write_client(&mut tag, client);
+        tag.push('}');
+        tag
+    }
+}
+
+impl Store for RedisStore {
+    async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
+        self.decide_at(charge, None).await
+    }
+}
+
+impl Link {
+    /// Sends one call deciding `asks`, in order, and returns Redis's reply.
+    /// `command` is a buffer to build the call in.
+    async fn call<'a>(
+        &self,
+        command: &mut Cmd,
+        asks: impl Iterator<Item = Ask<'a>> + Clone,
+    ) -> Result<Value, StoreError> {
+        let lane = self.lane().await?;
+        let mut conn = lane.conn.clone();
+        self.command(command, asks.clone());
+        self.calls.inc();
+        match command.query_async(&mut conn).await {
+            Ok(reply) => Ok(reply),
+            Err(e) if code_missing(&e) => {
+                // Redis lost the code (a restart, FUNCTION or SCRIPT FLUSH)
+                // or never runs functions: give it the code, ask again.
+                // Boxed, as a rare path, to keep the common future small.
+                Box::pin(async {
+                    self.load_code(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))?;
+                    self.command(command, asks);
+                    self.calls.inc();
+                    command
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))
+                })
+                .await
+            }
+            Err(e) => Err(lane.failed(e)),
+        }
+    }
+
+    /// A connection to send on: one of a few cached multiplexed handles,
+    /// replaced from the pool when missing or broken.
+    async fn lane(&self) -> Result<Arc<Lane>, StoreError> {
+        let slot = &self.lanes[self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
+        if let Some(lane) = slot.load_full()
+            && !lane.broken.load(Ordering::Relaxed)
+        {
+            return Ok(lane);
+        }
+        // Boxed: the pool's future holds a whole connection attempt and is
+        // needed only when a lane is missing or broken.
+        let pooled = Box::pin(self.pool.get()).await.map_err(|e| match e {
+            managed::PoolError::Backend(e) => StoreError::Backend(format!("cannot connect: {e}")),
+            other => StoreError::Backend(format!("connection pool: {other}")),
+        })?;
+        // The pooled object goes straight back; the clone shares its connection.
+        let lane = Arc::new(pooled.clone_handle());
+        slot.store(Some(Arc::clone(&lane)));
+        Ok(lane)
+    }
+}
