@@ -27,7 +27,8 @@ async fn exported_names() -> BTreeSet<String> {
         .route(
             Route::new("api")
                 .matching(r#"path_prefix = "/api""#)
-                .upstream("api"),
+                .upstream("api")
+                .line("concurrency = { max_in_flight = 10 }"),
         )
         .toml();
     let gate = Floodgate::start(&toml).await;
