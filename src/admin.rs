@@ -18,6 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use crate::concurrency::Refused;
 use crate::gate::{Readiness, Shared};
 use crate::metrics::Outcome;
 
@@ -265,21 +266,13 @@ fn status_json(shared: &Shared) -> String {
         match capacity {
             None => out.push_str(",\"concurrency\":null"),
             Some(c) => {
-                let settings = c.settings();
-                let per = match settings.per {
-                    crate::concurrency::Per::Route => "route",
-                    crate::concurrency::Per::Client => "client",
-                };
-                let limit = match settings.per {
-                    crate::concurrency::Per::Route => c.limit(),
-                    crate::concurrency::Per::Client => settings.max_in_flight,
-                };
-                let refused = c.refused_full.load(std::sync::atomic::Ordering::Relaxed)
-                    + c.refused_timeout.load(std::sync::atomic::Ordering::Relaxed);
+                let refused: usize = Refused::ALL.into_iter().map(|r| c.refusals(r)).sum();
                 let _ = write!(
                     out,
-                    ",\"concurrency\":{{\"per\":\"{per}\",\"adaptive\":{},\"limit\":{limit},\"in_flight\":{},\"waiting\":{},\"refused\":{refused}}}",
-                    settings.adaptive.is_some(),
+                    ",\"concurrency\":{{\"per\":\"{}\",\"adaptive\":{},\"limit\":{},\"in_flight\":{},\"waiting\":{},\"refused\":{refused}}}",
+                    c.settings().per.name(),
+                    c.settings().adaptive.is_some(),
+                    c.limit(),
                     c.in_flight(),
                     c.waiting()
                 );

@@ -154,8 +154,14 @@ impl ClientId {
 
     /// The id of a header value too long to keep: its SHA-256.
     pub fn digest_of(value: impl AsRef<[u8]>) -> Self {
-        Self::Digest(Box::new(Sha256::digest(value.as_ref()).into()))
+        Self::Digest(Box::new(sha256(value.as_ref())))
     }
+}
+
+/// `value`'s SHA-256: how a long id is counted, and how configured API keys
+/// and client values are kept without the values themselves.
+pub fn sha256(value: &[u8]) -> [u8; 32] {
+    Sha256::digest(value).into()
 }
 
 /// How logs show a client: an address as it is; a header's value (an API
@@ -359,7 +365,7 @@ impl ClientRule {
                 })
             }
             Part::Claim(rule) => match rule.claim(headers) {
-                Ok(value) if value.len() <= self.max_len => Ok(ClientId::header(value)),
+                Ok(value) if value.len() <= self.max_len => Ok(ClientId::Header(value.into())),
                 Ok(value) => Ok(ClientId::digest_of(value)),
                 Err(e) => match self.missing {
                     MissingHeader::Fallback => Ok(address(client_address(headers, peer, trusted))),

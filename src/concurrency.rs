@@ -58,6 +58,11 @@ pub enum Per {
 impl Per {
     /// Every choice with its name in configuration files.
     pub const NAMES: [(&'static str, Per); 2] = [("route", Per::Route), ("client", Per::Client)];
+
+    /// The name in configuration files.
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize].0
+    }
 }
 
 /// How an adaptive cap moves.
@@ -93,6 +98,9 @@ pub enum Refused {
 }
 
 impl Refused {
+    /// Both reasons.
+    pub const ALL: [Refused; 2] = [Refused::Full, Refused::Timeout];
+
     /// The label value in metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -108,10 +116,6 @@ pub struct Cap {
     state: Mutex<State>,
     freed: Notify,
     adaptive: Option<Mutex<Gradient>>,
-    /// Mirrors of the state for metrics, readable without the lock.
-    in_flight: AtomicUsize,
-    waiting: AtomicUsize,
-    limit: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -176,9 +180,6 @@ impl Cap {
             }),
             freed: Notify::new(),
             adaptive,
-            in_flight: AtomicUsize::new(0),
-            waiting: AtomicUsize::new(0),
-            limit: AtomicUsize::new(limit),
         }
     }
 
@@ -198,7 +199,6 @@ impl Cap {
                     if queued {
                         state.waiting -= 1;
                     }
-                    self.mirror(&state);
                     return Ok(Arc::clone(self));
                 }
                 if !queued {
@@ -207,7 +207,6 @@ impl Cap {
                     }
                     state.waiting += 1;
                     queued = true;
-                    self.mirror(&state);
                 }
                 // Registered before the lock is let go, so a slot freed in
                 // between still wakes this request.
@@ -217,7 +216,6 @@ impl Cap {
             if woken.is_err() {
                 if let Ok(mut state) = self.state.lock() {
                     state.waiting -= 1;
-                    self.mirror(&state);
                 }
                 // The wake-up this request may have taken goes on.
                 self.freed.notify_one();
@@ -232,17 +230,17 @@ impl Cap {
             return false;
         };
         state.in_flight = state.in_flight.saturating_sub(1);
-        self.mirror(&state);
         let idle = state.in_flight == 0 && state.waiting == 0;
         drop(state);
         self.freed.notify_one();
         idle
     }
 
-    fn mirror(&self, state: &State) {
-        self.in_flight.store(state.in_flight, Ordering::Relaxed);
-        self.waiting.store(state.waiting, Ordering::Relaxed);
-        self.limit.store(state.limit, Ordering::Relaxed);
+    /// `(in flight, waiting, limit)` now.
+    fn counts(&self) -> (usize, usize, usize) {
+        self.state
+            .lock()
+            .map_or((0, 0, 0), |s| (s.in_flight, s.waiting, s.limit))
     }
 
     fn sample(&self, took: Duration) {
@@ -258,7 +256,6 @@ impl Cap {
         {
             let grew = limit > state.limit;
             state.limit = limit;
-            self.mirror(&state);
             drop(state);
             if grew {
                 // Each newly free slot may wake one waiter.
@@ -371,10 +368,8 @@ pub struct Capacity {
     route: Arc<Cap>,
     clients: Mutex<HashMap<ClientId, Arc<Cap>>>,
     max_clients: usize,
-    /// Refusals so far, by reason (metrics read them).
-    pub refused_full: AtomicUsize,
-    /// Refusals after waiting the whole `queue_timeout`.
-    pub refused_timeout: AtomicUsize,
+    /// Refusals so far, by [`Refused`] reason.
+    refused: [AtomicUsize; 2],
 }
 
 impl Capacity {
@@ -386,8 +381,7 @@ impl Capacity {
             settings,
             clients: Mutex::new(HashMap::new()),
             max_clients,
-            refused_full: AtomicUsize::new(0),
-            refused_timeout: AtomicUsize::new(0),
+            refused: Default::default(),
         }
     }
 
@@ -413,11 +407,7 @@ impl Capacity {
                 owner,
             }))),
             Err(reason) => {
-                let counter = match reason {
-                    Refused::Full => &self.refused_full,
-                    Refused::Timeout => &self.refused_timeout,
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                self.refused[reason as usize].fetch_add(1, Ordering::Relaxed);
                 if let Some((_, client)) = owner {
                     self.forget_if_idle(&client);
                 }
@@ -447,8 +437,7 @@ impl Capacity {
         if let Ok(mut clients) = self.clients.lock()
             && let Some(cap) = clients.get(client)
             && Arc::strong_count(cap) == 1
-            && cap.in_flight.load(Ordering::Relaxed) == 0
-            && cap.waiting.load(Ordering::Relaxed) == 0
+            && matches!(cap.counts(), (0, 0, _))
         {
             clients.remove(client);
         }
@@ -456,17 +445,26 @@ impl Capacity {
 
     /// Requests in flight: the route's, or all clients' together.
     pub fn in_flight(&self) -> usize {
-        self.sum(|c| c.in_flight.load(Ordering::Relaxed))
+        self.sum(|c| c.counts().0)
     }
 
     /// Requests waiting for a slot.
     pub fn waiting(&self) -> usize {
-        self.sum(|c| c.waiting.load(Ordering::Relaxed))
+        self.sum(|c| c.counts().1)
     }
 
-    /// The route's cap now (an adaptive one moves).
+    /// The cap now: the route's (an adaptive one moves), or each
+    /// client's.
     pub fn limit(&self) -> usize {
-        self.route.limit.load(Ordering::Relaxed)
+        match self.settings.per {
+            Per::Route => self.route.counts().2,
+            Per::Client => self.settings.max_in_flight,
+        }
+    }
+
+    /// Requests refused so far for `reason`.
+    pub fn refusals(&self, reason: Refused) -> usize {
+        self.refused[reason as usize].load(Ordering::Relaxed)
     }
 
     /// Clients with requests in flight or waiting (per-client caps).
@@ -495,6 +493,16 @@ mod tests {
             queue_timeout: Duration::from_millis(timeout_ms),
             status: http::StatusCode::SERVICE_UNAVAILABLE,
             adaptive: None,
+        }
+    }
+
+    #[test]
+    fn names_follow_the_declaration_order() {
+        for (i, (name, per)) in Per::NAMES.into_iter().enumerate() {
+            assert_eq!((per as usize, per.name()), (i, name));
+        }
+        for (i, reason) in Refused::ALL.into_iter().enumerate() {
+            assert_eq!(reason as usize, i);
         }
     }
 
@@ -534,7 +542,8 @@ mod tests {
         assert_eq!(capacity.acquire(None).await.err(), Some(Refused::Timeout));
         assert!(started.elapsed() >= Duration::from_millis(50));
         assert_eq!(capacity.waiting(), 0);
-        assert_eq!(capacity.refused_timeout.load(Ordering::Relaxed), 1);
+        assert_eq!(capacity.refusals(Refused::Timeout), 1);
+        assert_eq!(capacity.refusals(Refused::Full), 0);
     }
 
     #[tokio::test]

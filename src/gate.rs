@@ -466,18 +466,15 @@ async fn answer<H: Send + 'static>(
             match capacity.acquire(client.as_ref()).await {
                 Ok(slot) => Some(slot),
                 Err(reason) => {
-                    let detail = match capacity.settings().per {
-                        Per::Route => format!(
-                            "route \"{}\" has as many requests in flight as it allows ({}); retry shortly",
-                            route.name,
-                            capacity.limit()
-                        ),
-                        Per::Client => format!(
-                            "this client has as many requests in flight on route \"{}\" as it allows ({}); retry shortly",
-                            route.name,
-                            capacity.settings().max_in_flight
-                        ),
+                    let whose = match capacity.settings().per {
+                        Per::Route => "route",
+                        Per::Client => "this client on route",
                     };
+                    let detail = format!(
+                        "{whose} \"{}\" has as many requests in flight as it allows ({}); retry shortly",
+                        route.name,
+                        capacity.limit()
+                    );
                     tracing::debug!(route = %route.name, reason = reason.name(), "concurrency cap full");
                     return Err(Refusal::capacity(capacity.settings().status, detail));
                 }

@@ -46,11 +46,7 @@ impl Algorithm {
 
     /// The JOSE name (`alg`).
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Hs256 => "HS256",
-            Self::Rs256 => "RS256",
-            Self::Es256 => "ES256",
-        }
+        Self::NAMES[self as usize].0
     }
 }
 
@@ -617,6 +613,13 @@ mod tests {
             Err(TokenError::Signature)
         );
         assert_eq!(remembered(&r), 1);
+    }
+
+    #[test]
+    fn algorithm_names_follow_the_declaration_order() {
+        for (i, (name, algorithm)) in Algorithm::NAMES.into_iter().enumerate() {
+            assert_eq!((algorithm as usize, algorithm.name()), (i, name));
+        }
     }
 
     #[test]

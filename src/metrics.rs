@@ -847,10 +847,7 @@ impl Collector for Capacities {
             (
                 "floodgate_concurrency_limit",
                 "Each route's concurrency cap now (an adaptive cap moves; per-client caps are per client).",
-                |c| match c.settings().per {
-                    crate::concurrency::Per::Client => c.settings().max_in_flight,
-                    crate::concurrency::Per::Route => c.limit(),
-                },
+                Capacity::limit,
             ),
         ];
         for (name, help, read) in gauges {
@@ -870,15 +867,12 @@ impl Collector for Capacities {
             MetricType::Counter,
         )?;
         for (route, cap) in caps.iter() {
-            for (reason, count) in [
-                ("full", &cap.refused_full),
-                ("queue_timeout", &cap.refused_timeout),
-            ] {
+            for reason in crate::concurrency::Refused::ALL {
                 let label = ReasonLabel {
                     route: route.to_string(),
-                    reason,
+                    reason: reason.name(),
                 };
-                ConstCounter::new(count.load(std::sync::atomic::Ordering::Relaxed) as u64)
+                ConstCounter::new(cap.refusals(reason) as u64)
                     .encode(family.encode_family(&label)?)?;
             }
         }

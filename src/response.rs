@@ -15,7 +15,7 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 
-use crate::limit::{Decision, Limit};
+use crate::limit::Decision;
 use crate::proxy::body::UpstreamBody;
 use crate::routes::{Policy, Route};
 
@@ -78,8 +78,9 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, limits: &Policy, decisio
     };
     let state = decision.allowed || !route.shadow;
     if route.rate_limit_headers.x_ratelimit() {
-        let quota = limits.limits.get(decision.limit).map_or(0, Limit::capacity);
-        headers.insert(X_RATELIMIT_LIMIT.clone(), HeaderValue::from(quota));
+        if let Some(quota) = limits.quotas.get(decision.limit) {
+            headers.insert(X_RATELIMIT_LIMIT.clone(), quota.clone());
+        }
         if state {
             headers.insert(
                 X_RATELIMIT_REMAINING.clone(),

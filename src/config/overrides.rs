@@ -6,8 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use toml::Spanned;
 
 use super::{LimitModel, Validator};
-use crate::client::ClientRule;
-use crate::client::Part;
+use crate::client::{ClientRule, Part, sha256};
 use crate::routes::{ClientSet, KeyExemption, Override, Policy};
 
 /// `overrides = [{ clients = [...], headers = {...}, limits = [...] }]`.
@@ -29,7 +28,7 @@ enum Value {
     Digest([u8; 32]),
 }
 
-fn digest_of(text: &str) -> Option<Value> {
+fn written(text: &str) -> Option<Value> {
     let Some(hex) = text.strip_prefix("sha256:") else {
         return Some(Value::Raw(text.as_bytes().to_vec()));
     };
@@ -41,11 +40,6 @@ fn digest_of(text: &str) -> Option<Value> {
         *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(Value::Digest(out))
-}
-
-fn sha256(value: &[u8]) -> [u8; 32] {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(value).into()
 }
 
 impl Validator<'_> {
@@ -124,7 +118,7 @@ impl Validator<'_> {
                 }
                 continue;
             }
-            match digest_of(text) {
+            match written(text) {
                 Some(Value::Raw(v)) if v.len() > rule.max_len => {
                     // Such an id is counted by its SHA-256.
                     set.digests.insert(sha256(&v));
@@ -156,7 +150,7 @@ impl Validator<'_> {
             };
             let mut digests = HashSet::new();
             for value in values.get_ref() {
-                match digest_of(value.get_ref()) {
+                match written(value.get_ref()) {
                     Some(Value::Raw(v)) if v.is_empty() => {
                         self.problem(value.span(), "an exempt key is not empty");
                     }

@@ -148,15 +148,25 @@ impl OnError {
 
     /// The name in configuration files.
     pub fn name(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(_, p)| *p == self)
-            .map_or("allow", |(n, _)| n)
+        Self::NAMES[self as usize].0
     }
 }
 
 impl fmt::Display for OnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_error_names_follow_the_declaration_order() {
+        for (i, (name, policy)) in OnError::NAMES.into_iter().enumerate() {
+            assert_eq!((policy as usize, policy.name()), (i, name));
+            assert_eq!(policy.to_string(), name);
+        }
     }
 }

@@ -12,7 +12,7 @@ use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 
 use super::HeaderCondition;
-use crate::client::ClientId;
+use crate::client::{ClientId, sha256};
 use crate::limit::Limit;
 
 /// A route's limits and what the rate-limit headers call them.
@@ -24,6 +24,8 @@ pub struct Policy {
     pub names: Vec<String>,
     /// The `RateLimit-Policy` value, computed once at load.
     pub header: Option<HeaderValue>,
+    /// Each limit's quota `q` as an `X-RateLimit-Limit` value.
+    pub quotas: Vec<HeaderValue>,
 }
 
 impl Policy {
@@ -31,10 +33,15 @@ impl Policy {
     pub fn new(route: &str, limits: Vec<Limit>) -> Self {
         let names = policy_names(route, limits.len());
         let header = policy_header(&names, &limits);
+        let quotas = limits
+            .iter()
+            .map(|l| HeaderValue::from(l.capacity()))
+            .collect();
         Self {
             limits,
             names,
             header,
+            quotas,
         }
     }
 }
@@ -78,11 +85,6 @@ impl ClientSet {
             ClientId::Composite(_) | ClientId::Global => false,
         }
     }
-}
-
-fn sha256(value: &[u8]) -> [u8; 32] {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(value).into()
 }
 
 /// Requests carrying one of these values in `header` bypass the limits.
