@@ -23,9 +23,7 @@ mod policy;
 mod template;
 
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
-pub use policy::{
-    ClientSet, DenyAnswer, HeaderMode, KeyExemption, Override, Policy, policy_header, policy_names,
-};
+pub use policy::{ClientSet, DenyAnswer, HeaderMode, KeyExemption, Override, Policy};
 pub use template::{Segment, Template};
 
 /// The compiled routes of one configuration, in file order.

@@ -389,8 +389,9 @@ async fn a_path_parameter_keys_the_limit() {
 async fn a_global_limit_is_shared_by_every_client_and_instance() {
     let redis = TestRedis::start().await;
     let upstream = Upstream::start().await;
+    let prefix = unique_prefix("global");
     let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("global"))
+        .redis(&redis.url, &prefix)
         .route(
             Route::new("export")
                 .upstream(&upstream.url())
@@ -416,6 +417,15 @@ async fn a_global_limit_is_shared_by_every_client_and_instance() {
     }
     assert_eq!(admitted, 6);
     assert_eq!(upstream.hits(), 6);
+    // One bucket, named for nobody: not the peer's address, which every
+    // request here shares.
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    assert_eq!(keys, [format!("{prefix}:{{export:g}}:0:sliding_log:60000")]);
 }
 
 #[tokio::test]

@@ -109,7 +109,7 @@ impl KeyExemption {
 
 /// Policy names of a route's limits: the route's name when it has one limit,
 /// `name.1`, `name.2`, … when it has several.
-pub fn policy_names(route: &str, count: usize) -> Vec<String> {
+fn policy_names(route: &str, count: usize) -> Vec<String> {
     if count == 1 {
         vec![route.to_owned()]
     } else {
@@ -120,7 +120,7 @@ pub fn policy_names(route: &str, count: usize) -> Vec<String> {
 /// The `RateLimit-Policy` value for a route, built once at load: each
 /// limit's quota `q` is the most units it grants at once (the burst of
 /// `token_bucket` and `gcra`), so `r` never exceeds it.
-pub fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
+fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
     if limits.is_empty() {
         return None;
     }
