@@ -12,6 +12,8 @@
 //! Signatures are checked with `ring`, the crypto library rustls already
 //! brings: HMAC-SHA256 (compared in constant time), RSASSA-PKCS1-v1_5 with
 //! SHA-256 (keys of 2048 to 8192 bits), ECDSA P-256 with SHA-256.
+//!
+//! The keys are read from the files a route names in [`keys`].
 
 use std::collections::HashMap;
 use std::time::Duration;
