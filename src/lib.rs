@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]) |
 //! | [`head`] | does the request head have one meaning? (method spelling, one `Host`, no CONNECT) |
-//! | [`routes`] | which route is this request on? |
+//! | [`routes`] | which route is this request on, and what are its rules? (matching by path, template, method, host and headers; its limits and the overrides for some clients; how its answers carry them) |
 //! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route) |
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
 //! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue) |
@@ -17,7 +17,7 @@
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
-//! | [`access_log`] | one line per request, written off the data path, with sampling and caps |
+//! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its body wrapper, the one every answer goes out through, also holds the request's concurrency slot until the body is sent) |
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
 //! | [`gate`] | one request's phases in order (head, route, client, limit, forward or refuse), the rules a reload swaps, the state requests share |
