@@ -46,9 +46,12 @@
 -- its first call (the plain script, which runs whole on every call, binds
 -- them on every call).
 local floor, max, format, match, gmatch, tonumber, type, redis_call, redis_pcall
+local min, pack, unpack, concat
 local function bind()
   floor, max = math.floor, math.max
   format, match, gmatch = string.format, string.match, string.gmatch
+  min, concat = math.min, table.concat
+  pack, unpack = struct.pack, _G.unpack
   -- _G: the bare names would be these very locals, still unbound.
   tonumber, type = _G.tonumber, _G.type
   redis_call, redis_pcall = redis.call, redis.pcall

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use redis::{Cmd, RedisWrite, ToRedisArgs, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::limit::{Decision, Limit, StoreError};
 
@@ -32,6 +33,9 @@ pub(super) struct Pending {
     pub(super) limits: Limits,
     pub(super) cost: u64,
     pub(super) now: Option<u64>,
+    /// When the request stops waiting: the store's timeout after it was
+    /// queued. The call that carries it ends by then.
+    pub(super) deadline: Instant,
     pub(super) reply: oneshot::Sender<Result<Decision, StoreError>>,
 }
 
@@ -72,6 +76,12 @@ impl Limits {
 /// One of the tasks that send a store's calls: takes every decision waiting
 /// (up to [`MAX_BATCH`]), sends them in one call, hands each its answer,
 /// and starts over. Ends when the store is dropped.
+///
+/// A decision is never answered later than its deadline: one whose
+/// deadline passed while it waited for a task is answered with a timeout
+/// at once, and a call is given up at the earliest deadline it carries.
+/// That is the only timer a decision costs: one per call, not one per
+/// request.
 pub(super) async fn send_calls(
     link: Arc<Link>,
     waiting: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
@@ -83,14 +93,18 @@ pub(super) async fn send_calls(
         if waiting.lock().await.recv_many(&mut batch, MAX_BATCH).await == 0 {
             return;
         }
-        // A decision whose request gave up (timed out, or the client left)
-        // is not sent: nothing would see its answer.
-        batch.retain(|p| !p.reply.is_closed());
-        if batch.is_empty() {
-            continue;
+        // A decision whose request gave up (the client left) is not sent:
+        // nothing would see its answer. One that waited past its deadline
+        // is answered with a timeout.
+        let now = Instant::now();
+        for late in batch.extract_if(.., |p| p.reply.is_closed() || p.deadline <= now) {
+            let _ = late.reply.send(Err(StoreError::Timeout(link.timeout)));
         }
+        let Some(deadline) = batch.iter().map(|p| p.deadline).min() else {
+            continue;
+        };
         let asks = batch.iter().map(Pending::ask);
-        let sent = tokio::time::timeout(link.timeout, link.call(&mut command, asks));
+        let sent = tokio::time::timeout_at(deadline, link.call(&mut command, asks));
         let answer = match sent.await {
             Ok(reply) => reply,
             Err(_) => Err(StoreError::Timeout(link.timeout)),

@@ -278,21 +278,22 @@ impl RedisStore {
                 .await
                 .map_err(|_| StoreError::Timeout(timeout))?;
         }
+        // No timer of its own: the tasks that send calls answer it by its
+        // deadline (see `send_calls`).
         let (reply, decided) = oneshot::channel();
         self.enqueue(Pending {
             tag,
             limits: Limits::new(charge.limits),
             cost: charge.cost,
             now,
+            deadline: tokio::time::Instant::now() + timeout,
             reply,
         })?;
-        match tokio::time::timeout(timeout, decided).await {
-            Ok(Ok(decided)) => decided,
-            Ok(Err(_)) => Err(StoreError::Backend(
+        decided.await.unwrap_or_else(|_| {
+            Err(StoreError::Backend(
                 "the task sending calls to Redis stopped".to_owned(),
-            )),
-            Err(_) => Err(StoreError::Timeout(timeout)),
-        }
+            ))
+        })
     }
 
     /// Decides `charges` in one call, in order, each at its own `now` or at
