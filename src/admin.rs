@@ -219,9 +219,10 @@ fn status_json(shared: &Shared) -> String {
     crate::access_log::json_string(&mut out, &shared.metrics().config_digest());
     let _ = write!(
         out,
-        ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"on_error\":\"{}\",\"redis_calls\":{}}},\"routes\":[",
+        ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"degraded\":{},\"on_error\":\"{}\",\"redis_calls\":{}}},\"routes\":[",
         kind,
         up,
+        shared.store_degraded(),
         on_error,
         shared.metrics().redis_calls.get(),
     );

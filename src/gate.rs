@@ -248,6 +248,12 @@ impl Shared {
         )
     }
 
+    /// Whether some but not all of a Redis Cluster's primaries are
+    /// considered down (their slots get `on_error`).
+    pub fn store_degraded(&self) -> bool {
+        self.limiter.degraded()
+    }
+
     /// How client ids are shown to operators.
     pub fn ids(&self) -> &Ids {
         &self.ids
@@ -263,6 +269,7 @@ impl Shared {
         self.metrics
             .circuit_open
             .set(i64::from(!self.limiter.ready()));
+        self.limiter.refresh_gauges();
     }
 
     /// The metrics, as exposed on `/metrics`.

@@ -194,6 +194,14 @@ struct KindLabel {
     kind: String,
 }
 
+/// A Redis node's address: one series per primary, so bounded by the
+/// cluster's size.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    /// `host:port`, or the endpoint of a Redis that is not a cluster.
+    pub node: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
@@ -245,6 +253,8 @@ pub struct Metrics {
     pub open_connections: Gauge,
     /// 1 while the shared store's circuit breaker is open.
     pub circuit_open: Gauge,
+    /// 1 while the breaker of one Redis node is open, by node.
+    pub node_circuit_open: Family<NodeLabel, Gauge>,
     /// Calls sent to Redis to decide requests.
     pub redis_calls: Counter,
     /// Access log lines dropped because the writer fell behind.
@@ -266,8 +276,10 @@ pub struct RouteMetrics {
 pub struct StoreMetrics {
     decision_seconds: [Histogram; 4],
     errors: [Counter; 3],
-    /// 1 while the circuit breaker is open.
+    /// 1 while the circuit breaker is open (every node's, on a cluster).
     pub circuit_open: Gauge,
+    /// 1 while the breaker of one Redis node is open, by node.
+    pub node_circuit_open: Family<NodeLabel, Gauge>,
     /// Calls sent to Redis to decide requests; one carries one or more
     /// decisions.
     pub redis_calls: Counter,
@@ -325,6 +337,12 @@ impl Metrics {
             "floodgate_store_circuit_open",
             "1 while the circuit breaker around the shared store is open",
             circuit_open.clone(),
+        );
+        let node_circuit_open = Family::default();
+        registry.register(
+            "floodgate_redis_node_circuit_open",
+            "1 while the circuit breaker of one Redis node (a cluster primary, or the one Redis) is open, by node",
+            node_circuit_open.clone(),
         );
         let redis_calls = Counter::default();
         registry.register(
@@ -449,6 +467,7 @@ impl Metrics {
             no_route,
             open_connections,
             circuit_open,
+            node_circuit_open,
             redis_calls,
             access_log_dropped,
             access_log_suppressed,
@@ -561,6 +580,7 @@ impl Metrics {
                 counter("circuit_open"),
             ],
             circuit_open: self.circuit_open.clone(),
+            node_circuit_open: self.node_circuit_open.clone(),
             redis_calls: self.redis_calls.clone(),
             tables: ["memory", "local", "denials"].map(|table| {
                 let label = TableLabel {

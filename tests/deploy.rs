@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use support::config::{Config, Route};
+use support::redis::{TestRedis, unique_prefix};
 use support::{Floodgate, TestClient, Upstream};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -18,10 +19,18 @@ fn read(path: &str) -> String {
 }
 
 /// Every name floodgate's exposition has a sample under, histograms'
-/// `_bucket`, `_sum` and `_count` included.
+/// `_bucket`, `_sum` and `_count` included: an instance counting in memory
+/// and one counting in Redis (whose store has series of its own).
 async fn exported_names() -> BTreeSet<String> {
+    let redis = TestRedis::start().await;
+    let mut names = names_of(Config::new()).await;
+    names.extend(names_of(Config::new().redis(&redis.url, &unique_prefix("deploy"))).await);
+    names
+}
+
+async fn names_of(config: Config) -> BTreeSet<String> {
     let upstream = Upstream::start().await;
-    let toml = Config::new()
+    let toml = config
         .admin()
         .upstream("api", &[&format!(r#"endpoints = ["{}"]"#, upstream.url())])
         .route(

@@ -1,4 +1,5 @@
-//! A circuit breaker around the shared store, so a dead or hung Redis costs
+//! A circuit breaker around one node of the shared store (the one Redis,
+//! or one primary of a cluster), so a dead or hung node costs
 //! one timeout now and then instead of one per request.
 //!
 //! Closed: every decision goes to the store; `threshold` failures in a row

@@ -4,13 +4,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::breaker::{Breaker, Change, Pass, Probe};
+use super::breaker::{Change, Pass, Probe};
 use super::deny_cache::DenyCache;
 use super::memory::MemoryStore;
-use super::redis::RedisStore;
+use super::redis::{Node, RedisStore};
 use super::settings::{OnError, Store as StoreConfig};
 use super::{Charge, Decision, Limit, Store, StoreError, now_ms};
-use crate::metrics::{StoreErrorKind, StoreKind, StoreMetrics};
+use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
 /// `Retry-After` for a 503 while the store is down.
 const STORE_RETRY_AFTER_MS: u64 = 1_000;
@@ -24,11 +24,12 @@ pub enum Limiter {
     Redis(Box<Shared>),
 }
 
-/// A shared store and what to do when it cannot answer.
+/// A shared store and what to do when it cannot answer. Each of its nodes
+/// (the one Redis, or each primary of a cluster) has its own circuit
+/// breaker, so a lost cluster node costs only the decisions for its slots.
 #[derive(Debug)]
 pub struct Shared {
     store: RedisStore,
-    breaker: Breaker,
     on_error: OnError,
     /// Per-instance counting while Redis is unavailable (`on_error = "local"`).
     local: MemoryStore,
@@ -84,10 +85,6 @@ impl Limiter {
             settings.timeout,
             metrics.redis_calls.clone(),
         )?;
-        let breaker = Breaker::new(
-            super::breaker::DEFAULT_THRESHOLD,
-            super::breaker::DEFAULT_COOLDOWN_MS,
-        );
         match store.load_script().await {
             Ok(()) => tracing::info!(
                 redis = %settings.endpoint,
@@ -95,7 +92,9 @@ impl Limiter {
                 "Redis store ready"
             ),
             Err(e) => {
-                breaker.open_now(now_ms());
+                for node in store.nodes() {
+                    node.breaker.open_now(now_ms());
+                }
                 metrics.circuit_open.set(1);
                 tracing::warn!(
                     redis = %settings.endpoint,
@@ -107,7 +106,6 @@ impl Limiter {
         }
         Ok(Self::Redis(Box::new(Shared {
             store,
-            breaker,
             on_error: settings.on_error,
             local: MemoryStore::with_capacity(max_entries, local),
             local_instances: settings.local_instances,
@@ -157,11 +155,44 @@ impl Limiter {
         }
     }
 
-    /// False while the shared store is considered down.
+    /// False while the shared store is considered down: the one Redis's
+    /// breaker is open, or on a cluster every primary's is (or no primary
+    /// is known yet).
     pub fn ready(&self) -> bool {
         match self {
             Self::Memory(..) => true,
-            Self::Redis(shared) => !shared.breaker.is_open(),
+            Self::Redis(shared) => shared.store.nodes().iter().any(|n| !n.breaker.is_open()),
+        }
+    }
+
+    /// True while some but not all of a cluster's primaries are considered
+    /// down: the decisions for their slots get `on_error`, the others are
+    /// decided.
+    pub fn degraded(&self) -> bool {
+        match self {
+            Self::Memory(..) => false,
+            Self::Redis(shared) => {
+                let nodes = shared.store.nodes();
+                let open = nodes.iter().filter(|n| n.breaker.is_open()).count();
+                open > 0 && open < nodes.len()
+            }
+        }
+    }
+
+    /// Brings the per-node breaker gauges up to date: one series per node
+    /// the store decides on now.
+    pub fn refresh_gauges(&self) {
+        let Self::Redis(shared) = self else {
+            return;
+        };
+        let family = &shared.metrics.node_circuit_open;
+        family.clear();
+        for node in shared.store.nodes() {
+            family
+                .get_or_create(&NodeLabel {
+                    node: node.addr.clone(),
+                })
+                .set(i64::from(node.breaker.is_open()));
         }
     }
 
@@ -172,18 +203,28 @@ impl Limiter {
     /// `/readyz` answers 503) gets no requests to probe with, and would
     /// otherwise never come back; one that does get requests limits them
     /// again as soon as Redis answers, instead of after a request's probe.
+    ///
+    /// Each node's breaker is probed on its own. On a cluster, the slot
+    /// table is also read again while any primary is considered down (or
+    /// none is known), so decisions follow a promoted replica.
     pub async fn recover(&self) {
         let Self::Redis(shared) = self else {
             return;
         };
-        if !shared.breaker.is_open() {
-            return;
+        let nodes = shared.store.nodes();
+        if nodes.is_empty() || nodes.iter().any(|n| n.breaker.is_open()) {
+            shared.store.refresh_slots();
         }
-        let Pass::Probe(probe) = shared.breaker.pass(now_ms()) else {
-            return;
-        };
-        let result = shared.store.load_script().await;
-        shared.probed(probe, result.as_ref().err());
+        for node in nodes {
+            if !node.breaker.is_open() {
+                continue;
+            }
+            let Pass::Probe(probe) = node.breaker.pass(now_ms()) else {
+                continue;
+            };
+            let result = shared.store.probe(&node).await;
+            shared.probed(&node, probe, result.as_ref().err());
+        }
     }
 
     /// Evicts expired in-process state.
@@ -217,25 +258,32 @@ impl Shared {
             return Answer::Decided(denial);
         }
         let now = now_ms();
-        let result = match self.breaker.pass(now) {
-            Pass::Closed => {
+        let node = self.store.node_for(charge.route, charge.client);
+        let result = match node.as_deref().map(|n| (n, n.breaker.pass(now))) {
+            // A cluster whose slot table names no primary for this slot (not
+            // read yet, or the slot is not served): a read of the table is
+            // under way, the request gets `on_error` now.
+            None => Err(StoreError::Backend(
+                "no Redis Cluster primary is known for this slot".to_owned(),
+            )),
+            Some((node, Pass::Closed)) => {
                 let result = self.store.decide(charge).await;
                 let change = match &result {
-                    Ok(_) => self.breaker.success(),
-                    Err(_) => self.breaker.failure(now_ms()),
+                    Ok(_) => node.breaker.success(),
+                    Err(_) => node.breaker.failure(now_ms()),
                 };
                 if change == Change::Opened {
-                    self.store.reconnect();
+                    self.store.reconnect_node(node);
                 }
-                self.log_change(change, result.as_ref().err());
+                self.log_change(node, change, result.as_ref().err());
                 result
             }
-            Pass::Probe(probe) => {
+            Some((node, Pass::Probe(probe))) => {
                 let result = self.store.decide(charge).await;
-                self.probed(probe, result.as_ref().err());
+                self.probed(node, probe, result.as_ref().err());
                 result
             }
-            Pass::Open => Err(StoreError::CircuitOpen),
+            Some((_, Pass::Open)) => Err(StoreError::CircuitOpen),
         };
         match result {
             Ok(decision) => {
@@ -259,32 +307,59 @@ impl Shared {
     /// failed probe, and the store's connections are retired (as when the
     /// breaker first opened): they may be ones Redis will never answer, and
     /// the next probe must not wait on them.
-    fn probed(&self, probe: Probe<'_>, error: Option<&StoreError>) {
+    fn probed(&self, node: &Node, probe: Probe<'_>, error: Option<&StoreError>) {
         let change = probe.finish(error.is_none(), now_ms());
         if error.is_some() {
-            self.store.reconnect();
+            self.store.reconnect_node(node);
         }
-        self.log_change(change, error);
+        self.log_change(node, change, error);
     }
 
-    fn log_change(&self, change: Change, error: Option<&StoreError>) {
-        match change {
-            Change::Opened => {
-                self.metrics.circuit_open.set(1);
-            }
-            Change::Closed => {
-                self.metrics.circuit_open.set(0);
-            }
-            Change::None => {}
+    /// Updates the gauges and logs one line when `node`'s breaker opened or
+    /// closed.
+    fn log_change(&self, node: &Node, change: Change, error: Option<&StoreError>) {
+        if change == Change::None {
+            return;
         }
-        match change {
-            Change::Opened => tracing::warn!(
+        let open = change == Change::Opened;
+        let nodes = self.store.nodes();
+        let down = nodes.iter().all(|n| n.breaker.is_open());
+        self.metrics.circuit_open.set(i64::from(down));
+        self.metrics
+            .node_circuit_open
+            .get_or_create(&NodeLabel {
+                node: node.addr.clone(),
+            })
+            .set(i64::from(open));
+        if !self.store.is_cluster() {
+            if open {
+                tracing::warn!(
+                    error = %error.map_or_else(String::new, ToString::to_string),
+                    on_error = %self.on_error,
+                    "rate limit store is down; circuit open, on_error applies"
+                );
+            } else {
+                tracing::info!("rate limit store answers again; circuit closed");
+            }
+            return;
+        }
+        let open_nodes = nodes.iter().filter(|n| n.breaker.is_open()).count();
+        if open {
+            tracing::warn!(
+                node = %node.addr,
                 error = %error.map_or_else(String::new, ToString::to_string),
                 on_error = %self.on_error,
-                "rate limit store is down; circuit open, on_error applies"
-            ),
-            Change::Closed => tracing::info!("rate limit store answers again; circuit closed"),
-            Change::None => {}
+                nodes_down = open_nodes,
+                nodes = nodes.len(),
+                "Redis Cluster primary is down; circuit open, on_error applies to its slots"
+            );
+        } else {
+            tracing::info!(
+                node = %node.addr,
+                nodes_down = open_nodes,
+                nodes = nodes.len(),
+                "Redis Cluster primary answers again; circuit closed"
+            );
         }
     }
 

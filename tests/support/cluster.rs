@@ -25,10 +25,21 @@ impl TestCluster {
     /// Starts and joins the cluster, with `node_timeout` as the nodes'
     /// `cluster-node-timeout`; waits until it serves every slot.
     pub async fn start_with(node_timeout: Duration) -> Self {
+        Self::start_nodes(node_timeout, true).await
+    }
+
+    /// Starts and joins a cluster whose primaries keep serving their own
+    /// slots while another primary is down (`cluster-require-full-coverage
+    /// no`, as the README advises), with `node_timeout` as above.
+    pub async fn start_partial(node_timeout: Duration) -> Self {
+        Self::start_nodes(node_timeout, false).await
+    }
+
+    async fn start_nodes(node_timeout: Duration, full_coverage: bool) -> Self {
         let dir = temp_dir("cluster");
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            let (port, child) = start_node(&dir, node_timeout).await;
+            let (port, child) = start_node(&dir, node_timeout, full_coverage).await;
             nodes.push((port, Some(child)));
         }
         let cluster = Self { nodes, dir };
@@ -117,6 +128,32 @@ impl TestCluster {
             .collect()
     }
 
+    /// SIGSTOPs the node at `port`: it keeps its connections and answers
+    /// nothing, as a node on a stalled host does.
+    pub fn freeze(&self, port: u16) {
+        self.signal(port, "-STOP");
+    }
+
+    /// SIGCONTs the node at `port`.
+    pub fn thaw(&self, port: u16) {
+        self.signal(port, "-CONT");
+    }
+
+    fn signal(&self, port: u16, which: &str) {
+        let pid = self
+            .nodes
+            .iter()
+            .find(|(p, _)| *p == port)
+            .and_then(|(_, child)| child.as_ref())
+            .map(Child::id)
+            .expect("a live node at that port");
+        let sent = Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill {which} {pid}");
+    }
+
     /// SIGKILLs the node at `port`.
     pub fn kill(&mut self, port: u16) {
         for (p, child) in &mut self.nodes {
@@ -144,7 +181,7 @@ fn cli(port: u16, args: &[&str]) -> String {
 /// answers there as itself (by process id). Another process may take a
 /// free port before the node binds it, and the node then exits: it is
 /// started again on other ports.
-async fn start_node(dir: &Path, node_timeout: Duration) -> (u16, Child) {
+async fn start_node(dir: &Path, node_timeout: Duration, full_coverage: bool) -> (u16, Child) {
     for _ in 0..5 {
         let port = free_port();
         // The bus port is chosen too: by default it is the port plus 10000,
@@ -162,6 +199,10 @@ async fn start_node(dir: &Path, node_timeout: Duration) -> (u16, Child) {
             // Fail over whatever the replica's data age: a test may kill a
             // primary moments after the replicas first synced.
             .args(["--cluster-replica-validity-factor", "0"])
+            .args([
+                "--cluster-require-full-coverage",
+                if full_coverage { "yes" } else { "no" },
+            ])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(dir)

@@ -1,28 +1,23 @@
-//! The pool: redis-rs multiplexed (or cluster) connections, made and
-//! retired without a ping per checkout.
+//! The pool: redis-rs multiplexed connections to one Redis (or the primary
+//! the Sentinels name), made and retired without a ping per checkout. A
+//! cluster's primaries each have their own connection (see `cluster`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::cluster_async::ClusterConnection;
-use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value,
-};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
 
 use crate::limit::StoreError;
 
-/// How long the cluster client waits before it asks again after
-/// `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`, or when no node holds a slot:
-/// (at least, at most), in milliseconds. redis-rs waits 1.28 s at least by
-/// default, more than a decision's whole `timeout`, so a decision caught by
-/// a slot moving or a replica being promoted would always end in `on_error`
-/// however soon the cluster was whole again. Here each wait is random
-/// between 2 ms and a ceiling that doubles from 20 ms up to a quarter of
-/// the timeout, so a decision asks several times within its timeout and is
-/// decided soon after the cluster can.
+/// How long a cluster decision waits before it asks again after
+/// `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`: (at least, at most), in
+/// milliseconds. Each wait is random between 2 ms and a ceiling of a
+/// quarter of the timeout (at least 10 ms, at most 1 s), so a decision
+/// caught by a slot moving or a replica being promoted asks several times
+/// within its timeout and is decided soon after the cluster can.
 pub(super) fn cluster_retry_waits(timeout: Duration) -> (u64, u64) {
     let quarter = u64::try_from(timeout.as_millis() / 4).unwrap_or(u64::MAX);
     (2, quarter.clamp(10, 1000))
@@ -32,9 +27,6 @@ pub(super) fn cluster_retry_waits(timeout: Duration) -> (u64, u64) {
 pub(super) enum Lanes {
     /// Multiplexed connections to one Redis.
     Single(deadpool_redis::Manager),
-    /// Cluster connections, which route each command to its slot's primary
-    /// and follow `MOVED`/`ASK` redirections themselves.
-    Cluster(redis::cluster::ClusterClient),
     /// Connections to the primary that the Sentinels name at connect time;
     /// after a failover the old connection fails and is replaced.
     Sentinel(
@@ -43,41 +35,9 @@ pub(super) enum Lanes {
     ),
 }
 
-/// A connection to one Redis or to a cluster; cheap to clone, and clones
-/// share the connection (commands from many tasks are pipelined).
-#[derive(Clone)]
-pub(super) enum Conn {
-    Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
-        }
-    }
-}
+/// A connection; cheap to clone, and clones share the connection (commands
+/// from many tasks are pipelined).
+pub(super) type Conn = MultiplexedConnection;
 
 /// One pooled connection and whether a command on it failed for a
 /// connection reason.
@@ -94,18 +54,23 @@ impl Lane {
         }
     }
 
-    /// Notes `error`; a connection-level one retires this connection, and so
-    /// does `READONLY`: the node was demoted, the primary is elsewhere now.
+    /// Notes `error`; one that [`retires`] the connection retires it.
     pub(super) fn failed(&self, error: RedisError) -> StoreError {
-        if error.is_io_error()
-            || error.is_connection_dropped()
-            || error.is_unrecoverable_error()
-            || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
-        {
+        if retires(&error) {
             self.broken.store(true, Ordering::Relaxed);
         }
         StoreError::Backend(error.to_string())
     }
+}
+
+/// Whether the connection `error` came on should be replaced: a
+/// connection-level error, or `READONLY` (the node was demoted, the primary
+/// is elsewhere now).
+pub(super) fn retires(error: &RedisError) -> bool {
+    error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_unrecoverable_error()
+        || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
 impl managed::Manager for Lanes {
@@ -114,15 +79,12 @@ impl managed::Manager for Lanes {
 
     async fn create(&self) -> Result<Lane, RedisError> {
         let conn = match self {
-            Self::Single(manager) => Conn::Single(managed::Manager::create(manager).await?),
-            Self::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            Self::Single(manager) => managed::Manager::create(manager).await?,
             Self::Sentinel(sentinels, config) => {
                 let primary = sentinels.lock().await.async_get_client().await?;
-                Conn::Single(
-                    primary
-                        .get_multiplexed_async_connection_with_config(config)
-                        .await?,
-                )
+                primary
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?
             }
         };
         Ok(Lane {

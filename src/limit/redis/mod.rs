@@ -25,12 +25,16 @@
 //! connections; the pool is asked only for a missing or broken one.
 //! deadpool-redis pings every connection it hands out; this store's pool does
 //! not (that would be a second command per checkout) and instead retires a
-//! connection as soon as a command on it fails for a connection reason.
+//! connection as soon as a command on it fails for a connection reason. A
+//! cluster's primaries are not pooled: each has one connection and its own
+//! circuit breaker, and floodgate routes each decision to its slot's
+//! primary itself.
 //!
 //! The module answers one question per file: [`keys`] (what a decision's
 //! keys are called), [`code`] (the Lua code and getting it loaded),
 //! [`batch`] (decisions queued and sent together), [`replies`] (reading
-//! the verdicts back) and [`connections`] (the pool).
+//! the verdicts back), [`connections`] (the pool) and [`cluster`] (a
+//! cluster's slots and primaries).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -40,8 +44,8 @@ use arc_swap::ArcSwapOption;
 use deadpool::managed;
 use prometheus_client::metrics::counter::Counter;
 use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, Cmd, IntoConnectionInfo, RedisError, Script,
-    TlsCertificates, Value,
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo,
+    RedisError, Script, ServerErrorKind, TlsCertificates, Value,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -50,15 +54,18 @@ use super::{Charge, Decision, Store, StoreError};
 use crate::client::ClientId;
 
 mod batch;
+mod cluster;
 mod code;
 mod connections;
 mod keys;
 mod replies;
 
 use batch::{Ask, Limits, Pending, send_calls};
+pub use cluster::Node;
+use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
 use code::{FUNCTIONS_UNKNOWN, Library, code_missing};
-use connections::{Lane, Lanes, cluster_retry_waits};
+use connections::{Lane, Lanes, cluster_retry_waits, retires};
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
 use replies::{decision_from_reply, next_decision, verdict_values};
@@ -80,12 +87,16 @@ pub struct RedisStore {
     /// the first decision, which starts the tasks that send the calls.
     queue: ArcSwapOption<mpsc::UnboundedSender<Pending>>,
     key_prefix: String,
+    /// The breaker of a store that is not a cluster (a cluster's primaries
+    /// each have their own).
+    single: Arc<Node>,
 }
 
 /// What a store shares with the tasks that send its calls: the connections
 /// and the decision code.
 struct Link {
-    pool: managed::Pool<Lanes>,
+    /// Connections to one Redis (not a cluster).
+    pool: Option<managed::Pool<Lanes>>,
     /// Cached handles on pooled connections, used round-robin.
     lanes: Box<[ArcSwapOption<Lane>]>,
     next_lane: AtomicUsize,
@@ -94,8 +105,8 @@ struct Link {
     /// One of `FUNCTIONS_*`.
     functions: AtomicU8,
     /// Redis Cluster: every call carries one decision, whose keys share a
-    /// slot.
-    cluster: bool,
+    /// slot, to that slot's primary.
+    cluster: Option<Arc<Cluster>>,
     timeout: Duration,
     /// Counts the calls sent (`floodgate_redis_calls_total`).
     calls: Counter,
@@ -106,7 +117,7 @@ impl std::fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("key_prefix", &self.key_prefix)
             .field("timeout", &self.link.timeout)
-            .field("cluster", &self.link.cluster)
+            .field("cluster", &self.link.cluster.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -145,34 +156,36 @@ impl RedisStore {
             root_cert: tls.ca.clone(),
         };
         let custom_tls = tls.ca.is_some() || tls.client.is_some();
-        let lanes = match endpoint {
-            Endpoint::Single(url) => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None);
-                let info = if custom_tls {
-                    redis::Client::build_with_tls(url.as_str(), certificates())
-                        .map_err(invalid)?
-                        .get_connection_info()
-                        .clone()
-                } else {
-                    url.as_str().into_connection_info().map_err(invalid)?
-                };
-                Lanes::Single(
-                    deadpool_redis::Manager::new_with_config(info, config).map_err(invalid)?,
-                )
+        let info = |url: &str| -> Result<ConnectionInfo, StoreError> {
+            if custom_tls {
+                Ok(redis::Client::build_with_tls(url, certificates())
+                    .map_err(invalid)?
+                    .get_connection_info()
+                    .clone())
+            } else {
+                url.into_connection_info().map_err(invalid)
             }
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(None);
+        let (lanes, cluster) = match endpoint {
+            Endpoint::Single(url) => (
+                Some(Lanes::Single(
+                    deadpool_redis::Manager::new_with_config(info(url)?, config)
+                        .map_err(invalid)?,
+                )),
+                None,
+            ),
             Endpoint::Cluster(urls) => {
-                let (min_wait, max_wait) = cluster_retry_waits(timeout);
-                let mut builder =
-                    redis::cluster::ClusterClient::builder(urls.iter().map(String::as_str))
-                        .connection_timeout(connect_timeout)
-                        .min_retry_wait(min_wait)
-                        .max_retry_wait(max_wait);
-                if custom_tls {
-                    builder = builder.certs(certificates());
-                }
-                Lanes::Cluster(builder.build().map_err(invalid)?)
+                let seeds = urls
+                    .iter()
+                    .map(|url| info(url))
+                    .collect::<Result<Vec<_>, _>>()?;
+                (
+                    None,
+                    Some(Arc::new(Cluster::new(seeds, config, connect_timeout))),
+                )
             }
             Endpoint::Sentinel { urls, master } => {
                 let nodes = redis::sentinel::SentinelNodeConnectionInfo::default();
@@ -183,18 +196,24 @@ impl RedisStore {
                     redis::sentinel::SentinelServerType::Master,
                 )
                 .map_err(invalid)?;
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(None);
-                Lanes::Sentinel(tokio::sync::Mutex::new(client), config)
+                (
+                    Some(Lanes::Sentinel(tokio::sync::Mutex::new(client), config)),
+                    None,
+                )
             }
         };
-        let cluster = matches!(lanes, Lanes::Cluster(_));
-        let pool = managed::Pool::builder(lanes)
-            .max_size(CONNECTIONS)
-            .runtime(deadpool::Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::Backend(format!("cannot build the Redis pool: {e}")))?;
+        let pool = match lanes {
+            Some(lanes) => Some(
+                managed::Pool::builder(lanes)
+                    .max_size(CONNECTIONS)
+                    .runtime(deadpool::Runtime::Tokio1)
+                    .build()
+                    .map_err(|e| {
+                        StoreError::Backend(format!("cannot build the Redis pool: {e}"))
+                    })?,
+            ),
+            None => None,
+        };
         Ok(Self {
             link: Arc::new(Link {
                 pool,
@@ -209,6 +228,7 @@ impl RedisStore {
             }),
             queue: ArcSwapOption::empty(),
             key_prefix: key_prefix.to_owned(),
+            single: Arc::new(Node::single(endpoint.to_string())),
         })
     }
 
@@ -226,21 +246,127 @@ impl RedisStore {
                 lane.broken.store(true, Ordering::Relaxed);
             }
         }
+        if let Some(cluster) = &self.link.cluster {
+            for node in cluster.nodes() {
+                node.retire();
+            }
+        }
+    }
+
+    /// Retires the connections that decisions for `node` use: its own on
+    /// a cluster, the store's otherwise.
+    pub fn reconnect_node(&self, node: &Node) {
+        match &self.link.cluster {
+            Some(cluster) => {
+                node.retire();
+                cluster.refresh_soon();
+            }
+            None => self.reconnect(),
+        }
     }
 
     /// Gives Redis the decision code (the function library, or the script
     /// where Redis has no functions) so the first decision needs no retry.
+    /// On a cluster: reads the slot table, then gives every primary the
+    /// code; fails if the table cannot be read or any primary fails.
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let link = &*self.link;
+        let limit = link.timeout.max(Duration::from_secs(1));
+        if let Some(cluster) = &link.cluster {
+            tokio::time::timeout(limit, cluster.refresh())
+                .await
+                .map_err(|_| StoreError::Timeout(limit))?
+                .map_err(|e| {
+                    StoreError::Backend(format!("cannot read the cluster's slots: {e}"))
+                })?;
+            for node in cluster.nodes() {
+                self.load_on(&node).await?;
+            }
+            return Ok(());
+        }
         let work = async {
             let lane = link.lane().await?;
             let mut conn = lane.conn.clone();
             let loaded = link.load_code(&mut conn).await;
             loaded.map_err(|e| lane.failed(e))
         };
-        tokio::time::timeout(link.timeout.max(Duration::from_secs(1)), work)
+        tokio::time::timeout(limit, work)
             .await
             .map_err(|_| StoreError::Timeout(link.timeout))?
+    }
+
+    /// Asks `node` whether it answers again, for its breaker's probe: gives
+    /// it the decision code (a cluster also reads its slot table again).
+    pub async fn probe(&self, node: &Node) -> Result<(), StoreError> {
+        match &self.link.cluster {
+            Some(cluster) => {
+                cluster.refresh_soon();
+                self.load_on(node).await
+            }
+            None => self.load_script().await,
+        }
+    }
+
+    /// Gives one cluster primary the decision code.
+    async fn load_on(&self, node: &Node) -> Result<(), StoreError> {
+        let Some(cluster) = &self.link.cluster else {
+            return Err(StoreError::Backend(
+                "only a cluster's primaries are loaded one by one".to_owned(),
+            ));
+        };
+        let limit = self.link.timeout.max(Duration::from_secs(1));
+        let work = async {
+            let mut conn = node.connection(&cluster.config).await?;
+            self.link.load_code(&mut conn).await
+        };
+        match tokio::time::timeout(limit, work).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                if retires(&e) {
+                    node.retire();
+                }
+                Err(StoreError::Backend(format!("{}: {e}", node.addr)))
+            }
+            Err(_) => {
+                node.retire();
+                Err(StoreError::Timeout(limit))
+            }
+        }
+    }
+
+    /// The node that decides for `route` and `client`: the one Redis, or
+    /// the cluster primary holding their slot (none while the cluster's
+    /// slot table names no primary for it; a read of the table follows).
+    pub fn node_for(&self, route: &str, client: &ClientId) -> Option<Arc<Node>> {
+        let Some(cluster) = &self.link.cluster else {
+            return Some(Arc::clone(&self.single));
+        };
+        let node = cluster.node(slot_of(&self.hash_tag(route, client)));
+        if node.is_none() {
+            cluster.refresh_soon();
+        }
+        node
+    }
+
+    /// Every node decisions go to: the one Redis, or the cluster's
+    /// primaries as its slot table last named them.
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        match &self.link.cluster {
+            Some(cluster) => cluster.nodes(),
+            None => vec![Arc::clone(&self.single)],
+        }
+    }
+
+    /// Whether this store is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.link.cluster.is_some()
+    }
+
+    /// Reads a cluster's slot table again soon, in the background.
+    pub fn refresh_slots(&self) {
+        if let Some(cluster) = &self.link.cluster {
+            cluster.refresh_soon();
+        }
     }
 
     /// Decides `charge`. `now` (milliseconds) replaces Redis `TIME`: tests
@@ -258,22 +384,14 @@ impl RedisStore {
     ) -> Result<Decision, StoreError> {
         let timeout = self.link.timeout;
         let tag = self.hash_tag(charge.route, charge.client);
-        if self.link.cluster {
+        if let Some(cluster) = &self.link.cluster {
             let ask = Ask {
                 tag: &tag,
                 limits: charge.limits,
                 cost: charge.cost,
                 now,
             };
-            let work = async {
-                // Sized up front, so that building it allocates twice
-                // rather than once per doubling of its buffers: a key and
-                // about 40 bytes of limits per limit, six more arguments.
-                let n = charge.limits.len();
-                let mut command = Cmd::with_capacity(6 + n, 64 + n * (tag.len() + 72));
-                let reply = self.link.call(&mut command, std::iter::once(ask)).await?;
-                decision_from_reply(&reply, charge.limits.len())
-            };
+            let work = self.link.decide_in_cluster(cluster, ask);
             return tokio::time::timeout(timeout, work)
                 .await
                 .map_err(|_| StoreError::Timeout(timeout))?;
@@ -317,7 +435,10 @@ impl RedisStore {
             now: *now,
         });
         let work = async {
-            let reply = self.link.call(&mut Cmd::new(), asks).await?;
+            let reply = match &self.link.cluster {
+                Some(cluster) => self.link.cluster_call(cluster, asks).await?,
+                None => self.link.call(&mut Cmd::new(), asks).await?,
+            };
             let limits = charges.iter().map(|(charge, _)| charge.limits.len());
             let mut rest = verdict_values(&reply, limits.clone().sum())?;
             Ok(limits.map(|n| next_decision(&mut rest, n)).collect())
@@ -413,9 +534,14 @@ impl Link {
         {
             return Ok(lane);
         }
+        let Some(pool) = &self.pool else {
+            return Err(StoreError::Backend(
+                "a cluster's calls go to its primaries".to_owned(),
+            ));
+        };
         // Boxed: the pool's future holds a whole connection attempt and is
         // needed only when a lane is missing or broken.
-        let pooled = Box::pin(self.pool.get()).await.map_err(|e| match e {
+        let pooled = Box::pin(pool.get()).await.map_err(|e| match e {
             managed::PoolError::Backend(e) => StoreError::Backend(format!("cannot connect: {e}")),
             other => StoreError::Backend(format!("connection pool: {other}")),
         })?;
@@ -424,4 +550,128 @@ impl Link {
         slot.store(Some(Arc::clone(&lane)));
         Ok(lane)
     }
+
+    /// Decides one request on a cluster: one call to its slot's primary.
+    async fn decide_in_cluster(
+        &self,
+        cluster: &Arc<Cluster>,
+        ask: Ask<'_>,
+    ) -> Result<Decision, StoreError> {
+        let reply = self.cluster_call(cluster, std::iter::once(ask)).await?;
+        decision_from_reply(&reply, ask.limits.len())
+    }
+
+    /// Sends one call deciding `asks` (whose keys share one slot) to the
+    /// slot's primary and returns Redis's reply, following `MOVED` and
+    /// `ASK` and asking again after `TRYAGAIN`, `CLUSTERDOWN` or
+    /// `MASTERDOWN`; the caller bounds it with the decision's timeout.
+    async fn cluster_call<'a>(
+        &self,
+        cluster: &Arc<Cluster>,
+        asks: impl Iterator<Item = Ask<'a>> + Clone,
+    ) -> Result<Value, StoreError> {
+        /// Redirections followed for one call, at most: a slot that keeps
+        /// moving is a cluster being rebuilt, better left to `on_error`.
+        const REDIRECTIONS: u32 = 5;
+        let Some(first) = asks.clone().next() else {
+            return Err(StoreError::Backend("a call without decisions".to_owned()));
+        };
+        let slot = slot_of(first.tag);
+        let Some(mut node) = cluster.node(slot) else {
+            cluster.refresh_soon();
+            return Err(StoreError::Backend(format!(
+                "no primary is known for slot {slot}"
+            )));
+        };
+        // Sized up front, so that building it allocates twice rather than
+        // once per doubling of its buffers: a key and about 40 bytes of
+        // limits per limit, six more arguments.
+        let n = first.limits.len();
+        let mut command = Cmd::with_capacity(6 + n, 64 + n * (first.tag.len() + 72));
+        self.command(&mut command, asks.clone());
+        let (least, most) = cluster_retry_waits(self.timeout);
+        let (mut asking, mut loaded, mut redirected) = (false, false, 0);
+        loop {
+            let failed = |node: &Node, e: RedisError| {
+                if retires(&e) {
+                    node.retire();
+                    cluster.refresh_soon();
+                }
+                StoreError::Backend(format!("{}: {e}", node.addr))
+            };
+            let mut conn = match node.connection(&cluster.config).await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    cluster.refresh_soon();
+                    return Err(StoreError::Backend(format!(
+                        "{}: cannot connect: {e}",
+                        node.addr
+                    )));
+                }
+            };
+            self.calls.inc();
+            let sent = if std::mem::take(&mut asking) {
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").ignore().add_command(command.clone());
+                pipe.query_async::<(Value,)>(&mut conn).await.map(|(v,)| v)
+            } else {
+                command.query_async::<Value>(&mut conn).await
+            };
+            let e = match sent {
+                Ok(reply) => return Ok(reply),
+                Err(e) => e,
+            };
+            if code_missing(&e) && !loaded {
+                // This primary lacks the code (a fresh replica promoted, a
+                // restart): give it the code, ask again.
+                loaded = true;
+                self.load_code(&mut conn)
+                    .await
+                    .map_err(|e| failed(&node, e))?;
+                self.command(&mut command, asks.clone());
+                continue;
+            }
+            let kind = e.kind();
+            let redirection = match kind {
+                ErrorKind::Server(ServerErrorKind::Moved) => e
+                    .redirect_node()
+                    .and_then(|(addr, slot)| cluster.moved(slot, addr)),
+                ErrorKind::Server(ServerErrorKind::Ask) => {
+                    e.redirect_node().and_then(|(addr, _)| cluster.asked(addr))
+                }
+                ErrorKind::Server(
+                    ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown,
+                ) => {
+                    if kind != ErrorKind::Server(ServerErrorKind::TryAgain) {
+                        cluster.refresh_soon();
+                    }
+                    tokio::time::sleep(Duration::from_millis(jitter(least, most))).await;
+                    continue;
+                }
+                _ => return Err(failed(&node, e)),
+            };
+            redirected += 1;
+            match redirection {
+                Some(to) if redirected <= REDIRECTIONS => {
+                    asking = kind == ErrorKind::Server(ServerErrorKind::Ask);
+                    if !asking {
+                        cluster.refresh_soon();
+                    }
+                    node = to;
+                }
+                _ => return Err(failed(&node, e)),
+            }
+        }
+    }
+}
+
+/// A number of milliseconds drawn between `least` and `most`.
+fn jitter(least: u64, most: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let draw = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    least + draw % (most.saturating_sub(least) + 1)
 }
