@@ -484,50 +484,73 @@ async fn limits_are_exact(gates: &[Floodgate], tag: &str) {
     );
 }
 
+/// A cluster whose primaries keep serving while one is lost, two floodgate
+/// instances on it (`failover_config`), 60 clients decided once each, and
+/// the primary that holds the first client's keys: the one a test loses.
+struct Scene {
+    cluster: TestCluster,
+    gates: [Floodgate; 2],
+    clients: Vec<String>,
+    owner: Vec<u16>,
+    victim: u16,
+    /// The primaries before the fault (a frozen node answers no redis-cli).
+    primaries: Vec<u16>,
+}
+
+impl Scene {
+    async fn start(node_timeout: Duration, tag: &str) -> Self {
+        let cluster = TestCluster::start_partial(node_timeout).await;
+        let prefix = unique_prefix(tag);
+        let toml = failover_config(&cluster.urls(), &prefix);
+        let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+        let clients: Vec<String> = (0..60).map(|i| format!("{tag}-{i}")).collect();
+        let once = admitted(&gates, "/load", &clients, 1).await;
+        assert!(once.iter().all(|&n| n == 1), "{once:?}");
+        let owner = owners(&cluster, &prefix, &clients);
+        let victim = owner[0];
+        let primaries = cluster.primaries();
+        Self {
+            cluster,
+            gates,
+            clients,
+            owner,
+            victim,
+            primaries,
+        }
+    }
+
+    /// The load, started a second before the test's fault.
+    async fn load(&self) -> Load {
+        let load = Load::start(&self.gates, "/load", &self.clients);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        load
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_primary_costs_only_its_own_slots() {
     // Peers wait 15 s before they declare a node failed, so a 5 s freeze
     // is not failed over: the node comes back as it was.
-    let cluster = TestCluster::start_partial(Duration::from_secs(15)).await;
-    let prefix = unique_prefix("frozen");
-    let toml = failover_config(&cluster.urls(), &prefix);
-    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
-    let clients: Vec<String> = (0..60).map(|i| format!("f-{i}")).collect();
-    assert!(
-        admitted(&gates, "/load", &clients, 1)
-            .await
-            .iter()
-            .all(|&n| n == 1)
-    );
-    let owner = owners(&cluster, &prefix, &clients);
-    let victim = owner[0];
-    // Asked now: a frozen node would never answer redis-cli.
-    let primaries = cluster.primaries();
-
-    let load = Load::start(&gates, "/load", &clients);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let scene = Scene::start(Duration::from_secs(15), "frozen").await;
+    let (gates, victim) = (&scene.gates, scene.victim);
+    let load = scene.load().await;
     let lost_at = load.now();
-    cluster.freeze(victim);
+    scene.cluster.freeze(victim);
     tokio::time::sleep(Duration::from_secs(2)).await;
     // While frozen: that node's breaker is open and the others' closed, the
     // store is degraded, and the instance stays ready (with `deny`, it is
     // unready only when every primary is down).
     let http = TestClient::http1();
     let metrics = http.get(&gates[0].admin_url("/metrics"), &[]).await.text();
-    for port in primaries.into_iter().filter(|&p| p != victim) {
+    for &port in &scene.primaries {
+        let open = u8::from(port == victim);
         assert!(
             metrics.contains(&format!(
-                "floodgate_redis_node_circuit_open{{node=\"127.0.0.1:{port}\"}} 0"
+                "floodgate_redis_node_circuit_open{{node=\"127.0.0.1:{port}\"}} {open}"
             )),
             "{metrics}"
         );
     }
-    assert!(
-        metrics.contains(&format!(
-            "floodgate_redis_node_circuit_open{{node=\"127.0.0.1:{victim}\"}} 1"
-        )),
-        "{metrics}"
-    );
     assert!(
         metrics.contains("floodgate_store_circuit_open 0"),
         "{metrics}"
@@ -543,13 +566,13 @@ async fn a_frozen_primary_costs_only_its_own_slots() {
         200
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    cluster.thaw(victim);
+    scene.cluster.thaw(victim);
     let back_at = load.now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let seen = load.stop().await;
 
-    check_failover(&seen, &owner, victim, lost_at, back_at);
-    limits_are_exact(&gates, "frozen-after").await;
+    check_failover(&seen, &scene.owner, victim, lost_at, back_at);
+    limits_are_exact(gates, "frozen-after").await;
     let status = http
         .get(&gates[0].admin_url("/status.json"), &[])
         .await
@@ -560,30 +583,16 @@ async fn a_frozen_primary_costs_only_its_own_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_costs_only_its_own_slots_until_its_replica_serves() {
     // Peers declare a node failed after 1 s, so its replica takes over soon.
-    let mut cluster = TestCluster::start_partial(Duration::from_secs(1)).await;
-    let prefix = unique_prefix("killed");
-    let toml = failover_config(&cluster.urls(), &prefix);
-    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
-    let clients: Vec<String> = (0..60).map(|i| format!("k-{i}")).collect();
-    assert!(
-        admitted(&gates, "/load", &clients, 1)
-            .await
-            .iter()
-            .all(|&n| n == 1)
-    );
-    let owner = owners(&cluster, &prefix, &clients);
-    let victim = owner[0];
-    let before: Vec<u16> = cluster.primaries();
-
-    let load = Load::start(&gates, "/load", &clients);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut scene = Scene::start(Duration::from_secs(1), "killed").await;
+    let victim = scene.victim;
+    let load = scene.load().await;
     let lost_at = load.now();
-    cluster.kill(victim);
+    scene.cluster.kill(victim);
     // The replica serves once it calls itself a primary.
     let deadline = Instant::now() + Duration::from_secs(30);
     let back_at = loop {
-        let now = cluster.primaries();
-        if now.len() == 3 && now.iter().any(|p| !before.contains(p)) {
+        let now = scene.cluster.primaries();
+        if now.len() == 3 && now.iter().any(|p| !scene.primaries.contains(p)) {
             break load.now();
         }
         assert!(Instant::now() < deadline, "no replica was promoted");
@@ -592,7 +601,7 @@ async fn a_killed_primary_costs_only_its_own_slots_until_its_replica_serves() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let seen = load.stop().await;
 
-    check_failover(&seen, &owner, victim, lost_at, back_at);
-    cluster.wait_until_healthy().await;
-    limits_are_exact(&gates, "killed-after").await;
+    check_failover(&seen, &scene.owner, victim, lost_at, back_at);
+    scene.cluster.wait_until_healthy().await;
+    limits_are_exact(&scene.gates, "killed-after").await;
 }
