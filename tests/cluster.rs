@@ -27,16 +27,20 @@ fn store(urls: &[String], prefix: &str, on_error: &str, timeout: &str) -> Config
         .store(&format!(r#"on_error = "{on_error}""#))
 }
 
+/// A route on `/{name}` that answers 200 itself and counts clients by
+/// `X-Client`, `limit` an hour.
+fn route(name: &str, algorithm: &str, limit: u64) -> Route {
+    Route::new(name)
+        .matching(&format!(r#"path_prefix = "/{name}""#))
+        .respond("status = 200")
+        .client(r#"from = "header", name = "X-Client""#)
+        .limit(algorithm, limit, "1h")
+}
+
 fn config(urls: &[String], prefix: &str, on_error: &str, limit: u64) -> String {
     let mut config = store(urls, prefix, on_error, "300ms");
     for algorithm in ALGORITHMS {
-        config = config.route(
-            Route::new(algorithm)
-                .matching(&format!(r#"path_prefix = "/{algorithm}""#))
-                .respond("status = 200")
-                .client(r#"from = "header", name = "X-Client""#)
-                .limit(algorithm, limit, "1h"),
-        );
+        config = config.route(route(algorithm, algorithm, limit));
     }
     config.toml()
 }
@@ -352,20 +356,8 @@ impl Load {
 fn failover_config(urls: &[String], prefix: &str) -> String {
     store(urls, prefix, "deny", "100ms")
         .admin()
-        .route(
-            Route::new("load")
-                .matching(r#"path_prefix = "/load""#)
-                .respond("status = 200")
-                .client(r#"from = "header", name = "X-Client""#)
-                .limit("gcra", 1_000_000, "1h"),
-        )
-        .route(
-            Route::new("exact")
-                .matching(r#"path_prefix = "/exact""#)
-                .respond("status = 200")
-                .client(r#"from = "header", name = "X-Client""#)
-                .limit("sliding_log", 3, "1h"),
-        )
+        .route(route("load", "gcra", 1_000_000))
+        .route(route("exact", "sliding_log", 3))
         .toml()
 }
 
