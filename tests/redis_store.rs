@@ -722,6 +722,50 @@ async fn a_call_reads_and_writes_each_key_once() {
     }
 }
 
+/// A call whose verdicts take more than one pack of the decision code
+/// (it packs 256 integers at a time; here 40 decisions of two limits, 320
+/// integers) is read back whole and in order: the same answers as the
+/// same decisions sent one call each.
+#[tokio::test]
+async fn a_call_with_more_verdicts_than_one_pack_is_read_whole() {
+    let redis = TestRedis::start_private().await;
+    let together = store(&redis, &unique_prefix("many"));
+    let alone = store(&redis, &unique_prefix("many_alone"));
+    together.load_script().await.expect("load the code");
+    let t = 1_700_000_600_000;
+    let limits = [
+        limit(Algorithm::FixedWindow, 30, 60_000),
+        limit(Algorithm::SlidingLog, 25, 60_000),
+    ];
+    let route: Arc<str> = "r".into();
+    let client = ClientId::header("many");
+    let charges: Vec<_> = (0..40u64)
+        .map(|i| {
+            let charge = Charge {
+                route: &route,
+                client: &client,
+                limits: &limits,
+                cost: 1,
+            };
+            (charge, Some(t + i))
+        })
+        .collect();
+    let decisions = together
+        .decide_together_at(&charges)
+        .await
+        .expect("decisions");
+    assert_eq!(decisions.len(), 40);
+    for (i, d) in decisions.iter().enumerate() {
+        assert_eq!(d.allowed, i < 25, "decision {i}: {d:?}");
+        let left = if i < 25 { 24 - i as u64 } else { 0 };
+        assert_eq!(d.remaining, left, "decision {i}: {d:?}");
+    }
+    for (i, (charge, now)) in charges.iter().enumerate() {
+        let expected = alone.decide_at(*charge, *now).await.expect("decision");
+        assert_eq!(decisions[i], expected, "decision {i}");
+    }
+}
+
 #[tokio::test]
 async fn store_down_follows_on_error_within_the_timeout() {
     let mut redis = TestRedis::start_process().await;

@@ -206,6 +206,50 @@ async fn redis_frozen_decisions_stay_within_the_timeout_and_resume_after_sigcont
     );
 }
 
+/// Decisions that queue behind calls stuck on a frozen Redis still end by
+/// their own deadline: each is answered within `timeout` of its request,
+/// not after a call of its own has waited `timeout` more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_queued_behind_a_frozen_redis_end_by_their_own_deadline() {
+    let redis = TestRedis::start_process().await;
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("queued"))
+        .store(r#"timeout = "1s""#)
+        .store(r#"on_error = "deny""#)
+        .route(
+            Route::new("api")
+                .respond(r#"status = 200, body = "api""#)
+                .client(r#"from = "header", name = "X-Client""#)
+                .limit("sliding_log", 100, "1h"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let warm = [("x-client", "warm")];
+    assert_eq!(client.get(&gate.url("/api"), &warm).await.status, 200);
+    redis.pause();
+    // More at once than there are calls in flight: most wait in the queue.
+    let asked: Vec<_> = (0..12)
+        .map(|i| {
+            let (client, url) = (client.clone(), gate.url("/api"));
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let me = format!("queued-{i}");
+                let status = client.get(&url, &[("x-client", &me)]).await.status;
+                (status, t.elapsed())
+            })
+        })
+        .collect();
+    for task in asked {
+        let (status, took) = task.await.expect("request");
+        assert_eq!(status, 503);
+        // The timeout is 1 s; a queued decision given a whole timeout of
+        // its own once a call is free would take about 2 s.
+        assert!(took < Duration::from_millis(1_500), "took {took:?}");
+    }
+    redis.resume();
+}
+
 /// Redis lost without a word: its connections stay open and nothing
 /// answers on them, nor on new ones. Then the address answers again, for
 /// new connections only (a new host under the same name). The breaker's

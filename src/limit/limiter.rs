@@ -1,15 +1,16 @@
 //! The limiter a server asks: the configured store, the circuit breaker
 //! around a shared one, and the `on_error` policy.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::breaker::{Change, Pass, Probe};
 use super::deny_cache::DenyCache;
 use super::memory::MemoryStore;
-use super::redis::{Node, RedisStore};
+use super::redis::{Node, RedisStore, Target};
 use super::settings::{OnError, Store as StoreConfig};
-use super::{Charge, Decision, Limit, Store, StoreError, now_ms};
+use super::{Charge, Decision, Limit, StoreError, now_ms};
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
 /// `Retry-After` for a 503 while the store is down.
@@ -258,32 +259,9 @@ impl Shared {
             return Answer::Decided(denial);
         }
         let now = now_ms();
-        let node = self.store.node_for(charge.route, charge.client);
-        let result = match node.as_deref().map(|n| (n, n.breaker.pass(now))) {
-            // A cluster whose slot table names no primary for this slot (not
-            // read yet, or the slot is not served): a read of the table is
-            // under way, the request gets `on_error` now.
-            None => Err(StoreError::Backend(
-                "no Redis Cluster primary is known for this slot".to_owned(),
-            )),
-            Some((node, Pass::Closed)) => {
-                let result = self.store.decide(charge).await;
-                let change = match &result {
-                    Ok(_) => node.breaker.success(),
-                    Err(_) => node.breaker.failure(now_ms()),
-                };
-                if change == Change::Opened {
-                    self.store.reconnect_node(node);
-                }
-                self.log_change(node, change, result.as_ref().err());
-                result
-            }
-            Some((node, Pass::Probe(probe))) => {
-                let result = self.store.decide(charge).await;
-                self.probed(node, probe, result.as_ref().err());
-                result
-            }
-            Some((_, Pass::Open)) => Err(StoreError::CircuitOpen),
+        let result = match self.store.target(charge.route, charge.client) {
+            Ok(target) => self.through_breaker(target, charge, now).await,
+            Err(e) => Err(e),
         };
         match result {
             Ok(decision) => {
@@ -300,6 +278,37 @@ impl Shared {
                 });
                 self.fallback(charge, &e)
             }
+        }
+    }
+
+    /// Asks the store at `target` if its node's breaker lets the decision
+    /// through, and tells the breaker how it went.
+    async fn through_breaker(
+        &self,
+        target: Target,
+        charge: Charge<'_>,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        let node = Arc::clone(&target.node);
+        match node.breaker.pass(now) {
+            Pass::Closed => {
+                let result = self.store.decide_on(target, charge, None).await;
+                let change = match &result {
+                    Ok(_) => node.breaker.success(),
+                    Err(_) => node.breaker.failure(now_ms()),
+                };
+                if change == Change::Opened {
+                    self.store.reconnect_node(&node);
+                }
+                self.log_change(&node, change, result.as_ref().err());
+                result
+            }
+            Pass::Probe(probe) => {
+                let result = self.store.decide_on(target, charge, None).await;
+                self.probed(&node, probe, result.as_ref().err());
+                result
+            }
+            Pass::Open => Err(StoreError::CircuitOpen),
         }
     }
 

@@ -24,8 +24,14 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, Value};
 
+use redis::{Cmd, ErrorKind, ServerErrorKind};
+
+use super::Link;
+use super::batch::Ask;
+use super::code::code_missing;
+use super::connections::{cluster_retry_waits, retires};
 use crate::limit::breaker::{self, Breaker};
-use crate::limit::now_ms;
+use crate::limit::{StoreError, now_ms};
 
 /// Hash slots in a Redis Cluster.
 pub(super) const SLOTS: usize = 16_384;
@@ -99,6 +105,117 @@ impl Node {
     pub(super) fn retire(&self) {
         self.conn.store(None);
     }
+}
+
+impl Link {
+    /// Sends one call deciding `asks` (whose keys share one slot) to
+    /// `node`, the slot's primary as the table names it, and returns
+    /// Redis's reply, following `MOVED` and `ASK` and asking again after
+    /// `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`; the caller bounds it with
+    /// the decision's timeout.
+    pub(super) async fn cluster_call<'a>(
+        &self,
+        cluster: &Arc<Cluster>,
+        mut node: Arc<Node>,
+        asks: impl Iterator<Item = Ask<'a>> + Clone,
+    ) -> Result<Value, StoreError> {
+        /// Redirections followed for one call, at most: a slot that keeps
+        /// moving is a cluster being rebuilt, better left to `on_error`.
+        const REDIRECTIONS: u32 = 5;
+        let Some(first) = asks.clone().next() else {
+            return Err(StoreError::Backend("a call without decisions".to_owned()));
+        };
+        // Sized up front, so that building it allocates twice rather than
+        // once per doubling of its buffers: a key and about 40 bytes of
+        // limits per limit, six more arguments.
+        let n = first.limits.len();
+        let mut command = Cmd::with_capacity(6 + n, 64 + n * (first.tag.len() + 72));
+        self.command(&mut command, asks.clone());
+        let (least, most) = cluster_retry_waits(self.timeout);
+        let (mut asking, mut loaded, mut redirected) = (false, false, 0);
+        loop {
+            let failed = |node: &Node, e: RedisError| {
+                if retires(&e) {
+                    node.retire();
+                    cluster.refresh_soon();
+                }
+                StoreError::Backend(format!("{}: {e}", node.addr))
+            };
+            let mut conn = match node.connection(&cluster.config).await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    cluster.refresh_soon();
+                    return Err(StoreError::Backend(format!(
+                        "{}: cannot connect: {e}",
+                        node.addr
+                    )));
+                }
+            };
+            self.calls.inc();
+            let sent = if std::mem::take(&mut asking) {
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").ignore().add_command(command.clone());
+                pipe.query_async::<(Value,)>(&mut conn).await.map(|(v,)| v)
+            } else {
+                command.query_async::<Value>(&mut conn).await
+            };
+            let e = match sent {
+                Ok(reply) => return Ok(reply),
+                Err(e) => e,
+            };
+            if code_missing(&e) && !loaded {
+                // This primary lacks the code (a fresh replica promoted, a
+                // restart): give it the code, ask again.
+                loaded = true;
+                self.load_code(&mut conn)
+                    .await
+                    .map_err(|e| failed(&node, e))?;
+                self.command(&mut command, asks.clone());
+                continue;
+            }
+            let kind = e.kind();
+            let redirection = match kind {
+                ErrorKind::Server(ServerErrorKind::Moved) => e
+                    .redirect_node()
+                    .and_then(|(addr, slot)| cluster.moved(slot, addr)),
+                ErrorKind::Server(ServerErrorKind::Ask) => {
+                    e.redirect_node().and_then(|(addr, _)| cluster.asked(addr))
+                }
+                ErrorKind::Server(
+                    ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown,
+                ) => {
+                    if kind != ErrorKind::Server(ServerErrorKind::TryAgain) {
+                        cluster.refresh_soon();
+                    }
+                    tokio::time::sleep(Duration::from_millis(jitter(least, most))).await;
+                    continue;
+                }
+                _ => return Err(failed(&node, e)),
+            };
+            redirected += 1;
+            match redirection {
+                Some(to) if redirected <= REDIRECTIONS => {
+                    asking = kind == ErrorKind::Server(ServerErrorKind::Ask);
+                    if !asking {
+                        cluster.refresh_soon();
+                    }
+                    node = to;
+                }
+                _ => return Err(failed(&node, e)),
+            }
+        }
+    }
+}
+
+/// A number of milliseconds drawn between `least` and `most`.
+fn jitter(least: u64, most: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let draw = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    least + draw % (most.saturating_sub(least) + 1)
 }
 
 /// Which primary holds each slot.

@@ -44,8 +44,8 @@ use arc_swap::ArcSwapOption;
 use deadpool::managed;
 use prometheus_client::metrics::counter::Counter;
 use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo,
-    RedisError, Script, ServerErrorKind, TlsCertificates, Value,
+    AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionInfo, IntoConnectionInfo, RedisError,
+    Script, TlsCertificates, Value,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -65,7 +65,7 @@ pub use cluster::Node;
 use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
 use code::{FUNCTIONS_UNKNOWN, Library, code_missing};
-use connections::{Lane, Lanes, cluster_retry_waits, retires};
+use connections::{Lane, Lanes, retires};
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
 use replies::{decision_from_reply, next_decision, verdict_values};
@@ -334,18 +334,24 @@ impl RedisStore {
         }
     }
 
-    /// The node that decides for `route` and `client`: the one Redis, or
-    /// the cluster primary holding their slot (none while the cluster's
-    /// slot table names no primary for it; a read of the table follows).
-    pub fn node_for(&self, route: &str, client: &ClientId) -> Option<Arc<Node>> {
-        let Some(cluster) = &self.link.cluster else {
-            return Some(Arc::clone(&self.single));
+    /// Where the decisions for `route` and `client` go: their keys' hash
+    /// tag, and the one Redis or the cluster primary holding their slot.
+    /// An error while the cluster's slot table names no primary for it
+    /// (not read yet, or the slot is not served); a read of the table
+    /// follows.
+    pub fn target(&self, route: &str, client: &ClientId) -> Result<Target, StoreError> {
+        let tag = self.hash_tag(route, client);
+        let node = match &self.link.cluster {
+            None => Arc::clone(&self.single),
+            Some(cluster) => match cluster.node(slot_of(&tag)) {
+                Some(node) => node,
+                None => {
+                    cluster.refresh_soon();
+                    return Err(no_primary());
+                }
+            },
         };
-        let node = cluster.node(slot_of(&self.hash_tag(route, client)));
-        if node.is_none() {
-            cluster.refresh_soon();
-        }
-        node
+        Ok(Target { node, tag })
     }
 
     /// Every node decisions go to: the one Redis, or the cluster's
@@ -382,8 +388,20 @@ impl RedisStore {
         charge: Charge<'_>,
         now: Option<u64>,
     ) -> Result<Decision, StoreError> {
+        let target = self.target(charge.route, charge.client)?;
+        self.decide_on(target, charge, now).await
+    }
+
+    /// Decides `charge` at `target` (see [`Self::target`]), as
+    /// [`Self::decide_at`] does.
+    pub async fn decide_on(
+        &self,
+        target: Target,
+        charge: Charge<'_>,
+        now: Option<u64>,
+    ) -> Result<Decision, StoreError> {
         let timeout = self.link.timeout;
-        let tag = self.hash_tag(charge.route, charge.client);
+        let Target { node, tag } = target;
         if let Some(cluster) = &self.link.cluster {
             let ask = Ask {
                 tag: &tag,
@@ -391,7 +409,13 @@ impl RedisStore {
                 cost: charge.cost,
                 now,
             };
-            let work = self.link.decide_in_cluster(cluster, ask);
+            let work = async {
+                let reply = self
+                    .link
+                    .cluster_call(cluster, node, std::iter::once(ask))
+                    .await?;
+                decision_from_reply(&reply, charge.limits.len())
+            };
             return tokio::time::timeout(timeout, work)
                 .await
                 .map_err(|_| StoreError::Timeout(timeout))?;
@@ -436,7 +460,11 @@ impl RedisStore {
         });
         let work = async {
             let reply = match &self.link.cluster {
-                Some(cluster) => self.link.cluster_call(cluster, asks).await?,
+                Some(cluster) => {
+                    let slot = tags.first().map_or(0, |tag| slot_of(tag));
+                    let node = cluster.node(slot).ok_or_else(no_primary)?;
+                    self.link.cluster_call(cluster, node, asks).await?
+                }
                 None => self.link.call(&mut Cmd::new(), asks).await?,
             };
             let limits = charges.iter().map(|(charge, _)| charge.limits.len());
@@ -482,6 +510,20 @@ impl RedisStore {
         tag.push('}');
         tag
     }
+}
+
+/// Where one decision goes: its keys' hash tag and the node holding them.
+#[derive(Debug)]
+pub struct Target {
+    /// The one Redis, or the cluster primary holding the tag's slot: whose
+    /// breaker the decision passes.
+    pub node: Arc<Node>,
+    tag: String,
+}
+
+/// A cluster slot no primary is known for.
+fn no_primary() -> StoreError {
+    StoreError::Backend("no Redis Cluster primary is known for this slot".to_owned())
 }
 
 impl Store for RedisStore {
@@ -550,128 +592,4 @@ impl Link {
         slot.store(Some(Arc::clone(&lane)));
         Ok(lane)
     }
-
-    /// Decides one request on a cluster: one call to its slot's primary.
-    async fn decide_in_cluster(
-        &self,
-        cluster: &Arc<Cluster>,
-        ask: Ask<'_>,
-    ) -> Result<Decision, StoreError> {
-        let reply = self.cluster_call(cluster, std::iter::once(ask)).await?;
-        decision_from_reply(&reply, ask.limits.len())
-    }
-
-    /// Sends one call deciding `asks` (whose keys share one slot) to the
-    /// slot's primary and returns Redis's reply, following `MOVED` and
-    /// `ASK` and asking again after `TRYAGAIN`, `CLUSTERDOWN` or
-    /// `MASTERDOWN`; the caller bounds it with the decision's timeout.
-    async fn cluster_call<'a>(
-        &self,
-        cluster: &Arc<Cluster>,
-        asks: impl Iterator<Item = Ask<'a>> + Clone,
-    ) -> Result<Value, StoreError> {
-        /// Redirections followed for one call, at most: a slot that keeps
-        /// moving is a cluster being rebuilt, better left to `on_error`.
-        const REDIRECTIONS: u32 = 5;
-        let Some(first) = asks.clone().next() else {
-            return Err(StoreError::Backend("a call without decisions".to_owned()));
-        };
-        let slot = slot_of(first.tag);
-        let Some(mut node) = cluster.node(slot) else {
-            cluster.refresh_soon();
-            return Err(StoreError::Backend(format!(
-                "no primary is known for slot {slot}"
-            )));
-        };
-        // Sized up front, so that building it allocates twice rather than
-        // once per doubling of its buffers: a key and about 40 bytes of
-        // limits per limit, six more arguments.
-        let n = first.limits.len();
-        let mut command = Cmd::with_capacity(6 + n, 64 + n * (first.tag.len() + 72));
-        self.command(&mut command, asks.clone());
-        let (least, most) = cluster_retry_waits(self.timeout);
-        let (mut asking, mut loaded, mut redirected) = (false, false, 0);
-        loop {
-            let failed = |node: &Node, e: RedisError| {
-                if retires(&e) {
-                    node.retire();
-                    cluster.refresh_soon();
-                }
-                StoreError::Backend(format!("{}: {e}", node.addr))
-            };
-            let mut conn = match node.connection(&cluster.config).await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    cluster.refresh_soon();
-                    return Err(StoreError::Backend(format!(
-                        "{}: cannot connect: {e}",
-                        node.addr
-                    )));
-                }
-            };
-            self.calls.inc();
-            let sent = if std::mem::take(&mut asking) {
-                let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").ignore().add_command(command.clone());
-                pipe.query_async::<(Value,)>(&mut conn).await.map(|(v,)| v)
-            } else {
-                command.query_async::<Value>(&mut conn).await
-            };
-            let e = match sent {
-                Ok(reply) => return Ok(reply),
-                Err(e) => e,
-            };
-            if code_missing(&e) && !loaded {
-                // This primary lacks the code (a fresh replica promoted, a
-                // restart): give it the code, ask again.
-                loaded = true;
-                self.load_code(&mut conn)
-                    .await
-                    .map_err(|e| failed(&node, e))?;
-                self.command(&mut command, asks.clone());
-                continue;
-            }
-            let kind = e.kind();
-            let redirection = match kind {
-                ErrorKind::Server(ServerErrorKind::Moved) => e
-                    .redirect_node()
-                    .and_then(|(addr, slot)| cluster.moved(slot, addr)),
-                ErrorKind::Server(ServerErrorKind::Ask) => {
-                    e.redirect_node().and_then(|(addr, _)| cluster.asked(addr))
-                }
-                ErrorKind::Server(
-                    ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown,
-                ) => {
-                    if kind != ErrorKind::Server(ServerErrorKind::TryAgain) {
-                        cluster.refresh_soon();
-                    }
-                    tokio::time::sleep(Duration::from_millis(jitter(least, most))).await;
-                    continue;
-                }
-                _ => return Err(failed(&node, e)),
-            };
-            redirected += 1;
-            match redirection {
-                Some(to) if redirected <= REDIRECTIONS => {
-                    asking = kind == ErrorKind::Server(ServerErrorKind::Ask);
-                    if !asking {
-                        cluster.refresh_soon();
-                    }
-                    node = to;
-                }
-                _ => return Err(failed(&node, e)),
-            }
-        }
-    }
-}
-
-/// A number of milliseconds drawn between `least` and `most`.
-fn jitter(least: u64, most: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let draw = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    least + draw % (most.saturating_sub(least) + 1)
 }
