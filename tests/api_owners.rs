@@ -107,13 +107,20 @@ fn rsa_key(dir: &Path) -> (Vec<u8>, std::path::PathBuf) {
     (std::fs::read(&pkcs1).expect("read key"), public)
 }
 
-#[tokio::test]
-async fn a_free_and_a_paid_tier_share_one_path() {
+/// A Redis, an upstream for the routes, and a configuration counting in
+/// that Redis under a fresh prefix named for `test`.
+async fn setup(test: &str) -> (TestRedis, Upstream, Config) {
     let redis = TestRedis::start().await;
     let upstream = Upstream::start().await;
+    let config = Config::new().redis(&redis.url, &unique_prefix(test));
+    (redis, upstream, config)
+}
+
+#[tokio::test]
+async fn a_free_and_a_paid_tier_share_one_path() {
+    let (_redis, upstream, config) = setup("tiers").await;
     let key = r#"client = { from = "header", name = "X-Api-Key", missing = "reject" }"#;
-    let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("tiers"))
+    let toml = config
         // The plan header is set by the authenticating gateway in front.
         .route(
             Route::new("search-paid")
@@ -200,8 +207,7 @@ fn hex_sha256(value: &[u8]) -> String {
 
 #[tokio::test]
 async fn clients_are_counted_by_a_verified_jwt_claim() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
+    let (_redis, upstream, config) = setup("jwt").await;
     let dir = temp_dir("jwt-claims");
     let secret = b"a-shared-secret-of-at-least-32-bytes!";
     std::fs::write(dir.join("secret"), secret).expect("write secret");
@@ -227,8 +233,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
             r#"client = {{ from = "jwt", claim = "sub", algorithm = "{alg}", {key}, issuer = "https://idp.example", audience = "orders", missing = "reject" }}"#
         )
     };
-    let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("jwt"))
+    let toml = config
         .route(
             on("hs", "/hs", &upstream)
                 .line(&jwt(
@@ -354,10 +359,8 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
 
 #[tokio::test]
 async fn a_path_parameter_keys_the_limit() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
-    let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("path-param"))
+    let (_redis, upstream, config) = setup("path-param").await;
+    let toml = config
         .route(
             Route::new("orders")
                 .upstream(&upstream.url())
@@ -419,21 +422,14 @@ async fn a_global_limit_is_shared_by_every_client_and_instance() {
     assert_eq!(upstream.hits(), 6);
     // One bucket, named for nobody: not the peer's address, which every
     // request here shares.
-    let mut conn = redis.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .expect("keys");
+    let keys = redis.keys(&format!("{prefix}:*")).await;
     assert_eq!(keys, [format!("{prefix}:{{export:g}}:0:sliding_log:60000")]);
 }
 
 #[tokio::test]
 async fn api_keys_exempt_their_holders_and_nobody_else() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
-    let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("exempt-keys"))
+    let (_redis, upstream, config) = setup("exempt-keys").await;
+    let toml = config
         .server(&format!(
             r#"exempt_keys = {{ "X-Monitor-Key" = ["sha256:{}"] }}"#,
             hex_sha256(b"monitor-secret")
@@ -486,9 +482,7 @@ async fn api_keys_exempt_their_holders_and_nobody_else() {
 
 #[tokio::test]
 async fn the_deny_answer_and_every_header_mode() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
-    let mut config = Config::new().redis(&redis.url, &unique_prefix("deny-answer"));
+    let (_redis, upstream, mut config) = setup("deny-answer").await;
     for mode in ["ietf", "x-ratelimit", "both", "none"] {
         config = config.route(
             on(mode, &format!("/{mode}"), &upstream)
@@ -562,10 +556,8 @@ fn fields(a: &Answer) -> (u64, u64) {
 
 #[tokio::test]
 async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
+    let (_redis, upstream, mut config) = setup("draft-10").await;
     let algorithms = floodgate::limit::Algorithm::NAMES.map(|(name, _)| name);
-    let mut config = Config::new().redis(&redis.url, &unique_prefix("draft-10"));
     for algorithm in algorithms {
         config = config
             .route(on(algorithm, &format!("/{algorithm}"), &upstream).limit(algorithm, 2, "3s"))
@@ -647,10 +639,8 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
 
 #[tokio::test]
 async fn shadow_routes_claim_no_denial() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
-    let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("shadow-fields"))
+    let (_redis, upstream, config) = setup("shadow-fields").await;
+    let toml = config
         .route(
             Route::new("search")
                 .upstream(&upstream.url())
@@ -715,10 +705,8 @@ async fn a_rotated_jwt_key_applies_without_a_restart() {
 
 #[tokio::test]
 async fn composite_keys_take_any_number_of_parts_including_one() {
-    let redis = TestRedis::start().await;
-    let upstream = Upstream::start().await;
-    let toml = Config::new()
-        .redis(&redis.url, &unique_prefix("composite-parts"))
+    let (_redis, upstream, config) = setup("composite-parts").await;
+    let toml = config
         .route(
             on("one-part", "/one", &upstream)
                 .client(r#"from = "composite", parts = ["header:X-Tenant"], missing = "reject""#)

@@ -536,12 +536,7 @@ async fn hostile_client_ids_get_their_own_buckets_in_redis() {
             "{value:.20}"
         );
     }
-    let mut conn = redis.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .expect("keys");
+    let keys = redis.keys(&format!("{prefix}:*")).await;
     assert_eq!(keys.len(), hostile.len(), "{keys:?}");
     for key in &keys {
         assert!(key.len() < 150, "{key}");

@@ -290,11 +290,7 @@ async fn a_denial_by_one_limit_writes_nothing_to_the_others() {
     let fresh = [limit(Algorithm::FixedWindow, 1, 60_000)];
     assert!(decide(&store, "d", &fresh, 1, t).await.allowed);
     assert!(!decide(&store, "d", &fresh, 1, t).await.allowed);
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query_async(&mut conn)
-        .await
-        .expect("keys");
+    let keys = redis.keys(&format!("{prefix}:*")).await;
     assert_eq!(keys.len(), 3, "{keys:?}");
     for key in keys {
         let ttl: i64 = redis::cmd("PTTL")

@@ -167,6 +167,15 @@ impl TestRedis {
             .expect("connect to test redis")
     }
 
+    /// The keys matching `pattern` (`KEYS`: tests only).
+    pub async fn keys(&self, pattern: &str) -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut self.connection().await)
+            .await
+            .expect("keys")
+    }
+
     /// Stops this Redis for good (SIGKILL).
     pub fn kill(&mut self) {
         if let Origin::Process { child, .. } = &mut self.origin {
