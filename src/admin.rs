@@ -18,7 +18,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::concurrency::Refused;
 use crate::gate::{Readiness, Shared};
 use crate::metrics::Outcome;
 
@@ -160,7 +159,7 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 fn top_clients(shared: &Shared, n: usize) -> String {
     use std::fmt::Write;
     let rules = shared.rules();
-    let now = crate::limit::now_ms() / 1000;
+    let now = crate::clock::now_ms() / 1000;
     let mut out = String::from("{\"window_seconds\":60,\"routes\":[");
     let Some(top) = &rules.top else {
         out.push_str("]}");
@@ -267,7 +266,7 @@ fn status_json(shared: &Shared) -> String {
         match capacity {
             None => out.push_str(",\"concurrency\":null"),
             Some(c) => {
-                let refused: usize = Refused::ALL.into_iter().map(|r| c.refusals(r)).sum();
+                let refused = c.refused();
                 let _ = write!(
                     out,
                     ",\"concurrency\":{{\"per\":\"{}\",\"adaptive\":{},\"limit\":{},\"in_flight\":{},\"waiting\":{},\"refused\":{refused}}}",

@@ -87,6 +87,9 @@ pub struct Config {
     pub store: Store,
     /// The compiled routes, first match wins.
     pub routes: Table,
+    /// The upstreams the routes forward to, each once, in the order first
+    /// named; a route's [`crate::routes::Upstream::index`] points here.
+    pub upstreams: Vec<crate::proxy::settings::Upstream>,
     /// First 16 hex digits of the file's SHA-256: which file is in force.
     pub digest: String,
     /// The access log, if on.
@@ -96,6 +99,33 @@ pub struct Config {
 }
 
 impl Config {
+    /// The files whose contents decide this configuration: the file
+    /// itself, the listener's TLS files, the upstreams' CA and client
+    /// certificates, and the keys JWT clients are verified with.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.path.clone()];
+        if let Some((tls, _)) = &self.server.tls {
+            files.extend(tls.files().map(Path::to_path_buf));
+        }
+        for route in self.routes.iter() {
+            for part in &route.client.parts {
+                if let crate::client::Part::Claim(rule) = part {
+                    files.extend(rule.source.clone());
+                }
+            }
+        }
+        for upstream in &self.upstreams {
+            for endpoint in &upstream.endpoints {
+                if let Some(tls) = &endpoint.tls {
+                    files.extend(tls.files().map(Path::to_path_buf));
+                }
+            }
+        }
+        files.sort();
+        files.dedup();
+        files
+    }
+
     /// The settings that differ between `self` and `new` and cannot change
     /// while floodgate runs.
     pub fn differences_needing_restart(&self, new: &Config) -> Vec<&'static str> {
@@ -222,7 +252,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         path,
         text,
         problems: Vec::new(),
-        upstream_urls: HashMap::new(),
+        upstreams: Vec::new(),
+        upstream_index: HashMap::new(),
         removed: document::Removed::default(),
     };
     let Some((model, removed)) = v.model() else {
@@ -244,6 +275,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
             server,
             store,
             routes: Table::new(routes),
+            upstreams: std::mem::take(&mut v.upstreams),
             digest: digest(text),
             access_log,
             client_ids,
@@ -256,8 +288,12 @@ struct Validator<'a> {
     path: &'a Path,
     text: &'a str,
     problems: Vec<Problem>,
-    /// The upstreams routes gave as URLs, one group per URL.
-    upstream_urls: HashMap<String, Arc<crate::proxy::balance::Group>>,
+    /// The upstreams routes name, in the order first named: what
+    /// [`crate::routes::Upstream::index`] counts in.
+    upstreams: Vec<crate::proxy::settings::Upstream>,
+    /// Each upstream's place in `upstreams`, by the URL or name routes
+    /// give: routes that give the same one share it.
+    upstream_index: HashMap<String, usize>,
     /// Entries taken out of the file because serde refused them (already
     /// reported).
     removed: document::Removed,

@@ -4,15 +4,15 @@
 //!
 //! | module | question |
 //! |---|---|
-//! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]) |
+//! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]: the rule table, the upstreams routes refer to by index, and each module's settings; no live state) |
 //! | [`head`] | does the request head have one meaning? (method spelling, one `Host`, no CONNECT) |
-//! | [`routes`] | which route is this request on, and what are its rules? (matching by path, template, method, host and headers; its limits and the overrides for some clients; how its answers carry them) |
+//! | [`routes`] | which route is this request on, and what are its rules? (matching by path, template, method, host and headers; its limits and the overrides for some clients; how its answers carry them; its upstream, by index) |
 //! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route) |
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
-//! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue) |
+//! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue; its settings in [`concurrency::settings`], its series in [`concurrency::metrics`]) |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breakers (one per Redis node: a cluster's primaries each have their own, as the store routes decisions to them itself), denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
-//! | [`metrics`] | what happened, counted per route and outcome |
-//! | [`proxy`] | forward it upstream and stream the answer back over hyper's HTTP/1.1 and HTTP/2 client connections ([`proxy::pool`]), TLS to `https://` upstreams ([`proxy::connect`]), upgrades spliced ([`proxy::upgrade`]), every phase timed ([`proxy::body`]); an upstream's endpoints balanced and ejected ([`proxy::balance`]), its DNS names followed and health checked ([`proxy::discovery`]) |
+//! | [`metrics`] | what happened, counted per route and outcome: the families and the registry; modules with live state to show at scrape time (endpoints, caps) hand it their own collectors |
+//! | [`proxy`] | forward it upstream and stream the answer back over hyper's HTTP/1.1 and HTTP/2 client connections ([`proxy::pool`]), TLS to `https://` upstreams ([`proxy::connect`]), upgrades spliced ([`proxy::upgrade`]), every phase timed ([`proxy::body`]); an upstream as configured ([`proxy::settings`]), its endpoints balanced and ejected ([`proxy::balance`]), its DNS names followed and health checked ([`proxy::discovery`]), their series ([`proxy::metrics`]) |
 //! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
@@ -20,8 +20,9 @@
 //! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its body wrapper, the one every answer goes out through, also holds the request's concurrency slot until the body is sent) |
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
-//! | [`gate`] | one request's phases in order (head, route, client, limit, forward or refuse), the rules a reload swaps, the state requests share |
-//! | [`server`] | listeners, accepting connections under a cap, serving them with hyper, shutting down gracefully |
+//! | [`gate`] | one request's phases in order ([`gate::phases`]: head, route, admit body, identify, reserve, decide, forward, annotate, log), the rules a reload swaps with the live tables built beside them ([`gate::rules`]: upstream endpoints, caps, top clients, metric handles, by route or upstream index), the state requests share ([`gate::shared`]: the limiter and store, the forwarder, metrics, the access log) |
+//! | [`server`] | listeners, accepting connections under a cap, serving them with hyper, shutting down gracefully; each request handed to [`gate`] |
+//! | [`clock`] | the wall clock limits, ejections and the admin pages share |
 //!
 //! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
 //! configured) until a shutdown future completes, reloading when notified;
@@ -33,6 +34,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod client;
+pub mod clock;
 pub mod concurrency;
 pub mod config;
 pub mod gate;

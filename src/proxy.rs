@@ -6,73 +6,43 @@
 //! an upstream asks for them, RFC 7239 `Forwarded` and `Via`).
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::Entry;
-use http::header::{CONNECTION, FORWARDED, HOST, HeaderName, TE, UPGRADE, VIA};
+use http::header::{CONNECTION, HOST, VIA};
 use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, Version, request};
+use http::{Response, StatusCode, Version, request};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
 use crate::metrics::{Phase, Timeouts};
 use crate::refusal::Refusal;
-use crate::response::{self, Body};
-use crate::routes::{Endpoint, Upstream};
+use crate::response;
 
 pub mod balance;
 pub mod body;
 pub mod connect;
 pub mod discovery;
+mod headers;
 mod idle;
+pub mod metrics;
 pub mod pool;
+pub mod settings;
 pub mod upgrade;
 
+pub use headers::Peer;
 pub use idle::IdleTimer;
 
-use balance::{Failure, Member};
+/// Body of every answer: the upstream's as it streams, or floodgate's own.
+pub type Body = response::Body<UpstreamBody>;
+
+use balance::{Failure, Group, Member};
 use body::{ClientBodyError, RequestBody, Sent, UpstreamBody};
+use headers::{UPGRADE_OPTION, strip_hop_by_hop, upstream_headers, via};
 use pool::{Exchange, Head, Pools, SendError};
-
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
-static UPGRADE_OPTION: HeaderValue = HeaderValue::from_static("upgrade");
-
-/// The client end of a connection, with its address already written the way
-/// `X-Forwarded-For` carries it: once per connection, not per request.
-#[derive(Debug)]
-pub struct Peer {
-    /// The connection's remote address.
-    pub addr: SocketAddr,
-    forwarded: Option<HeaderValue>,
-    /// `X-Forwarded-Proto`: `https` on the TLS listener.
-    proto: &'static HeaderValue,
-    /// In `trusted_proxies` (as of the configuration in force when the
-    /// connection was accepted): its `X-Forwarded-*` are believed.
-    pub trusted: bool,
-}
-
-static HTTP: HeaderValue = HeaderValue::from_static("http");
-static HTTPS: HeaderValue = HeaderValue::from_static("https");
-
-impl Peer {
-    /// The peer at `addr`, connected over TLS or not, trusted or not.
-    pub fn new(addr: SocketAddr, tls: bool, trusted: bool) -> Self {
-        let forwarded = response::header_value(format_args!("{}", addr.ip().to_canonical()));
-        Self {
-            addr,
-            forwarded,
-            proto: if tls { &HTTPS } else { &HTTP },
-            trusted,
-        }
-    }
-}
+use settings::Endpoint;
 
 /// The client side's limits of one forwarded exchange.
 #[derive(Debug, Clone, Copy)]
@@ -108,8 +78,9 @@ impl Forwarder {
         self.pools.sweep();
     }
 
-    /// Forwards the request with head `request` and `body` to `upstream` as
-    /// `path_and_query`, on behalf of `peer`; `now` is when forwarding began
+    /// Forwards the request with head `request` and `body` to an endpoint
+    /// of `group` as `path_and_query`, waiting `timeout` for the response
+    /// head, on behalf of `peer`; `now` is when forwarding began
     /// (the upstream's deadlines run from it). The head's header map is
     /// taken for the upstream's request. Upstream trouble is a 502 or 504
     /// refusal; a request body that breaks off is the client's 400, one
@@ -119,7 +90,8 @@ impl Forwarder {
     #[allow(clippy::too_many_arguments)]
     pub async fn forward<H: Send + 'static>(
         &self,
-        upstream: &Upstream,
+        group: &Group,
+        timeout: Duration,
         request: &mut request::Parts,
         body: Incoming,
         path_and_query: PathAndQuery,
@@ -129,7 +101,6 @@ impl Forwarder {
         hold: impl FnOnce() -> H,
     ) -> Result<(Response<Body>, Arc<Member>), Refusal> {
         let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
-        let group = &*upstream.group;
         // The endpoints in force when the request began, through its retry.
         let members = group.members();
         let mut chosen = group.pick(&members, None);
@@ -156,9 +127,9 @@ impl Forwarder {
         } = loop {
             let endpoint = &member.endpoint;
             let _in_flight = member.begin();
-            let pool = self.pools.get_in(endpoint);
+            let pool = self.pools.get_in(member);
             let send = pool.send(endpoint, head, body, upgrade, now);
-            let failure = match by_deadline(send, upstream.timeout, now, sent.as_deref()).await {
+            let failure = match by_deadline(send, timeout, now, sent.as_deref()).await {
                 Some(Ok(exchange)) => {
                     group.succeeded(member);
                     break exchange;
@@ -167,7 +138,7 @@ impl Forwarder {
                 None => {
                     member.count(Failure::Timeout);
                     group.failed(member);
-                    return Err(self.refusal(endpoint, upstream.timeout, SendError::TimedOut));
+                    return Err(self.refusal(endpoint, timeout, SendError::TimedOut));
                 }
             };
             match &failure.error {
@@ -201,7 +172,7 @@ impl Forwarder {
                             .insert(HOST, member.endpoint.host_header.clone());
                     }
                 }
-                _ => return Err(self.refusal(endpoint, upstream.timeout, failure.error)),
+                _ => return Err(self.refusal(endpoint, timeout, failure.error)),
             }
         };
         let endpoint = &member.endpoint;
@@ -344,334 +315,4 @@ fn client_body_error(error: &hyper::Error) -> Option<&ClientBodyError> {
         cause = e.source();
     }
     None
-}
-
-/// The request's header fields as they go upstream, taken from `request`:
-/// without hop-by-hop fields (but an upgrade's own, and `TE: trailers`,
-/// which gRPC needs), with the upstream's `Host` and `X-Forwarded-*` telling
-/// who asked. Every field is looked at once, and the map is edited only
-/// where it must change (each edit hashes a name).
-fn upstream_headers(
-    request: &mut request::Parts,
-    upstream: &Endpoint,
-    peer: &Peer,
-    upgrade: bool,
-) -> HeaderMap {
-    let mut headers = std::mem::take(&mut request.headers);
-    let (mut hop_by_hop, mut te_trailers) = (false, false);
-    let (mut earlier_for, mut earlier_host, mut earlier_forwarded) = (false, false, false);
-    let mut earlier_proto = None;
-    for (name, value) in &headers {
-        if name == FORWARDED {
-            earlier_forwarded = true;
-        } else if name == X_FORWARDED_FOR {
-            earlier_for = true;
-        } else if name == X_FORWARDED_HOST {
-            earlier_host = true;
-        } else if name == X_FORWARDED_PROTO {
-            earlier_proto = earlier_proto.or(Some(value));
-        } else if is_hop_by_hop(name.as_str()) {
-            hop_by_hop = true;
-            te_trailers |= name == TE
-                && value
-                    .as_bytes()
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
-        }
-    }
-    // A trusted proxy's account of the client is passed on; anyone else's
-    // `X-Forwarded-*` is replaced by what floodgate saw itself.
-    let forwarded_for = if earlier_for && peer.trusted {
-        forwarded_for(&headers, peer)
-    } else {
-        peer.forwarded.clone()
-    };
-    let forwarded_proto = match earlier_proto {
-        Some(value) if peer.trusted && value == HTTPS => &HTTPS,
-        Some(value) if peer.trusted && value == HTTP => &HTTP,
-        _ => peer.proto,
-    };
-    let protocol = if upgrade {
-        headers.get(UPGRADE).cloned()
-    } else {
-        None
-    };
-    if hop_by_hop {
-        strip_hop_by_hop(&mut headers, false);
-    }
-    // One hash for both: the client's `Host` out, the upstream's in (or
-    // the client's kept, with `preserve_host`).
-    let authority = request
-        .uri
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-    let client_host = match headers.entry(HOST) {
-        Entry::Occupied(host) if upstream.preserve_host => Some(host.get().clone()),
-        Entry::Occupied(mut host) => Some(host.insert(upstream.host_header.clone())),
-        Entry::Vacant(host) => {
-            let value = match &authority {
-                Some(a) if upstream.preserve_host => a.clone(),
-                _ => upstream.host_header.clone(),
-            };
-            host.insert(value);
-            None
-        }
-    };
-    let forwarding = upstream.forwarding;
-    let seen_host = if forwarding.forwarded {
-        authority.as_ref().or(client_host.as_ref()).cloned()
-    } else {
-        None
-    };
-    let forwarded_host = if earlier_host && peer.trusted {
-        None
-    } else {
-        authority.or(client_host)
-    };
-    match forwarded_for {
-        Some(value) => {
-            headers.insert(&X_FORWARDED_FOR, value);
-        }
-        None if earlier_for => {
-            headers.remove(&X_FORWARDED_FOR);
-        }
-        None => {}
-    }
-    headers.insert(&X_FORWARDED_PROTO, forwarded_proto.clone());
-    match forwarded_host {
-        Some(value) => {
-            headers.insert(&X_FORWARDED_HOST, value);
-        }
-        // A trusted proxy's value stays.
-        None if earlier_host && peer.trusted => {}
-        None if earlier_host => {
-            headers.remove(&X_FORWARDED_HOST);
-        }
-        None => {}
-    }
-    // RFC 7239: a trusted proxy's elements stay and floodgate's is added
-    // after them; an untrusted client's never reach the upstream.
-    if earlier_forwarded && !peer.trusted {
-        headers.remove(FORWARDED);
-    }
-    if forwarding.forwarded
-        && let Some(element) = forwarded_element(peer, seen_host.as_ref())
-    {
-        headers.append(FORWARDED, element);
-    }
-    if forwarding.via {
-        headers.append(VIA, via(request.version).clone());
-    }
-    if te_trailers {
-        headers.insert(TE, TRAILERS.clone());
-    }
-    if let Some(protocol) = protocol {
-        headers.insert(UPGRADE, protocol);
-        headers.insert(CONNECTION, UPGRADE_OPTION.clone());
-    }
-    headers
-}
-
-/// Floodgate's element of `Forwarded` (RFC 7239 §4): who connected, over
-/// what, asking for which host.
-fn forwarded_element(peer: &Peer, host: Option<&HeaderValue>) -> Option<HeaderValue> {
-    use std::fmt::Write;
-    let mut text = match peer.addr.ip().to_canonical() {
-        std::net::IpAddr::V4(ip) => format!("for={ip}"),
-        std::net::IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
-    };
-    let proto = if *peer.proto == HTTPS {
-        "https"
-    } else {
-        "http"
-    };
-    let _ = write!(text, ";proto={proto}");
-    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
-        text.push_str(";host=\"");
-        for c in host.chars() {
-            if c == '"' || c == '\\' {
-                text.push('\\');
-            }
-            text.push(c);
-        }
-        text.push('"');
-    }
-    HeaderValue::from_str(&text).ok()
-}
-
-static VIA_1_0: HeaderValue = HeaderValue::from_static("1.0 floodgate");
-static VIA_1_1: HeaderValue = HeaderValue::from_static("1.1 floodgate");
-static VIA_2: HeaderValue = HeaderValue::from_static("2 floodgate");
-
-/// Floodgate's `Via` entry for a message received as `version`.
-fn via(version: Version) -> &'static HeaderValue {
-    match version {
-        Version::HTTP_10 | Version::HTTP_09 => &VIA_1_0,
-        Version::HTTP_2 | Version::HTTP_3 => &VIA_2,
-        _ => &VIA_1_1,
-    }
-}
-
-/// Removes the hop-by-hop fields of `headers` and those its `Connection`
-/// names; a 101 answer (`switched`) keeps its `Upgrade`. Most messages have
-/// none, and then nothing is allocated.
-fn strip_hop_by_hop(headers: &mut HeaderMap, switched: bool) {
-    if !headers.keys().any(|name| is_hop_by_hop(name.as_str())) {
-        // Fields named by `Connection` go only with it.
-        return;
-    }
-    let named = connection_named(headers);
-    let mut gone: Vec<HeaderName> = Vec::new();
-    for name in headers.keys() {
-        if switched && name == UPGRADE {
-            continue;
-        }
-        if is_hop_by_hop(name.as_str()) || named.contains(name) {
-            gone.push(name.clone());
-        }
-    }
-    for name in gone {
-        headers.remove(name);
-    }
-}
-
-/// Whether `name` is a hop-by-hop field (RFC 9110 §7.6.1) that every
-/// message drops, whatever its `Connection` names: a match on the text,
-/// which the compiler turns into a switch on length and a comparison or two.
-pub(crate) fn is_hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
-}
-
-/// Headers that `headers`' `Connection` fields name, to be dropped with the
-/// standard hop-by-hop ones (rare: `close` and `keep-alive` are not header
-/// names, and most messages say only one of those two, which is answered
-/// without parsing a list).
-fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
-    let mut named = Vec::new();
-    for value in headers.get_all(CONNECTION) {
-        let bytes = value.as_bytes();
-        if bytes.eq_ignore_ascii_case(b"keep-alive") || bytes.eq_ignore_ascii_case(b"close") {
-            continue;
-        }
-        named.extend(
-            value
-                .to_str()
-                .unwrap_or_default()
-                .split(',')
-                .map(str::trim)
-                .filter(|t| {
-                    !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive")
-                })
-                .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok()),
-        );
-    }
-    named
-}
-
-/// `X-Forwarded-For` for the upstream: the request's earlier values folded
-/// into one, then `peer`.
-fn forwarded_for(headers: &HeaderMap, peer: &Peer) -> Option<HeaderValue> {
-    let own = peer.forwarded.as_ref();
-    let mut earlier = headers.get_all(&X_FORWARDED_FOR).iter();
-    match (earlier.next(), earlier.next(), own) {
-        (None, _, own) => own.cloned(),
-        (Some(one), None, None) => Some(one.clone()),
-        (Some(one), None, Some(own)) => match one.to_str() {
-            // An address is ASCII, so `own` always reads as text.
-            Ok(s) => {
-                response::header_value(format_args!("{s}, {}", own.to_str().unwrap_or_default()))
-            }
-            Err(_) => Some(own.clone()),
-        },
-        _ => {
-            let values = headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
-                .chain(own)
-                .filter_map(|v| v.to_str().ok())
-                .collect::<Vec<_>>();
-            if values.is_empty() {
-                return None;
-            }
-            response::header_value(format_args!("{}", values.join(", ")))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_fields_and_the_ones_connection_names_stay_behind() {
-        let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("close, X-Secret"));
-        h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("proxy-authorization", HeaderValue::from_static("Basic x"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("x-kept", HeaderValue::from_static("1"));
-        strip_hop_by_hop(&mut h, false);
-        let kept: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
-        assert_eq!(kept, ["x-kept"]);
-
-        let mut h = HeaderMap::new();
-        h.insert(CONNECTION, HeaderValue::from_static("Keep-Alive"));
-        assert!(connection_named(&h).is_empty());
-    }
-
-    #[test]
-    fn every_hop_by_hop_name_is_known() {
-        for name in [
-            CONNECTION,
-            HeaderName::from_static("keep-alive"),
-            HeaderName::from_static("proxy-connection"),
-            http::header::PROXY_AUTHENTICATE,
-            http::header::PROXY_AUTHORIZATION,
-            http::header::TE,
-            http::header::TRAILER,
-            http::header::TRANSFER_ENCODING,
-            http::header::UPGRADE,
-        ] {
-            assert!(is_hop_by_hop(name.as_str()), "{name}");
-        }
-        assert!(!is_hop_by_hop("content-length"));
-    }
-
-    #[test]
-    fn forwarded_for_is_appended() {
-        let mut h = HeaderMap::new();
-        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
-        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        let peer = Peer::new(
-            "[::ffff:192.0.2.7]:4000".parse().expect("address"),
-            false,
-            true,
-        );
-        assert_eq!(
-            forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
-            Some(&b"203.0.113.1, 10.0.0.1, 192.0.2.7"[..])
-        );
-        h.remove(&X_FORWARDED_FOR);
-        assert_eq!(
-            forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
-            Some(&b"192.0.2.7"[..])
-        );
-        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.1"));
-        assert_eq!(
-            forwarded_for(&h, &peer).as_ref().map(HeaderValue::as_bytes),
-            Some(&b"203.0.113.1, 192.0.2.7"[..])
-        );
-    }
 }

@@ -120,7 +120,7 @@ impl Refusal {
 
     /// The answer: a problem document, with `Retry-After` where there is
     /// one.
-    pub fn into_response(self) -> Response<Body> {
+    pub fn into_response<U>(self) -> Response<Body<U>> {
         let mut response = response::problem(self.status, &self.detail);
         if let Some(ms) = self.retry_after_ms {
             response
@@ -137,7 +137,7 @@ impl Refusal {
     /// UNAUTHENTICATED, 403 PERMISSION_DENIED, 404 UNIMPLEMENTED, 502 and
     /// 503 UNAVAILABLE), except where floodgate knows more: a timeout (408,
     /// 504) is DEADLINE_EXCEEDED and 413 RESOURCE_EXHAUSTED.
-    pub fn into_grpc_response(self) -> Response<Body> {
+    pub fn into_grpc_response<U>(self) -> Response<Body<U>> {
         let code = match self.status.as_u16() {
             401 => 16,
             403 => 7,
@@ -183,9 +183,10 @@ impl From<crate::client::ClientError> for Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
 
-    async fn body(response: Response<Body>) -> String {
+    async fn body(response: Response<Body<Full<Bytes>>>) -> String {
         let bytes = response
             .into_body()
             .collect()
@@ -205,7 +206,7 @@ mod tests {
             (r.status(), r.fault()),
             (StatusCode::BAD_REQUEST, Fault::Client)
         );
-        let response = r.into_response();
+        let response = r.into_response::<Full<Bytes>>();
         assert_eq!(
             response.headers().get("content-type").map(|v| v.as_bytes()),
             Some(&b"application/problem+json"[..])
@@ -223,8 +224,8 @@ mod tests {
 
     #[test]
     fn grpc_requests_get_grpc_statuses_with_the_detail_encoded() {
-        let response =
-            Refusal::upstream(StatusCode::GATEWAY_TIMEOUT, "late: 100%\n").into_grpc_response();
+        let response = Refusal::upstream(StatusCode::GATEWAY_TIMEOUT, "late: 100%\n")
+            .into_grpc_response::<Full<Bytes>>();
         assert_eq!(response.status(), StatusCode::OK);
         let header = |name: &str| {
             response
@@ -235,7 +236,7 @@ mod tests {
         assert_eq!(header("content-type").as_deref(), Some("application/grpc"));
         assert_eq!(header("grpc-status").as_deref(), Some("4"));
         assert_eq!(header("grpc-message").as_deref(), Some("late: 100%25%0A"));
-        let unavailable = Refusal::store(1_000).into_grpc_response();
+        let unavailable = Refusal::store(1_000).into_grpc_response::<Full<Bytes>>();
         assert_eq!(
             unavailable
                 .headers()
@@ -248,7 +249,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_store_refusal_says_when_to_retry() {
-        let response = Refusal::store(1_500).into_response();
+        let response = Refusal::store(1_500).into_response::<Full<Bytes>>();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(
             response.headers().get(RETRY_AFTER).map(|v| v.as_bytes()),

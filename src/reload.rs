@@ -8,7 +8,7 @@
 //! ConfigMaps, which file-event watchers commonly miss, for the cost of one
 //! small read a second.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ const POLL: Duration = Duration::from_secs(1);
 /// Reloads `running.path` into `shared` whenever asked or changed, forever.
 pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
     let path = running.path.clone();
-    let mut watched = files(&running);
+    let mut watched = running.files();
     let mut last_seen = contents(&watched);
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -48,41 +48,13 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
         match config::load(&path) {
             Ok(new) => {
                 // The new file may name other certificate files.
-                watched = files(&new);
+                watched = new.files();
                 last_seen = contents(&watched);
-                crate::gate::start_upstreams(&new).await;
-                shared.reload(&running, new);
+                shared.reload(&running, new).await;
             }
             Err(e) => shared.reload_refused(&e),
         }
     }
-}
-
-/// The files whose contents decide `config`: the file itself, the
-/// listener's TLS files, the upstreams' CA and client certificates, and
-/// the keys JWT clients are verified with.
-fn files(config: &Config) -> Vec<PathBuf> {
-    let mut files = vec![config.path.clone()];
-    if let Some((tls, _)) = &config.server.tls {
-        files.extend(tls.files().map(Path::to_path_buf));
-    }
-    for route in config.routes.iter() {
-        for part in &route.client.parts {
-            if let crate::client::Part::Claim(rule) = part {
-                files.extend(rule.source.clone());
-            }
-        }
-        if let crate::routes::Action::Upstream(upstream) = &route.action {
-            for endpoint in upstream.group.sources() {
-                if let Some(tls) = &endpoint.tls {
-                    files.extend(tls.files().map(Path::to_path_buf));
-                }
-            }
-        }
-    }
-    files.sort();
-    files.dedup();
-    files
 }
 
 fn contents(files: &[PathBuf]) -> Vec<Option<Vec<u8>>> {

@@ -16,12 +16,11 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::{Either, Full};
 
 use crate::limit::Decision;
-use crate::proxy::body::UpstreamBody;
 use crate::routes::{Policy, Route};
 
-/// Body of every response floodgate sends: streamed from an upstream, or
-/// floodgate's own.
-pub type Body = Either<UpstreamBody, Full<Bytes>>;
+/// Body of every response floodgate sends: the upstream's (`U`, as the
+/// proxy streams it), or floodgate's own, whole.
+pub type Body<U> = Either<U, Full<Bytes>>;
 
 /// `RateLimit-Policy` header name.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -156,7 +155,11 @@ pub fn retry_after(ms: u64) -> HeaderValue {
 
 /// The answer to a request `route`'s limits denied: the route's own `deny`
 /// answer, or a 429 problem document.
-pub fn too_many_requests(route: &Route, limits: &Policy, decision: &Decision) -> Response<Body> {
+pub fn too_many_requests<U>(
+    route: &Route,
+    limits: &Policy,
+    decision: &Decision,
+) -> Response<Body<U>> {
     let mut response = match &route.deny {
         Some(deny) => {
             let mut response = Response::new(Either::Right(Full::new(deny.body.clone())));
@@ -195,11 +198,11 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 /// gRPC's RESOURCE_EXHAUSTED for a request `route`'s limits denied, as
 /// Envoy answers a rate-limited gRPC call: HTTP 200, the status in the
 /// head (a trailers-only answer), and the rate-limit fields.
-pub fn grpc_too_many_requests(
+pub fn grpc_too_many_requests<U>(
     route: &Route,
     limits: &Policy,
     decision: &Decision,
-) -> Response<Body> {
+) -> Response<Body<U>> {
     let wait = seconds(decision.retry_after_ms).max(1);
     let message = format!(
         "rate limit of route \"{}\" exceeded; retry in {wait} s",
@@ -217,7 +220,7 @@ pub const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 
 /// A trailers-only gRPC answer: HTTP 200 with `grpc-status` `code` and
 /// `grpc-message` (percent-encoded as gRPC requires) in the head, no body.
-pub fn grpc_status(code: u8, message: &str) -> Response<Body> {
+pub fn grpc_status<U>(code: u8, message: &str) -> Response<Body<U>> {
     let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
@@ -238,7 +241,7 @@ pub fn grpc_status(code: u8, message: &str) -> Response<Body> {
 
 /// An RFC 9457 problem document: `status`, its reason as the title, and
 /// `detail` (escaped here).
-pub fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+pub fn problem<U>(status: StatusCode, detail: &str) -> Response<Body<U>> {
     let body = problem_body(status, detail);
     let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
     *response.status_mut() = status;
@@ -278,7 +281,7 @@ fn json_escape(out: &mut String, text: &str) {
 }
 
 /// A route's configured fixed answer.
-pub fn respond(respond: &crate::routes::Respond) -> Response<Body> {
+pub fn respond<U>(respond: &crate::routes::Respond) -> Response<Body<U>> {
     let mut response = Response::new(Either::Right(Full::new(respond.body.clone())));
     *response.status_mut() = respond.status;
     response

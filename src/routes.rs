@@ -10,13 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::uri::{Authority, Scheme};
+use http::uri::Authority;
 use http::{HeaderValue, Method, StatusCode};
+use ipnet::IpNet;
 
 use crate::client::{ClientId, ClientRule};
-use crate::proxy::pool::PoolSlot;
-use crate::tls::UpstreamTls;
-use ipnet::IpNet;
 
 mod path;
 mod policy;
@@ -65,7 +63,7 @@ pub struct Route {
     /// Largest request body forwarded, in bytes (413 past it).
     pub max_request_body: Option<u64>,
     /// How many requests may be in flight at once, if capped.
-    pub concurrency: Option<crate::concurrency::Settings>,
+    pub concurrency: Option<crate::concurrency::settings::Settings>,
 }
 
 impl Route {
@@ -170,92 +168,17 @@ pub enum Action {
     Respond(Respond),
 }
 
-/// Where a route forwards: an upstream's endpoints, with the route's own
-/// deadline for the response head.
-#[derive(Debug, Clone)]
+/// Where a route forwards: one of the configuration's upstreams, with the
+/// route's own deadline for the response head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Upstream {
-    /// The endpoints, how one is chosen and what is known of their health;
-    /// shared by every route that names the same upstream.
-    pub group: Arc<crate::proxy::balance::Group>,
+    /// The upstream's index in the configuration's list of upstreams
+    /// (`Config::upstreams`); routes that name the same upstream share it,
+    /// and with it its endpoints' health and connections.
+    pub index: usize,
     /// Deadline for the response head (504 past it), from when the request
     /// was sent whole.
     pub timeout: Duration,
-}
-
-/// One upstream server: an address to connect to and how to talk to it.
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    /// `scheme://host:port`, as logs name it (with the address connected
-    /// to when the host is a DNS name).
-    pub target: Box<str>,
-    /// `http` or `https`.
-    pub scheme: Scheme,
-    /// `host:port` to connect to.
-    pub authority: Authority,
-    /// The `Host` header sent upstream.
-    pub host_header: HeaderValue,
-    /// Send the client's `Host` instead of `host_header`.
-    pub preserve_host: bool,
-    /// Which forwarding headers beyond `X-Forwarded-*` it is sent.
-    pub forwarding: Forwarding,
-    /// Which HTTP it speaks.
-    pub protocol: Protocol,
-    /// TLS to an `https://` upstream.
-    pub tls: Option<Arc<UpstreamTls>>,
-    /// Deadline for a new connection, TLS handshake included.
-    pub connect_timeout: Duration,
-    /// A response body that sends nothing for this long is cut off.
-    pub body_timeout: Duration,
-    /// Which pool its connections share: endpoints with the same scheme,
-    /// address, protocol and TLS name share one.
-    pub pool_key: Box<str>,
-    /// The connection pool, remembered after the first request so later
-    /// ones skip the lookup.
-    pub pool: PoolSlot,
-}
-
-/// The optional forwarding headers of RFC 7239 and RFC 9110.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Forwarding {
-    /// Send `Forwarded: for=…;proto=…;host=…` (RFC 7239).
-    pub forwarded: bool,
-    /// Add floodgate to `Via` (RFC 9110 §7.6.3).
-    pub via: bool,
-}
-
-impl Endpoint {
-    /// The port when the address names none: 443 for `https`, else 80.
-    pub fn default_port(&self) -> u16 {
-        if self.scheme == Scheme::HTTPS {
-            443
-        } else {
-            80
-        }
-    }
-}
-
-/// Which HTTP an upstream speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// HTTP/1.1 (the default for `http://`).
-    Http1,
-    /// HTTP/2 over plain TCP, by prior knowledge.
-    H2c,
-    /// HTTP/2 over TLS.
-    H2,
-    /// Over TLS, what ALPN agrees: HTTP/2 if the upstream offers it, else
-    /// HTTP/1.1 (the default for `https://`).
-    Auto,
-}
-
-impl Protocol {
-    /// Every choice with its name in configuration files.
-    pub const NAMES: [(&'static str, Protocol); 4] = [
-        ("http1", Protocol::Http1),
-        ("h2c", Protocol::H2c),
-        ("h2", Protocol::H2),
-        ("auto", Protocol::Auto),
-    ];
 }
 
 /// A fixed answer.

@@ -16,7 +16,6 @@ use tokio::sync::Notify;
 use crate::client::is_in;
 use crate::config::Config;
 use crate::gate::{self, Shared};
-use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::Peer;
 use crate::refusal::Refusal;
@@ -90,12 +89,9 @@ impl Listeners {
 /// Why the server stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The store could not be set up.
-    #[error("cannot set up the rate limit store: {0}")]
-    Store(#[from] crate::limit::StoreError),
-    /// The access log could not be opened.
+    /// The store or the access log could not be set up.
     #[error(transparent)]
-    AccessLog(#[from] crate::access_log::OpenError),
+    Start(#[from] gate::StartError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -117,26 +113,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     reload: Arc<Notify>,
 ) -> Result<(), ServeError> {
-    let metrics = Metrics::new();
-    metrics.config_loaded(&config.digest);
-    let limiter = Limiter::new(
-        &config.store,
-        config.server.max_client_entries,
-        metrics.store(),
-    )
-    .await?;
-    let ids = Arc::new(crate::access_log::Ids::new(config.client_ids));
-    let access_log = match &config.access_log {
-        Some(settings) => Some(crate::access_log::AccessLog::start(
-            settings.clone(),
-            Arc::clone(&ids),
-            metrics.access_log_dropped.clone(),
-            metrics.access_log_suppressed.clone(),
-        )?),
-        None => None,
-    };
-    crate::gate::start_upstreams(&config).await;
-    let shared = Arc::new(Shared::new(&config, limiter, metrics, access_log, ids));
+    let shared = Arc::new(Shared::start(&config).await?);
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
     let watcher = tokio::spawn(crate::reload::watch(

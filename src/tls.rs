@@ -22,7 +22,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::routes::Protocol;
+use crate::proxy::settings::{Protocol, UpstreamTls, UpstreamTlsFiles};
 
 /// Where the listener's certificate, key and client CA are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,31 +181,8 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
-/// Where an `https://` upstream's trust and client certificate come from.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UpstreamTlsFiles {
-    /// CA certificates (PEM) the upstream's certificate must chain to,
-    /// instead of the system's roots.
-    pub ca_file: Option<PathBuf>,
-    /// A client certificate chain (PEM) to present, with `key_file`.
-    pub cert_file: Option<PathBuf>,
-    /// The client certificate's key (PEM).
-    pub key_file: Option<PathBuf>,
-}
-
-/// TLS to one `https://` upstream, ready to connect with.
-#[derive(Debug)]
-pub struct UpstreamTls {
-    /// The name sent as SNI and checked in the upstream's certificate.
-    pub server_name: ServerName<'static>,
-    /// The configuration, with ALPN for the upstream's protocol.
-    pub config: Arc<ClientConfig>,
-    /// The same, offering HTTP/1.1 alone (for upgrades).
-    pub http1_config: Arc<ClientConfig>,
-    /// Where it came from.
-    pub files: UpstreamTlsFiles,
-}
-
+// Built here, where certificates are read, rather than beside the type:
+// the settings module stays plain data.
 impl UpstreamTls {
     /// Reads `files` and builds TLS to an upstream called `server_name`
     /// that speaks `protocol`.
@@ -236,18 +213,6 @@ impl UpstreamTls {
             http1_config: with_alpn(&[b"http/1.1"]),
             files,
         })
-    }
-
-    /// The files a change of which should reload the configuration.
-    pub fn files(&self) -> impl Iterator<Item = &Path> {
-        [
-            self.files.ca_file.as_ref(),
-            self.files.cert_file.as_ref(),
-            self.files.key_file.as_ref(),
-        ]
-        .into_iter()
-        .flatten()
-        .map(PathBuf::as_path)
     }
 }
 

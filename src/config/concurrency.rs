@@ -6,7 +6,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Validator, parse_duration};
-use crate::concurrency::{Adaptive, Per, Settings};
+use crate::concurrency::settings::{Adaptive, Per, Settings};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
-use std::sync::Arc;
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -78,7 +77,7 @@ impl Validator<'_> {
         &mut self,
         models: &[Spanned<RouteModel>],
         server: Option<&Server>,
-        upstreams: &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
+        upstreams: &HashMap<String, Option<crate::proxy::settings::Upstream>>,
     ) -> Vec<Route> {
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
@@ -127,7 +126,7 @@ impl Validator<'_> {
         m: &RouteModel,
         span: Range<usize>,
         (upstreams, defaults): (
-            &HashMap<String, Option<Arc<crate::proxy::balance::Group>>>,
+            &HashMap<String, Option<crate::proxy::settings::Upstream>>,
             Defaults,
         ),
         server_exempt: (&[IpNet], &[crate::routes::KeyExemption]),

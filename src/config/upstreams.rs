@@ -13,11 +13,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{Server, Validator};
-use crate::proxy::balance::{Balance, Group};
-use crate::proxy::discovery::{Check, Source};
-use crate::proxy::pool::PoolSlot;
-use crate::routes::{Endpoint, Forwarding, Protocol, Upstream};
-use crate::tls::{TlsError, UpstreamTls, UpstreamTlsFiles};
+use crate::proxy::settings::{
+    self, Balance, Check, Endpoint, Forwarding, Protocol, UpstreamTls, UpstreamTlsFiles,
+};
+use crate::routes::Upstream;
+use crate::tls::TlsError;
 
 /// Default deadline for a new upstream connection, TLS included.
 pub(super) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -103,12 +103,13 @@ impl Defaults {
 
 impl Validator<'_> {
     /// Every `[upstreams.NAME]`, compiled; one with a problem is reported
-    /// and left out (routes naming it report nothing more).
+    /// and left out (routes naming it report nothing more). Only those
+    /// that routes name join the configuration's list of upstreams.
     pub(super) fn upstreams(
         &mut self,
         models: &BTreeMap<String, Spanned<UpstreamModel>>,
         defaults: Defaults,
-    ) -> HashMap<String, Option<Arc<Group>>> {
+    ) -> HashMap<String, Option<settings::Upstream>> {
         let mut out = HashMap::new();
         for (name, model) in models {
             if !super::valid_name(name) {
@@ -133,7 +134,7 @@ impl Validator<'_> {
         m: &UpstreamModel,
         span: std::ops::Range<usize>,
         defaults: Defaults,
-    ) -> Option<Arc<Group>> {
+    ) -> Option<settings::Upstream> {
         let urls: Vec<&Spanned<String>> = match (&m.url, &m.endpoints) {
             (Some(url), None) => vec![url],
             (None, Some(list)) if !list.get_ref().is_empty() => list.get_ref().iter().collect(),
@@ -176,7 +177,7 @@ impl Validator<'_> {
             Some(c) => Some(self.health_check(c.get_ref())?),
             None => None,
         };
-        let mut sources = Vec::with_capacity(urls.len());
+        let mut endpoints = Vec::with_capacity(urls.len());
         let mut first_scheme = None;
         for url in urls {
             let (scheme, authority) = self.url(url)?;
@@ -188,18 +189,17 @@ impl Validator<'_> {
                 return None;
             }
             let endpoint = self.endpoint(name, m, scheme, authority, defaults)?;
-            sources.push(Source::new(endpoint));
+            endpoints.push(endpoint);
         }
-        let (balance, eject_after, eject_for) = (balance?, eject_after?, eject_for?);
-        Some(Arc::new(Group::new(
-            name.into(),
-            sources,
-            balance,
-            u32::try_from(eject_after).unwrap_or(3),
-            eject_for,
-            resolve_every?,
+        Some(settings::Upstream {
+            name: name.into(),
+            endpoints,
+            balance: balance?,
+            eject_after: u32::try_from(eject_after?).unwrap_or(3),
+            eject_for: eject_for?,
+            resolve_every: resolve_every?,
             check,
-        )))
+        })
     }
 
     /// A duration of at least [`MIN_INTERVAL`], or `default`.
@@ -363,22 +363,20 @@ impl Validator<'_> {
     }
 
     /// A route's `upstream`: a URL, or the name of an `[upstreams.NAME]`.
-    /// Routes that give the same URL share its endpoint and health.
+    /// Routes that give the same URL or name share one upstream, and with
+    /// it its endpoints' health.
     pub(super) fn route_upstream(
         &mut self,
         u: &Spanned<String>,
-        named: &HashMap<String, Option<Arc<Group>>>,
+        named: &HashMap<String, Option<settings::Upstream>>,
         defaults: Defaults,
         timeout: Duration,
     ) -> Option<Upstream> {
         let text = u.get_ref();
-        let group = if text.contains("://") {
-            if let Some(group) = self.upstream_urls.get(text) {
-                return Some(Upstream {
-                    group: Arc::clone(group),
-                    timeout,
-                });
-            }
+        if let Some(&index) = self.upstream_index.get(text) {
+            return Some(Upstream { index, timeout });
+        }
+        let upstream = if text.contains("://") {
             let (scheme, authority) = self.url(u)?;
             let https = scheme == Scheme::HTTPS;
             let (protocol, tls) = if https {
@@ -397,20 +395,18 @@ impl Validator<'_> {
                 (Protocol::Http1, None)
             };
             let endpoint = self.compiled(scheme, authority, protocol, tls, defaults);
-            let group = Arc::new(Group::new(
-                text.as_str().into(),
-                vec![Source::new(endpoint)],
-                Balance::LeastInFlight,
-                3,
-                DEFAULT_EJECT_FOR,
-                DEFAULT_RESOLVE_EVERY,
-                None,
-            ));
-            self.upstream_urls.insert(text.clone(), Arc::clone(&group));
-            group
+            settings::Upstream {
+                name: text.as_str().into(),
+                endpoints: vec![endpoint],
+                balance: Balance::LeastInFlight,
+                eject_after: 3,
+                eject_for: DEFAULT_EJECT_FOR,
+                resolve_every: DEFAULT_RESOLVE_EVERY,
+                check: None,
+            }
         } else {
             match named.get(text.as_str()) {
-                Some(Some(group)) => Arc::clone(group),
+                Some(Some(upstream)) => upstream.clone(),
                 // Already reported.
                 Some(None) => return None,
                 None => {
@@ -431,7 +427,10 @@ impl Validator<'_> {
                 }
             }
         };
-        Some(Upstream { group, timeout })
+        let index = self.upstreams.len();
+        self.upstreams.push(upstream);
+        self.upstream_index.insert(text.clone(), index);
+        Some(Upstream { index, timeout })
     }
 
     /// An `http://` or `https://` URL with no path: its scheme and address.
@@ -507,7 +506,6 @@ impl Validator<'_> {
             tls: tls.map(Arc::new),
             connect_timeout: defaults.connect_timeout,
             body_timeout: defaults.body_timeout,
-            pool: PoolSlot::default(),
         }
     }
 

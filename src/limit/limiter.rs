@@ -10,7 +10,8 @@ use super::deny_cache::DenyCache;
 use super::memory::MemoryStore;
 use super::redis::{Node, RedisStore, Target};
 use super::settings::{OnError, Store as StoreConfig};
-use super::{Charge, Decision, Limit, StoreError, now_ms};
+use super::{Charge, Decision, Limit, StoreError};
+use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
 /// `Retry-After` for a 503 while the store is down.

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::algorithms::State;
 use super::shards::{Shards, Slot};
-use super::{Charge, Decision, Limit, Store, StoreError, Verdict, now_ms};
+use super::{Charge, Decision, Limit, Store, StoreError, Verdict};
+use crate::clock::now_ms;
 use crate::metrics::TableMetrics;
 
 const SHARDS: usize = 64;

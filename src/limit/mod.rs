@@ -215,13 +215,6 @@ pub trait Store: Send + Sync {
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send;
 }
 
-/// Milliseconds since the Unix epoch by this machine's clock.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

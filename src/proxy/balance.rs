@@ -26,28 +26,12 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::discovery::{Check, Source};
-use crate::routes::Endpoint;
+use super::discovery::Source;
+use super::pool::PoolSlot;
+use super::settings::{Balance, Check, Endpoint, Upstream};
 
 /// Longest an endpoint stays ejected.
 pub const MAX_EJECTION: Duration = Duration::from_secs(300);
-
-/// How a group chooses among its endpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Balance {
-    /// The less busy of two drawn at random.
-    LeastInFlight,
-    /// Each in turn.
-    RoundRobin,
-}
-
-impl Balance {
-    /// Every choice with its name in configuration files.
-    pub const NAMES: [(&'static str, Balance); 2] = [
-        ("least_in_flight", Balance::LeastInFlight),
-        ("round_robin", Balance::RoundRobin),
-    ];
-}
 
 /// What kind of failure an endpoint had, as its metrics count them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +91,9 @@ pub struct Member {
     /// The address connected to, as metrics label it (`host:port` until a
     /// DNS name is first resolved).
     pub(super) address: Box<str>,
+    /// Its connection pool, remembered after the first request so later
+    /// ones skip the lookup.
+    pub(super) pool: PoolSlot,
     health: Health,
 }
 
@@ -115,7 +102,7 @@ struct Health {
     in_flight: AtomicUsize,
     failures: AtomicU32,
     ejections: AtomicU32,
-    /// Milliseconds (of [`crate::limit::now_ms`]) until which it is
+    /// Milliseconds (of [`crate::clock::now_ms`]) until which it is
     /// ejected; 0 when it is not.
     ejected_until: AtomicU64,
     /// Failing its active health check.
@@ -161,6 +148,7 @@ impl Member {
             endpoint,
             source,
             address,
+            pool: PoolSlot::default(),
             health: Health::default(),
         }
     }
@@ -191,7 +179,7 @@ impl Member {
             errors: std::array::from_fn(|i| h.errors[i].load(Ordering::Relaxed)),
             ejections: h.ejected_total.load(Ordering::Relaxed),
             in_flight: h.in_flight.load(Ordering::Relaxed) as u64,
-            healthy: self.usable(crate::limit::now_ms()),
+            healthy: self.usable(crate::clock::now_ms()),
         }
     }
 
@@ -204,32 +192,28 @@ impl Member {
 // === impl Group ===
 
 impl Group {
-    /// Upstream `name` over `sources` (at least one), each in force as
-    /// configured until a DNS name among them is resolved.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        name: Box<str>,
-        sources: Vec<Source>,
-        balance: Balance,
-        eject_after: u32,
-        eject_for: Duration,
-        resolve_every: Duration,
-        check: Option<Check>,
-    ) -> Self {
+    /// The live side of `upstream`: each endpoint in force as configured
+    /// until a DNS name among them is resolved.
+    pub fn new(upstream: &Upstream) -> Self {
+        let sources: Vec<Source> = upstream
+            .endpoints
+            .iter()
+            .map(|e| Source::new(e.clone()))
+            .collect();
         let members = sources
             .iter()
             .enumerate()
             .map(|(i, s)| Arc::new(s.unresolved(i)))
             .collect();
         Self {
-            name,
+            name: upstream.name.clone(),
             sources,
             members: ArcSwap::from_pointee(members),
-            balance,
-            eject_after: eject_after.max(1),
-            eject_for,
-            resolve_every,
-            check,
+            balance: upstream.balance,
+            eject_after: upstream.eject_after.max(1),
+            eject_for: upstream.eject_for,
+            resolve_every: upstream.resolve_every,
+            check: upstream.check.clone(),
             turn: AtomicUsize::new(0),
             last: AtomicUsize::new(usize::MAX),
         }
@@ -265,7 +249,7 @@ impl Group {
         if n <= 1 {
             return 0;
         }
-        let now = crate::limit::now_ms();
+        let now = crate::clock::now_ms();
         let candidates: Vec<usize> = (0..n)
             .filter(|&i| Some(i) != avoid && members[i].usable(now))
             .collect();
@@ -325,7 +309,7 @@ impl Group {
         if failures < self.eject_after {
             return;
         }
-        let now = crate::limit::now_ms();
+        let now = crate::clock::now_ms();
         if h.ejected_until.load(Ordering::Relaxed) > now {
             return;
         }
@@ -386,7 +370,6 @@ impl Group {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routes::Action;
 
     /// The group of a configuration's only route, over three endpoints.
     fn group(balance: &str) -> Arc<Group> {
@@ -408,10 +391,9 @@ upstream = "three"
         );
         let config = crate::config::parse(std::path::Path::new("t.toml"), &text)
             .unwrap_or_else(|e| panic!("{e}"));
-        let route = config.routes.iter().next().cloned();
-        match route.as_deref().map(|r| &r.action) {
-            Some(Action::Upstream(u)) => Arc::clone(&u.group),
-            _ => panic!("no upstream"),
+        match config.upstreams.first() {
+            Some(upstream) => Arc::new(Group::new(upstream)),
+            None => panic!("no upstream"),
         }
     }
 
@@ -450,7 +432,7 @@ upstream = "three"
         g.failed(&member(&g, 1));
         assert!(!picks(&g, 9).contains(&1), "two in a row do");
         let until = |i: usize| member(&g, i).health.ejected_until.load(Ordering::Relaxed);
-        let first = until(1) - crate::limit::now_ms();
+        let first = until(1) - crate::clock::now_ms();
         assert!((9_000..=10_000).contains(&first), "{first} ms");
         // Its ejection over (made so here), one more failure ejects it again
         // for twice as long.
@@ -459,7 +441,7 @@ upstream = "three"
             .ejected_until
             .store(1, Ordering::Relaxed);
         g.failed(&member(&g, 1));
-        let second = until(1) - crate::limit::now_ms();
+        let second = until(1) - crate::clock::now_ms();
         assert!((19_000..=20_000).contains(&second), "{second} ms");
         g.succeeded(&member(&g, 1));
         assert_eq!(until(1), 0);
@@ -482,7 +464,7 @@ upstream = "three"
         // Ejection 0 "ended" at 5 ms since the epoch: it is usable again.
         assert!(picks(&g, 5).iter().all(|&c| c == 0));
         // All ejected: the one whose ejection ends first is used.
-        let now = crate::limit::now_ms();
+        let now = crate::clock::now_ms();
         for (i, ends) in [(0, now + 3_000), (1, now + 2_000), (2, now + 1_000)] {
             member(&g, i)
                 .health

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::body::RequestBody;
-use crate::routes::{Endpoint, Protocol};
+use super::settings::{Endpoint, Protocol};
 
 /// A connection's request sender, by the protocol it speaks.
 #[derive(Debug)]

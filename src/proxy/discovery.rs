@@ -15,7 +15,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use http::header::{HOST, USER_AGENT};
-use http::uri::{Authority, PathAndQuery};
+use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Method};
 use tokio::time::Instant;
 
@@ -23,7 +23,7 @@ use super::balance::{Group, Member};
 use super::body::RequestBody;
 use super::connect::{self, Sender};
 use super::pool::{Head, Wire};
-use crate::routes::Endpoint;
+use super::settings::{Check, Endpoint};
 
 /// How long a DNS lookup may take before the addresses last found are kept.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -39,21 +39,6 @@ pub struct Source {
     name: Option<(Box<str>, u16)>,
     /// The last lookup failed (so that only a change is logged).
     failing: AtomicBool,
-}
-
-/// The active health check of an upstream's endpoints.
-#[derive(Debug, Clone)]
-pub struct Check {
-    /// What is requested (`GET`).
-    pub path: PathAndQuery,
-    /// How often each endpoint is checked.
-    pub every: Duration,
-    /// How long a check may take, connection included.
-    pub timeout: Duration,
-    /// Failed checks in a row that leave an endpoint out.
-    pub unhealthy_after: u32,
-    /// Passed checks in a row that bring it back.
-    pub healthy_after: u32,
 }
 
 // === impl Source ===
@@ -105,7 +90,6 @@ impl Source {
             target: format!("{} ({address})", self.endpoint.target).into(),
             pool_key: format!("{} @{address}", self.endpoint.pool_key).into(),
             authority,
-            pool: Default::default(),
             ..self.endpoint.clone()
         };
         Some(Member::new(endpoint, index, address.to_string().into()))

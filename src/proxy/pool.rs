@@ -27,9 +27,10 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::{http1, http2};
 
+use super::balance::Member;
 use super::body::RequestBody;
 use super::connect::{self, ConnectError, Sender};
-use crate::routes::{Endpoint, Protocol};
+use super::settings::{Endpoint, Protocol};
 
 /// How long an unused connection is kept.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -82,8 +83,8 @@ impl From<SendError> for SendFailure {
     }
 }
 
-/// Where a route's upstream keeps its pool once found: the pools outlive
-/// reloads, the routes do not.
+/// Where an endpoint in force keeps its pool once found: the pools outlive
+/// reloads and DNS changes, the endpoints do not.
 #[derive(Debug, Clone, Default)]
 pub struct PoolSlot(Arc<OnceLock<Arc<Pool>>>);
 
@@ -94,9 +95,12 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// The pool for `upstream`, remembered in its slot.
-    pub fn get_in<'a>(&self, upstream: &'a Endpoint) -> &'a Arc<Pool> {
-        upstream.pool.0.get_or_init(|| self.get(&upstream.pool_key))
+    /// The pool for `member`'s endpoint, remembered in its slot.
+    pub fn get_in<'a>(&self, member: &'a Member) -> &'a Arc<Pool> {
+        member
+            .pool
+            .0
+            .get_or_init(|| self.get(&member.endpoint.pool_key))
     }
 
     /// The pool for `key`, created on first use. Called once per route and

@@ -30,8 +30,9 @@ use super::Link;
 use super::batch::Ask;
 use super::code::code_missing;
 use super::connections::{cluster_retry_waits, retires};
+use crate::clock::now_ms;
+use crate::limit::StoreError;
 use crate::limit::breaker::{self, Breaker};
-use crate::limit::{StoreError, now_ms};
 
 /// Hash slots in a Redis Cluster.
 pub(super) const SLOTS: usize = 16_384;

@@ -10,13 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,69 +18,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::proxy::balance::{Failure, Group};
-use crate::routes::Table;
+mod kinds;
+mod process;
+mod shown;
+mod text;
 
-/// What happened to a request on a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The limits allowed it (or the route has none).
-    Allowed,
-    /// The limits denied it: 429.
-    Denied,
-    /// The limits would have denied it, but the route is in shadow mode.
-    ShadowDenied,
-    /// The client is exempt from the route's limits.
-    Exempt,
-    /// The store could not decide; `on_error` applied.
-    StoreError,
-}
-
-impl Outcome {
-    /// Every outcome, in exposition order.
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Allowed,
-        Outcome::Denied,
-        Outcome::ShadowDenied,
-        Outcome::Exempt,
-        Outcome::StoreError,
-    ];
-
-    /// The label value.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Denied => "denied",
-            Self::ShadowDenied => "shadow_denied",
-            Self::Exempt => "exempt",
-            Self::StoreError => "store_error",
-        }
-    }
-}
-
-/// Which store answered a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    /// The in-process store (`backend = "memory"`).
-    Memory,
-    /// Redis.
-    Redis,
-    /// The in-process fallback while Redis is down (`on_error = "local"`).
-    Local,
-    /// A denial remembered until its retry-after (no Redis call).
-    Cache,
-}
-
-/// Why a store decision failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreErrorKind {
-    /// No answer within `timeout`.
-    Timeout,
-    /// An error from Redis or the connection.
-    Backend,
-    /// Not asked: the circuit breaker is open.
-    CircuitOpen,
-}
+pub use kinds::{Outcome, Phase, StoreErrorKind, StoreKind, Timeouts};
+use process::Process;
+use shown::Shown;
+use text::text_format;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteOutcome {
@@ -119,69 +59,6 @@ struct RefusalLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     phase: &'static str,
-}
-
-/// The phases of an exchange that have a timeout of their own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// The client's request head (`header_read_timeout`).
-    ClientHead,
-    /// The client's request body (`client_body_timeout`).
-    ClientBody,
-    /// The client reading floodgate's answer (`client_write_timeout`).
-    ClientWrite,
-    /// A new upstream connection (`upstream_connect_timeout`).
-    UpstreamConnect,
-    /// The upstream's response head (`upstream_timeout`).
-    UpstreamHead,
-    /// The upstream's response body (`upstream_body_timeout`).
-    UpstreamBody,
-    /// An upgraded connection (`upgrade_idle_timeout`).
-    UpgradeIdle,
-}
-
-impl Phase {
-    /// Every phase, in exposition order.
-    pub const ALL: [Phase; 7] = [
-        Phase::ClientHead,
-        Phase::ClientBody,
-        Phase::ClientWrite,
-        Phase::UpstreamConnect,
-        Phase::UpstreamHead,
-        Phase::UpstreamBody,
-        Phase::UpgradeIdle,
-    ];
-
-    /// The label value.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::ClientHead => "client_head",
-            Self::ClientBody => "client_body",
-            Self::ClientWrite => "client_write",
-            Self::UpstreamConnect => "upstream_connect",
-            Self::UpstreamHead => "upstream_head",
-            Self::UpstreamBody => "upstream_body",
-            Self::UpgradeIdle => "upgrade_idle",
-        }
-    }
-}
-
-/// The timeout counters, one per phase, resolved once.
-#[derive(Debug, Clone)]
-pub struct Timeouts {
-    counters: [Counter; 7],
-}
-
-impl Timeouts {
-    /// Counts a timeout in `phase`.
-    pub fn count(&self, phase: Phase) {
-        self.counter(phase).inc();
-    }
-
-    /// The counter of `phase`, to keep where the timeout fires.
-    pub fn counter(&self, phase: Phase) -> &Counter {
-        &self.counters[phase as usize]
-    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -241,8 +118,10 @@ pub struct Metrics {
     client_entries_full: Family<TableLabel, Counter>,
     refusals: Family<RefusalLabel, Counter>,
     timeouts: Timeouts,
-    endpoints: Arc<Endpoints>,
-    capacities: Arc<Capacities>,
+    /// The upstream endpoints' series, shown by the proxy's collector.
+    endpoints: Arc<Shown>,
+    /// The concurrency caps' series, shown by their own collector.
+    capacities: Arc<Shown>,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -431,9 +310,9 @@ impl Metrics {
             "Access log lines for denials held back by the per-client and overall caps",
             access_log_suppressed.clone(),
         );
-        let endpoints = Arc::new(Endpoints::default());
+        let endpoints = Arc::new(Shown::default());
         registry.register_collector(Box::new(Arc::clone(&endpoints)));
-        let capacities = Arc::new(Capacities::default());
+        let capacities = Arc::new(Shown::default());
         registry.register_collector(Box::new(Arc::clone(&capacities)));
         registry.register_collector(Box::new(Process::new()));
         let build_info = Family::<VersionLabel, Gauge>::default();
@@ -474,12 +353,12 @@ impl Metrics {
         }
     }
 
-    /// Resolves every route's handles, in table order, and removes the
-    /// series of routes the previous rules had and these do not. (A request
-    /// still in flight on a removed route counts into handles that are no
-    /// longer exported.)
-    pub fn bind(&self, routes: &Table) -> Vec<RouteMetrics> {
-        let names: Vec<String> = routes.iter().map(|r| r.name.to_string()).collect();
+    /// Resolves the handles of every route named in `routes`, in their
+    /// order, and removes the series of routes the previous rules had and
+    /// these do not. (A request still in flight on a removed route counts
+    /// into handles that are no longer exported.)
+    pub fn bind<'a>(&self, routes: impl IntoIterator<Item = &'a str>) -> Vec<RouteMetrics> {
+        let names: Vec<String> = routes.into_iter().map(str::to_owned).collect();
         let mut bound = self
             .bound_routes
             .lock()
@@ -487,12 +366,11 @@ impl Metrics {
         for gone in bound.iter().filter(|name| !names.contains(name)) {
             self.remove_route(gone);
         }
-        *bound = names;
+        *bound = names.clone();
         drop(bound);
-        routes
-            .iter()
-            .map(|route| {
-                let name = route.name.to_string();
+        names
+            .into_iter()
+            .map(|name| {
                 let outcome = |o: Outcome| {
                     self.requests
                         .get_or_create(&RouteOutcome {
@@ -523,15 +401,16 @@ impl Metrics {
             .collect()
     }
 
-    /// Exports the endpoints of `upstreams` (those of the rules in force)
-    /// in place of the previous rules' ones.
-    pub fn bind_upstreams(&self, upstreams: Vec<Arc<Group>>) {
-        self.endpoints.groups.store(Arc::new(upstreams));
+    /// Shows the upstream endpoints of the rules in force through
+    /// `collector`, in place of the previous rules' one.
+    pub fn show_endpoints(&self, collector: impl Collector) {
+        self.endpoints.show(collector);
     }
 
-    /// Exports the concurrency caps of the rules in force, by route.
-    pub fn bind_capacity(&self, caps: Vec<(Arc<str>, Arc<crate::concurrency::Capacity>)>) {
-        self.capacities.caps.store(Arc::new(caps));
+    /// Shows the concurrency caps of the rules in force through
+    /// `collector`, in place of the previous rules' one.
+    pub fn show_capacities(&self, collector: impl Collector) {
+        self.capacities.show(collector);
     }
 
     /// Removes every series labelled with route `name`.
@@ -698,302 +577,7 @@ impl StoreMetrics {
     }
 }
 
-/// The Prometheus text format 0.0.4 of an OpenMetrics exposition: a
-/// counter's `HELP` and `TYPE` name its samples (`…_total`), and there is
-/// no `UNIT` or `EOF` line.
-fn text_format(openmetrics: &str) -> String {
-    let mut out = String::with_capacity(openmetrics.len());
-    let mut help: Option<&str> = None;
-    for line in openmetrics.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            if let Some(pending) = help.replace(rest) {
-                out.push_str("# HELP ");
-                out.push_str(pending);
-                out.push('\n');
-            }
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-            let (name, kind) = match kind {
-                "counter" => (format!("{name}_total"), "counter"),
-                "gauge" | "histogram" | "summary" => (name.to_owned(), kind),
-                _ => (name.to_owned(), "untyped"),
-            };
-            if let Some(text) = help.take() {
-                let text = text.split_once(' ').map_or("", |(_, t)| t);
-                out.push_str(&format!("# HELP {name} {text}\n"));
-            }
-            out.push_str(&format!("# TYPE {name} {kind}\n"));
-            continue;
-        }
-        if let Some(pending) = help.take() {
-            out.push_str("# HELP ");
-            out.push_str(pending);
-            out.push('\n');
-        }
-        if line.starts_with("# UNIT ") || line == "# EOF" {
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
-}
-
-// === The process ===
-
-/// The standard `process_*` metrics, read from `/proc` at each scrape.
-#[derive(Debug)]
-struct Process {
-    /// When it started, in seconds since the Unix epoch.
-    started: f64,
-}
-
-impl Process {
-    fn new() -> Self {
-        let started = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        Self { started }
-    }
-}
-
-/// Clock ticks per second in `/proc/self/stat` (`USER_HZ`, 100 on Linux).
-const TICKS_PER_SECOND: f64 = 100.0;
-
-impl Collector for Process {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        // utime and stime are the 14th and 15th fields; the 2nd, the
-        // command, is in parentheses and may hold spaces.
-        let cpu = std::fs::read_to_string("/proc/self/stat")
-            .ok()
-            .and_then(|stat| {
-                let after = stat.rsplit_once(')')?.1;
-                let fields: Vec<&str> = after.split_whitespace().collect();
-                let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-                Some((ticks(11)? + ticks(12)?) as f64 / TICKS_PER_SECOND)
-            });
-        if let Some(cpu) = cpu {
-            let family = encoder.encode_descriptor(
-                "process_cpu_seconds",
-                "User and system CPU time spent by the process, in seconds.",
-                None,
-                MetricType::Counter,
-            )?;
-            ConstCounter::new(cpu).encode(family)?;
-        }
-        let resident = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|status| {
-                let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-                let kib = line.split_whitespace().nth(1)?.parse::<i64>().ok()?;
-                Some(kib * 1024)
-            });
-        if let Some(bytes) = resident {
-            let family = encoder.encode_descriptor(
-                "process_resident_memory_bytes",
-                "Resident memory of the process, in bytes.",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(bytes).encode(family)?;
-        }
-        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
-            let family = encoder.encode_descriptor(
-                "process_open_fds",
-                "File descriptors the process holds open.",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(i64::try_from(fds.count()).unwrap_or(i64::MAX)).encode(family)?;
-        }
-        if let Some(max) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
-            let family = encoder.encode_descriptor(
-                "process_max_fds",
-                "Most file descriptors the process may open.",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(i64::try_from(max).unwrap_or(i64::MAX)).encode(family)?;
-        }
-        let family = encoder.encode_descriptor(
-            "process_start_time_seconds",
-            "When the process started, in seconds since the Unix epoch.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(self.started).encode(family)?;
-        Ok(())
-    }
-}
-
-// === Concurrency caps ===
-
-/// The routes' concurrency series, read from the caps in force at each
-/// scrape.
-#[derive(Debug, Default)]
-struct Capacities {
-    caps: ArcSwap<Vec<(Arc<str>, Arc<crate::concurrency::Capacity>)>>,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabel {
-    route: String,
-    reason: &'static str,
-}
-
-impl Collector for Capacities {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use crate::concurrency::Capacity;
-        let caps = self.caps.load();
-        type Read = fn(&Capacity) -> usize;
-        let gauges: [(&str, &str, Read); 3] = [
-            (
-                "floodgate_concurrency_in_flight",
-                "Requests in flight on each route with a concurrency cap (all its clients together for per-client caps).",
-                Capacity::in_flight,
-            ),
-            (
-                "floodgate_concurrency_waiting",
-                "Requests waiting in each route's concurrency queue.",
-                Capacity::waiting,
-            ),
-            (
-                "floodgate_concurrency_limit",
-                "Each route's concurrency cap now (an adaptive cap moves; per-client caps are per client).",
-                Capacity::limit,
-            ),
-        ];
-        for (name, help, read) in gauges {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (route, cap) in caps.iter() {
-                let label = RouteLabel {
-                    route: route.to_string(),
-                };
-                ConstGauge::new(i64::try_from(read(cap)).unwrap_or(i64::MAX))
-                    .encode(family.encode_family(&label)?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            "floodgate_concurrency_refusals",
-            "Requests refused by each route's concurrency cap, by reason (full: no slot and no room in the queue; queue_timeout: waited the whole queue_timeout).",
-            None,
-            MetricType::Counter,
-        )?;
-        for (route, cap) in caps.iter() {
-            for reason in crate::concurrency::Refused::ALL {
-                let label = ReasonLabel {
-                    route: route.to_string(),
-                    reason: reason.name(),
-                };
-                ConstCounter::new(cap.refusals(reason) as u64)
-                    .encode(family.encode_family(&label)?)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-// === Upstream endpoints ===
-
-/// The upstream endpoints' series, read from the endpoints in force at each
-/// scrape: the addresses of a DNS name come and go, and so do their series,
-/// so their number stays that of the endpoints in force.
-#[derive(Debug, Default)]
-struct Endpoints {
-    groups: ArcSwap<Vec<Arc<Group>>>,
-}
-
-/// A metric's name, help and value, read from an endpoint's stats.
-type Series<T> = (
-    &'static str,
-    &'static str,
-    fn(&crate::proxy::balance::Stats) -> T,
-);
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EndpointLabel {
-    upstream: String,
-    endpoint: String,
-    address: String,
-}
-
-impl Collector for Endpoints {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let groups = self.groups.load();
-        let mut rows = Vec::new();
-        for group in groups.iter() {
-            for member in group.members().iter() {
-                let label = EndpointLabel {
-                    upstream: group.name.to_string(),
-                    endpoint: group.configured(member).to_owned(),
-                    address: member.address().to_owned(),
-                };
-                rows.push((label, member.stats()));
-            }
-        }
-        let counters: [Series<u64>; 2] = [
-            (
-                "floodgate_upstream_endpoint_requests",
-                "Requests sent to each upstream endpoint (a retry counts where it went).",
-                |s| s.requests,
-            ),
-            (
-                "floodgate_upstream_endpoint_ejections",
-                "Times each upstream endpoint was ejected after failing in a row.",
-                |s| s.ejections,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (label, stats) in &rows {
-                ConstCounter::new(value(stats)).encode(family.encode_family(label)?)?;
-            }
-        }
-        {
-            let mut family = encoder.encode_descriptor(
-                "floodgate_upstream_endpoint_errors",
-                "Failures of each upstream endpoint by kind (connect, timeout, protocol).",
-                None,
-                MetricType::Counter,
-            )?;
-            for (label, stats) in &rows {
-                for kind in Failure::ALL {
-                    let labels = (
-                        label.clone(),
-                        KindLabel {
-                            kind: kind.name().into(),
-                        },
-                    );
-                    ConstCounter::new(stats.errors[kind as usize])
-                        .encode(family.encode_family(&labels)?)?;
-                }
-            }
-        }
-        let gauges: [Series<i64>; 2] = [
-            (
-                "floodgate_upstream_endpoint_in_flight",
-                "Requests in flight on each upstream endpoint.",
-                |s| i64::try_from(s.in_flight).unwrap_or(i64::MAX),
-            ),
-            (
-                "floodgate_upstream_endpoint_healthy",
-                "1 while an upstream endpoint takes requests (not ejected, not failing its health check).",
-                |s| i64::from(s.healthy),
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (label, stats) in &rows {
-                ConstGauge::new(value(stats)).encode(family.encode_family(label)?)?;
-            }
-        }
-        Ok(())
-    }
 }

@@ -23,70 +23,16 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use tokio::sync::Notify;
+use std::time::Duration;
 
 use crate::client::ClientId;
 
-/// A route's concurrency settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    /// What one cap covers.
-    pub per: Per,
-    /// The cap: fixed, or where an adaptive one starts.
-    pub max_in_flight: usize,
-    /// Requests that may wait for a slot; 0 refuses at once.
-    pub queue: usize,
-    /// How long a request waits in the queue before it is refused.
-    pub queue_timeout: Duration,
-    /// The status a refused request gets.
-    pub status: http::StatusCode,
-    /// The cap follows the upstream's latency.
-    pub adaptive: Option<Adaptive>,
-}
+mod cap;
+pub mod metrics;
+pub mod settings;
 
-/// What one cap covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Per {
-    /// All of the route's requests.
-    Route,
-    /// Each client of the route, as the route identifies clients.
-    Client,
-}
-
-impl Per {
-    /// Every choice with its name in configuration files.
-    pub const NAMES: [(&'static str, Per); 2] = [("route", Per::Route), ("client", Per::Client)];
-
-    /// The name in configuration files.
-    pub fn name(self) -> &'static str {
-        Self::NAMES[self as usize].0
-    }
-}
-
-/// How an adaptive cap moves.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Adaptive {
-    /// The cap never goes below this.
-    pub min: usize,
-    /// Nor above this.
-    pub max: usize,
-    /// How often the cap is recomputed from the last interval's samples.
-    pub interval: Duration,
-    /// How often the round-trip floor is measured again.
-    pub floor_every: Duration,
-    /// How much slower than the floor still counts as "near it" (0.25: a
-    /// quarter slower).
-    pub tolerance: f64,
-}
-
-/// Samples that make a floor measurement.
-const FLOOR_SAMPLES: usize = 25;
-/// The longest a floor measurement waits for its samples.
-const FLOOR_WINDOW: Duration = Duration::from_secs(2);
-/// Samples kept per interval at most.
-const MAX_SAMPLES: usize = 4096;
+use cap::Cap;
+pub use settings::{Adaptive, Per, Settings};
 
 /// Why no slot was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,21 +54,6 @@ impl Refused {
             Self::Timeout => "queue_timeout",
         }
     }
-}
-
-/// The counts and waiters of one cap.
-#[derive(Debug)]
-pub struct Cap {
-    state: Mutex<State>,
-    freed: Notify,
-    adaptive: Option<Mutex<Gradient>>,
-}
-
-#[derive(Debug)]
-struct State {
-    in_flight: usize,
-    waiting: usize,
-    limit: usize,
 }
 
 /// A slot in flight: given back when the last clone is dropped.
@@ -159,206 +90,6 @@ impl Slot {
             cap.sample(took);
         }
     }
-}
-
-impl Cap {
-    fn new(settings: &Settings) -> Self {
-        let adaptive = settings
-            .adaptive
-            .as_ref()
-            .map(|a| Mutex::new(Gradient::new(a)));
-        let limit = match &settings.adaptive {
-            // The quiet window comes first: few requests in flight.
-            Some(a) => a.min,
-            None => settings.max_in_flight,
-        };
-        Self {
-            state: Mutex::new(State {
-                in_flight: 0,
-                waiting: 0,
-                limit,
-            }),
-            freed: Notify::new(),
-            adaptive,
-        }
-    }
-
-    /// A slot, waiting in the queue if allowed.
-    async fn acquire(self: &Arc<Self>, settings: &Settings) -> Result<Arc<Cap>, Refused> {
-        let deadline = Instant::now() + settings.queue_timeout;
-        let mut queued = false;
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            {
-                let Ok(mut state) = self.state.lock() else {
-                    return Err(Refused::Full);
-                };
-                if state.in_flight < state.limit {
-                    state.in_flight += 1;
-                    if queued {
-                        state.waiting -= 1;
-                    }
-                    return Ok(Arc::clone(self));
-                }
-                if !queued {
-                    if state.waiting >= settings.queue {
-                        return Err(Refused::Full);
-                    }
-                    state.waiting += 1;
-                    queued = true;
-                }
-                // Registered before the lock is let go, so a slot freed in
-                // between still wakes this request.
-                freed.as_mut().enable();
-            }
-            let woken = tokio::time::timeout_at(deadline.into(), freed).await;
-            if woken.is_err() {
-                if let Ok(mut state) = self.state.lock() {
-                    state.waiting -= 1;
-                }
-                // The wake-up this request may have taken goes on.
-                self.freed.notify_one();
-                return Err(Refused::Timeout);
-            }
-        }
-    }
-
-    /// Gives a slot back; true when nothing is in flight or waiting after.
-    fn release(&self) -> bool {
-        let Ok(mut state) = self.state.lock() else {
-            return false;
-        };
-        state.in_flight = state.in_flight.saturating_sub(1);
-        let idle = state.in_flight == 0 && state.waiting == 0;
-        drop(state);
-        self.freed.notify_one();
-        idle
-    }
-
-    /// `(in flight, waiting, limit)` now.
-    fn counts(&self) -> (usize, usize, usize) {
-        self.state
-            .lock()
-            .map_or((0, 0, 0), |s| (s.in_flight, s.waiting, s.limit))
-    }
-
-    fn sample(&self, took: Duration) {
-        let Some(gradient) = &self.adaptive else {
-            return;
-        };
-        let new_limit = match gradient.lock() {
-            Ok(mut g) => g.sample(took, Instant::now()),
-            Err(_) => None,
-        };
-        if let Some(limit) = new_limit
-            && let Ok(mut state) = self.state.lock()
-        {
-            let grew = limit > state.limit;
-            state.limit = limit;
-            drop(state);
-            if grew {
-                // Each newly free slot may wake one waiter.
-                self.freed.notify_waiters();
-            }
-        }
-    }
-}
-
-/// The adaptive cap's reckoning.
-#[derive(Debug)]
-struct Gradient {
-    settings: Adaptive,
-    /// The cap, as a fraction so small steps add up.
-    limit: f64,
-    /// The round trip with few requests in flight, once measured.
-    floor: Option<Duration>,
-    /// Measuring the floor: samples so far and when it began.
-    measuring: Option<(Vec<Duration>, Instant)>,
-    /// When the floor was last measured.
-    measured_at: Instant,
-    /// This interval's samples and when it began.
-    samples: Vec<Duration>,
-    interval_start: Instant,
-}
-
-impl Gradient {
-    fn new(settings: &Adaptive) -> Self {
-        let now = Instant::now();
-        Self {
-            settings: settings.clone(),
-            limit: settings.min as f64,
-            floor: None,
-            measuring: Some((Vec::with_capacity(FLOOR_SAMPLES), now)),
-            measured_at: now,
-            samples: Vec::new(),
-            interval_start: now,
-        }
-    }
-
-    /// Takes one round trip; returns the new cap when it changes.
-    fn sample(&mut self, took: Duration, now: Instant) -> Option<usize> {
-        if let Some((samples, started)) = &mut self.measuring {
-            samples.push(took);
-            if samples.len() < FLOOR_SAMPLES && now.duration_since(*started) < FLOOR_WINDOW {
-                return None;
-            }
-            let floor = median(samples);
-            self.measuring = None;
-            self.floor = Some(floor);
-            self.measured_at = now;
-            self.samples.clear();
-            self.interval_start = now;
-            // Back to where the cap was before the quiet window.
-            return Some(self.current());
-        }
-        if self.samples.len() < MAX_SAMPLES {
-            self.samples.push(took);
-        }
-        if now.duration_since(self.interval_start) < self.settings.interval {
-            return None;
-        }
-        let typical = median(&mut self.samples);
-        self.samples.clear();
-        self.interval_start = now;
-        let floor = self.floor?;
-        if typical < floor {
-            // The upstream got faster: a lower floor.
-            self.floor = Some(typical);
-        }
-        let floor = self.floor.unwrap_or(floor);
-        // Within the tolerance of the floor the cap grows by a square-root
-        // headroom (quickly while it is small, carefully once it is
-        // large); above it, it shrinks in proportion to how much slower
-        // the upstream has become, by half at most.
-        let near = floor.as_secs_f64() * (1.0 + self.settings.tolerance);
-        let ratio = (near / typical.as_secs_f64().max(1e-6)).clamp(0.5, 1.0);
-        let headroom = if ratio >= 1.0 { self.limit.sqrt() } else { 0.0 };
-        // Half way there each interval: the samples of one interval were
-        // taken under the caps of the ones before, so a full step would
-        // swing past the knee and back.
-        let target = self.limit * ratio + headroom;
-        self.limit =
-            ((self.limit + target) / 2.0).clamp(self.settings.min as f64, self.settings.max as f64);
-        if now.duration_since(self.measured_at) >= self.settings.floor_every {
-            // Measure the floor again, with few requests in flight.
-            self.measuring = Some((Vec::with_capacity(FLOOR_SAMPLES), now));
-            return Some(self.settings.min);
-        }
-        Some(self.current())
-    }
-
-    fn current(&self) -> usize {
-        self.limit.round() as usize
-    }
-}
-
-fn median(samples: &mut [Duration]) -> Duration {
-    if samples.is_empty() {
-        return Duration::ZERO;
-    }
-    let middle = samples.len() / 2;
-    *samples.select_nth_unstable(middle).1
 }
 
 /// A route's concurrency caps: one for the route, or one per client.
@@ -467,6 +198,11 @@ impl Capacity {
         self.refused[reason as usize].load(Ordering::Relaxed)
     }
 
+    /// Requests refused so far, for either reason.
+    pub fn refused(&self) -> usize {
+        Refused::ALL.into_iter().map(|r| self.refusals(r)).sum()
+    }
+
     /// Clients with requests in flight or waiting (per-client caps).
     pub fn clients(&self) -> usize {
         self.clients.lock().map_or(0, |c| c.len())
@@ -483,6 +219,9 @@ impl Capacity {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
+    use super::cap::{FLOOR_SAMPLES, Gradient};
     use super::*;
 
     fn settings(max: usize, queue: usize, timeout_ms: u64) -> Settings {

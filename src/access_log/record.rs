@@ -1,0 +1,277 @@
+//! One request's line: what is known of the request, and the line written
+//! from it in JSON or text.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use http::{Method, Version};
+
+use super::{AccessLog, Format, MAX_PATH};
+use crate::client::ClientId;
+use crate::metrics::Outcome;
+
+/// What is known of a request by the time its answer starts; the rest
+/// (bytes sent, the end) is added as the body goes out.
+#[derive(Debug)]
+pub struct Record {
+    started: Instant,
+    time: SystemTime,
+    method: Method,
+    path: String,
+    version: Version,
+    peer: SocketAddr,
+    bytes_in: Option<u64>,
+    route: Option<Arc<str>>,
+    pub(super) outcome: Option<Outcome>,
+    limit: Option<String>,
+    remaining: Option<u64>,
+    pub(super) client: Option<ClientId>,
+    upstream: Option<Box<str>>,
+    upstream_ms: Option<f64>,
+    status: u16,
+    pub(super) bytes_out: u64,
+}
+
+impl Record {
+    /// A request from `peer` for `uri`, with a body of `bytes_in` bytes if
+    /// declared.
+    pub fn begin(
+        method: &Method,
+        uri: &http::Uri,
+        version: Version,
+        peer: SocketAddr,
+        bytes_in: Option<u64>,
+    ) -> Self {
+        let full = uri
+            .path_and_query()
+            .map_or_else(|| uri.path(), |pq| pq.as_str());
+        let path = if full.len() > MAX_PATH {
+            let mut cut = MAX_PATH;
+            while !full.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}…", &full[..cut])
+        } else {
+            full.to_owned()
+        };
+        Self {
+            started: Instant::now(),
+            time: SystemTime::now(),
+            method: method.clone(),
+            path,
+            version,
+            peer,
+            bytes_in,
+            route: None,
+            outcome: None,
+            limit: None,
+            remaining: None,
+            client: None,
+            upstream: None,
+            upstream_ms: None,
+            status: 0,
+            bytes_out: 0,
+        }
+    }
+
+    /// The route that matched.
+    pub fn route(&mut self, name: &Arc<str>) {
+        self.route = Some(Arc::clone(name));
+    }
+
+    /// What the limits decided, for `client`; the limit that decided (its
+    /// policy name) and the units it has left, when there was a decision.
+    pub fn decided(
+        &mut self,
+        outcome: Outcome,
+        client: Option<&ClientId>,
+        limit: Option<(&str, u64)>,
+    ) {
+        self.outcome = Some(outcome);
+        self.client = client.cloned();
+        if let Some((name, remaining)) = limit {
+            self.limit = Some(name.to_owned());
+            self.remaining = Some(remaining);
+        }
+    }
+
+    /// The upstream endpoint that answered, and how long its head took.
+    pub fn upstream(&mut self, endpoint: &str, took: std::time::Duration) {
+        self.upstream = Some(endpoint.into());
+        self.upstream_ms = Some(took.as_secs_f64() * 1000.0);
+    }
+
+    /// The answer's status.
+    pub fn status(&mut self, status: u16) {
+        self.status = status;
+    }
+
+    pub(super) fn line(&self, log: &AccessLog, complete: bool) -> String {
+        let took_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        let time = rfc3339(self.time);
+        let decision = self.outcome.map_or("-", Outcome::name);
+        let client = self.client.as_ref().and_then(|c| log.ids.show(c));
+        let version = match self.version {
+            Version::HTTP_10 => "HTTP/1.0",
+            Version::HTTP_2 => "HTTP/2",
+            _ => "HTTP/1.1",
+        };
+        let mut out = String::with_capacity(256);
+        match log.settings.format {
+            Format::Json => {
+                out.push('{');
+                field(&mut out, "time", &time, true);
+                field(&mut out, "peer", &self.peer.to_string(), false);
+                field(&mut out, "method", self.method.as_str(), false);
+                field(&mut out, "path", &self.path, false);
+                field(&mut out, "protocol", version, false);
+                number(&mut out, "status", self.status);
+                field(
+                    &mut out,
+                    "route",
+                    self.route.as_deref().unwrap_or(""),
+                    false,
+                );
+                field(&mut out, "decision", decision, false);
+                if let Some(limit) = &self.limit {
+                    field(&mut out, "limit", limit, false);
+                }
+                if let Some(remaining) = self.remaining {
+                    number(&mut out, "remaining", remaining);
+                }
+                if let Some(client) = &client {
+                    field(&mut out, "client", client, false);
+                }
+                if let Some(upstream) = &self.upstream {
+                    field(&mut out, "upstream", upstream, false);
+                }
+                if let Some(ms) = self.upstream_ms {
+                    let _ = write!(out, ",\"upstream_ms\":{ms:.3}");
+                }
+                if let Some(bytes) = self.bytes_in {
+                    number(&mut out, "bytes_in", bytes);
+                }
+                number(&mut out, "bytes_out", self.bytes_out);
+                let _ = write!(out, ",\"ms\":{took_ms:.3}");
+                if !complete {
+                    out.push_str(",\"complete\":false");
+                }
+                out.push('}');
+            }
+            Format::Text => {
+                let _ = write!(
+                    out,
+                    "{} {} {} \"{} {} {}\" {} {}",
+                    time,
+                    self.peer,
+                    client.as_deref().unwrap_or("-"),
+                    self.method,
+                    escaped(&self.path),
+                    version,
+                    self.status,
+                    self.bytes_out,
+                );
+                let _ = write!(
+                    out,
+                    " route={} decision={decision}",
+                    self.route.as_deref().unwrap_or("-")
+                );
+                if let Some(limit) = &self.limit {
+                    let _ = write!(out, " limit={limit}");
+                }
+                if let Some(remaining) = self.remaining {
+                    let _ = write!(out, " remaining={remaining}");
+                }
+                if let Some(upstream) = &self.upstream {
+                    let _ = write!(out, " upstream={}", escaped(upstream));
+                }
+                if let Some(ms) = self.upstream_ms {
+                    let _ = write!(out, " upstream_ms={ms:.3}");
+                }
+                if let Some(bytes) = self.bytes_in {
+                    let _ = write!(out, " bytes_in={bytes}");
+                }
+                let _ = write!(out, " ms={took_ms:.3}");
+                if !complete {
+                    out.push_str(" incomplete");
+                }
+            }
+        }
+        out
+    }
+}
+
+fn field(out: &mut String, name: &str, value: &str, first: bool) {
+    if !first {
+        out.push(',');
+    }
+    out.push('"');
+    out.push_str(name);
+    out.push_str("\":");
+    json_string(out, value);
+}
+
+/// `value` as a JSON string.
+pub fn json_string(out: &mut String, value: &str) {
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn number(out: &mut String, name: &str, value: impl std::fmt::Display) {
+    let _ = write!(out, ",\"{name}\":{value}");
+}
+
+/// `value` with quotes, backslashes, spaces and control characters escaped,
+/// so a client cannot forge a line or a field.
+fn escaped(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() || c == ' ' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `time` as RFC 3339 in UTC, to the millisecond.
+fn rfc3339(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}

@@ -1,0 +1,21 @@
+//! One request's way through floodgate, as named phases, with the rules a
+//! reload swaps and the state every request shares.
+//!
+//! - [`phases`]: head → route → admit body → identify → reserve → decide →
+//!   forward (or the route's own answer) → annotate → log, each a function
+//!   of its own, passing one request context;
+//! - [`rules`]: [`Rules`], the compiled rule table with the live side
+//!   tables built beside it (upstream endpoints and their pools' slots,
+//!   concurrency caps, top-client sketches, metric handles), keyed by route
+//!   or upstream index;
+//! - [`shared`]: [`Shared`], what every connection shares (the rules in
+//!   force, the limiter, the forwarder, metrics, the access log), built
+//!   from a configuration and reloaded in place.
+
+pub mod phases;
+pub mod rules;
+pub mod shared;
+
+pub use phases::handle;
+pub use rules::{Rules, start_upstreams};
+pub use shared::{Readiness, Shared, StartError};

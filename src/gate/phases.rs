@@ -1,0 +1,506 @@
+//! One request's phases, in order:
+//!
+//! head → route → admit body → identify → reserve → decide → forward (or
+//! the route's own answer) → annotate → log.
+//!
+//! Each phase is a function of its own; what they learn of the request
+//! travels in one [`Context`]. A phase that ends the request early returns
+//! the [`Refusal`] (or, for a denial, the 429) that answers it; every
+//! answer goes out through the access log's body wrapper, which also holds
+//! the request's concurrency slot until the answer is sent.
+
+use std::borrow::Cow;
+use std::time::Instant;
+
+use http::request::Parts;
+use http::uri::PathAndQuery;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::rules::Rules;
+use super::shared::Shared;
+use crate::access_log::{Logged, Record};
+use crate::client::{ClientId, client_address, is_in};
+use crate::concurrency::{Per, Slot};
+use crate::limit::{Answer, Charge, Decision};
+use crate::metrics::Outcome;
+use crate::proxy::{Body, ClientSide, Peer};
+use crate::refusal::Refusal;
+use crate::response;
+use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
+
+/// Longest request target (path and query) accepted; past it 414.
+const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// What the phases know of one request beside its head and body.
+struct Context<'a> {
+    shared: &'a Shared,
+    peer: &'a Peer,
+    /// Answers go out as gRPC statuses.
+    grpc: bool,
+    /// The access log's record, when the log is on.
+    log: Option<Record>,
+    /// The concurrency slot, once the answer is ready to go out.
+    slot: Option<Slot>,
+}
+
+/// The route a request is on.
+struct Found<'r> {
+    /// Its position in the table (and in the side tables).
+    index: usize,
+    route: &'r Route,
+}
+
+/// Who the request is from, as far as the limits care.
+struct Identity {
+    /// The route's `exempt` or `exempt_keys` let it pass unlimited.
+    exempt: bool,
+    /// The client id, when the limits or a per-client cap need one.
+    client: Option<ClientId>,
+}
+
+/// Where an allowed request goes, and the slot it holds on the way.
+struct Exchange<'a> {
+    upstream: &'a Upstream,
+    /// The path and query sent upstream.
+    target: PathAndQuery,
+    slot: Option<&'a Slot>,
+}
+
+/// What the decide phase concluded for a request that goes on.
+type Allowed<'r> = Option<(Decision, &'r Policy)>;
+
+/// One request from `peer`: every phase in order, then the log. Every
+/// answer floodgate makes itself is counted by status and fault. An
+/// upgraded connection's tunnel holds what `hold` gives until it ends.
+pub async fn handle<H: Send + 'static>(
+    shared: &Shared,
+    peer: &Peer,
+    request: Request<Incoming>,
+    hold: impl FnOnce() -> H,
+) -> Response<Logged<Body>> {
+    let grpc = response::is_grpc(request.headers());
+    let mut cx = Context {
+        shared,
+        peer,
+        grpc,
+        log: shared.access_log.as_ref().map(|_| {
+            Record::begin(
+                request.method(),
+                request.uri(),
+                request.version(),
+                peer.addr,
+                hyper::body::Body::size_hint(request.body()).exact(),
+            )
+        }),
+        slot: None,
+    };
+    let response = match answer(&mut cx, request, hold).await {
+        Ok(response) => response,
+        Err(refusal) => cx.refused(refusal),
+    };
+    cx.logged(response)
+}
+
+/// The phases from head to annotate: the answer, or what floodgate answers
+/// instead.
+async fn answer<H: Send + 'static>(
+    cx: &mut Context<'_>,
+    request: Request<Incoming>,
+    hold: impl FnOnce() -> H,
+) -> Result<Response<Body>, Refusal> {
+    // Taken apart once: the head is lent, not moved, on its way upstream.
+    let (mut head, body) = request.into_parts();
+    let host = check_head(&head)?;
+    let rules = cx.shared.rules.load_full();
+    let (forward_path, matched_path) = request_paths(head.uri.path(), rules.escaped_slashes)?;
+    let found = cx.route(&rules, &head, host, &matched_path)?;
+    admit_body(found.route, &body)?;
+    let who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
+    let slot = reserve(&rules, &found, &who).await?;
+    let allowed = match cx.decide(&rules, &found, &who, &head.headers).await? {
+        Ok(allowed) => allowed,
+        Err(denial) => return Ok(denial),
+    };
+    let mut response = match &found.route.action {
+        Action::Respond(r) => response::respond(r),
+        Action::Upstream(upstream) => {
+            let target = forwarded_target(forward_path, &head.uri)?;
+            let exchange = Exchange {
+                upstream,
+                target,
+                slot: slot.as_ref(),
+            };
+            cx.forward(&rules, &found, exchange, &mut head, body, hold)
+                .await?
+        }
+    };
+    if let Some((d, policy)) = &allowed {
+        response::annotate(response.headers_mut(), found.route, policy, d);
+    }
+    // The answer's body holds the slot until it is sent (an upgraded
+    // connection's tunnel holds a clone); refusals and denials drop it
+    // when this returns.
+    cx.slot = slot;
+    Ok(response)
+}
+
+// === head ===
+
+/// The head has one meaning and a target of bounded length; its host.
+fn check_head(head: &Parts) -> Result<Option<&str>, Refusal> {
+    if head
+        .uri
+        .path_and_query()
+        .is_some_and(|pq| pq.as_str().len() > MAX_URI_BYTES)
+    {
+        return Err(Refusal::client(
+            StatusCode::URI_TOO_LONG,
+            "the request target is longer than 8 KiB",
+        ));
+    }
+    Ok(crate::head::check(head)?)
+}
+
+// === admit body ===
+
+/// A body declared larger than the route forwards is refused before
+/// anything else is spent on it; one that grows too large on the way is
+/// cut (`proxy::body`).
+fn admit_body(route: &Route, body: &Incoming) -> Result<(), Refusal> {
+    if let (Action::Upstream(_), Some(max)) = (&route.action, route.max_request_body)
+        && hyper::body::Body::size_hint(body).lower() > max
+    {
+        return Err(Refusal::client(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than this route's max_request_body of {max} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+// === reserve ===
+
+/// Room in flight, taken before the rate is decided so that a request
+/// refused for it costs no rate units; a request the rate refuses drops
+/// its slot on the way out.
+async fn reserve(
+    rules: &Rules,
+    found: &Found<'_>,
+    who: &Identity,
+) -> Result<Option<Slot>, Refusal> {
+    let Some(capacity) = rules.capacity.get(found.index).and_then(Option::as_ref) else {
+        return Ok(None);
+    };
+    let per_client = capacity.settings().per == Per::Client;
+    if per_client && who.client.is_none() {
+        return Ok(None);
+    }
+    match capacity.acquire(who.client.as_ref()).await {
+        Ok(slot) => Ok(Some(slot)),
+        Err(reason) => {
+            let route = found.route;
+            let whose = if per_client {
+                "this client on route"
+            } else {
+                "route"
+            };
+            let detail = format!(
+                "{whose} \"{}\" has as many requests in flight as it allows ({}); retry shortly",
+                route.name,
+                capacity.limit()
+            );
+            tracing::debug!(route = %route.name, reason = reason.name(), "concurrency cap full");
+            Err(Refusal::capacity(capacity.settings().status, detail))
+        }
+    }
+}
+
+/// The path and query sent upstream: the request's own when its path was
+/// already normal, else the normalised path with the original query.
+fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Result<PathAndQuery, Refusal> {
+    let target = match (forward_path, uri.path_and_query()) {
+        (Cow::Borrowed(_), Some(pq)) => Some(pq.clone()),
+        (path, pq) => {
+            let text = match pq.and_then(PathAndQuery::query) {
+                Some(q) => format!("{path}?{q}"),
+                None => path.into_owned(),
+            };
+            PathAndQuery::try_from(text).ok()
+        }
+    };
+    target.ok_or_else(|| {
+        Refusal::client(
+            StatusCode::BAD_REQUEST,
+            "the request path cannot be forwarded",
+        )
+    })
+}
+
+// === impl Context ===
+
+impl Context<'_> {
+    // --- route ---
+
+    /// The route the request is on: 404 when none matches.
+    fn route<'r>(
+        &mut self,
+        rules: &'r Rules,
+        head: &Parts,
+        host: Option<&str>,
+        matched_path: &str,
+    ) -> Result<Found<'r>, Refusal> {
+        let facts = RequestFacts {
+            method: &head.method,
+            host,
+            path: matched_path,
+            headers: &head.headers,
+        };
+        let Some((index, route)) = rules.routes.find(&facts) else {
+            self.shared.metrics.no_route.inc();
+            return Err(Refusal::client(
+                StatusCode::NOT_FOUND,
+                "no route matches this request",
+            ));
+        };
+        // `post` is not `POST` to floodgate, but is to many servers: it is
+        // served only on a route that compares methods without case.
+        if !route.matcher.ignore_case
+            && let Some(standard) = crate::head::miscased_standard(&head.method)
+        {
+            return Err(crate::head::HeadError::MethodCase(standard).into());
+        }
+        if let Some(r) = self.log.as_mut() {
+            r.route(&route.name);
+        }
+        Ok(Found { index, route })
+    }
+
+    // --- identify ---
+
+    /// Whether the client is exempt, and its id when anything counts per
+    /// client. Exempt clients skip identification too: a health checker
+    /// need not send the API key header that limits everyone else.
+    fn identify(
+        &self,
+        rules: &Rules,
+        found: &Found<'_>,
+        headers: &mut http::HeaderMap,
+        matched_path: &str,
+    ) -> Result<Identity, Refusal> {
+        let route = found.route;
+        let exempt = (!route.exempt.is_empty()
+            && is_in(
+                client_address(headers, self.peer.addr.ip(), &rules.trusted_proxies),
+                &route.exempt,
+            ))
+            || route.exempt_keys.iter().any(|keys| keys.exempts(headers));
+        let per_client = rules
+            .capacity
+            .get(found.index)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.settings().per == Per::Client);
+        let client = if !exempt && (!route.policy.limits.is_empty() || per_client) {
+            Some(route.client.identify_forwarded(
+                headers,
+                matched_path,
+                self.peer.addr.ip(),
+                &rules.trusted_proxies,
+            )?)
+        } else {
+            None
+        };
+        Ok(Identity { exempt, client })
+    }
+
+    // --- decide ---
+
+    /// The rate decision, counted and logged: `Ok` with the decision to
+    /// annotate the answer with (none when the route is not limited, the
+    /// client exempt or the store unavailable), or `Err` with the denial
+    /// that answers the request.
+    async fn decide<'r>(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'r>,
+        who: &Identity,
+        headers: &http::HeaderMap,
+    ) -> Result<Result<Allowed<'r>, Response<Body>>, Refusal> {
+        let route = found.route;
+        let counts = &rules.metrics[found.index];
+        let client = match (&who.client, who.exempt) {
+            (_, true) => return Ok(Ok(self.unlimited(rules, found, Outcome::Exempt))),
+            _ if route.policy.limits.is_empty() => {
+                return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
+            }
+            (Some(client), false) => client,
+            (None, false) => return Ok(Ok(None)),
+        };
+        let policy = route.policy_for(client, headers);
+        let charge = Charge {
+            route: &route.name,
+            client,
+            limits: &policy.limits,
+            cost: route.cost,
+        };
+        let answer = self.shared.limiter.decide(charge).await;
+        self.log_decision(rules, found, client, policy, &answer);
+        match answer {
+            Answer::Decided(d) if d.allowed => {
+                counts.count(Outcome::Allowed);
+                Ok(Ok(Some((d, policy))))
+            }
+            Answer::Decided(d) if route.shadow => {
+                counts.count(Outcome::ShadowDenied);
+                self.shared.log_shadow(&route.name, client);
+                Ok(Ok(Some((d, policy))))
+            }
+            Answer::Decided(d) => {
+                counts.count(Outcome::Denied);
+                tracing::debug!(route = %route.name, %client, "denied");
+                Ok(Err(if self.grpc {
+                    response::grpc_too_many_requests(route, policy, &d)
+                } else {
+                    response::too_many_requests(route, policy, &d)
+                }))
+            }
+            Answer::Unavailable {
+                deny,
+                retry_after_ms,
+            } => {
+                counts.count(Outcome::StoreError);
+                if deny && !route.shadow {
+                    return Err(Refusal::store(retry_after_ms));
+                }
+                Ok(Ok(None))
+            }
+        }
+    }
+
+    /// Counts and logs a request its route does not limit.
+    fn unlimited<'r>(&mut self, rules: &Rules, found: &Found<'r>, outcome: Outcome) -> Allowed<'r> {
+        rules.metrics[found.index].count(outcome);
+        if let Some(r) = self.log.as_mut() {
+            r.decided(outcome, None, None);
+        }
+        None
+    }
+
+    /// The decision into the access log's record and the route's top
+    /// clients.
+    fn log_decision(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'_>,
+        client: &ClientId,
+        policy: &Policy,
+        answer: &Answer,
+    ) {
+        if let Some(r) = self.log.as_mut() {
+            let (outcome, limit) = match answer {
+                Answer::Decided(d) => (
+                    if d.allowed {
+                        Outcome::Allowed
+                    } else if found.route.shadow {
+                        Outcome::ShadowDenied
+                    } else {
+                        Outcome::Denied
+                    },
+                    policy
+                        .names
+                        .get(d.limit)
+                        .map(|name| (name.as_str(), d.remaining)),
+                ),
+                Answer::Unavailable { .. } => (Outcome::StoreError, None),
+            };
+            r.decided(outcome, Some(client), limit);
+        }
+        if let (Some(top), Answer::Decided(d)) = (&rules.top, answer)
+            && let Some(route_top) = top.get(found.index)
+        {
+            route_top.count(client, !d.allowed, crate::clock::now_ms() / 1000);
+        }
+    }
+
+    // --- forward ---
+
+    /// The upstream's answer, timed, counted and logged. Only the
+    /// upstream's own answers count as upstream responses; floodgate's 502
+    /// and 504 are refusals.
+    async fn forward<H: Send + 'static>(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'_>,
+        Exchange {
+            upstream,
+            target,
+            slot,
+        }: Exchange<'_>,
+        head: &mut Parts,
+        body: Incoming,
+        hold: impl FnOnce() -> H,
+    ) -> Result<Response<Body>, Refusal> {
+        let Some(group) = rules.upstreams.get(upstream.index) else {
+            return Err(Refusal::upstream(
+                StatusCode::BAD_GATEWAY,
+                "the route's upstream is not configured",
+            ));
+        };
+        let hold = {
+            let slot = slot.cloned();
+            move || (hold(), slot)
+        };
+        let started = Instant::now();
+        let (response, member) = self
+            .shared
+            .forwarder
+            .forward(
+                group,
+                upstream.timeout,
+                head,
+                body,
+                target,
+                self.peer,
+                started,
+                ClientSide {
+                    max_body: found.route.max_request_body,
+                    ..rules.client_timeouts
+                },
+                hold,
+            )
+            .await?;
+        let took = started.elapsed();
+        if let Some(slot) = slot {
+            slot.sample(took);
+        }
+        rules.metrics[found.index].upstream(response.status().as_u16(), took);
+        if let Some(r) = self.log.as_mut() {
+            r.upstream(&member.endpoint.target, took);
+        }
+        Ok(response)
+    }
+
+    // --- log ---
+
+    /// A refusal counted and made into its answer.
+    fn refused(&self, refusal: Refusal) -> Response<Body> {
+        self.shared.metrics.refused(&refusal);
+        if self.grpc {
+            refusal.into_grpc_response()
+        } else {
+            refusal.into_response()
+        }
+    }
+
+    /// The answer, wrapped so that its access log line is written once it
+    /// has gone out and its slot held until then.
+    fn logged(mut self, response: Response<Body>) -> Response<Logged<Body>> {
+        let mut record = self.log.take();
+        if let Some(r) = record.as_mut() {
+            r.status(response.status().as_u16());
+        }
+        let slot = self.slot.take();
+        let log = self.shared.access_log.as_ref();
+        response.map(|body| Logged::new(body, record, log).holding(slot))
+    }
+}

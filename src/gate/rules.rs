@@ -1,0 +1,134 @@
+//! The part of a configuration that a reload swaps: the compiled rule
+//! table, and the live side tables built beside it, keyed by route or
+//! upstream index.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::concurrency::Capacity;
+use crate::concurrency::metrics::Capacities;
+use crate::config::Config;
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::proxy::ClientSide;
+use crate::proxy::balance::Group;
+use crate::proxy::metrics::Endpoints;
+use crate::routes::{EscapedSlashes, Table};
+use crate::top::RouteTop;
+
+/// The rules in force: what the file says, and the live state each route
+/// and upstream needs.
+#[derive(Debug)]
+pub struct Rules {
+    /// Routes, first match wins.
+    pub routes: Table,
+    /// The upstreams' endpoints with their health and connection pools,
+    /// by upstream index (a route's [`crate::routes::Upstream::index`]).
+    pub upstreams: Vec<Arc<Group>>,
+    /// Each route's metric handles, in route order.
+    pub metrics: Vec<RouteMetrics>,
+    /// Peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// What `%2F`, `%5C` and `\` in a request path do.
+    pub escaped_slashes: EscapedSlashes,
+    /// How long a client's request body and an upgraded connection may idle.
+    pub client_timeouts: ClientSide,
+    /// How long a client may leave its answer unread.
+    pub client_write_timeout: Duration,
+    /// Each route's heaviest clients, in route order; counted only when
+    /// the admin listener (which shows them) is configured.
+    pub top: Option<Vec<RouteTop>>,
+    /// Each route's concurrency caps, in route order (`None`: uncapped).
+    /// A reload keeps a route's caps, and what they count, when its name
+    /// and settings are unchanged.
+    pub capacity: Vec<Option<Arc<Capacity>>>,
+}
+
+impl Rules {
+    /// The rules of `config`, forwarding to `upstreams` (from
+    /// [`start_upstreams`]), counting into `metrics`, keeping the
+    /// concurrency caps of `previous` rules that did not change. The
+    /// metrics show these rules' endpoints and caps from now on.
+    pub fn new(
+        config: &Config,
+        upstreams: Vec<Arc<Group>>,
+        metrics: &Metrics,
+        previous: Option<&Rules>,
+    ) -> Self {
+        metrics.show_endpoints(Endpoints::new(upstreams.clone()));
+        let capacity = capacities(config, previous);
+        metrics.show_capacities(Capacities::new(
+            config
+                .routes
+                .iter()
+                .zip(&capacity)
+                .filter_map(|(r, c)| Some((Arc::clone(&r.name), Arc::clone(c.as_ref()?))))
+                .collect(),
+        ));
+        Self {
+            capacity,
+            upstreams,
+            metrics: metrics.bind(config.routes.iter().map(|r| &*r.name)),
+            routes: config.routes.clone(),
+            trusted_proxies: config.server.trusted_proxies.clone(),
+            escaped_slashes: config.server.escaped_slashes,
+            client_timeouts: ClientSide {
+                body: config.server.client_body_timeout,
+                upgraded: config.server.upgrade_idle_timeout,
+                max_body: None,
+            },
+            client_write_timeout: config.server.client_write_timeout,
+            top: config
+                .server
+                .admin_listen
+                .map(|_| config.routes.iter().map(|_| RouteTop::default()).collect()),
+        }
+    }
+}
+
+/// Each route's concurrency caps: `previous`'s where the route's name and
+/// settings are unchanged, else new ones.
+fn capacities(config: &Config, previous: Option<&Rules>) -> Vec<Option<Arc<Capacity>>> {
+    config
+        .routes
+        .iter()
+        .map(|route| {
+            let settings = route.concurrency.as_ref()?;
+            let kept = previous.and_then(|p| {
+                p.routes
+                    .iter()
+                    .zip(&p.capacity)
+                    .find(|(r, c)| {
+                        r.name == route.name && c.as_ref().is_some_and(|c| c.settings() == settings)
+                    })
+                    .and_then(|(_, c)| c.clone())
+            });
+            Some(kept.unwrap_or_else(|| {
+                Arc::new(Capacity::new(
+                    settings.clone(),
+                    config.server.max_client_entries,
+                ))
+            }))
+        })
+        .collect()
+}
+
+/// The live upstreams of `config`, by upstream index: their DNS names
+/// resolved (all at once), and the tasks started that resolve them again
+/// and check their endpoints; each task ends when its upstream is dropped
+/// by a reload. Called before the rules go live.
+pub async fn start_upstreams(config: &Config) -> Vec<Arc<Group>> {
+    let groups: Vec<Arc<Group>> = config
+        .upstreams
+        .iter()
+        .map(|u| Arc::new(Group::new(u)))
+        .collect();
+    let mut starting = tokio::task::JoinSet::new();
+    for group in &groups {
+        let group = Arc::clone(group);
+        starting.spawn(async move { group.start().await });
+    }
+    while starting.join_next().await.is_some() {}
+    groups
+}

@@ -1,0 +1,238 @@
+//! What every connection shares: the rules in force, the limiter, the
+//! forwarder, the metrics and the access log; built from a configuration,
+//! reloaded in place.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+
+use super::rules::{Rules, start_upstreams};
+use crate::access_log::{AccessLog, Ids};
+use crate::client::ClientId;
+use crate::config::Config;
+use crate::limit::Limiter;
+use crate::limit::settings::OnError;
+use crate::metrics::Metrics;
+use crate::proxy::Forwarder;
+
+/// Why serving could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be set up.
+    #[error("cannot set up the rate limit store: {0}")]
+    Store(#[from] crate::limit::StoreError),
+    /// The access log could not be opened.
+    #[error(transparent)]
+    AccessLog(#[from] crate::access_log::OpenError),
+}
+
+/// Everything a request needs, shared by all connections.
+#[derive(Debug)]
+pub struct Shared {
+    pub(super) rules: ArcSwap<Rules>,
+    /// TLS for new connections on the proxy listener, if configured; a
+    /// reload swaps it, and open connections keep the one they began with.
+    tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
+    pub(super) limiter: Limiter,
+    pub(super) forwarder: Forwarder,
+    pub(super) metrics: Metrics,
+    /// When a shadow denial was last logged (ms): at most one line a second.
+    shadow_logged: AtomicU64,
+    /// The access log, if on.
+    pub(super) access_log: Option<Arc<AccessLog>>,
+    /// How client ids are shown.
+    ids: Arc<Ids>,
+    /// A stop was asked for: `/readyz` says so while the listener drains.
+    draining: AtomicBool,
+}
+
+/// What `/readyz` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// Serving, the store answering.
+    Ready,
+    /// Serving while the store is down: `on_error` allows or counts locally.
+    StoreDown,
+    /// Not serving usefully: the store is down and `on_error = "deny"`
+    /// refuses every limited request.
+    Refusing,
+    /// Stopping: the listener closes after `drain_delay`.
+    Draining,
+}
+
+impl Readiness {
+    /// Whether load balancers should send this instance traffic.
+    pub fn ready(self) -> bool {
+        matches!(self, Self::Ready | Self::StoreDown)
+    }
+}
+
+impl Shared {
+    /// The state for serving `config`: its metrics, its store behind the
+    /// limiter, its access log, its upstreams started.
+    pub async fn start(config: &Config) -> Result<Self, StartError> {
+        let metrics = Metrics::new();
+        metrics.config_loaded(&config.digest);
+        let limiter = Limiter::new(
+            &config.store,
+            config.server.max_client_entries,
+            metrics.store(),
+        )
+        .await?;
+        let ids = Arc::new(Ids::new(config.client_ids));
+        let access_log = match &config.access_log {
+            Some(settings) => Some(AccessLog::start(
+                settings.clone(),
+                Arc::clone(&ids),
+                metrics.access_log_dropped.clone(),
+                metrics.access_log_suppressed.clone(),
+            )?),
+            None => None,
+        };
+        let upstreams = start_upstreams(config).await;
+        Ok(Self {
+            rules: ArcSwap::from_pointee(Rules::new(config, upstreams, &metrics, None)),
+            tls: arc_swap::ArcSwapOption::new(
+                config.server.tls.as_ref().map(|(_, c)| Arc::clone(c)),
+            ),
+            limiter,
+            forwarder: Forwarder::new(metrics.timeouts().clone()),
+            metrics,
+            shadow_logged: AtomicU64::new(0),
+            access_log,
+            ids,
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> arc_swap::Guard<Arc<Rules>> {
+        self.rules.load()
+    }
+
+    /// TLS for a connection accepted now, if the listener has it.
+    pub fn tls(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.tls.load_full()
+    }
+
+    /// Evicts expired in-process state (every second).
+    pub fn sweep(&self) {
+        self.limiter.sweep();
+        self.forwarder.sweep();
+    }
+
+    /// Asks a store considered down whether it answers again.
+    pub async fn recover(&self) {
+        self.limiter.recover().await;
+    }
+
+    /// Whether the instance should get traffic, and why not. A store that
+    /// is down makes it unready only where `on_error = "deny"` refuses
+    /// everything limited: with `allow` or `local` it still serves, and
+    /// taking every replica out of service at once (they share the store)
+    /// would turn a fail-open policy into an outage.
+    pub fn readiness(&self) -> Readiness {
+        if self.draining.load(Ordering::Relaxed) {
+            Readiness::Draining
+        } else if self.limiter.ready() {
+            Readiness::Ready
+        } else if self.limiter.refuses_when_down() {
+            Readiness::Refusing
+        } else {
+            Readiness::StoreDown
+        }
+    }
+
+    /// The shared store: its kind, whether it answers, its `on_error`.
+    pub fn store(&self) -> (&'static str, bool, OnError) {
+        (
+            self.limiter.kind(),
+            self.limiter.ready(),
+            self.limiter.on_error(),
+        )
+    }
+
+    /// Whether some but not all of a Redis Cluster's primaries are
+    /// considered down (their slots get `on_error`).
+    pub fn store_degraded(&self) -> bool {
+        self.limiter.degraded()
+    }
+
+    /// How client ids are shown to operators.
+    pub fn ids(&self) -> &Ids {
+        &self.ids
+    }
+
+    /// A stop was asked for: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Brings gauges that are read rather than counted up to date.
+    pub fn refresh_gauges(&self) {
+        self.metrics
+            .circuit_open
+            .set(i64::from(!self.limiter.ready()));
+        self.limiter.refresh_gauges();
+    }
+
+    /// The metrics, as exposed on `/metrics`.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Applies a newly loaded configuration: its upstreams are started,
+    /// then its rules go live; parts that cannot change while running are
+    /// reported and keep their old values.
+    pub async fn reload(&self, running: &Config, new: Config) {
+        let upstreams = start_upstreams(&new).await;
+        for what in running.differences_needing_restart(&new) {
+            tracing::warn!(
+                setting = what,
+                "{what} changed but cannot be applied while running; restart floodgate to apply it"
+            );
+        }
+        let rules = Rules::new(&new, upstreams, &self.metrics, Some(&self.rules.load()));
+        self.rules.store(Arc::new(rules));
+        self.tls
+            .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
+        self.limiter.rules_changed();
+        self.metrics.reloaded(true, &new.digest);
+        tracing::info!(
+            path = %new.path.display(),
+            routes = new.routes.len(),
+            digest = %new.digest,
+            "configuration reloaded"
+        );
+    }
+
+    /// Records a reload that was refused; the old rules stay.
+    pub fn reload_refused(&self, error: &crate::config::LoadError) {
+        self.metrics.reloaded(false, "");
+        for line in error.to_string().lines() {
+            tracing::error!("{line}");
+        }
+        tracing::error!("configuration not reloaded; the previous rules stay in force");
+    }
+
+    /// Logs a shadow denial, at most once a second at info (the rest at debug).
+    pub(super) fn log_shadow(&self, route: &str, client: &ClientId) {
+        let now = crate::clock::now_ms();
+        let last = self.shadow_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1_000
+            && self
+                .shadow_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::info!(
+                route,
+                %client,
+                "shadow: would have denied (further ones this second at debug)"
+            );
+        } else {
+            tracing::debug!(route, %client, "shadow: would have denied");
+        }
+    }
+}
