@@ -22,6 +22,7 @@ use crate::refusal::Refusal;
 use crate::response;
 
 mod connection;
+mod write_idle;
 
 use connection::{Activity, Connections, Ended, Protocols, Socket, WriteTimeout};
 
