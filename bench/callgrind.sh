@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Instructions per proxied request, deterministic: floodgate's release build
+# runs under callgrind while one keep-alive HTTP/1.1 client (curl, one
+# connection) sends N1 and then, in a second run, N2 GETs through a route
+# whose gcra limit never triggers, to nginx answering `ok`. The difference of
+# the two runs' instruction totals (every thread, startup and shutdown
+# included in both) divided by N2 - N1 is the cost of one request, without
+# startup. Prints one line per store: memory, and Redis (a local
+# redis-server).
+#
+#   bench/callgrind.sh [BINARY]     default target/release/floodgate
+#   N1 (default 1000), N2 (default 6000), STORES ("memory redis")
+#
+# Needs valgrind, nginx, curl and redis-server (installed with apt-get when
+# missing and run as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-target/release/floodgate}
+n1=${N1:-1000}
+n2=${N2:-6000}
+stores=${STORES:-memory redis}
+
+need=()
+for tool in valgrind nginx curl redis-server; do
+  command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+[ -x "$bin" ] || cargo build --release --locked -q
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 400); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+
+up=$(port); redis_port=$(port)
+mkdir -p "$work/up"
+cat >"$work/up/nginx.conf" <<CONF
+daemon off; worker_processes 1; pid $work/up/nginx.pid; error_log stderr error;
+events { worker_connections 1024; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$up; location / { return 200 "ok\n"; } } }
+CONF
+nginx -c "$work/up/nginx.conf" -p "$work/up" & pids+=($!)
+redis-server --port "$redis_port" --save "" --appendonly no >/dev/null & pids+=($!)
+wait_port "$up"; wait_port "$redis_port"
+
+# Total instructions of floodgate serving $2 requests with store $1.
+instructions() {
+  local store=$1 n=$2 listen
+  listen=$(port)
+  {
+    printf '[server]\nlisten = "127.0.0.1:%s"\ndrain_delay = "0s"\nshutdown_grace = "1s"\n' "$listen"
+    if [ "$store" = redis ]; then
+      printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "1s"\n' "$redis_port"
+    fi
+    printf '[[routes]]\nname = "bench"\nmatch = { path_prefix = "/" }\nupstream = "http://127.0.0.1:%s"\n' "$up"
+    printf 'limits = [{ algorithm = "gcra", limit = 100000000, window = "1s" }]\n'
+  } >"$work/fg.toml"
+  valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
+    "$bin" --config "$work/fg.toml" >"$work/fg.log" 2>&1 &
+  local pid=$!
+  wait_port "$listen"
+  # One warm-up request, then n on one kept-alive connection.
+  curl -s -o /dev/null "http://127.0.0.1:$listen/"
+  for _ in $(seq "$n"); do echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'; done >"$work/urls"
+  curl -s --config "$work/urls"
+  kill -TERM "$pid"
+  wait "$pid" || true
+  awk '/^(totals|summary):/ { print $2; exit }' "$work/cg.out"
+}
+
+for store in $stores; do
+  a=$(instructions "$store" "$n1")
+  b=$(instructions "$store" "$n2")
+  echo "$store: $(( (b - a) / (n2 - n1) )) instructions per request ($a for $n1, $b for $n2)"
+done
