@@ -22,13 +22,14 @@ use crate::refusal::Refusal;
 use crate::response;
 
 pub mod balance;
-pub mod body;
 pub mod connect;
 pub mod discovery;
 mod headers;
 mod idle;
 pub mod metrics;
 pub mod pool;
+pub mod request_body;
+pub mod response_body;
 pub mod settings;
 pub mod upgrade;
 
@@ -39,9 +40,10 @@ pub use idle::IdleTimer;
 pub type Body = response::Body<UpstreamBody>;
 
 use balance::{Failure, Group, Member};
-use body::{ClientBodyError, RequestBody, Sent, UpstreamBody};
 use headers::{UPGRADE_OPTION, strip_hop_by_hop, upstream_headers, via};
 use pool::{Exchange, Head, Pools, SendError};
+use request_body::{ClientBodyError, RequestBody, Sent};
+use response_body::UpstreamBody;
 use settings::Endpoint;
 
 /// The client side's limits of one forwarded exchange.
@@ -127,7 +129,7 @@ impl Forwarder {
         } = loop {
             let endpoint = &member.endpoint;
             let _in_flight = member.begin();
-            let pool = self.pools.get_in(member);
+            let pool = self.pools.get_in(member.pool(), endpoint);
             let send = pool.send(endpoint, head, body, upgrade, now);
             let failure = match by_deadline(send, timeout, now, sent.as_deref()).await {
                 Some(Ok(exchange)) => {

@@ -20,13 +20,14 @@
 //! an address that stays keeps its record. The state lives with the
 //! compiled configuration, so a reload starts every endpoint afresh.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use http::uri::Authority;
 
-use super::discovery::Source;
 use super::pool::PoolSlot;
 use super::settings::{Balance, Check, Endpoint, Upstream};
 
@@ -93,7 +94,7 @@ pub struct Member {
     pub(super) address: Box<str>,
     /// Its connection pool, remembered after the first request so later
     /// ones skip the lookup.
-    pub(super) pool: PoolSlot,
+    pool: PoolSlot,
     health: Health,
 }
 
@@ -139,6 +140,72 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// One endpoint as configured.
+#[derive(Debug)]
+pub struct Source {
+    /// The endpoint as configured; its host may be a DNS name.
+    pub endpoint: Endpoint,
+    /// The DNS name and port to resolve; `None` for an IP address.
+    pub(super) name: Option<(Box<str>, u16)>,
+    /// The last lookup failed (so that only a change is logged).
+    pub(super) failing: AtomicBool,
+}
+
+// === impl Source ===
+
+impl Source {
+    /// A configured endpoint, to be resolved if its host is a name.
+    pub fn new(endpoint: Endpoint) -> Self {
+        let host = endpoint.authority.host().trim_matches(['[', ']']);
+        let name = host.parse::<IpAddr>().is_err().then(|| {
+            (
+                host.into(),
+                endpoint
+                    .authority
+                    .port_u16()
+                    .unwrap_or(endpoint.default_port()),
+            )
+        });
+        Self {
+            endpoint,
+            name,
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// The endpoint as configured, in force until its name is resolved
+    /// (each new connection then resolves it).
+    pub(super) fn unresolved(&self, index: usize) -> Member {
+        let address = self.endpoint.authority.as_str().into();
+        Member::new(self.endpoint.clone(), index, address)
+    }
+
+    pub(super) fn lookup_failed(&self, upstream: &str, error: &str) {
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            let host = self.name.as_ref().map_or("", |(h, _)| h);
+            tracing::warn!(
+                upstream,
+                host,
+                error,
+                "cannot resolve the upstream's DNS name; keeping the addresses last found"
+            );
+        }
+    }
+
+    /// The endpoint at `address`, for a resolved name: connected there,
+    /// while `Host`, TLS's server name and the logs keep the name.
+    pub(super) fn at(&self, index: usize, address: SocketAddr) -> Option<Member> {
+        let authority = Authority::try_from(address.to_string()).ok()?;
+        let endpoint = Endpoint {
+            target: format!("{} ({address})", self.endpoint.target).into(),
+            pool_key: format!("{} @{address}", self.endpoint.pool_key).into(),
+            authority,
+            ..self.endpoint.clone()
+        };
+        Some(Member::new(endpoint, index, address.to_string().into()))
+    }
+}
+
 // === impl Member ===
 
 impl Member {
@@ -164,6 +231,11 @@ impl Member {
     /// Counts a failure of `kind`.
     pub fn count(&self, kind: Failure) {
         self.health.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Where its connection pool is remembered.
+    pub fn pool(&self) -> &PoolSlot {
+        &self.pool
     }
 
     /// The address it is connected at, as metrics label it.

@@ -14,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::body::RequestBody;
+use super::request_body::RequestBody;
 use super::settings::{Endpoint, Protocol};
 
 /// A connection's request sender, by the protocol it speaks.

@@ -9,92 +9,25 @@
 //! and its search domains). A lookup that fails or finds nothing keeps the
 //! addresses last found, so a resolver outage never empties an upstream.
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use http::header::{HOST, USER_AGENT};
-use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Method};
 use tokio::time::Instant;
 
 use super::balance::{Group, Member};
-use super::body::RequestBody;
 use super::connect::{self, Sender};
 use super::pool::{Head, Wire};
+use super::request_body::RequestBody;
 use super::settings::{Check, Endpoint};
 
 /// How long a DNS lookup may take before the addresses last found are kept.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 static CHECKER: HeaderValue = HeaderValue::from_static("floodgate-health-check");
-
-/// One endpoint as configured.
-#[derive(Debug)]
-pub struct Source {
-    /// The endpoint as configured; its host may be a DNS name.
-    pub endpoint: Endpoint,
-    /// The DNS name and port to resolve; `None` for an IP address.
-    name: Option<(Box<str>, u16)>,
-    /// The last lookup failed (so that only a change is logged).
-    failing: AtomicBool,
-}
-
-// === impl Source ===
-
-impl Source {
-    /// A configured endpoint, to be resolved if its host is a name.
-    pub fn new(endpoint: Endpoint) -> Self {
-        let host = endpoint.authority.host().trim_matches(['[', ']']);
-        let name = host.parse::<IpAddr>().is_err().then(|| {
-            (
-                host.into(),
-                endpoint
-                    .authority
-                    .port_u16()
-                    .unwrap_or(endpoint.default_port()),
-            )
-        });
-        Self {
-            endpoint,
-            name,
-            failing: AtomicBool::new(false),
-        }
-    }
-
-    /// The endpoint as configured, in force until its name is resolved
-    /// (each new connection then resolves it).
-    pub(super) fn unresolved(&self, index: usize) -> Member {
-        let address = self.endpoint.authority.as_str().into();
-        Member::new(self.endpoint.clone(), index, address)
-    }
-
-    fn lookup_failed(&self, upstream: &str, error: &str) {
-        if !self.failing.swap(true, Ordering::Relaxed) {
-            let host = self.name.as_ref().map_or("", |(h, _)| h);
-            tracing::warn!(
-                upstream,
-                host,
-                error,
-                "cannot resolve the upstream's DNS name; keeping the addresses last found"
-            );
-        }
-    }
-
-    /// The endpoint at `address`, for a resolved name: connected there,
-    /// while `Host`, TLS's server name and the logs keep the name.
-    fn at(&self, index: usize, address: SocketAddr) -> Option<Member> {
-        let authority = Authority::try_from(address.to_string()).ok()?;
-        let endpoint = Endpoint {
-            target: format!("{} ({address})", self.endpoint.target).into(),
-            pool_key: format!("{} @{address}", self.endpoint.pool_key).into(),
-            authority,
-            ..self.endpoint.clone()
-        };
-        Some(Member::new(endpoint, index, address.to_string().into()))
-    }
-}
 
 // === impl Group ===
 

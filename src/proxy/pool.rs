@@ -27,9 +27,8 @@ use http::{HeaderMap, Method, Request, Response, Uri};
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::{http1, http2};
 
-use super::balance::Member;
-use super::body::RequestBody;
 use super::connect::{self, ConnectError, Sender};
+use super::request_body::RequestBody;
 use super::settings::{Endpoint, Protocol};
 
 /// How long an unused connection is kept.
@@ -95,12 +94,10 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// The pool for `member`'s endpoint, remembered in its slot.
-    pub fn get_in<'a>(&self, member: &'a Member) -> &'a Arc<Pool> {
-        member
-            .pool
-            .0
-            .get_or_init(|| self.get(&member.endpoint.pool_key))
+    /// The pool for `endpoint`, remembered in `slot` (its endpoint in
+    /// force's).
+    pub fn get_in<'a>(&self, slot: &'a PoolSlot, endpoint: &Endpoint) -> &'a Arc<Pool> {
+        slot.0.get_or_init(|| self.get(&endpoint.pool_key))
     }
 
     /// The pool for `key`, created on first use. Called once per route and

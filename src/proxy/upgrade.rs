@@ -18,8 +18,8 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::body::RequestBody;
 use super::idle::IdleTimer;
+use super::request_body::RequestBody;
 
 /// Whether `headers` ask to switch protocols: an `Upgrade` field, and
 /// `upgrade` among the `Connection` options.
