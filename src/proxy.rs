@@ -24,7 +24,7 @@ use crate::response;
 pub mod balance;
 pub mod connect;
 pub mod discovery;
-mod headers;
+pub mod headers;
 mod idle;
 pub mod metrics;
 pub mod pool;

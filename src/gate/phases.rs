@@ -166,7 +166,7 @@ fn check_head(head: &Parts) -> Result<Option<&str>, Refusal> {
 
 /// A body declared larger than the route forwards is refused before
 /// anything else is spent on it; one that grows too large on the way is
-/// cut (`proxy::body`).
+/// cut (`proxy::request_body`).
 fn admit_body(route: &Route, body: &Incoming) -> Result<(), Refusal> {
     if let (Action::Upstream(_), Some(max)) = (&route.action, route.max_request_body)
         && hyper::body::Body::size_hint(body).lower() > max
