@@ -1,10 +1,11 @@
 //! One cap: its counts, its bounded queue of waiters, and (adaptive) the
 //! gradient that moves it with the upstream's latency.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
 use super::{Adaptive, Refused, Settings};
 
@@ -16,18 +17,86 @@ const FLOOR_WINDOW: Duration = Duration::from_secs(2);
 const MAX_SAMPLES: usize = 4096;
 
 /// The counts and waiters of one cap.
+///
+/// The queue is first come, first served: a slot given back goes straight
+/// to the request that has waited longest (it stays counted in flight), so
+/// a newcomer takes a free slot only when nobody waits, and never
+/// overtakes a waiter.
 #[derive(Debug)]
 pub struct Cap {
     state: Mutex<State>,
-    freed: Notify,
     adaptive: Option<Mutex<Gradient>>,
 }
 
 #[derive(Debug)]
 struct State {
     in_flight: usize,
-    waiting: usize,
     limit: usize,
+    /// The requests waiting for a slot, oldest first.
+    waiters: VecDeque<Waiter>,
+    /// The next waiter's ticket.
+    next_ticket: u64,
+}
+
+/// One request in the queue: its ticket, and where its slot is handed.
+#[derive(Debug)]
+struct Waiter {
+    ticket: u64,
+    granted: oneshot::Sender<()>,
+}
+
+impl State {
+    /// Hands free slots to the oldest waiters; true when one was handed.
+    fn hand_over(&mut self) -> bool {
+        let mut handed = false;
+        while self.in_flight < self.limit {
+            let Some(waiter) = self.waiters.pop_front() else {
+                break;
+            };
+            // A waiter that went away takes nothing (it leaves the queue
+            // itself; this is for safety).
+            if waiter.granted.send(()).is_ok() {
+                self.in_flight += 1;
+                handed = true;
+            }
+        }
+        handed
+    }
+}
+
+/// A place in the queue: leaves it when dropped, and gives back a slot it
+/// was handed but never took (its request went away at that moment).
+struct Queued<'a> {
+    cap: &'a Cap,
+    ticket: u64,
+    granted: Option<oneshot::Receiver<()>>,
+}
+
+impl Queued<'_> {
+    /// The slot was taken: nothing to undo.
+    fn taken(mut self) {
+        self.granted = None;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let Some(mut granted) = self.granted.take() else {
+            return;
+        };
+        let Ok(mut state) = self.cap.state.lock() else {
+            return;
+        };
+        if let Some(at) = state.waiters.iter().position(|w| w.ticket == self.ticket) {
+            state.waiters.remove(at);
+            return;
+        }
+        drop(state);
+        // Not in the queue any more: it was handed a slot.
+        if granted.try_recv().is_ok() {
+            self.cap.release();
+        }
+    }
 }
 
 impl Cap {
@@ -44,75 +113,77 @@ impl Cap {
         Self {
             state: Mutex::new(State {
                 in_flight: 0,
-                waiting: 0,
                 limit,
+                waiters: VecDeque::new(),
+                next_ticket: 0,
             }),
-            freed: Notify::new(),
             adaptive,
         }
     }
 
-    /// A slot, waiting in the queue if allowed.
+    /// A slot: at once when one is free and nobody waits, else after
+    /// every earlier waiter, within `queue_timeout`, if the queue has room.
     pub(super) async fn acquire(
         self: &Arc<Self>,
         settings: &Settings,
     ) -> Result<Arc<Cap>, Refused> {
         let deadline = Instant::now() + settings.queue_timeout;
-        let mut queued = false;
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            {
-                let Ok(mut state) = self.state.lock() else {
-                    return Err(Refused::Full);
-                };
-                if state.in_flight < state.limit {
-                    state.in_flight += 1;
-                    if queued {
-                        state.waiting -= 1;
-                    }
-                    return Ok(Arc::clone(self));
-                }
-                if !queued {
-                    if state.waiting >= settings.queue {
-                        return Err(Refused::Full);
-                    }
-                    state.waiting += 1;
-                    queued = true;
-                }
-                // Registered before the lock is let go, so a slot freed in
-                // between still wakes this request.
-                freed.as_mut().enable();
+        let mut queued = {
+            let Ok(mut state) = self.state.lock() else {
+                return Err(Refused::Full);
+            };
+            if state.in_flight < state.limit && state.waiters.is_empty() {
+                state.in_flight += 1;
+                return Ok(Arc::clone(self));
             }
-            let woken = tokio::time::timeout_at(deadline.into(), freed).await;
-            if woken.is_err() {
-                if let Ok(mut state) = self.state.lock() {
-                    state.waiting -= 1;
-                }
-                // The wake-up this request may have taken goes on.
-                self.freed.notify_one();
-                return Err(Refused::Timeout);
+            if state.waiters.len() >= settings.queue {
+                return Err(Refused::Full);
             }
+            let (sender, receiver) = oneshot::channel();
+            let ticket = state.next_ticket;
+            state.next_ticket += 1;
+            state.waiters.push_back(Waiter {
+                ticket,
+                granted: sender,
+            });
+            Queued {
+                cap: self,
+                ticket,
+                granted: Some(receiver),
+            }
+        };
+        let Some(granted) = queued.granted.as_mut() else {
+            return Err(Refused::Full);
+        };
+        match tokio::time::timeout_at(deadline.into(), granted).await {
+            Ok(Ok(())) => {
+                queued.taken();
+                Ok(Arc::clone(self))
+            }
+            // The cap went away with its queue.
+            Ok(Err(_)) => Err(Refused::Full),
+            // Out of the queue; a slot handed over at this very moment is
+            // given back by `queued`.
+            Err(_) => Err(Refused::Timeout),
         }
     }
 
-    /// Gives a slot back; true when nothing is in flight or waiting after.
+    /// Gives a slot back (to the oldest waiter, if any); true when nothing
+    /// is in flight or waiting after.
     pub(super) fn release(&self) -> bool {
         let Ok(mut state) = self.state.lock() else {
             return false;
         };
         state.in_flight = state.in_flight.saturating_sub(1);
-        let idle = state.in_flight == 0 && state.waiting == 0;
-        drop(state);
-        self.freed.notify_one();
-        idle
+        state.hand_over();
+        state.in_flight == 0 && state.waiters.is_empty()
     }
 
     /// `(in flight, waiting, limit)` now.
     pub(super) fn counts(&self) -> (usize, usize, usize) {
         self.state
             .lock()
-            .map_or((0, 0, 0), |s| (s.in_flight, s.waiting, s.limit))
+            .map_or((0, 0, 0), |s| (s.in_flight, s.waiters.len(), s.limit))
     }
 
     pub(super) fn sample(&self, took: Duration) {
@@ -126,13 +197,9 @@ impl Cap {
         if let Some(limit) = new_limit
             && let Ok(mut state) = self.state.lock()
         {
-            let grew = limit > state.limit;
             state.limit = limit;
-            drop(state);
-            if grew {
-                // Each newly free slot may wake one waiter.
-                self.freed.notify_waiters();
-            }
+            // Each newly free slot goes to a waiter, oldest first.
+            state.hand_over();
         }
     }
 }

@@ -273,6 +273,76 @@ mod tests {
         assert_eq!(capacity.waiting(), 0);
     }
 
+    /// Waits (without a deadline) until `capacity` has `n` waiters.
+    async fn until_waiting(capacity: &Capacity, n: usize) {
+        while capacity.waiting() != n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_queued_request_is_served_before_a_later_newcomer() {
+        for round in 0..100 {
+            let capacity = Arc::new(Capacity::new(settings(1, 5, 60_000), 100));
+            let held = capacity.acquire(None).await.ok();
+            let (order, mut served) = tokio::sync::mpsc::unbounded_channel();
+            let queued = {
+                let (capacity, order) = (Arc::clone(&capacity), order.clone());
+                tokio::spawn(async move {
+                    let slot = capacity.acquire(None).await.ok();
+                    let _ = order.send("queued");
+                    slot
+                })
+            };
+            until_waiting(&capacity, 1).await;
+            // The slot freed goes to the waiter, not to whoever asks next.
+            drop(held);
+            assert_eq!(
+                (capacity.in_flight(), capacity.waiting()),
+                (1, 0),
+                "round {round}: the freed slot was not handed to the waiter"
+            );
+            let newcomer = {
+                let capacity = Arc::clone(&capacity);
+                tokio::spawn(async move {
+                    let slot = capacity.acquire(None).await.ok();
+                    let _ = order.send("newcomer");
+                    slot
+                })
+            };
+            until_waiting(&capacity, 1).await;
+            let first = queued.await.ok().flatten();
+            assert!(first.is_some(), "round {round}: the waiter got no slot");
+            drop(first);
+            let second = newcomer.await.ok().flatten();
+            assert!(second.is_some(), "round {round}: the newcomer got no slot");
+            assert_eq!(served.recv().await, Some("queued"), "round {round}");
+            assert_eq!(served.recv().await, Some("newcomer"), "round {round}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_goes_away_leaves_the_queue() {
+        let capacity = Arc::new(Capacity::new(settings(1, 5, 60_000), 100));
+        let held = capacity.acquire(None).await.ok();
+        let gone = {
+            let capacity = Arc::clone(&capacity);
+            tokio::spawn(async move { capacity.acquire(None).await.map(|_| ()) })
+        };
+        let next = {
+            let capacity = Arc::clone(&capacity);
+            tokio::spawn(async move { capacity.acquire(None).await.map(|_| ()) })
+        };
+        until_waiting(&capacity, 2).await;
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(capacity.waiting(), 1);
+        // The slot goes to the one still waiting.
+        drop(held);
+        assert_eq!(next.await.ok(), Some(Ok(())));
+        assert_eq!((capacity.in_flight(), capacity.waiting()), (0, 0));
+    }
+
     #[tokio::test]
     async fn a_queued_request_is_refused_after_the_timeout() {
         let capacity = Arc::new(Capacity::new(settings(1, 5, 50), 100));
