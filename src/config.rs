@@ -219,6 +219,9 @@ pub struct Server {
     /// Requests carrying one of these header values bypass every route's
     /// limits.
     pub exempt_keys: Vec<crate::routes::KeyExemption>,
+    /// Headers removed from requests of peers not in `trusted_proxies`,
+    /// beyond the forwarding headers that always are.
+    pub strip_untrusted_headers: Vec<http::HeaderName>,
 }
 
 // === the file's serde model ===

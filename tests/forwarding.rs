@@ -194,3 +194,63 @@ async fn a_trusted_proxys_forwarded_elements_stay_ahead_of_floodgates() {
         ["for=203.0.113.5;proto=https"]
     );
 }
+
+/// Every header a framework may read as who the client is, with the value
+/// a client would forge.
+const CLAIMS: [(&str, &str); 8] = [
+    ("x-forwarded-port", "8443"),
+    ("x-forwarded-prefix", "/evil"),
+    ("x-forwarded-server", "evil"),
+    ("x-forwarded-ssl", "on"),
+    ("x-real-ip", "203.0.113.9"),
+    ("true-client-ip", "203.0.113.9"),
+    ("x-client-ip", "203.0.113.9"),
+    ("x-user-id", "admin"),
+];
+
+/// What a recording upstream received of a GET carrying [`CLAIMS`], sent
+/// through floodgate trusting `trusted`, which strips `X-User-Id` from
+/// untrusted peers as the operator asks.
+async fn claims_seen_through(trusted: &str) -> http::HeaderMap {
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .server(&format!("trusted_proxies = [{trusted}]"))
+        .server(r#"strip_untrusted_headers = ["X-User-Id"]"#)
+        .route(Route::new("all").upstream(&upstream.url()))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let answer = TestClient::http1().get(&gate.url("/x"), &CLAIMS).await;
+    assert_eq!(answer.status, 200);
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    seen[0].headers.clone()
+}
+
+#[tokio::test]
+async fn an_untrusted_clients_claims_about_itself_never_reach_the_upstream() {
+    let headers = claims_seen_through(r#""10.0.0.0/8""#).await;
+    for (name, _) in CLAIMS {
+        assert!(
+            headers.get(name).is_none(),
+            "{name} reached the upstream from an untrusted peer: {headers:?}"
+        );
+    }
+    // Floodgate's own account is there.
+    assert_eq!(
+        headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()),
+        Some("127.0.0.1")
+    );
+    assert!(headers.get("x-forwarded-proto").is_some());
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_claims_about_the_client_are_passed_on() {
+    let headers = claims_seen_through(r#""127.0.0.1/32""#).await;
+    for (name, value) in CLAIMS {
+        assert_eq!(
+            headers.get(name).and_then(|v| v.to_str().ok()),
+            Some(value),
+            "{name} from a trusted proxy: {headers:?}"
+        );
+    }
+}

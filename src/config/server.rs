@@ -26,6 +26,8 @@ pub(super) struct ServerModel {
     trusted_proxies: Vec<Spanned<String>>,
     #[serde(default)]
     exempt: Vec<Spanned<String>>,
+    #[serde(default)]
+    strip_untrusted_headers: Vec<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
     upstream_connect_timeout: Option<Spanned<String>>,
     upstream_body_timeout: Option<Spanned<String>>,
@@ -189,6 +191,11 @@ impl Validator<'_> {
             tls: tls?,
             rate_limit_headers: rate_limit_headers?,
             exempt_keys: self.exempt_keys(&m.exempt_keys),
+            strip_untrusted_headers: m
+                .strip_untrusted_headers
+                .iter()
+                .filter_map(|name| self.header_name(name))
+                .collect(),
         })
     }
 

@@ -446,6 +446,11 @@ impl Context<'_> {
                 "the route's upstream is not configured",
             ));
         };
+        if !self.peer.trusted {
+            for name in &rules.strip_untrusted_headers {
+                head.headers.remove(name);
+            }
+        }
         let hold = {
             let slot = slot.cloned();
             move || (hold(), slot)

@@ -30,6 +30,9 @@ pub struct Rules {
     pub metrics: Vec<RouteMetrics>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Headers removed from the requests of other peers before they are
+    /// forwarded (`strip_untrusted_headers`).
+    pub strip_untrusted_headers: Vec<http::HeaderName>,
     /// What `%2F`, `%5C` and `\` in a request path do.
     pub escaped_slashes: EscapedSlashes,
     /// How long a client's request body and an upgraded connection may idle.
@@ -72,6 +75,7 @@ impl Rules {
             metrics: metrics.bind(config.routes.iter().map(|r| &*r.name)),
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
+            strip_untrusted_headers: config.server.strip_untrusted_headers.clone(),
             escaped_slashes: config.server.escaped_slashes,
             client_timeouts: ClientSide {
                 body: config.server.client_body_timeout,

@@ -63,6 +63,9 @@ pub(super) fn upstream_headers(
     let (mut hop_by_hop, mut te_trailers) = (false, false);
     let (mut earlier_for, mut earlier_host, mut earlier_forwarded) = (false, false, false);
     let mut earlier_proto = None;
+    // Other fields that tell an upstream who the client is: passed on from
+    // trusted proxies only.
+    let mut earlier_claims = false;
     for (name, value) in &headers {
         if name == FORWARDED {
             earlier_forwarded = true;
@@ -72,6 +75,8 @@ pub(super) fn upstream_headers(
             earlier_host = true;
         } else if name == X_FORWARDED_PROTO {
             earlier_proto = earlier_proto.or(Some(value));
+        } else if claims_client(name.as_str()) {
+            earlier_claims = true;
         } else if is_hop_by_hop(name.as_str()) {
             hop_by_hop = true;
             te_trailers |= name == TE
@@ -100,6 +105,9 @@ pub(super) fn upstream_headers(
     };
     if hop_by_hop {
         strip_hop_by_hop(&mut headers, false);
+    }
+    if earlier_claims && !peer.trusted {
+        strip_client_claims(&mut headers);
     }
     // One hash for both: the client's `Host` out, the upstream's in (or
     // the client's kept, with `preserve_host`).
@@ -199,6 +207,39 @@ fn forwarded_element(peer: &Peer, host: Option<&HeaderValue>) -> Option<HeaderVa
         text.push('"');
     }
     HeaderValue::from_str(&text).ok()
+}
+
+/// Whether `name` (lowercase) is a field an upstream may read as who the
+/// client is, other than the `X-Forwarded-For/-Proto/-Host` and
+/// `Forwarded` that floodgate writes itself: every other `X-Forwarded-*`
+/// (`-Port`, `-Prefix`, `-Server`, …), `X-Real-IP`, `True-Client-IP`,
+/// `X-Client-IP`.
+fn claims_client(name: &str) -> bool {
+    match name.as_bytes().first() {
+        Some(b'x') => {
+            name.starts_with("x-forwarded-") || name == "x-real-ip" || name == "x-client-ip"
+        }
+        Some(b't') => name == "true-client-ip",
+        _ => false,
+    }
+}
+
+/// Removes the fields [`claims_client`] names (an untrusted peer's claims
+/// about the client), keeping floodgate's own `X-Forwarded-*`.
+fn strip_client_claims(headers: &mut HeaderMap) {
+    let gone: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            claims_client(name.as_str())
+                && *name != X_FORWARDED_FOR
+                && *name != X_FORWARDED_PROTO
+                && *name != X_FORWARDED_HOST
+        })
+        .cloned()
+        .collect();
+    for name in gone {
+        headers.remove(name);
+    }
 }
 
 static VIA_1_0: HeaderValue = HeaderValue::from_static("1.0 floodgate");
