@@ -251,7 +251,12 @@ impl Forwarder {
                 // was malformed, or it went away while sending it.
                 Some(ClientBodyError::TimedOut(after)) => {
                     self.timeouts.count(Phase::ClientBody);
-                    tracing::info!(upstream = %upstream.target, ?after, "the request body stalled");
+                    tracing::info!(
+                        fault = "client",
+                        ?after,
+                        forwarding_to = %upstream.target,
+                        "the client stopped sending its request body (408)"
+                    );
                     Refusal::client(
                         StatusCode::REQUEST_TIMEOUT,
                         "the request body stopped arriving within client_body_timeout",

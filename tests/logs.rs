@@ -143,3 +143,61 @@ fn a_floodgate_log_that_names_no_level_is_refused_at_start() {
         .expect("run floodgate");
     assert_eq!(output.status.code(), Some(0));
 }
+
+/// A client that stops sending its request body is the client's fault, and
+/// the log line says so: it is not written as the upstream's trouble.
+#[tokio::test]
+async fn a_stalled_request_body_is_logged_as_the_clients_fault() {
+    let upstream = support::Upstream::start().await;
+    let port = free_port();
+    let dir = temp_dir("stalled-body-log");
+    let config = dir.join("floodgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[server]
+listen = "127.0.0.1:{port}"
+drain_delay = "0s"
+client_body_timeout = "300ms"
+
+[[routes]]
+name = "upload"
+upstream = "{}"
+"#,
+            upstream.url()
+        ),
+    )
+    .expect("write config");
+    let log = dir.join("floodgate.log");
+    let mut process =
+        FloodgateProcess::spawn_logging(&config, port, &[], &["--log-format", "json"], &log).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n0123456789")
+        .await
+        .expect("write");
+    let mut answer = vec![0u8; 1024];
+    let n = s.read(&mut answer).await.expect("read");
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 408 "),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    process.signal("-TERM");
+    assert_eq!(process.exit_code().await, Some(0));
+
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    let lines = json_lines(&text);
+    let stalled = lines
+        .iter()
+        .find(|l| l["fault"] == "client")
+        .unwrap_or_else(|| panic!("no line naming the client's fault:\n{text}"));
+    assert_eq!(
+        stalled["message"],
+        "the client stopped sending its request body (408)"
+    );
+    assert!(stalled.get("upstream").is_none(), "{stalled}");
+    let _ = std::fs::remove_dir_all(dir);
+}

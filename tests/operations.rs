@@ -442,6 +442,10 @@ async fn metrics_come_in_both_formats_with_help_process_and_build_series() {
         .admin()
         .route(Route::new("proxied").upstream(&upstream.url()))
         .toml();
+    // Floodgate runs in this test's process, which started before now.
+    let before_start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     let gate = Floodgate::start(&toml).await;
     let client = TestClient::http1();
     assert_eq!(client.get(&gate.url("/x"), &[]).await.status, 200);
@@ -486,7 +490,12 @@ async fn metrics_come_in_both_formats_with_help_process_and_build_series() {
     assert!(value(&m, "process_open_fds{}") > 0.0);
     assert!(value(&m, "process_resident_memory_bytes{}") > 1_000_000.0);
     assert!(value(&m, "process_max_fds{}") >= value(&m, "process_open_fds{}"));
-    assert!(value(&m, "process_start_time_seconds{}") > 1.7e9);
+    // When the process started, not when its registry was made.
+    let started = value(&m, "process_start_time_seconds{}");
+    assert!(
+        started > 1.7e9 && started <= before_start,
+        "process_start_time_seconds {started}, floodgate started at {before_start}"
+    );
     assert!(
         text.contains(r#"floodgate_upstream_seconds_bucket{le="300.0",route="proxied"} 1"#),
         "{text}"

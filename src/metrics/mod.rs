@@ -232,7 +232,7 @@ impl Metrics {
         let upstream_responses = Family::default();
         registry.register(
             "floodgate_upstream_responses",
-            "Upstream responses by route and status class (1xx to 5xx; 502 and 504 are floodgate's own)",
+            "The upstream's own answers by route and status class (1xx to 5xx); floodgate's 502, 504 and 4xx answers are in floodgate_refusals",
             upstream_responses.clone(),
         );
         let upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram> =
@@ -557,7 +557,8 @@ impl RouteMetrics {
         self.outcomes[outcome as usize].inc();
     }
 
-    /// Records an upstream answer (or floodgate's 400/502/504 in its place).
+    /// Records an upstream's own answer (floodgate's refusals are counted
+    /// apart).
     pub fn upstream(&self, status: u16, took: Duration) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.upstream_classes[class].inc();

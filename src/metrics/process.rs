@@ -9,21 +9,48 @@ use prometheus_client::metrics::gauge::ConstGauge;
 /// The standard `process_*` metrics, read from `/proc` at each scrape.
 #[derive(Debug)]
 pub(super) struct Process {
-    /// When it started, in seconds since the Unix epoch.
+    /// When the process started, in seconds since the Unix epoch.
     started: f64,
+    /// Clock ticks per second, as `/proc/self/stat` counts them
+    /// (`sysconf(_SC_CLK_TCK)`).
+    ticks_per_second: f64,
 }
 
 impl Process {
     pub(super) fn new() -> Self {
-        let started = std::time::SystemTime::now()
+        let ticks_per_second = rustix::param::clock_ticks_per_second().max(1) as f64;
+        let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        Self { started }
+        Self {
+            started: start_time(ticks_per_second).unwrap_or(now),
+            ticks_per_second,
+        }
     }
 }
 
-/// Clock ticks per second in `/proc/self/stat` (`USER_HZ`, 100 on Linux).
-const TICKS_PER_SECOND: f64 = 100.0;
+/// The fields of `/proc/self/stat` after the command (which is in
+/// parentheses and may hold spaces): the 3rd field of the file is the
+/// first of these.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// When this process started, in seconds since the Unix epoch: the boot
+/// time (`btime` of `/proc/stat`) plus the process's start in clock ticks
+/// since boot (the 22nd field of `/proc/self/stat`).
+fn start_time(ticks_per_second: f64) -> Option<f64> {
+    let boot = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot: f64 = boot
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let since_boot: f64 = stat_fields(&stat)?.get(19)?.parse().ok()?;
+    Some(boot + since_boot / ticks_per_second)
+}
 
 impl Collector for Process {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -32,10 +59,9 @@ impl Collector for Process {
         let cpu = std::fs::read_to_string("/proc/self/stat")
             .ok()
             .and_then(|stat| {
-                let after = stat.rsplit_once(')')?.1;
-                let fields: Vec<&str> = after.split_whitespace().collect();
+                let fields = stat_fields(&stat)?;
                 let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-                Some((ticks(11)? + ticks(12)?) as f64 / TICKS_PER_SECOND)
+                Some((ticks(11)? + ticks(12)?) as f64 / self.ticks_per_second)
             });
         if let Some(cpu) = cpu {
             let family = encoder.encode_descriptor(
