@@ -172,11 +172,15 @@ impl From<crate::routes::PathError> for Refusal {
 
 impl From<crate::client::ClientError> for Refusal {
     fn from(e: crate::client::ClientError) -> Self {
-        let status = match e {
-            crate::client::ClientError::Token(_) => StatusCode::UNAUTHORIZED,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        Self::client(status, e.to_string())
+        use crate::client::ClientError;
+        match e {
+            ClientError::TooManyFailures(wait_ms) => Self {
+                retry_after_ms: Some(wait_ms),
+                ..Self::client(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+            },
+            ClientError::Token(_) => Self::client(StatusCode::UNAUTHORIZED, e.to_string()),
+            _ => Self::client(StatusCode::BAD_REQUEST, e.to_string()),
+        }
     }
 }
 

@@ -743,3 +743,118 @@ async fn composite_keys_take_any_number_of_parts_including_one() {
     assert_eq!(get("/shops/2/cart", "a").await, 200);
     assert_eq!(get("/shops/1/cart", "b").await, 200);
 }
+
+/// The answers to `n` requests carrying the tokens `make` gives, one after
+/// another on one connection.
+async fn flood(
+    client: &TestClient,
+    url: &str,
+    n: usize,
+    make: impl Fn(usize) -> String,
+) -> Vec<Answer> {
+    let mut answers = Vec::with_capacity(n);
+    for i in 0..n {
+        answers.push(bearer(client, url, &make(i)).await);
+    }
+    answers
+}
+
+/// A flood of forged ES256 tokens from one address is refused without a
+/// signature check past `failures_per_minute` failures (so it costs about
+/// what as many plain denials cost: `bench/forged_tokens.sh` measures the
+/// CPU), while a client whose token was verified is still served. A token
+/// with a `crit` extension floodgate does not understand is refused.
+#[tokio::test]
+async fn forged_tokens_are_limited_per_address_before_they_cost_a_check() {
+    let upstream = Upstream::start().await;
+    let dir = temp_dir("forged-tokens");
+    let rng = SystemRandom::new();
+    let ec_pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+        .expect("ec key");
+    let ec = EcdsaKeyPair::from_pkcs8(
+        &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        ec_pkcs8.as_ref(),
+        &rng,
+    )
+    .expect("ec pair");
+    let point = ec.public_key().as_ref();
+    let jwks = format!(
+        r#"{{"keys":[{{"kty":"EC","crv":"P-256","kid":"k1","alg":"ES256","use":"sig","x":"{}","y":"{}"}}]}}"#,
+        b64(&point[1..33]),
+        b64(&point[33..65])
+    );
+    std::fs::write(dir.join("jwks.json"), jwks).expect("write jwks");
+    let port = support::free_port();
+    let config = Config::new()
+        .listen_on(port)
+        .route(
+            on("api", "/", &upstream)
+                .line(&format!(
+                    r#"client = {{ from = "jwt", claim = "sub", algorithm = "ES256", jwks_file = "{}", missing = "reject", failures_per_minute = 20 }}"#,
+                    dir.join("jwks.json").display()
+                ))
+                .limit("fixed_window", 2, "1h"),
+        )
+        .write("forged-tokens");
+    let gate = support::FloodgateProcess::spawn(&config, port).await;
+    let url = gate.url("/orders");
+    let client = TestClient::http1();
+    let es256 = |header: &str, claims: &str| {
+        token(header, claims, |input| {
+            ec.sign(&rng, input).expect("ec sign").as_ref().to_vec()
+        })
+    };
+    let claims_of = |sub: &str| format!(r#"{{"sub":"{sub}","exp":{}}}"#, now() + 3600);
+    let header = r#"{"alg":"ES256","kid":"k1"}"#;
+
+    // A critical extension floodgate does not understand: refused.
+    let crit = es256(
+        r#"{"alg":"ES256","kid":"k1","crit":["exp-ext"],"exp-ext":1}"#,
+        &claims_of("carol"),
+    );
+    assert_eq!(bearer(&client, &url, &crit).await.status, 401);
+
+    // Erin's token is verified before the flood.
+    let erin = es256(header, &claims_of("erin"));
+    assert_eq!(bearer(&client, &url, &erin).await.status, 200);
+
+    // Plain denials: Dave's own token, past his limit of 2.
+    let dave = es256(header, &claims_of("dave"));
+    for _ in 0..2 {
+        assert_eq!(bearer(&client, &url, &dave).await.status, 200);
+    }
+    let denied = flood(&client, &url, 2_000, |_| dave.clone()).await;
+    assert!(denied.iter().all(|a| a.status == 429));
+
+    // Forged: each token new, its signature random. The budget had one
+    // failure already (the crit token); 19 more are checked and refused,
+    // the rest refused unchecked with Retry-After until the minute ends.
+    let forged_token = |i: usize| {
+        let input = format!(
+            "{}.{}",
+            b64(header.as_bytes()),
+            b64(claims_of(&format!("mallory-{i}")).as_bytes())
+        );
+        let mut sig = [0u8; 64];
+        ring::rand::SecureRandom::fill(&rng, &mut sig).expect("random");
+        format!("{input}.{}", b64(&sig))
+    };
+    let refused = flood(&client, &url, 2_000, forged_token).await;
+    let unauthorized = refused.iter().take_while(|a| a.status == 401).count();
+    assert_eq!(unauthorized, 19, "checked before the budget was spent");
+    for answer in &refused[19..] {
+        assert_eq!(answer.status, 429);
+        let wait: u64 = answer
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .expect("Retry-After");
+        assert!((1..=60).contains(&wait), "Retry-After {wait}");
+    }
+
+    // Erin, whose token was verified, is still served.
+    assert_eq!(bearer(&client, &url, &erin).await.status, 200);
+    // A new genuine token from the same address waits for the minute.
+    let frank = es256(header, &claims_of("frank"));
+    assert_eq!(bearer(&client, &url, &frank).await.status, 429);
+    let _ = std::fs::remove_dir_all(dir);
+}

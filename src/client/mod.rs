@@ -20,9 +20,11 @@ use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 
 mod address;
+mod failures;
 mod id;
 
 pub use address::{client_address, is_in};
+pub use failures::Failures;
 pub use id::{ClientId, sha256};
 pub(crate) use id::{hex, keyed_digest, process_key};
 
@@ -45,6 +47,10 @@ pub struct ClientRule {
     pub max_len: usize,
     /// What to do with a longer one.
     pub too_long: TooLong,
+    /// On a route that rejects requests without a valid bearer token: how
+    /// many failed credentials each address may send a minute before its
+    /// unknown tokens are refused without a signature check.
+    pub failures: Option<std::sync::Arc<Failures>>,
 }
 
 /// What a rule does when its header comes in several lines or as a list.
@@ -149,6 +155,11 @@ pub enum ClientError {
     /// token is missing, invalid or lacks the claim.
     #[error("this route requires a valid bearer token: {0}")]
     Token(crate::jwt::TokenError),
+    /// The address sent more failed credentials this minute than the
+    /// route checks; its unknown tokens are refused unchecked for this
+    /// many milliseconds.
+    #[error("too many failed credentials from this address; retry when the minute ends")]
+    TooManyFailures(u64),
 }
 
 impl ClientRule {
@@ -161,6 +172,7 @@ impl ClientRule {
             repeated: Repeated::Reject,
             max_len: DEFAULT_MAX_CLIENT_ID,
             too_long: TooLong::Reject,
+            failures: None,
         }
     }
 
@@ -260,12 +272,13 @@ impl ClientRule {
                     ClientId::header(segment)
                 })
             }
-            Part::Claim(rule) => match rule.claim(headers) {
+            Part::Claim(rule) => match self.claim(rule, headers, peer, trusted) {
                 Ok(value) if value.len() <= self.max_len => Ok(ClientId::Header(value.into())),
                 Ok(value) => Ok(ClientId::digest_of(value)),
+                Err(e @ ClientError::TooManyFailures(_)) => Err(e),
                 Err(e) => match self.missing {
                     MissingHeader::Fallback => Ok(address(client_address(headers, peer, trusted))),
-                    MissingHeader::Reject => Err(ClientError::Token(e)),
+                    MissingHeader::Reject => Err(e),
                 },
             },
             Part::Header(name) => {
@@ -286,6 +299,37 @@ impl ClientRule {
                         MissingHeader::Reject => Err(ClientError::MissingHeader(name.clone())),
                     },
                 }
+            }
+        }
+    }
+
+    /// The verified claim of the request's token under `rule`. With a
+    /// failure budget, a failure is counted against the client's address,
+    /// and an address past its budget has tokens not already known to be
+    /// valid refused without a signature check.
+    fn claim(
+        &self,
+        rule: &crate::jwt::ClaimRule,
+        headers: &HeaderMap,
+        peer: IpAddr,
+        trusted: &[IpNet],
+    ) -> Result<Vec<u8>, ClientError> {
+        let Some(failures) = &self.failures else {
+            return rule.claim(headers).map_err(ClientError::Token);
+        };
+        let address = client_address(headers, peer, trusted);
+        let now_ms = crate::clock::now_ms();
+        let mut spent = None;
+        let claimed = rule.claim_if(headers, now_ms / 1000, || {
+            spent = failures.spent(address, now_ms);
+            spent.is_none()
+        });
+        match (claimed, spent) {
+            (Ok(claim), _) => Ok(claim),
+            (Err(_), Some(wait)) => Err(ClientError::TooManyFailures(wait)),
+            (Err(e), None) => {
+                failures.count(address, now_ms);
+                Err(ClientError::Token(e))
             }
         }
     }

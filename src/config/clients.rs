@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::client::{ClientRule, MissingHeader, Part, Repeated, TooLong};
+use crate::client::{ClientRule, Failures, MissingHeader, Part, Repeated, TooLong};
 use crate::jwt::{self, ClaimRule};
 use crate::routes::Template;
 
@@ -31,7 +31,12 @@ pub(super) struct ClientModel {
     issuer: Option<Spanned<String>>,
     audience: Option<Spanned<String>>,
     leeway: Option<Spanned<String>>,
+    failures_per_minute: Option<Spanned<i64>>,
 }
+
+/// Failed credentials an address may send a minute on a route that
+/// rejects requests without a valid token, by default.
+const DEFAULT_FAILURES_PER_MINUTE: usize = 20;
 
 /// Clock skew tolerated on a token's `exp` and `nbf` by default.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(30);
@@ -201,13 +206,32 @@ impl Validator<'_> {
                 "a header part",
             );
         }
+        let missing = missing?;
+        let checks_tokens =
+            missing == MissingHeader::Reject && parts.iter().any(|p| matches!(p, Part::Claim(_)));
+        if !checks_tokens {
+            misplaced(
+                self,
+                "failures_per_minute",
+                m.failures_per_minute.as_ref().map(Spanned::span),
+                "a jwt part and missing = \"reject\"",
+            );
+        }
+        let failures = self.bounded(
+            m.failures_per_minute.as_ref(),
+            DEFAULT_FAILURES_PER_MINUTE,
+            0..=1_000_000,
+            "failures_per_minute must be a whole number from 0 (no limit) to 1000000",
+        )?;
         Some(ClientRule {
             parts,
-            missing: missing?,
+            missing,
             ipv6_prefix: ipv6_prefix?,
             repeated: repeated?,
             max_len,
             too_long,
+            failures: (checks_tokens && failures > 0)
+                .then(|| Arc::new(Failures::new(u32::try_from(failures).unwrap_or(u32::MAX)))),
         })
     }
 

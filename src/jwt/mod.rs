@@ -162,6 +162,13 @@ pub enum TokenError {
     /// The claim is absent, or not a string or a number.
     #[error("the token lacks the claim this route counts by")]
     Claim,
+    /// The header lists critical extensions (`crit`, RFC 7515 §4.1.11),
+    /// none of which floodgate understands.
+    #[error("the token names critical extensions that are not understood")]
+    Critical,
+    /// Not checked: the caller's budget for checks was spent.
+    #[error("the token was not checked")]
+    Unchecked,
 }
 
 #[derive(Deserialize)]
@@ -169,6 +176,9 @@ struct Header<'a> {
     alg: &'a str,
     #[serde(default)]
     kid: Option<String>,
+    /// Extensions the verifier must understand or refuse the token.
+    #[serde(default)]
+    crit: Option<serde::de::IgnoredAny>,
 }
 
 fn base64url(text: &[u8]) -> Result<Vec<u8>, TokenError> {
@@ -188,6 +198,18 @@ impl ClaimRule {
 
     /// [`ClaimRule::claim`] at `now`, in seconds since the Unix epoch.
     pub fn claim_at(&self, headers: &HeaderMap, now: u64) -> Result<Vec<u8>, TokenError> {
+        self.claim_if(headers, now, || true)
+    }
+
+    /// [`ClaimRule::claim_at`], asking `may_check` before a token not
+    /// already remembered as valid has its signature checked: when it says
+    /// no, the token is refused unchecked ([`TokenError::Unchecked`]).
+    pub fn claim_if(
+        &self,
+        headers: &HeaderMap,
+        now: u64,
+        may_check: impl FnOnce() -> bool,
+    ) -> Result<Vec<u8>, TokenError> {
         let mut values = headers.get_all(AUTHORIZATION).iter();
         let value = values.next().ok_or(TokenError::Missing)?;
         if values.next().is_some() {
@@ -223,6 +245,12 @@ impl ClaimRule {
             serde_json::from_slice(&header_json).map_err(|_| TokenError::Malformed)?;
         if header.alg != self.algorithm.name() {
             return Err(TokenError::Algorithm);
+        }
+        if header.crit.is_some() {
+            return Err(TokenError::Critical);
+        }
+        if !may_check() {
+            return Err(TokenError::Unchecked);
         }
         let signature = base64url(sig)?;
         let signed = &token[..head.len() + 1 + body.len()];
@@ -357,6 +385,44 @@ mod tests {
     }
 
     const NOW: u64 = 1_800_000_000;
+
+    #[test]
+    fn a_token_with_critical_extensions_is_refused() {
+        let r = rule();
+        let good = r#"{"sub":"alice","exp":1800000100,"iss":"idp","aud":"api"}"#;
+        let crit = hs256(
+            b"s3cret",
+            r#"{"alg":"HS256","crit":["exp-ext"],"exp-ext":1}"#,
+            good,
+        );
+        assert_eq!(r.claim_at(&bearer(&crit), NOW), Err(TokenError::Critical));
+    }
+
+    #[test]
+    fn only_tokens_not_yet_known_are_held_back_when_checks_are_refused() {
+        let r = rule();
+        let h = r#"{"alg":"HS256"}"#;
+        let known = hs256(
+            b"s3cret",
+            h,
+            r#"{"sub":"a","exp":1800000100,"iss":"idp","aud":"api"}"#,
+        );
+        let new = hs256(
+            b"s3cret",
+            h,
+            r#"{"sub":"b","exp":1800000100,"iss":"idp","aud":"api"}"#,
+        );
+        assert_eq!(r.claim_at(&bearer(&known), NOW), Ok(b"a".to_vec()));
+        assert_eq!(
+            r.claim_if(&bearer(&known), NOW, || false),
+            Ok(b"a".to_vec())
+        );
+        assert_eq!(
+            r.claim_if(&bearer(&new), NOW, || false),
+            Err(TokenError::Unchecked)
+        );
+        assert_eq!(r.claim_if(&bearer(&new), NOW, || true), Ok(b"b".to_vec()));
+    }
 
     #[test]
     fn a_valid_token_gives_its_claim_and_every_fault_is_named() {
