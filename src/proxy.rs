@@ -158,13 +158,16 @@ impl Forwarder {
                 SendError::NoUpgrade => member.count(Failure::Protocol),
                 SendError::Failed(_) | SendError::TimedOut => {}
             }
+            // Once more, to another endpoint when there is one; a request
+            // whose connection broke goes once more even to the same one.
+            let broke = matches!(failure.error, SendError::Failed(_));
             match failure.unsent {
-                Some(unsent) if tries == 0 && members.len() > 1 => {
+                Some(unsent) if tries == 0 && (members.len() > 1 || broke) => {
                     tries += 1;
                     tracing::debug!(
                         endpoint = %endpoint.target,
                         error = %failure.error,
-                        "upstream endpoint failed before the request was sent; trying another"
+                        "upstream endpoint failed before answering; sending the request once more"
                     );
                     chosen = group.pick(&members, Some(chosen));
                     member = &*members[chosen];

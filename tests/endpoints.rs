@@ -29,6 +29,8 @@ struct Endpoint {
     name: &'static str,
     port: u16,
     hits: Arc<AtomicUsize>,
+    /// The `POST`s among them.
+    posts: Arc<AtomicUsize>,
     healthy: Arc<AtomicBool>,
     task: Option<JoinHandle<()>>,
 }
@@ -44,8 +46,10 @@ impl Endpoint {
             .expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let hits = Arc::new(AtomicUsize::new(0));
+        let posts = Arc::new(AtomicUsize::new(0));
         let healthy = Arc::new(AtomicBool::new(true));
         let counter = Arc::clone(&hits);
+        let post_counter = Arc::clone(&posts);
         let health = Arc::clone(&healthy);
         let task = tokio::spawn(async move {
             // Connections live in this task's set: aborting it closes them.
@@ -55,6 +59,7 @@ impl Endpoint {
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
                         let counter = Arc::clone(&counter);
+                        let post_counter = Arc::clone(&post_counter);
                         let health = Arc::clone(&health);
                         connections.spawn(async move {
                             let service = service_fn(move |request: Request<Incoming>| {
@@ -66,6 +71,9 @@ impl Endpoint {
                                 };
                                 if !check {
                                     counter.fetch_add(1, Ordering::SeqCst);
+                                }
+                                if request.method() == hyper::Method::POST {
+                                    post_counter.fetch_add(1, Ordering::SeqCst);
                                 }
                                 async move {
                                     if request.uri().path() == "/slow" {
@@ -90,6 +98,7 @@ impl Endpoint {
             name,
             port,
             hits,
+            posts,
             healthy,
             task: Some(task),
         }
@@ -274,6 +283,85 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
     };
     assert!(sent(&on_a) >= a.hits() as f64, "{text}");
     assert!(sent(&on_b) > (b.hits() + b_again.hits()) as f64, "{text}");
+}
+
+/// GETs in flight to an endpoint that dies, on connections new and reused
+/// alike, are answered by the other endpoint; a `POST` in flight there gets
+/// `502` and is never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_gets_to_a_dying_endpoint_go_to_the_other_and_a_post_is_never_repeated() {
+    let a = Endpoint::start("a", 0).await;
+    let mut b = Endpoint::start("b", 0).await;
+    let toml = Config::new()
+        .upstream(
+            "pair",
+            &[
+                &format!(r#"endpoints = ["{}", "{}"]"#, a.url(), b.url()),
+                r#"balance = "round_robin""#,
+            ],
+        )
+        .route(Route::new("all").upstream("pair"))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    // Four connections to each endpoint are pooled; the twenty GETs below
+    // take those and open new ones.
+    let warm = requests(&gate, "/warm", 8, 8).await;
+    assert!(warm.iter().all(|(s, _)| *s == 200), "{warm:?}");
+    let client = TestClient::http1();
+    let mut calls = JoinSet::new();
+    for i in 0..20 {
+        let (client, url) = (client.clone(), gate.url(&format!("/slow?get={i}")));
+        calls.spawn(async move {
+            let answer = client.get(&url, &[]).await;
+            ("GET", answer.status.as_u16(), answer.text())
+        });
+    }
+    for i in 0..4 {
+        let (client, url) = (client.clone(), gate.url(&format!("/slow?post={i}")));
+        calls.spawn(async move {
+            let request = hyper::Request::post(&url)
+                .body(support::text_body("order"))
+                .expect("request");
+            let answer = client.send(request).await;
+            ("POST", answer.status.as_u16(), answer.text())
+        });
+    }
+    // Every request has reached its endpoint before b dies.
+    while a.hits() + b.hits() < 8 + 24 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (posts_on_a, posts_on_b) = (
+        a.posts.load(Ordering::SeqCst),
+        b.posts.load(Ordering::SeqCst),
+    );
+    b.kill().await;
+    let mut answers = Vec::new();
+    while let Some(done) = calls.join_next().await {
+        answers.push(done.expect("call"));
+    }
+    let gets: Vec<_> = answers.iter().filter(|(m, _, _)| *m == "GET").collect();
+    assert!(
+        gets.iter()
+            .all(|(_, status, body)| *status == 200 && body == "a"),
+        "a GET was lost with the endpoint: {gets:?}"
+    );
+    let posts: Vec<_> = answers.iter().filter(|(m, _, _)| *m == "POST").collect();
+    assert!(
+        posts_on_b >= 1,
+        "no POST was in flight on b ({posts_on_a} on a)"
+    );
+    assert_eq!(
+        posts.iter().filter(|(_, status, _)| *status == 502).count(),
+        posts_on_b,
+        "{posts:?}"
+    );
+    assert_eq!(
+        posts.iter().filter(|(_, status, _)| *status == 200).count(),
+        posts_on_a,
+        "{posts:?}"
+    );
+    // None was sent twice: a saw only its own.
+    assert_eq!(a.posts.load(Ordering::SeqCst), posts_on_a);
 }
 
 /// The admin listener's `/metrics` text.

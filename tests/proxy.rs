@@ -703,7 +703,7 @@ async fn a_pooled_connection_the_upstream_closed_while_idle_is_not_used() {
 }
 
 #[tokio::test]
-async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe() {
+async fn a_connection_closed_before_an_answer_is_retried_once_and_only_if_safe() {
     // Connections that close on a request without answering it: the race
     // between a keep-alive upstream closing an idle connection and a
     // request arriving on it, made to happen every time. Answers are taken
@@ -712,6 +712,12 @@ async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe
         (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst", false),
         (b"", true),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nagain", false),
+        (b"", true),
+        (b"", true),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nrenewed",
+            false,
+        ),
         (b"", true),
         (b"", true),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nafter", false),
@@ -738,15 +744,18 @@ async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe
         .await;
     assert_eq!(post.status, 502);
     assert_eq!(upstream.connections(), 2, "the POST was not sent again");
-    // Nor is a request whose connection was new: that upstream is failing.
-    let new = client.get(&gate.url("/new"), &[]).await;
-    assert_eq!(new.status, 502);
-    assert_eq!(
-        upstream.connections(),
-        3,
-        "the GET on a new connection was not sent again"
-    );
+    // A GET whose new connection broke before any answer goes once more,
+    // as one on a reused connection does.
+    let renewed = client.get(&gate.url("/new"), &[]).await;
+    assert_eq!(renewed.status, 200);
+    assert_eq!(renewed.text(), "renewed");
+    assert_eq!(upstream.connections(), 4);
+    // Once more, and no more: a GET failing twice is a 502.
+    let twice = client.get(&gate.url("/twice"), &[]).await;
+    assert_eq!(twice.status, 502);
+    assert_eq!(upstream.connections(), 5, "the GET was sent at most twice");
     assert_eq!(client.get(&gate.url("/after"), &[]).await.text(), "after");
+    assert_eq!(upstream.connections(), 6);
     // A HEAD goes again as a HEAD: its answer has no body to wait for.
     let head = tokio::time::timeout(
         Duration::from_secs(5),
@@ -760,10 +769,10 @@ async fn a_pooled_connection_closed_as_a_request_arrives_is_retried_only_if_safe
     .expect("the HEAD is answered at once");
     assert_eq!(head.status, 200);
     assert_eq!(head.text(), "");
-    assert_eq!(upstream.connections(), 5);
+    assert_eq!(upstream.connections(), 7);
     // The connection the HEAD went on again is reused, in step.
     assert_eq!(client.get(&gate.url("/last"), &[]).await.text(), "last");
-    assert_eq!(upstream.connections(), 5);
+    assert_eq!(upstream.connections(), 7);
 }
 
 #[tokio::test]

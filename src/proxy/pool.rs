@@ -60,7 +60,8 @@ pub enum SendError {
 pub struct SendFailure {
     /// What went wrong.
     pub error: SendError,
-    /// The request, never written.
+    /// The request, when it may go again: never written, or a bodiless
+    /// idempotent request whose connection broke before any answer.
     pub unsent: Option<Box<(Head, RequestBody)>>,
 }
 
@@ -285,17 +286,43 @@ struct Attempt<'a> {
 /// more on a new connection.
 enum Failure {
     Final(SendError),
-    /// Boxed: rare, and large beside the other.
+    /// A pooled connection closed as the request arrived: send it again on
+    /// a new one. Boxed: rare, and large beside the other.
     Again(Box<(Head, RequestBody)>, hyper::Error),
+    /// A new connection broke before any answer to a request that may go
+    /// again (bodiless, idempotent): the caller may send it elsewhere.
+    Elsewhere(Box<(Head, RequestBody)>, hyper::Error),
 }
 
 impl Failure {
     fn into_error(self) -> SendError {
         match self {
             Self::Final(e) => e,
-            Self::Again(_, e) => SendError::Failed(e),
+            Self::Again(_, e) | Self::Elsewhere(_, e) => SendError::Failed(e),
         }
     }
+}
+
+/// Whether `error` says the connection went away before an answer came
+/// (closed or reset), rather than that the upstream answered wrongly.
+fn broke_off(error: &hyper::Error) -> bool {
+    if error.is_incomplete_message() || error.is_closed() {
+        return true;
+    }
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// What [`Pool::send`] got back.
@@ -346,6 +373,10 @@ impl Pool {
         match self.send_on(sender, head, body, attempt).await {
             Ok(exchange) => Ok(exchange),
             Err(Failure::Final(e)) => Err(e.into()),
+            Err(Failure::Elsewhere(again, error)) => Err(SendFailure {
+                error: SendError::Failed(error),
+                unsent: Some(again),
+            }),
             Err(Failure::Again(again, error)) => {
                 let (head, body) = *again;
                 tracing::debug!(
@@ -400,8 +431,7 @@ impl Pool {
             Sender::Http1(sender) => sender,
         };
         // Kept to send again only if it may be: idempotent, no body.
-        let again =
-            (pooled && idempotent(&head.method) && body.is_end_stream()).then(|| head.clone());
+        let again = (idempotent(&head.method) && body.is_end_stream()).then(|| head.clone());
         let request = head.request(Wire::Http1, upstream, body);
         let mut error = match sender.try_send_request(request).await {
             Ok(response) => return Ok(self.exchange(response, sender, upgrade, now)),
@@ -413,7 +443,12 @@ impl Pool {
                 Box::new(Head::of(request)),
                 error.into_error(),
             )),
-            (None, Some(head)) if error.error().is_incomplete_message() => Err(Failure::Again(
+            (None, Some(head)) if pooled && error.error().is_incomplete_message() => Err(
+                Failure::Again(Box::new((head, RequestBody::empty())), error.into_error()),
+            ),
+            // A new connection that broke before any answer: the endpoint
+            // is likely going away, so the request goes elsewhere.
+            (None, Some(head)) if !pooled && broke_off(error.error()) => Err(Failure::Elsewhere(
                 Box::new((head, RequestBody::empty())),
                 error.into_error(),
             )),
