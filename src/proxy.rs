@@ -209,14 +209,19 @@ impl Forwarder {
             );
         }
         let body_timeouts = self.timeouts.counter(Phase::UpstreamBody).clone();
-        let response = response.map(|body| {
-            Either::Left(UpstreamBody::new(
-                body,
-                endpoint.body_timeout,
-                release,
-                body_timeouts,
-            ))
-        });
+        let (parts, body) = response.into_parts();
+        let mut body = UpstreamBody::new(body, endpoint.body_timeout, release, body_timeouts);
+        if reads_first(&request.method, &parts) {
+            if let Err(e) = body.read_first(FIRST_BYTES_WAIT).await {
+                member.count(Failure::Protocol);
+                tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer broke off before any of it was sent");
+                return Err(Refusal::upstream(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream's answer broke off before any of it was sent",
+                ));
+            }
+        }
+        let response = Response::from_parts(parts, Either::Left(body));
         Ok((response, Arc::clone(&members[chosen])))
     }
 
@@ -285,6 +290,27 @@ impl Forwarder {
             },
         }
     }
+}
+
+/// The longest an answer's head waits for its body's first bytes, which
+/// come with it in most answers (see [`reads_first`]).
+const FIRST_BYTES_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether an answer's body is read up to its first bytes before its head
+/// goes out, so that a body broken from its start is a `502` rather than a
+/// connection cut with nothing sent: any answer with a body, except a
+/// switch of protocols and an event stream (whose head the client wants
+/// at once, however long its first event takes).
+fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
+    let status = head.status;
+    *method != http::Method::HEAD
+        && !status.is_informational()
+        && status != StatusCode::NO_CONTENT
+        && status != StatusCode::NOT_MODIFIED
+        && !head
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// `send`'s outcome, unless the upstream's response head is later than

@@ -775,6 +775,87 @@ async fn a_connection_closed_before_an_answer_is_retried_once_and_only_if_safe()
     assert_eq!(upstream.connections(), 7);
 }
 
+/// An upstream answer whose body breaks before its first byte (a chunk
+/// size that is not hexadecimal, or that overflows) is floodgate's `502`,
+/// and the client's connection goes on: a second request on it is
+/// answered. One that breaks after its first chunk has its head and that
+/// chunk relayed, then is cut.
+#[tokio::test]
+async fn an_answer_broken_before_its_first_byte_is_a_502_and_the_connection_goes_on() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream =
+        ScriptedUpstream::start(vec![
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", true),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nsecond", false),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nffffffffffffffffff\r\nhello\r\n",
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n",
+            true,
+        ),
+    ])
+        .await;
+    let gate = Floodgate::start(&proxy_config(&format!("http://{}", upstream.addr))).await;
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    // Two requests pipelined on one connection.
+    s.write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answers = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answers).contains("second") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("answers, not silence")
+            .expect("read");
+        assert!(
+            n > 0,
+            "connection closed after: {}",
+            String::from_utf8_lossy(&answers)
+        );
+        answers.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&answers);
+    assert!(text.starts_with("HTTP/1.1 502 "), "{text}");
+    assert!(
+        text.contains("broke off before any of it was sent"),
+        "{text}"
+    );
+    assert!(text.contains("HTTP/1.1 200 OK"), "{text}");
+    // A chunk size that overflows: the same.
+    let client = TestClient::http1();
+    assert_eq!(client.get(&gate.url("/overflow"), &[]).await.status, 502);
+    // A good chunk first: head and chunk relayed, then cut.
+    let mut s = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    s.write_all(b"GET /late HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut late = Vec::new();
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("an answer, then a close")
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        late.extend_from_slice(&buf[..n]);
+    }
+    let late = String::from_utf8_lossy(&late);
+    assert!(late.starts_with("HTTP/1.1 200 OK"), "{late}");
+    assert!(late.contains("hello"), "{late}");
+    assert!(
+        !late.ends_with("0\r\n\r\n"),
+        "a cut body must not look complete: {late}"
+    );
+}
+
 #[tokio::test]
 async fn a_malformed_request_body_is_the_clients_fault() {
     use tokio::io::AsyncWriteExt;

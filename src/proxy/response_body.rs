@@ -34,6 +34,8 @@ pub struct UpstreamBody {
     timeouts: Counter,
     /// The HTTP/1.1 connection it came on, back to its pool at the end.
     release: Option<Release>,
+    /// The first frame, read before the answer went out.
+    first: Option<Frame<Bytes>>,
 }
 
 impl UpstreamBody {
@@ -51,19 +53,55 @@ impl UpstreamBody {
             idle: IdleTimer::new(idle),
             timeouts,
             release,
+            first: None,
         }
     }
-}
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = UpstreamBodyError;
+    /// Reads the body's first frame before any of the answer goes out,
+    /// waiting at most `within`, so that a body that breaks before its
+    /// first byte is the caller's `502` rather than a connection cut with
+    /// nothing sent. A frame read is sent first; one still on its way after
+    /// `within` is streamed as usual.
+    pub async fn read_first(&mut self, within: Duration) -> Result<(), UpstreamBodyError> {
+        if self.inner.is_end_stream() {
+            return Ok(());
+        }
+        // Most answers' first bytes came with their head and are decoded
+        // by the connection's task once asked for: a turn of the scheduler
+        // finds them, and only the rest pay for a timer.
+        let mut tries = 0;
+        let quick = std::future::poll_fn(|cx| match self.poll_inner(cx) {
+            Poll::Ready(read) => Poll::Ready(Some(read)),
+            Poll::Pending if tries < 2 => {
+                tries += 1;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        let read = match quick {
+            Some(read) => Some(read),
+            None => tokio::time::timeout(within, std::future::poll_fn(|cx| self.poll_inner(cx)))
+                .await
+                .ok(),
+        };
+        match read {
+            Some(Some(Ok(frame))) => {
+                self.first = Some(frame);
+                Ok(())
+            }
+            Some(Some(Err(e))) => Err(e),
+            // The body ended, or its first bytes are still on their way.
+            Some(None) | None => Ok(()),
+        }
+    }
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
+    fn poll_inner(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
-        let this = &mut *self;
+        let this = self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.idle.moved();
@@ -99,13 +137,43 @@ impl Body for UpstreamBody {
             }
         }
     }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = UpstreamBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
+        if let Some(frame) = self.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        self.poll_inner(cx)
+    }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.first.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let hint = self.inner.size_hint();
+        let Some(len) = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map(Bytes::len)
+        else {
+            return hint;
+        };
+        let len = len as u64;
+        let mut with_first = SizeHint::new();
+        with_first.set_lower(hint.lower() + len);
+        if let Some(upper) = hint.upper() {
+            with_first.set_upper(upper + len);
+        }
+        with_first
     }
 }
 
