@@ -211,15 +211,15 @@ impl Forwarder {
         let body_timeouts = self.timeouts.counter(Phase::UpstreamBody).clone();
         let (parts, body) = response.into_parts();
         let mut body = UpstreamBody::new(body, endpoint.body_timeout, release, body_timeouts);
-        if reads_first(&request.method, &parts) {
-            if let Err(e) = body.read_first(FIRST_BYTES_WAIT).await {
-                member.count(Failure::Protocol);
-                tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer broke off before any of it was sent");
-                return Err(Refusal::upstream(
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream's answer broke off before any of it was sent",
-                ));
-            }
+        if reads_first(&request.method, &parts)
+            && let Err(e) = body.read_first(FIRST_BYTES_WAIT).await
+        {
+            member.count(Failure::Protocol);
+            tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer broke off before any of it was sent");
+            return Err(Refusal::upstream(
+                StatusCode::BAD_GATEWAY,
+                "the upstream's answer broke off before any of it was sent",
+            ));
         }
         let response = Response::from_parts(parts, Either::Left(body));
         Ok((response, Arc::clone(&members[chosen])))
