@@ -152,6 +152,9 @@ impl Config {
         if a.max_connections != b.max_connections {
             out.push("max_connections");
         }
+        if a.http2_max_concurrent_streams != b.http2_max_concurrent_streams {
+            out.push("http2_max_concurrent_streams");
+        }
         if self.store != new.store {
             out.push("store");
         }
@@ -188,6 +191,17 @@ pub struct Server {
     /// Largest request body forwarded, in bytes, unless a route says
     /// otherwise (413 past it); `None`: no limit.
     pub max_request_body: Option<u64>,
+    /// Request bodies up to this many bytes are read whole before an
+    /// upstream connection is taken (0: every body streams).
+    pub request_buffer: u64,
+    /// A request body that arrives slower than this on average, in bytes a
+    /// second, after `client_body_min_rate_after`, is the client's 408 (0:
+    /// no minimum).
+    pub client_body_min_rate: u64,
+    /// How long a request body may arrive at any rate.
+    pub client_body_min_rate_after: Duration,
+    /// Concurrent streams an HTTP/2 client connection may open.
+    pub http2_max_concurrent_streams: u32,
     /// How long in-flight requests may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
     /// After SIGTERM, how long `/readyz` answers 503 while new connections

@@ -51,6 +51,14 @@ use settings::Endpoint;
 pub struct ClientSide {
     /// A request body that sends nothing for this long is the client's 408.
     pub body: Duration,
+    /// Request bodies up to this many bytes are read whole before an
+    /// upstream connection is taken; 0: every body streams.
+    pub buffer: u64,
+    /// The slowest a request body may arrive on average, in bytes a second,
+    /// once `min_rate_after` has passed (0: no minimum): the client's 408.
+    pub min_rate: u64,
+    /// How long a request body may arrive at any rate.
+    pub min_rate_after: Duration,
     /// A request body larger than this many bytes is the client's 413.
     pub max_body: Option<u64>,
     /// An upgraded connection on which neither side sends anything for this
@@ -118,7 +126,14 @@ impl Forwarder {
             target: path_and_query,
             headers,
         };
-        let (mut body, sent) = RequestBody::new(body, timeouts.body, timeouts.max_body);
+        let (mut body, sent) = RequestBody::new(body, &timeouts);
+        // A small body is read whole before an upstream connection is
+        // taken: a slow upload holds no upstream connection.
+        if timeouts.buffer > 0
+            && let Err(e) = body.read_ahead(timeouts.buffer).await
+        {
+            return Err(self.client_body_refusal(&e, None));
+        }
         // A request none of which was written goes once more, to another
         // endpoint; it is still one request against the route's limits.
         let mut tries = 0;
@@ -225,6 +240,56 @@ impl Forwarder {
         Ok((response, Arc::clone(&members[chosen])))
     }
 
+    /// The client's fault, not the upstream's: its body stalled, arrived too
+    /// slowly, was too large or malformed, or it went away while sending
+    /// it (while being forwarded to `upstream`, or read ahead of that).
+    fn client_body_refusal(&self, error: &ClientBodyError, upstream: Option<&Endpoint>) -> Refusal {
+        let forwarding_to = upstream.map_or("", |u| &u.target);
+        match error {
+            ClientBodyError::TimedOut(after) => {
+                self.timeouts.count(Phase::ClientBody);
+                tracing::info!(
+                    fault = "client",
+                    ?after,
+                    forwarding_to,
+                    "the client stopped sending its request body (408)"
+                );
+                Refusal::client(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body stopped arriving within client_body_timeout",
+                )
+            }
+            ClientBodyError::TooSlow(rate) => {
+                self.timeouts.count(Phase::ClientBody);
+                tracing::info!(
+                    fault = "client",
+                    rate,
+                    forwarding_to,
+                    "the client sent its request body too slowly (408)"
+                );
+                Refusal::client(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "the request body arrived slower than client_body_min_rate ({rate} bytes a second)"
+                    ),
+                )
+            }
+            ClientBodyError::TooLarge(max) => Refusal::client(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request body is larger than this route's max_request_body of {max} bytes"
+                ),
+            ),
+            ClientBodyError::Broken(e) => {
+                tracing::debug!(forwarding_to, error = %e, "the request body broke off");
+                Refusal::client(
+                    StatusCode::BAD_REQUEST,
+                    "the request body is malformed or incomplete",
+                )
+            }
+        }
+    }
+
     /// The refusal for a failed exchange, logged with its reason.
     fn refusal(&self, upstream: &Endpoint, timeout: Duration, error: SendError) -> Refusal {
         match &error {
@@ -255,34 +320,7 @@ impl Forwarder {
                 )
             }
             SendError::Failed(e) => match client_body_error(e) {
-                // The client's fault, not the upstream's: its body stalled,
-                // was malformed, or it went away while sending it.
-                Some(ClientBodyError::TimedOut(after)) => {
-                    self.timeouts.count(Phase::ClientBody);
-                    tracing::info!(
-                        fault = "client",
-                        ?after,
-                        forwarding_to = %upstream.target,
-                        "the client stopped sending its request body (408)"
-                    );
-                    Refusal::client(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "the request body stopped arriving within client_body_timeout",
-                    )
-                }
-                Some(ClientBodyError::TooLarge(max)) => Refusal::client(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "the request body is larger than this route's max_request_body of {max} bytes"
-                    ),
-                ),
-                Some(e @ ClientBodyError::Broken(_)) => {
-                    tracing::debug!(upstream = %upstream.target, error = %e, "the request body broke off");
-                    Refusal::client(
-                        StatusCode::BAD_REQUEST,
-                        "the request body is malformed or incomplete",
-                    )
-                }
+                Some(body) => self.client_body_refusal(body, Some(upstream)),
                 None => {
                     tracing::warn!(upstream = %upstream.target, error = %e, "upstream failed");
                     Refusal::upstream(StatusCode::BAD_GATEWAY, "the upstream failed to answer")

@@ -29,6 +29,9 @@ use connection::{Activity, Connections, Ended, Protocols, Socket, WriteTimeout};
 /// Largest request head accepted (request line and headers together); past it
 /// HTTP/1 answers 431.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most streams an HTTP/2 client may reset before they are accepted, and
+/// most floodgate resets for its errors, on one connection.
+const HTTP2_MAX_RESET_STREAMS: usize = 100;
 /// Most header fields accepted in one request.
 const MAX_HEADERS: usize = 100;
 
@@ -149,7 +152,16 @@ pub async fn run(
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2
         .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEAD_BYTES as u32);
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        // Each stream is a request that may hold an upstream connection:
+        // one client connection gets no more than this at once.
+        .max_concurrent_streams(config.server.http2_max_concurrent_streams)
+        // Streams a client opens and resets before they are accepted (the
+        // "rapid reset" flood), and streams floodgate itself resets for a
+        // client's protocol errors, are bounded per connection; past them
+        // the connection is closed.
+        .max_pending_accept_reset_streams(HTTP2_MAX_RESET_STREAMS)
+        .max_local_error_reset_streams(HTTP2_MAX_RESET_STREAMS);
     let protocols = Arc::new(Protocols {
         http1,
         http2,

@@ -289,3 +289,134 @@ async fn a_late_response_head_is_504_and_a_stalled_body_is_cut() {
     assert_eq!(metric(&gate, &timeouts("upstream_body")).await, 1.0);
     task.abort();
 }
+
+/// A small upload that trickles in (one byte every half second) holds no
+/// upstream connection while it is read, and is cut with `408` once it is
+/// slower on average than `client_body_min_rate` after
+/// `client_body_min_rate_after`; the upstream never sees it.
+#[tokio::test]
+async fn a_trickling_small_upload_holds_no_upstream_connection_and_is_cut_at_the_minimum_rate() {
+    let upstream = Upstream::start().await;
+    let gate = start(
+        &upstream.url(),
+        &[
+            r#"client_body_timeout = "30s""#,
+            r#"client_body_min_rate = "100B""#,
+            r#"client_body_min_rate_after = "2s""#,
+        ],
+    )
+    .await;
+    let mut s = TcpStream::connect(gate.addr).await.expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\ncontent-length: 100\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    for _ in 0..60 {
+        assert_eq!(
+            upstream.connections(),
+            0,
+            "an upstream connection was taken for a body still being read"
+        );
+        if s.write_all(b"x").await.is_err() {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {
+                answer.extend_from_slice(&buf[..n]);
+                break;
+            }
+            Ok(_) => break,
+            Err(_) => {}
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(answer.contains("client_body_min_rate"), "{answer}");
+    assert_eq!(upstream.connections(), 0);
+    assert_eq!(upstream.hits(), 0);
+    assert_eq!(metric(&gate, &timeouts("client_body")).await, 1.0);
+
+    // A small upload that comes at once is read whole, then forwarded.
+    let answer = TestClient::http1()
+        .send(
+            hyper::Request::post(gate.url("/upload"))
+                .body(support::text_body("all of it"))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(upstream.hits(), 1);
+}
+
+/// A body that sends one byte and then nothing: an upload left unfinished.
+struct Unfinished(bool);
+
+impl hyper::body::Body for Unfinished {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        if self.0 {
+            return std::task::Poll::Pending;
+        }
+        self.0 = true;
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(
+            bytes::Bytes::from_static(b"x"),
+        ))))
+    }
+}
+
+/// One HTTP/2 connection opening many unfinished uploads gets no more of
+/// them in flight than `http2_max_concurrent_streams`, so it never holds
+/// more upstream connections than that.
+#[tokio::test]
+async fn one_http2_connection_holds_no_more_upstream_connections_than_its_stream_cap() {
+    let upstream = Upstream::start().await;
+    let gate = start(
+        &upstream.url(),
+        &[
+            "http2_max_concurrent_streams = 10",
+            r#"request_buffer = "1KiB""#,
+        ],
+    )
+    .await;
+    let tcp = TcpStream::connect(gate.addr).await.expect("connect");
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2c handshake");
+    tokio::spawn(connection);
+    let mut uploads = Vec::new();
+    for i in 0..30 {
+        let mut sender = sender.clone();
+        let request = hyper::Request::post(format!("http://{}/upload/{i}", gate.addr))
+            .header("content-length", "65536")
+            .body(Unfinished(false))
+            .expect("request");
+        uploads.push(tokio::spawn(
+            async move { sender.send_request(request).await },
+        ));
+    }
+    // The streams the cap allows reach the upstream...
+    let began = Instant::now();
+    while upstream.connections() < 10 {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "only {} uploads reached the upstream",
+            upstream.connections()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and no more, however long the rest wait.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(upstream.connections(), 10);
+    for upload in uploads {
+        upload.abort();
+    }
+}

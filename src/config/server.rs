@@ -35,6 +35,10 @@ pub(super) struct ServerModel {
     client_write_timeout: Option<Spanned<String>>,
     upgrade_idle_timeout: Option<Spanned<String>>,
     max_request_body: Option<Spanned<String>>,
+    request_buffer: Option<Spanned<String>>,
+    client_body_min_rate: Option<Spanned<String>>,
+    client_body_min_rate_after: Option<Spanned<String>>,
+    http2_max_concurrent_streams: Option<Spanned<i64>>,
     shutdown_grace: Option<Spanned<String>>,
     drain_delay: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
@@ -58,6 +62,18 @@ pub(super) struct ListenerTlsModel {
     key_file: Spanned<String>,
     client_ca_file: Option<Spanned<String>>,
 }
+
+/// Request bodies up to this size are read whole before an upstream
+/// connection is taken, by default.
+const DEFAULT_REQUEST_BUFFER: u64 = 64 * 1024;
+/// The slowest a request body may arrive on average, in bytes a second, by
+/// default.
+const DEFAULT_CLIENT_BODY_MIN_RATE: u64 = 1024;
+/// How long a request body may arrive at any rate, by default.
+const DEFAULT_CLIENT_BODY_MIN_RATE_AFTER: Duration = Duration::from_secs(10);
+/// Concurrent streams an HTTP/2 client connection may open, by default
+/// (nginx's default too).
+const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: usize = 128;
 
 fn yes() -> bool {
     true
@@ -110,6 +126,31 @@ impl Validator<'_> {
             None => Some(None),
             Some(size) => self.size(size, "max_request_body").map(Some),
         };
+        // "0" turns these off; any other value is a size.
+        let mut size_or_off = |value: &Option<Spanned<String>>, key: &str, default: u64| match value
+        {
+            None => Some(default),
+            Some(v) if v.get_ref() == "0" => Some(0),
+            Some(v) => self.size(v, key),
+        };
+        let request_buffer =
+            size_or_off(&m.request_buffer, "request_buffer", DEFAULT_REQUEST_BUFFER);
+        let client_body_min_rate = size_or_off(
+            &m.client_body_min_rate,
+            "client_body_min_rate",
+            DEFAULT_CLIENT_BODY_MIN_RATE,
+        );
+        let client_body_min_rate_after = self.optional_duration(
+            m.client_body_min_rate_after.as_ref(),
+            "client_body_min_rate_after",
+            DEFAULT_CLIENT_BODY_MIN_RATE_AFTER,
+        );
+        let http2_max_concurrent_streams = self.bounded(
+            m.http2_max_concurrent_streams.as_ref(),
+            DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            1..=10_000,
+            "http2_max_concurrent_streams must be a whole number from 1 to 10000",
+        );
         let shutdown_grace = self.optional_duration(
             m.shutdown_grace.as_ref(),
             "shutdown_grace",
@@ -179,6 +220,11 @@ impl Validator<'_> {
             client_write_timeout: client_write_timeout?,
             upgrade_idle_timeout: upgrade_idle_timeout?,
             max_request_body: max_request_body?,
+            request_buffer: request_buffer?,
+            client_body_min_rate: client_body_min_rate?,
+            client_body_min_rate_after: client_body_min_rate_after?,
+            http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams?)
+                .unwrap_or(u32::MAX),
             shutdown_grace: shutdown_grace?,
             drain_delay: drain_delay?,
             header_read_timeout: header_read_timeout?,

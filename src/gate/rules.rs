@@ -79,6 +79,9 @@ impl Rules {
             escaped_slashes: config.server.escaped_slashes,
             client_timeouts: ClientSide {
                 body: config.server.client_body_timeout,
+                buffer: config.server.request_buffer,
+                min_rate: config.server.client_body_min_rate,
+                min_rate_after: config.server.client_body_min_rate_after,
                 upgraded: config.server.upgrade_idle_timeout,
                 max_body: None,
             },

@@ -4,6 +4,7 @@
 //! upstream's 504), and one past `max_request_body` with
 //! [`ClientBodyError::TooLarge`].
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +25,10 @@ pub enum ClientBodyError {
     /// More than `max_request_body` bytes.
     #[error("the request body is larger than {0} bytes")]
     TooLarge(u64),
+    /// Slower on average than `client_body_min_rate` (bytes a second) once
+    /// `client_body_min_rate_after` had passed.
+    #[error("the client sent its request body slower than {0} bytes a second")]
+    TooSlow(u64),
     /// Malformed, or the client went away.
     #[error("the request body broke off: {0}")]
     Broken(#[source] hyper::Error),
@@ -51,29 +56,36 @@ impl Sent {
 #[derive(Debug)]
 pub struct RequestBody {
     inner: Option<Incoming>,
+    /// Frames read ahead (see [`RequestBody::read_ahead`]), sent first.
+    ahead: VecDeque<Frame<Bytes>>,
     idle: IdleTimer,
     /// Most bytes it may carry, and how many it has.
     max: Option<u64>,
     seen: u64,
-    /// Told when the body ends, for bodies that did not begin ended.
+    /// The slowest it may arrive on average, in bytes a second, after the
+    /// grace (0: any rate).
+    min_rate: u64,
+    grace: Duration,
+    /// Told when the body ends, for bodies that did not begin ended; and
+    /// when it began.
     sent: Option<(Arc<Sent>, tokio::time::Instant)>,
 }
 
 impl RequestBody {
-    /// The client's `body`, failing after `idle` without data, or past
-    /// `max` bytes. When the body has anything to send, the returned
+    /// The client's `body`, failing as `client` says: after its idle
+    /// timeout without data, past its largest size, or slower than its
+    /// minimum rate. When the body has anything to send, the returned
     /// [`Sent`] says when it ended.
-    pub fn new(
-        body: Incoming,
-        idle: std::time::Duration,
-        max: Option<u64>,
-    ) -> (Self, Option<Arc<Sent>>) {
+    pub fn new(body: Incoming, client: &super::ClientSide) -> (Self, Option<Arc<Sent>>) {
         let sent = (!body.is_end_stream()).then(|| Arc::new(Sent::default()));
         let body = Self {
             inner: Some(body),
-            idle: IdleTimer::new(idle),
-            max,
+            ahead: VecDeque::new(),
+            idle: IdleTimer::new(client.body),
+            max: client.max_body,
             seen: 0,
+            min_rate: client.min_rate,
+            grace: client.min_rate_after,
             sent: sent
                 .as_ref()
                 .map(|s| (Arc::clone(s), tokio::time::Instant::now())),
@@ -86,11 +98,52 @@ impl RequestBody {
     pub fn empty() -> Self {
         Self {
             inner: None,
+            ahead: VecDeque::new(),
             idle: IdleTimer::new(Duration::MAX),
             max: None,
             seen: 0,
+            min_rate: 0,
+            grace: Duration::MAX,
             sent: None,
         }
+    }
+
+    /// Reads the body ahead, before any upstream connection is taken, until
+    /// it ends or more than `limit` bytes have come (the rest then streams
+    /// as usual): a small upload that trickles in holds no upstream
+    /// connection. The client's faults (stalled, too slow, too large,
+    /// broken) come back as they happen.
+    pub async fn read_ahead(&mut self, limit: u64) -> Result<(), ClientBodyError> {
+        if self.inner.as_ref().is_none_or(Body::is_end_stream) || self.size_hint().lower() > limit {
+            return Ok(());
+        }
+        let mut read = 0u64;
+        while read <= limit {
+            match std::future::poll_fn(|cx| self.poll_inner(cx)).await {
+                Some(Ok(frame)) => {
+                    read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    self.ahead.push_back(frame);
+                }
+                Some(Err(e)) => return Err(e),
+                None => break,
+            }
+            if self.inner.as_ref().is_none_or(Body::is_end_stream) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether, `seen` bytes in, the body is slower than its minimum rate.
+    fn too_slow(&self) -> bool {
+        let Some((_, began)) = &self.sent else {
+            return false;
+        };
+        if self.min_rate == 0 {
+            return false;
+        }
+        let took = began.elapsed();
+        took > self.grace && (self.seen as f64) < self.min_rate as f64 * took.as_secs_f64()
     }
 
     fn ended(&mut self) {
@@ -102,25 +155,24 @@ impl RequestBody {
     }
 }
 
-impl Body for RequestBody {
-    type Data = Bytes;
-    type Error = ClientBodyError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
+impl RequestBody {
+    fn poll_inner(
+        &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        let this = &mut *self;
+        let this = self;
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.idle.moved();
-                if let (Some(max), Some(data)) = (this.max, frame.data_ref()) {
+                if let Some(data) = frame.data_ref() {
                     let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
                     this.seen = this.seen.saturating_add(len);
-                    if this.seen > max {
+                    if let Some(max) = this.max
+                        && this.seen > max
+                    {
                         // Not a byte past the limit goes upstream.
                         this.inner = None;
                         return Poll::Ready(Some(Err(ClientBodyError::TooLarge(max))));
@@ -128,6 +180,9 @@ impl Body for RequestBody {
                 }
                 if this.inner.as_ref().is_some_and(Body::is_end_stream) {
                     this.ended();
+                } else if this.too_slow() {
+                    this.inner = None;
+                    return Poll::Ready(Some(Err(ClientBodyError::TooSlow(this.min_rate))));
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -145,14 +200,45 @@ impl Body for RequestBody {
             }
         }
     }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = ClientBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
+        if let Some(frame) = self.ahead.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        self.poll_inner(cx)
+    }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.ahead.is_empty() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner
+        let hint = self
+            .inner
             .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        if self.ahead.is_empty() {
+            return hint;
+        }
+        let ahead: u64 = self
+            .ahead
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(|d| d.len() as u64)
+            .sum();
+        let mut with_ahead = SizeHint::new();
+        with_ahead.set_lower(hint.lower() + ahead);
+        if let Some(upper) = hint.upper() {
+            with_ahead.set_upper(upper + ahead);
+        }
+        with_ahead
     }
 }
