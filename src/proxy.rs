@@ -227,7 +227,7 @@ impl Forwarder {
         let (parts, body) = response.into_parts();
         let mut body = UpstreamBody::new(body, endpoint.body_timeout, release, body_timeouts);
         if reads_first(&request.method, &parts)
-            && let Err(e) = body.read_first(FIRST_BYTES_WAIT).await
+            && let Err(e) = body.read_first().await
         {
             member.count(Failure::Protocol);
             tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer broke off before any of it was sent");
@@ -330,15 +330,11 @@ impl Forwarder {
     }
 }
 
-/// The longest an answer's head waits for its body's first bytes, which
-/// come with it in most answers (see [`reads_first`]).
-const FIRST_BYTES_WAIT: Duration = Duration::from_secs(1);
-
 /// Whether an answer's body is read up to its first bytes before its head
 /// goes out, so that a body broken from its start is a `502` rather than a
 /// connection cut with nothing sent: any answer with a body, except a
-/// switch of protocols and an event stream (whose head the client wants
-/// at once, however long its first event takes).
+/// switch of protocols and the streams whose head a client wants at once,
+/// however long their first message takes (event streams, gRPC).
 fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
     let status = head.status;
     *method != http::Method::HEAD
@@ -348,7 +344,10 @@ fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
         && !head
             .headers
             .get(http::header::CONTENT_TYPE)
-            .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"))
+            .is_some_and(|t| {
+                let t = t.as_bytes();
+                t.starts_with(b"text/event-stream") || t.starts_with(b"application/grpc")
+            })
 }
 
 /// `send`'s outcome, unless the upstream's response head is later than

@@ -57,43 +57,22 @@ impl UpstreamBody {
         }
     }
 
-    /// Reads the body's first frame before any of the answer goes out,
-    /// waiting at most `within`, so that a body that breaks before its
-    /// first byte is the caller's `502` rather than a connection cut with
-    /// nothing sent. A frame read is sent first; one still on its way after
-    /// `within` is streamed as usual.
-    pub async fn read_first(&mut self, within: Duration) -> Result<(), UpstreamBodyError> {
+    /// Reads the body's first frame before any of the answer goes out, so
+    /// that a body that breaks before its first byte is the caller's `502`
+    /// rather than a connection cut with nothing sent. The frame read is
+    /// sent first. It waits as the body's own idle timeout allows: most
+    /// answers' first bytes come with their head.
+    pub async fn read_first(&mut self) -> Result<(), UpstreamBodyError> {
         if self.inner.is_end_stream() {
             return Ok(());
         }
-        // Most answers' first bytes came with their head and are decoded
-        // by the connection's task once asked for: a turn of the scheduler
-        // finds them, and only the rest pay for a timer.
-        let mut tries = 0;
-        let quick = std::future::poll_fn(|cx| match self.poll_inner(cx) {
-            Poll::Ready(read) => Poll::Ready(Some(read)),
-            Poll::Pending if tries < 2 => {
-                tries += 1;
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-            Poll::Pending => Poll::Ready(None),
-        })
-        .await;
-        let read = match quick {
-            Some(read) => Some(read),
-            None => tokio::time::timeout(within, std::future::poll_fn(|cx| self.poll_inner(cx)))
-                .await
-                .ok(),
-        };
-        match read {
-            Some(Some(Ok(frame))) => {
+        match std::future::poll_fn(|cx| self.poll_inner(cx)).await {
+            Some(Ok(frame)) => {
                 self.first = Some(frame);
                 Ok(())
             }
-            Some(Some(Err(e))) => Err(e),
-            // The body ended, or its first bytes are still on their way.
-            Some(None) | None => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Ok(()),
         }
     }
 
