@@ -20,13 +20,8 @@ local function fixed_window()
     end
     local reset = start + window - now
     if count + cost <= limit then
-      -- More units come only with the next window.
-      local left = limit - count - cost
-      local more = 0
-      if left == 0 then
-        more = reset
-      end
-      return 1, left, more, 0, count, start
+      -- More units come only with the next window: `t` is its start.
+      return 1, limit - count - cost, reset, 0, count, start
     end
     return 0, limit - count, reset, reset, count, start
   end

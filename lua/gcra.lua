@@ -16,18 +16,22 @@ local function gcra()
       before = (tat_ms - now) * limit + tat_frac
     end
     local after = before + window * cost
-    if after <= tolerance then
-      local more = 0
-      if tolerance - after < window then
-        -- Until one more emission interval fits under the tolerance.
-        more = ceil_div(after + window - tolerance, limit)
+    -- Until one more emission interval fits under the tolerance, with
+    -- `ahead` outstanding; 0 when nothing is (the bucket is full).
+    local function next_unit(ahead)
+      if ahead <= 0 then
+        return 0
       end
-      return 1, floor_div(tolerance - after, window), more, 0, after
+      local units = floor_div(max(tolerance - ahead, 0), window)
+      return ceil_div(ahead - tolerance + (units + 1) * window, limit)
+    end
+    if after <= tolerance then
+      return 1, floor_div(tolerance - after, window), next_unit(after), 0, after
     end
     -- A clock that stepped back leaves the TAT further ahead than the
     -- tolerance: nothing remains.
     local retry = ceil_div(after - tolerance, limit)
-    return 0, floor_div(max(tolerance - before, 0), window), retry, retry, after
+    return 0, floor_div(max(tolerance - before, 0), window), next_unit(before), retry, after
   end
 
   local function commit(key, limit, window, now, cost, burst, after)

@@ -8,9 +8,12 @@
 --
 --   check(key, limit, window, now, cost, burst)
 --     -> allowed (1/0), remaining, next_ms, retry_after_ms, a, b, c
---     next_ms is the wait until at least one more unit is available: 0
---     while units remain, the wait for this request when it is denied
---     (RateLimit's `t` per draft-ietf-httpapi-ratelimit-headers-10).
+--     next_ms is the wait until at least one more unit is made available,
+--     whether or not units remain and whatever this request's cost
+--     (RateLimit's `t` per draft-ietf-httpapi-ratelimit-headers-10): a
+--     fixed window's end, the oldest logged unit leaving, the weighted
+--     count falling by a unit, the next token added (0 while a bucket is
+--     full); retry_after_ms is this request's own wait when denied.
 --     Whether `cost` units fit in the limit stored at `key` at time `now`
 --     (milliseconds). It may tidy the key (drop expired entries) but never
 --     consumes. `a`, `b` and `c` are what it read, handed back to commit so

@@ -15,23 +15,19 @@ local function sliding_log()
   local function check(key, limit, window, now, cost)
     redis_call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
     local total = redis_call('ZCARD', key)
-    if total + cost <= limit then
-      local left = limit - total - cost
-      local more = 0
-      if left == 0 then
-        -- The next unit is free when the oldest leaves (this request's
-        -- own, when it is the only one).
-        more = window
-        if total > 0 then
-          more = score_at(key, 0) + window - now
-        end
-      end
-      return 1, left, more, 0
+    -- The next unit is free when the oldest counted leaves (this
+    -- request's own, when it is the first).
+    local more = window
+    if total > 0 then
+      more = score_at(key, 0) + window - now
     end
-    -- Wait until enough of the oldest units have left the window.
+    if total + cost <= limit then
+      return 1, limit - total - cost, more, 0
+    end
+    -- This request waits until enough of the oldest units have left.
     local excess = total + cost - limit
     local retry = score_at(key, excess - 1) + window - now
-    return 0, limit - total, retry, retry
+    return 0, limit - total, more, retry
   end
 
   local function commit(key, limit, window, now, cost)

@@ -20,6 +20,21 @@ local function sliding_window()
     return (start + window - now) + (window - floor_div((limit - cost) * window, cur))
   end
 
+  -- The wait from `now` until the weighted count of `cur` in the window
+  -- that starts at `start` (`elapsed` into it) and `prev` in the one before
+  -- falls by a unit; 0 when nothing is counted.
+  local function next_unit(window, now, start, elapsed, cur, prev)
+    local weighted = prev * (window - elapsed)
+    if weighted > 0 then
+      local counted = ceil_div(weighted, window)
+      return start + window - floor_div((counted - 1) * window, prev) - now
+    end
+    if cur > 0 then
+      return (start + window - now) + (window - floor_div((cur - 1) * window, cur))
+    end
+    return 0
+  end
+
   local function check(key, limit, window, now, cost)
     local s, c, p = load(key)
     -- The counts are read at `t`, never before the key's window; waits are
@@ -45,14 +60,12 @@ local function sliding_window()
     end
     local remaining = max(limit - used, 0)
     if allowed then
-      local more = 0
-      if remaining == 0 then
-        more = wait(limit, window, now, start, cur + cost, prev, 1)
-      end
+      local more = next_unit(window, now, start, elapsed, cur + cost, prev)
       return 1, remaining, more, 0, cur, prev, start
     end
+    local more = next_unit(window, now, start, elapsed, cur, prev)
     local retry = wait(limit, window, now, start, cur, prev, cost)
-    return 0, remaining, retry, retry, cur, prev, start
+    return 0, remaining, more, retry, cur, prev, start
   end
 
   local function commit(key, limit, window, now, cost, burst, cur, prev, start)

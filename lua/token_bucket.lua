@@ -24,17 +24,19 @@ local function token_bucket()
     -- Tokens are counted at `last`, never before; waits are told from `now`.
     local shift = last - now
     local need = cost * window
+    -- Until the next whole token is added; 0 while the bucket is full.
+    local function next_token(held)
+      if held >= capacity then
+        return 0
+      end
+      return ceil_div(window - (held - floor_div(held, window) * window), limit) + shift
+    end
     if tokens >= need then
       local after = tokens - need
-      local more = 0
-      if after < window then
-        -- Until the bucket holds one whole token again.
-        more = ceil_div(window - after, limit) + shift
-      end
-      return 1, floor_div(after, window), more, 0, tokens, last
+      return 1, floor_div(after, window), next_token(after), 0, tokens, last
     end
     local retry = ceil_div(need - tokens, limit) + shift
-    return 0, floor_div(tokens, window), retry, retry, tokens, last
+    return 0, floor_div(tokens, window), next_token(tokens), retry, tokens, last
   end
 
   local function commit(key, limit, window, now, cost, burst, tokens, last)

@@ -301,10 +301,12 @@ async fn gcra_follows_the_redis_rate_sequence() {
     let redis = TestRedis::start().await;
     let both = Both::new(&redis, "gcra-seq");
     let l = [Limit::new(Algorithm::Gcra, 10, 1_000)];
+    // `t` is the time until the next unit is added (one emission interval
+    // of 100 ms), whether or not units remain.
     let d = both.decide(&l, 1, T0).await;
-    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 9, 0));
+    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 9, 100));
     let d = both.decide(&l, 2, T0).await;
-    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 7, 0));
+    assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 7, 100));
     let d = both.decide(&l, 7, T0).await;
     assert_eq!((d.allowed, d.remaining, d.next_ms), (true, 0, 100));
     let d = both.decide(&l, 1, T0).await;

@@ -519,9 +519,10 @@ async fn the_deny_answer_and_every_header_mode() {
             assert_eq!(a.header("x-ratelimit-limit").is_some(), x, "{mode}");
         }
         if ietf {
+            // t: until the oldest counted request (this one) leaves.
             assert_eq!(
                 first.header("ratelimit"),
-                Some(format!("\"{mode}\";r=1;t=0").as_str())
+                Some(format!("\"{mode}\";r=1;t=60").as_str())
             );
             assert_eq!(
                 denied.header("ratelimit"),
@@ -531,7 +532,7 @@ async fn the_deny_answer_and_every_header_mode() {
         if x {
             assert_eq!(first.header("x-ratelimit-limit"), Some("2"));
             assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
-            assert_eq!(first.header("x-ratelimit-reset"), Some("0"));
+            assert_eq!(first.header("x-ratelimit-reset"), Some("60"));
             assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
             assert_eq!(
                 denied.header("x-ratelimit-reset"),
@@ -572,17 +573,93 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
         on("burst", "/burst", &upstream)
             .limits(r#"{ algorithm = "token_bucket", limit = 2, window = "60s", burst = 5 }"#),
     );
+    for algorithm in ["token_bucket", "gcra", "sliding_log"] {
+        config = config.route(
+            Route::new(&format!("{algorithm}-five"))
+                .upstream(&upstream.url())
+                .matching(&format!(r#"path_prefix = "/five/{algorithm}""#))
+                .line("cost = 5")
+                .limit(algorithm, 10, "60s"),
+        );
+    }
     let gate = Floodgate::start(&config.toml()).await;
     let client = TestClient::http1();
 
-    // Remaining > 0: t is 0. After 5 of 10 per minute, the issue's case.
+    // Units remaining: t is still the time until the next unit is made
+    // available (draft -10), computed here by hand for 10 per minute. The
+    // window algorithms depend on where in the aligned minute the request
+    // falls, read from this machine's clock (the one Redis reads too).
+    let minute = 60_000u64;
+    let expected_t = |algorithm: &str, counted: u64| -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let to_end = minute - now % minute;
+        let ms = match algorithm {
+            // Until the window ends.
+            "fixed_window" => to_end,
+            // Until the oldest counted request leaves: sent just now.
+            "sliding_log" => minute,
+            // Nothing from the previous window: the count falls by a unit
+            // once the next window has slid 1/counted of the way.
+            "sliding_window" => to_end + (minute - (counted - 1) * minute / counted),
+            // One unit is added every 6 s.
+            _ => 6_000,
+        };
+        ms.div_ceil(1_000)
+    };
     for algorithm in algorithms {
         let url = gate.url(&format!("/minute/{algorithm}"));
         for i in 0..5 {
             let a = client.get(&url, &[]).await;
             assert_eq!(a.status, 200);
-            assert_eq!(fields(&a), (9 - i, 0), "{algorithm}");
+            let (r, t) = fields(&a);
+            assert_eq!(r, 9 - i, "{algorithm}");
+            let want = expected_t(algorithm, i + 1);
+            assert!(
+                t.abs_diff(want) <= 1,
+                "{algorithm}: after {} of 10, t={t}, by hand {want}",
+                i + 1
+            );
         }
+    }
+
+    // Requests of 5 units: t is the next unit's time whatever the cost,
+    // and a denial's Retry-After is this request's own wait: longer than t
+    // for the bucket algorithms (5 units at one every 6 s), equal to it for
+    // the log (all 10 units leave together).
+    for (algorithm, t, retry) in [
+        ("token_bucket", 6, 30),
+        ("gcra", 6, 30),
+        ("sliding_log", 60, 60),
+    ] {
+        let url = gate.url(&format!("/five/{algorithm}"));
+        let first = client.get(&url, &[]).await;
+        assert_eq!(
+            (first.status.as_u16(), fields(&first)),
+            (200, (5, t)),
+            "{algorithm}"
+        );
+        let second = client.get(&url, &[]).await;
+        assert_eq!(
+            (second.status.as_u16(), fields(&second)),
+            (200, (0, t)),
+            "{algorithm}"
+        );
+        let denied = client.get(&url, &[]).await;
+        assert_eq!(
+            (denied.status.as_u16(), fields(&denied)),
+            (429, (0, t)),
+            "{algorithm}"
+        );
+        let wait: u64 = denied
+            .header("retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        assert!(
+            wait.abs_diff(retry) <= 1 && wait >= t,
+            "{algorithm}: Retry-After {wait}, by hand {retry}, t {t}"
+        );
     }
     // The rate algorithms free one unit every 6 s: at 0 remaining that is
     // the wait, not the 60 s to a full bucket.
@@ -600,17 +677,15 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
         assert_eq!(denied.header("retry-after"), Some("6"), "{algorithm}");
     }
 
-    // Every algorithm, 2 per 3 s: r counts down, t is 0 while units remain
-    // and the wait for the next unit at 0; a 429's Retry-After equals its
-    // t; a client that sleeps exactly Retry-After is admitted.
+    // Every algorithm, 2 per 3 s: r counts down, t is the wait for the
+    // next unit; a 429's Retry-After equals its t (one unit); a client that
+    // sleeps exactly Retry-After is admitted.
     for algorithm in algorithms {
         let url = gate.url(&format!("/{algorithm}"));
         let first = client.get(&url, &[]).await;
-        assert_eq!(
-            (first.status.as_u16(), fields(&first)),
-            (200, (1, 0)),
-            "{algorithm}"
-        );
+        let (r, t) = fields(&first);
+        assert_eq!((first.status.as_u16(), r), (200, 1), "{algorithm}");
+        assert!((1..=6).contains(&t), "{algorithm}: t={t} with a unit left");
         let second = client.get(&url, &[]).await;
         let (r, t) = fields(&second);
         assert_eq!((second.status.as_u16(), r), (200, 0), "{algorithm}");
@@ -634,7 +709,8 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
     // exceeds it.
     let a = client.get(&gate.url("/burst"), &[]).await;
     assert_eq!(a.header("ratelimit-policy"), Some("\"burst\";q=5;w=60"));
-    assert_eq!(fields(&a), (4, 0));
+    // The next token comes in 60 s / 2.
+    assert_eq!(fields(&a), (4, 30));
 }
 
 #[tokio::test]

@@ -202,10 +202,11 @@ async fn fixed_window_script_boundaries_are_exact() {
     let store = store(&redis, &prefix);
     let limits = [limit(Algorithm::FixedWindow, 3, 1_000)];
     let t = 1_700_000_000_000; // a window boundary
+    // `t` is the time to the window's end, with units left or not.
     let d = decide(&store, "c", &limits, 1, t + 100).await;
     assert_eq!(
         (d.allowed, d.remaining, d.next_ms, d.retry_after_ms),
-        (true, 2, 0, 0)
+        (true, 2, 900, 0)
     );
     let d = decide(&store, "c", &limits, 2, t + 200).await;
     assert_eq!(
@@ -221,7 +222,7 @@ async fn fixed_window_script_boundaries_are_exact() {
     let d = decide(&store, "c", &limits, 1, t + 1_000).await;
     assert_eq!(
         (d.allowed, d.remaining, d.next_ms),
-        (true, 2, 0),
+        (true, 2, 1_000),
         "new window"
     );
 

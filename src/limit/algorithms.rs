@@ -99,11 +99,7 @@ impl State {
                     allowed,
                     remaining,
                     // More units come only with the next window.
-                    next_ms: if allowed && remaining > 0 {
-                        0
-                    } else {
-                        window_end
-                    },
+                    next_ms: window_end,
                     retry_after_ms: if allowed { 0 } else { window_end },
                 }
             }
@@ -117,18 +113,16 @@ impl State {
                     *total -= units;
                 }
                 let allowed = *total + cost <= limit.limit;
+                // The next unit is free when the oldest counted leaves
+                // (this request's own, when it is the first).
+                let next_ms = match entries.front() {
+                    Some(&(t, _)) => (t + w).saturating_sub(now),
+                    None => w,
+                };
                 if allowed {
-                    let remaining = limit.limit - *total - cost;
-                    // The next unit is free when the oldest leaves (this
-                    // request's own, when it is the only one).
-                    let next_ms = match entries.front() {
-                        _ if remaining > 0 => 0,
-                        Some(&(t, _)) => (t + w).saturating_sub(now),
-                        None => w,
-                    };
                     return Verdict {
                         allowed,
-                        remaining,
+                        remaining: limit.limit - *total - cost,
                         next_ms,
                         retry_after_ms: 0,
                     };
@@ -147,7 +141,7 @@ impl State {
                 Verdict {
                     allowed,
                     remaining: limit.limit - *total,
-                    next_ms: retry_after_ms,
+                    next_ms,
                     retry_after_ms,
                 }
             }
@@ -175,24 +169,33 @@ impl State {
                         (window_start + w - now) + (w - room * w / cur)
                     }
                 };
+                // Until the weighted count falls by a unit; 0 when nothing
+                // is counted.
+                let next_unit = |cur: u64| {
+                    if weighted > 0 {
+                        let counted = weighted.div_ceil(w);
+                        window_start + w - (counted - 1) * w / prev - now
+                    } else {
+                        // Falls in the next window: `cur` is then the previous one.
+                        match ((cur.saturating_sub(1)) * w).checked_div(cur) {
+                            Some(kept) => (window_start + w - now) + (w - kept),
+                            None => 0,
+                        }
+                    }
+                };
                 if allowed {
                     Verdict {
                         allowed,
                         remaining,
-                        next_ms: if remaining > 0 {
-                            0
-                        } else {
-                            wait(cur + cost, 1)
-                        },
+                        next_ms: next_unit(cur + cost),
                         retry_after_ms: 0,
                     }
                 } else {
-                    let retry_after_ms = wait(cur, cost);
                     Verdict {
                         allowed,
                         remaining,
-                        next_ms: retry_after_ms,
-                        retry_after_ms,
+                        next_ms: next_unit(cur),
+                        retry_after_ms: wait(cur, cost),
                     }
                 }
             }
@@ -202,26 +205,29 @@ impl State {
                 let shift = t - now;
                 let need = cost * w;
                 let allowed = available >= need;
+                // Until the next whole token is added; 0 while the bucket
+                // is full.
+                let next_token = |held: u64| {
+                    if held >= capacity {
+                        0
+                    } else {
+                        (w - held % w).div_ceil(limit.limit) + shift
+                    }
+                };
                 if allowed {
                     let after = available - need;
                     Verdict {
                         allowed,
                         remaining: after / w,
-                        // Until the bucket holds one whole token again.
-                        next_ms: if after >= w {
-                            0
-                        } else {
-                            (w - after).div_ceil(limit.limit) + shift
-                        },
+                        next_ms: next_token(after),
                         retry_after_ms: 0,
                     }
                 } else {
-                    let retry_after_ms = (need - available).div_ceil(limit.limit) + shift;
                     Verdict {
                         allowed,
                         remaining: available / w,
-                        next_ms: retry_after_ms,
-                        retry_after_ms,
+                        next_ms: next_token(available),
+                        retry_after_ms: (need - available).div_ceil(limit.limit) + shift,
                     }
                 }
             }
@@ -236,27 +242,31 @@ impl State {
                 let tolerance = w * limit.burst;
                 let after = ahead + w * cost;
                 let allowed = after <= tolerance;
+                // Until one more emission interval fits under the
+                // tolerance with `outstanding` ahead; 0 when nothing is
+                // (the bucket is full).
+                let next_unit = |outstanding: u64| {
+                    if outstanding == 0 {
+                        return 0;
+                    }
+                    let units = tolerance.saturating_sub(outstanding) / w;
+                    (outstanding + (units + 1) * w - tolerance).div_ceil(rate)
+                };
                 if allowed {
                     Verdict {
                         allowed,
                         remaining: (tolerance - after) / w,
-                        // Until one more emission interval fits under the tolerance.
-                        next_ms: if tolerance - after >= w {
-                            0
-                        } else {
-                            (after + w - tolerance).div_ceil(rate)
-                        },
+                        next_ms: next_unit(after),
                         retry_after_ms: 0,
                     }
                 } else {
-                    let retry_after_ms = (after - tolerance).div_ceil(rate);
                     Verdict {
                         allowed,
                         // A clock that stepped back leaves the TAT further
                         // ahead than the tolerance: nothing remains.
                         remaining: tolerance.saturating_sub(ahead) / w,
-                        next_ms: retry_after_ms,
-                        retry_after_ms,
+                        next_ms: next_unit(ahead),
+                        retry_after_ms: (after - tolerance).div_ceil(rate),
                     }
                 }
             }
@@ -392,6 +402,89 @@ mod tests {
         v
     }
 
+    /// `t` (next_ms) and Retry-After for every algorithm under 10 per
+    /// minute, with units left, none left and on a denial, for requests of
+    /// 1 and of 5 units, against values worked out by hand.
+    #[test]
+    fn t_is_the_next_unit_and_retry_after_this_requests_own_wait() {
+        const T: u64 = 1_200_000; // a minute boundary
+        let v = |allowed, remaining, next_ms, retry_after_ms| Verdict {
+            allowed,
+            remaining,
+            next_ms,
+            retry_after_ms,
+        };
+        /// At, cost, and the verdict worked out by hand.
+        type Step = (u64, u64, Verdict);
+        let cases: [(Algorithm, Vec<Step>); 5] = [
+            (
+                // Until the minute ends, whatever is left.
+                Algorithm::FixedWindow,
+                vec![
+                    (T + 10_000, 1, v(true, 9, 50_000, 0)),
+                    (T + 10_000, 5, v(true, 4, 50_000, 0)),
+                    (T + 20_000, 5, v(false, 4, 40_000, 40_000)),
+                    (T + 20_000, 4, v(true, 0, 40_000, 0)),
+                    (T + 30_000, 1, v(false, 0, 30_000, 30_000)),
+                ],
+            ),
+            (
+                // Until the oldest logged unit leaves; a denial waits until
+                // enough have.
+                Algorithm::SlidingLog,
+                vec![
+                    (T, 1, v(true, 9, 60_000, 0)),
+                    (T + 1_000, 5, v(true, 4, 59_000, 0)),
+                    (T + 2_000, 4, v(true, 0, 58_000, 0)),
+                    (T + 3_000, 1, v(false, 0, 57_000, 57_000)),
+                    (T + 3_000, 5, v(false, 0, 57_000, 58_000)),
+                ],
+            ),
+            (
+                // Nothing from the previous minute: the count falls by a
+                // unit once the next minute has slid 1/counted of the way.
+                Algorithm::SlidingWindow,
+                vec![
+                    (T + 30_000, 1, v(true, 9, 30_000 + 60_000, 0)),
+                    (T + 30_000, 4, v(true, 5, 30_000 + 12_000, 0)),
+                    (T + 30_000, 5, v(true, 0, 30_000 + 6_000, 0)),
+                    (T + 30_000, 1, v(false, 0, 30_000 + 6_000, 30_000 + 6_000)),
+                    (T + 30_000, 5, v(false, 0, 30_000 + 6_000, 30_000 + 30_000)),
+                ],
+            ),
+            (
+                // One unit added every 6 s; a denial waits for all it needs.
+                Algorithm::TokenBucket,
+                vec![
+                    (T, 1, v(true, 9, 6_000, 0)),
+                    (T, 5, v(true, 4, 6_000, 0)),
+                    (T, 4, v(true, 0, 6_000, 0)),
+                    (T, 1, v(false, 0, 6_000, 6_000)),
+                    (T, 5, v(false, 0, 6_000, 30_000)),
+                    (T + 3_000, 5, v(false, 0, 3_000, 27_000)),
+                ],
+            ),
+            (
+                Algorithm::Gcra,
+                vec![
+                    (T, 1, v(true, 9, 6_000, 0)),
+                    (T, 5, v(true, 4, 6_000, 0)),
+                    (T, 4, v(true, 0, 6_000, 0)),
+                    (T, 1, v(false, 0, 6_000, 6_000)),
+                    (T, 5, v(false, 0, 6_000, 30_000)),
+                    (T + 3_000, 5, v(false, 0, 3_000, 27_000)),
+                ],
+            ),
+        ];
+        for (algorithm, steps) in cases {
+            let l = limit(algorithm, 10, 60_000);
+            let mut s = State::new(algorithm);
+            for (i, (at, cost, want)) in steps.into_iter().enumerate() {
+                assert_eq!(take(&mut s, &l, at, cost), want, "{algorithm:?} step {i}");
+            }
+        }
+    }
+
     #[test]
     fn fixed_window_denies_the_fourth_and_resets_at_the_boundary() {
         let l = limit(Algorithm::FixedWindow, 3, 1000);
@@ -414,7 +507,8 @@ mod tests {
         assert!(!take(&mut s, &l, 10_999, 1).allowed);
         let v = take(&mut s, &l, 11_000, 1);
         assert!(v.allowed);
-        assert_eq!((v.remaining, v.next_ms), (2, 0));
+        // Units remain, and `t` is still the time to the window's end.
+        assert_eq!((v.remaining, v.next_ms), (2, 1000));
     }
 
     /// Five requests just before a window boundary and five right at it,

@@ -107,9 +107,12 @@ pub struct Verdict {
     pub allowed: bool,
     /// Units left after this request (before it, when denied).
     pub remaining: u64,
-    /// Milliseconds until at least one more unit is available: 0 while
-    /// units remain, the wait for this request when it is denied
-    /// (`RateLimit`'s `t` per draft-ietf-httpapi-ratelimit-headers-10).
+    /// Milliseconds until at least one more unit is made available,
+    /// whether or not units remain and whatever this request's cost
+    /// (`RateLimit`'s `t` per draft-ietf-httpapi-ratelimit-headers-10): a
+    /// fixed window's end, the oldest logged unit leaving, the weighted
+    /// count falling by a unit, the next token added (0 while a bucket is
+    /// full).
     pub next_ms: u64,
     /// Milliseconds until this request would fit; 0 when allowed.
     pub retry_after_ms: u64,
@@ -122,8 +125,8 @@ pub struct Decision {
     pub allowed: bool,
     /// Units left in the most constrained limit.
     pub remaining: u64,
-    /// Milliseconds until that limit has at least one more unit (0 while
-    /// units remain); when denied, the wait until this request fits.
+    /// Milliseconds until that limit makes at least one more unit
+    /// available (`t`; see [`Verdict::next_ms`]).
     pub next_ms: u64,
     /// Milliseconds until every denying limit would allow; 0 when allowed.
     pub retry_after_ms: u64,
