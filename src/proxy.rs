@@ -332,9 +332,9 @@ impl Forwarder {
 
 /// Whether an answer's body is read up to its first bytes before its head
 /// goes out, so that a body broken from its start is a `502` rather than a
-/// connection cut with nothing sent: any answer with a body, except a
-/// switch of protocols and the streams whose head a client wants at once,
-/// however long their first message takes (event streams, gRPC).
+/// connection cut with nothing sent (a gRPC call gets `UNAVAILABLE`): any
+/// answer with a body, except a switch of protocols and an event stream,
+/// whose head a client wants at once however long its first event takes.
 fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
     let status = head.status;
     *method != http::Method::HEAD
@@ -344,10 +344,7 @@ fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
         && !head
             .headers
             .get(http::header::CONTENT_TYPE)
-            .is_some_and(|t| {
-                let t = t.as_bytes();
-                t.starts_with(b"text/event-stream") || t.starts_with(b"application/grpc")
-            })
+            .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// `send`'s outcome, unless the upstream's response head is later than
