@@ -107,6 +107,27 @@ fn rsa_key(dir: &Path) -> (Vec<u8>, std::path::PathBuf) {
     (std::fs::read(&pkcs1).expect("read key"), public)
 }
 
+/// A new P-256 key pair, its public key written to `dir/jwks.json` as a
+/// JWK Set under `kid` "k1".
+fn ec_key(dir: &Path, rng: &SystemRandom) -> EcdsaKeyPair {
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, rng)
+        .expect("ec key");
+    let ec = EcdsaKeyPair::from_pkcs8(
+        &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        pkcs8.as_ref(),
+        rng,
+    )
+    .expect("ec pair");
+    let point = ec.public_key().as_ref();
+    let jwks = format!(
+        r#"{{"keys":[{{"kty":"EC","crv":"P-256","kid":"k1","alg":"ES256","use":"sig","x":"{}","y":"{}"}}]}}"#,
+        b64(&point[1..33]),
+        b64(&point[33..65])
+    );
+    std::fs::write(dir.join("jwks.json"), jwks).expect("write jwks");
+    ec
+}
+
 /// A Redis, an upstream for the routes, and a configuration counting in
 /// that Redis under a fresh prefix named for `test`.
 async fn setup(test: &str) -> (TestRedis, Upstream, Config) {
@@ -213,21 +234,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
     std::fs::write(dir.join("secret"), secret).expect("write secret");
     let (rsa_der, rsa_pub) = rsa_key(&dir);
     let rng = SystemRandom::new();
-    let ec_pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
-        .expect("ec key");
-    let ec = EcdsaKeyPair::from_pkcs8(
-        &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
-        ec_pkcs8.as_ref(),
-        &rng,
-    )
-    .expect("ec pair");
-    let point = ec.public_key().as_ref();
-    let jwks = format!(
-        r#"{{"keys":[{{"kty":"EC","crv":"P-256","kid":"k1","alg":"ES256","use":"sig","x":"{}","y":"{}"}}]}}"#,
-        b64(&point[1..33]),
-        b64(&point[33..65])
-    );
-    std::fs::write(dir.join("jwks.json"), jwks).expect("write jwks");
+    let ec = ec_key(&dir, &rng);
     let jwt = |alg: &str, key: &str| {
         format!(
             r#"client = {{ from = "jwt", claim = "sub", algorithm = "{alg}", {key}, issuer = "https://idp.example", audience = "orders", missing = "reject" }}"#
@@ -837,29 +844,15 @@ async fn flood(
 
 /// A flood of forged ES256 tokens from one address is refused without a
 /// signature check past `failures_per_minute` failures (so it costs about
-/// what as many plain denials cost: `bench/forged_tokens.sh` measures the
-/// CPU), while a client whose token was verified is still served. A token
+/// what as many plain denials cost: `cargo bench --bench forged_tokens`
+/// measures the CPU), while a client whose token was verified is still served. A token
 /// with a `crit` extension floodgate does not understand is refused.
 #[tokio::test]
 async fn forged_tokens_are_limited_per_address_before_they_cost_a_check() {
     let upstream = Upstream::start().await;
     let dir = temp_dir("forged-tokens");
     let rng = SystemRandom::new();
-    let ec_pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
-        .expect("ec key");
-    let ec = EcdsaKeyPair::from_pkcs8(
-        &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
-        ec_pkcs8.as_ref(),
-        &rng,
-    )
-    .expect("ec pair");
-    let point = ec.public_key().as_ref();
-    let jwks = format!(
-        r#"{{"keys":[{{"kty":"EC","crv":"P-256","kid":"k1","alg":"ES256","use":"sig","x":"{}","y":"{}"}}]}}"#,
-        b64(&point[1..33]),
-        b64(&point[33..65])
-    );
-    std::fs::write(dir.join("jwks.json"), jwks).expect("write jwks");
+    let ec = ec_key(&dir, &rng);
     let port = support::free_port();
     let config = Config::new()
         .listen_on(port)

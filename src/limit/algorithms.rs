@@ -416,6 +416,15 @@ mod tests {
         };
         /// At, cost, and the verdict worked out by hand.
         type Step = (u64, u64, Verdict);
+        // The same for both bucket algorithms.
+        let buckets = vec![
+            (T, 1, v(true, 9, 6_000, 0)),
+            (T, 5, v(true, 4, 6_000, 0)),
+            (T, 4, v(true, 0, 6_000, 0)),
+            (T, 1, v(false, 0, 6_000, 6_000)),
+            (T, 5, v(false, 0, 6_000, 30_000)),
+            (T + 3_000, 5, v(false, 0, 3_000, 27_000)),
+        ];
         let cases: [(Algorithm, Vec<Step>); 5] = [
             (
                 // Until the minute ends, whatever is left.
@@ -455,26 +464,9 @@ mod tests {
             (
                 // One unit added every 6 s; a denial waits for all it needs.
                 Algorithm::TokenBucket,
-                vec![
-                    (T, 1, v(true, 9, 6_000, 0)),
-                    (T, 5, v(true, 4, 6_000, 0)),
-                    (T, 4, v(true, 0, 6_000, 0)),
-                    (T, 1, v(false, 0, 6_000, 6_000)),
-                    (T, 5, v(false, 0, 6_000, 30_000)),
-                    (T + 3_000, 5, v(false, 0, 3_000, 27_000)),
-                ],
+                buckets.clone(),
             ),
-            (
-                Algorithm::Gcra,
-                vec![
-                    (T, 1, v(true, 9, 6_000, 0)),
-                    (T, 5, v(true, 4, 6_000, 0)),
-                    (T, 4, v(true, 0, 6_000, 0)),
-                    (T, 1, v(false, 0, 6_000, 6_000)),
-                    (T, 5, v(false, 0, 6_000, 30_000)),
-                    (T + 3_000, 5, v(false, 0, 3_000, 27_000)),
-                ],
-            ),
+            (Algorithm::Gcra, buckets),
         ];
         for (algorithm, steps) in cases {
             let l = limit(algorithm, 10, 60_000);
