@@ -129,6 +129,18 @@ impl Drop for Endpoint {
     }
 }
 
+/// A configuration with the upstream "pair" of `a` and `b`, set up further
+/// by `line`.
+fn pair(a: &Endpoint, b: &Endpoint, line: &str) -> Config {
+    Config::new().upstream(
+        "pair",
+        &[
+            &format!(r#"endpoints = ["{}", "{}"]"#, a.url(), b.url()),
+            line,
+        ],
+    )
+}
+
 /// `count` GETs of `path`, `at_once` at a time; every answer's status and
 /// body.
 async fn requests(
@@ -163,14 +175,7 @@ async fn requests(
 async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
     let a = Endpoint::start("a", 0).await;
     let mut b = Endpoint::start("b", 0).await;
-    let toml = Config::new()
-        .upstream(
-            "pair",
-            &[
-                &format!(r#"endpoints = ["{}", "{}"]"#, a.url(), b.url()),
-                r#"eject_for = "1s""#,
-            ],
-        )
+    let toml = pair(&a, &b, r#"eject_for = "1s""#)
         .route(Route::new("all").upstream("pair"))
         .admin()
         .toml();
@@ -292,14 +297,7 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
 async fn in_flight_gets_to_a_dying_endpoint_go_to_the_other_and_a_post_is_never_repeated() {
     let a = Endpoint::start("a", 0).await;
     let mut b = Endpoint::start("b", 0).await;
-    let toml = Config::new()
-        .upstream(
-            "pair",
-            &[
-                &format!(r#"endpoints = ["{}", "{}"]"#, a.url(), b.url()),
-                r#"balance = "round_robin""#,
-            ],
-        )
+    let toml = pair(&a, &b, r#"balance = "round_robin""#)
         .route(Route::new("all").upstream("pair"))
         .toml();
     let gate = Floodgate::start(&toml).await;
