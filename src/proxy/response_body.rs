@@ -25,6 +25,37 @@ pub enum UpstreamBodyError {
     Broken(#[source] hyper::Error),
 }
 
+/// A body's first frame, kept small: the body moves with its answer.
+#[derive(Debug)]
+enum First {
+    Data(Bytes),
+    /// Trailers first (a body with no data): rare, so boxed.
+    Trailers(Box<Frame<Bytes>>),
+}
+
+impl First {
+    fn of(frame: Frame<Bytes>) -> Self {
+        match frame.into_data() {
+            Ok(data) => Self::Data(data),
+            Err(frame) => Self::Trailers(Box::new(frame)),
+        }
+    }
+
+    fn frame(self) -> Frame<Bytes> {
+        match self {
+            Self::Data(data) => Frame::data(data),
+            Self::Trailers(frame) => *frame,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Data(data) => data.len(),
+            Self::Trailers(_) => 0,
+        }
+    }
+}
+
 /// An upstream's response body on its way to the client.
 #[derive(Debug)]
 pub struct UpstreamBody {
@@ -35,7 +66,7 @@ pub struct UpstreamBody {
     /// The HTTP/1.1 connection it came on, back to its pool at the end.
     release: Option<Release>,
     /// The first frame, read before the answer went out.
-    first: Option<Frame<Bytes>>,
+    first: Option<First>,
 }
 
 impl UpstreamBody {
@@ -68,7 +99,7 @@ impl UpstreamBody {
         }
         match std::future::poll_fn(|cx| self.poll_inner(cx)).await {
             Some(Ok(frame)) => {
-                self.first = Some(frame);
+                self.first = Some(First::of(frame));
                 Ok(())
             }
             Some(Err(e)) => Err(e),
@@ -126,8 +157,8 @@ impl Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
-        if let Some(frame) = self.first.take() {
-            return Poll::Ready(Some(Ok(frame)));
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(first.frame())));
         }
         self.poll_inner(cx)
     }
@@ -138,12 +169,7 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         let hint = self.inner.size_hint();
-        let Some(len) = self
-            .first
-            .as_ref()
-            .and_then(Frame::data_ref)
-            .map(Bytes::len)
-        else {
+        let Some(len) = self.first.as_ref().map(First::len) else {
             return hint;
         };
         let len = len as u64;
