@@ -155,6 +155,9 @@ impl Config {
         if a.http2_max_concurrent_streams != b.http2_max_concurrent_streams {
             out.push("http2_max_concurrent_streams");
         }
+        if a.reload_on_change != b.reload_on_change {
+            out.push("reload_on_change");
+        }
         if self.store != new.store {
             out.push("store");
         }

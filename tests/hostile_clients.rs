@@ -96,9 +96,7 @@ async fn hostile_ids_leave_memory_flat(store: Option<(&TestRedis, String)>) {
         // A decision, not on_error: on a machine whose cores are busy a
         // Redis answer can take longer than the usual 200 ms, and
         // `on_error = "allow"` would then admit an id a second time.
-        config = config
-            .redis(&redis.url, prefix)
-            .store(r#"timeout = "5s""#);
+        config = config.redis(&redis.url, prefix).store(r#"timeout = "5s""#);
     }
     let path = config.write("hostile-memory");
     let gate = FloodgateProcess::spawn(&path, port).await;

@@ -67,6 +67,12 @@ async fn a_changed_file_applies_a_broken_one_is_refused_and_in_flight_requests_f
     let gate = Floodgate::start_file(&path).await;
     let client = TestClient::http1();
     let api = gate.url("/api");
+    let started = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+    assert_eq!(
+        metric(&started, "floodgate_config_last_reload_successful"),
+        1,
+        "the file read at start was applied"
+    );
     assert_eq!(client.get(&api, &[]).await.status, 200);
     assert_eq!(client.get(&api, &[]).await.status, 200);
     assert_eq!(client.get(&api, &[]).await.status, 429);
@@ -108,6 +114,11 @@ async fn a_changed_file_applies_a_broken_one_is_refused_and_in_flight_requests_f
                     "floodgate_config_reloads_total{result=\"success\"}"
                 ),
                 1
+            );
+            // The alert's gauge stays 0 for as long as the file is broken.
+            assert_eq!(
+                metric(&metrics, "floodgate_config_last_reload_successful"),
+                0
             );
             break;
         }

@@ -114,6 +114,8 @@ pub struct Metrics {
     store_errors: Family<KindLabel, Counter>,
     reloads: Family<ResultLabel, Counter>,
     config_info: Family<DigestLabel, Gauge>,
+    last_reload_successful: Gauge,
+    last_reload_success: Gauge<f64, std::sync::atomic::AtomicU64>,
     client_entries: Family<TableLabel, Gauge>,
     client_entries_full: Family<TableLabel, Counter>,
     refusals: Family<RefusalLabel, Counter>,
@@ -260,6 +262,18 @@ impl Metrics {
             "The configuration in force, by the first 16 hex digits of its SHA-256",
             config_info.clone(),
         );
+        let last_reload_successful = Gauge::default();
+        registry.register(
+            "floodgate_config_last_reload_successful",
+            "1 while the configuration file last read (at start or on a reload) was applied; 0 while the file on disk was refused and older rules run",
+            last_reload_successful.clone(),
+        );
+        let last_reload_success = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "floodgate_config_last_reload_success_timestamp_seconds",
+            "When a configuration was last applied (at start or on a reload), in seconds since the Unix epoch",
+            last_reload_success.clone(),
+        );
         let client_entries = Family::default();
         registry.register(
             "floodgate_client_entries",
@@ -335,6 +349,8 @@ impl Metrics {
             store_errors,
             reloads,
             config_info,
+            last_reload_successful,
+            last_reload_success,
             client_entries,
             client_entries_full,
             refusals,
@@ -499,6 +515,8 @@ impl Metrics {
             .inc();
         if applied {
             self.config_loaded(digest);
+        } else {
+            self.last_reload_successful.set(0);
         }
     }
 
@@ -510,8 +528,11 @@ impl Metrics {
             .clone()
     }
 
-    /// Marks `digest` as the configuration in force.
+    /// Marks `digest` as the configuration in force, applied now.
     pub fn config_loaded(&self, digest: &str) {
+        self.last_reload_successful.set(1);
+        self.last_reload_success
+            .set(crate::clock::now_ms() as f64 / 1000.0);
         let mut current = self
             .config_digest
             .lock()
