@@ -7,7 +7,7 @@
 //! | [`config`] | what did the operator ask for? (TOML → validated [`config::Config`]: the rule table, the upstreams routes refer to by index, and each module's settings; no live state) |
 //! | [`head`] | does the request head have one meaning? (method spelling, one `Host`, no CONNECT) |
 //! | [`routes`] | which route is this request on, and what are its rules? (matching by path, template, method, host and headers; its limits and the overrides for some clients; how its answers carry them; its upstream, by index) |
-//! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route) |
+//! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route; how many failed credentials an address may send before its new tokens go unchecked) |
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
 //! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue; its settings in [`concurrency::settings`], its series in [`concurrency::metrics`]) |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breakers (one per Redis node: a cluster's primaries each have their own, as the store routes decisions to them itself), denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
