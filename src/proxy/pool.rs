@@ -443,9 +443,12 @@ impl Pool {
                 Box::new(Head::of(request)),
                 error.into_error(),
             )),
-            (None, Some(head)) if pooled && error.error().is_incomplete_message() => Err(
-                Failure::Again(Box::new((head, RequestBody::empty())), error.into_error()),
-            ),
+            // Closed or reset before any answer: the keep-alive race, or
+            // an endpoint going away; it goes once more, on a new one.
+            (None, Some(head)) if pooled && broke_off(error.error()) => Err(Failure::Again(
+                Box::new((head, RequestBody::empty())),
+                error.into_error(),
+            )),
             // A new connection that broke before any answer: the endpoint
             // is likely going away, so the request goes elsewhere.
             (None, Some(head)) if !pooled && broke_off(error.error()) => Err(Failure::Elsewhere(
