@@ -286,19 +286,17 @@ struct Attempt<'a> {
 /// more on a new connection.
 enum Failure {
     Final(SendError),
-    /// A pooled connection closed as the request arrived: send it again on
-    /// a new one. Boxed: rare, and large beside the other.
+    /// The request may go again: never written on a pooled connection,
+    /// or bodiless and idempotent on a connection that closed or was reset
+    /// before any answer. Boxed: rare, and large beside the other.
     Again(Box<(Head, RequestBody)>, hyper::Error),
-    /// A new connection broke before any answer to a request that may go
-    /// again (bodiless, idempotent): the caller may send it elsewhere.
-    Elsewhere(Box<(Head, RequestBody)>, hyper::Error),
 }
 
 impl Failure {
     fn into_error(self) -> SendError {
         match self {
             Self::Final(e) => e,
-            Self::Again(_, e) | Self::Elsewhere(_, e) => SendError::Failed(e),
+            Self::Again(_, e) => SendError::Failed(e),
         }
     }
 }
@@ -373,10 +371,13 @@ impl Pool {
         match self.send_on(sender, head, body, attempt).await {
             Ok(exchange) => Ok(exchange),
             Err(Failure::Final(e)) => Err(e.into()),
-            Err(Failure::Elsewhere(again, error)) => Err(SendFailure {
+            // A new connection that broke: the endpoint is likely going
+            // away, so the caller may send the request elsewhere.
+            Err(Failure::Again(again, error)) if !pooled => Err(SendFailure {
                 error: SendError::Failed(error),
                 unsent: Some(again),
             }),
+            // A pooled one: the keep-alive race; again on a new connection.
             Err(Failure::Again(again, error)) => {
                 let (head, body) = *again;
                 tracing::debug!(
@@ -443,15 +444,9 @@ impl Pool {
                 Box::new(Head::of(request)),
                 error.into_error(),
             )),
-            // Closed or reset before any answer: the keep-alive race, or
-            // an endpoint going away; it goes once more, on a new one.
-            (None, Some(head)) if pooled && broke_off(error.error()) => Err(Failure::Again(
-                Box::new((head, RequestBody::empty())),
-                error.into_error(),
-            )),
-            // A new connection that broke before any answer: the endpoint
-            // is likely going away, so the request goes elsewhere.
-            (None, Some(head)) if !pooled && broke_off(error.error()) => Err(Failure::Elsewhere(
+            // Closed or reset before any answer: the keep-alive race, or an
+            // endpoint going away.
+            (None, Some(head)) if broke_off(error.error()) => Err(Failure::Again(
                 Box::new((head, RequestBody::empty())),
                 error.into_error(),
             )),
