@@ -43,7 +43,7 @@ use balance::{Failure, Group, Member};
 use headers::{UPGRADE_OPTION, strip_hop_by_hop, upstream_headers, via};
 use pool::{Exchange, Head, Pools, SendError};
 use request_body::{ClientBodyError, RequestBody, Sent};
-use response_body::UpstreamBody;
+use response_body::{UpstreamBody, UpstreamBodyError};
 use settings::Endpoint;
 
 /// The client side's limits of one forwarded exchange.
@@ -130,12 +130,15 @@ impl Forwarder {
         // A small body is read whole before an upstream connection is
         // taken: a slow upload holds no upstream connection.
         if timeouts.buffer > 0
+            && sent.is_some() // the body has anything to send
             && let Err(e) = body.read_ahead(timeouts.buffer).await
         {
             return Err(self.client_body_refusal(&e, None));
         }
-        // A request none of which was written goes once more, to another
-        // endpoint; it is still one request against the route's limits.
+        // A request none of which was written, or a bodiless idempotent one
+        // whose connection broke before any answer, goes once more (to
+        // another endpoint when there is one); it is still one request
+        // against the route's limits.
         let mut tries = 0;
         let Exchange {
             mut response,
@@ -229,12 +232,24 @@ impl Forwarder {
         if reads_first(&request.method, &parts)
             && let Err(e) = body.read_first().await
         {
-            member.count(Failure::Protocol);
-            tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer broke off before any of it was sent");
-            return Err(Refusal::upstream(
-                StatusCode::BAD_GATEWAY,
-                "the upstream's answer broke off before any of it was sent",
-            ));
+            // Nothing of the answer has gone out: floodgate answers instead.
+            tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer failed before any of it was sent");
+            return Err(match e {
+                UpstreamBodyError::TimedOut(_) => {
+                    member.count(Failure::Timeout);
+                    Refusal::upstream(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "the upstream's answer stalled before any of it was sent",
+                    )
+                }
+                UpstreamBodyError::Broken(_) => {
+                    member.count(Failure::Protocol);
+                    Refusal::upstream(
+                        StatusCode::BAD_GATEWAY,
+                        "the upstream's answer broke off before any of it was sent",
+                    )
+                }
+            });
         }
         let response = Response::from_parts(parts, Either::Left(body));
         Ok((response, Arc::clone(&members[chosen])))

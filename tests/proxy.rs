@@ -856,6 +856,29 @@ async fn an_answer_broken_before_its_first_byte_is_a_502_and_the_connection_goes
     );
 }
 
+/// An answer whose body stays silent past `upstream_body_timeout` before
+/// its first byte is floodgate's `504`: nothing of it had gone out.
+#[tokio::test]
+async fn an_answer_silent_before_its_first_byte_is_a_504() {
+    let upstream = ScriptedUpstream::start(vec![(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+        false,
+    )])
+    .await;
+    let toml = proxy_config(&format!("http://{}", upstream.addr)).replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nupstream_body_timeout = \"300ms\"",
+    );
+    let gate = Floodgate::start(&toml).await;
+    let answer = TestClient::http1().get(&gate.url("/stalled"), &[]).await;
+    assert_eq!(answer.status, 504);
+    assert!(
+        answer.text().contains("stalled before any of it was sent"),
+        "{}",
+        answer.text()
+    );
+}
+
 #[tokio::test]
 async fn a_malformed_request_body_is_the_clients_fault() {
     use tokio::io::AsyncWriteExt;

@@ -317,18 +317,20 @@ impl ClientRule {
         let Some(failures) = &self.failures else {
             return rule.claim(headers).map_err(ClientError::Token);
         };
-        let address = client_address(headers, peer, trusted);
+        // The address is looked for only when a token is not already
+        // known: a client's every request carries the same one.
+        let address = || client_address(headers, peer, trusted);
         let now_ms = crate::clock::now_ms();
         let mut spent = None;
         let claimed = rule.claim_if(headers, now_ms / 1000, || {
-            spent = failures.spent(address, now_ms);
+            spent = failures.spent(address(), now_ms);
             spent.is_none()
         });
         match (claimed, spent) {
             (Ok(claim), _) => Ok(claim),
             (Err(_), Some(wait)) => Err(ClientError::TooManyFailures(wait)),
             (Err(e), None) => {
-                failures.count(address, now_ms);
+                failures.count(address(), now_ms);
                 Err(ClientError::Token(e))
             }
         }
