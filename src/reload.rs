@@ -3,8 +3,7 @@
 //! or of the listener's certificate, key or client CA files, change: a
 //! renewed certificate is served to new connections without a signal.
 //!
-//! Files are read on a blocking thread, never on a runtime worker. The file
-//! is compared by contents once a second rather than watched with
+//! The file is compared by contents once a second rather than watched with
 //! inotify: that also sees the symlink swaps Kubernetes uses for mounted
 //! ConfigMaps, which file-event watchers commonly miss, for the cost of one
 //! small read a second.
@@ -25,7 +24,7 @@ const POLL: Duration = Duration::from_secs(1);
 pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
     let path = running.path.clone();
     let mut watched = running.files();
-    let mut last_seen = contents(&watched).await;
+    let mut last_seen = contents(&watched);
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -36,7 +35,7 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
         if !asked && !running.server.reload_on_change {
             continue;
         }
-        let now = contents(&watched).await;
+        let now = contents(&watched);
         if !asked && (now.iter().any(Option::is_none) || now == last_seen) {
             continue;
         }
@@ -46,15 +45,11 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
             tracing::info!(path = %path.display(), "configuration or certificate files changed");
         }
         last_seen = now;
-        let reading = path.clone();
-        let Ok(loaded) = tokio::task::spawn_blocking(move || config::load(&reading)).await else {
-            continue;
-        };
-        match loaded {
+        match config::load(&path) {
             Ok(new) => {
                 // The new file may name other certificate files.
                 watched = new.files();
-                last_seen = contents(&watched).await;
+                last_seen = contents(&watched);
                 shared.reload(&running, new).await;
             }
             Err(e) => shared.reload_refused(&e),
@@ -62,12 +57,6 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
     }
 }
 
-/// The contents of `files` (`None` for one that cannot be read), read on
-/// a blocking thread: a slow disk never holds a runtime worker.
-async fn contents(files: &[PathBuf]) -> Vec<Option<Vec<u8>>> {
-    let files = files.to_vec();
-    let count = files.len();
-    tokio::task::spawn_blocking(move || files.iter().map(|f| std::fs::read(f).ok()).collect())
-        .await
-        .unwrap_or_else(|_| vec![None; count])
+fn contents(files: &[PathBuf]) -> Vec<Option<Vec<u8>>> {
+    files.iter().map(|f| std::fs::read(f).ok()).collect()
 }
