@@ -178,7 +178,7 @@ impl Forwarder {
             }
             // Once more, to another endpoint when there is one; a request
             // whose connection broke goes once more even to the same one.
-            let broke = matches!(failure.error, SendError::Failed(_));
+            let broke = matches!(failure.error, SendError::Failed(_)) && !failure.elsewhere_only;
             match failure.unsent {
                 Some(unsent) if tries == 0 && (members.len() > 1 || broke) => {
                     tries += 1;

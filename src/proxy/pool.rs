@@ -63,6 +63,8 @@ pub struct SendFailure {
     /// The request, when it may go again: never written, or a bodiless
     /// idempotent request whose connection broke before any answer.
     pub unsent: Option<Box<(Head, RequestBody)>>,
+    /// It already went twice to this endpoint: send it only to another.
+    pub elsewhere_only: bool,
 }
 
 impl SendFailure {
@@ -70,6 +72,7 @@ impl SendFailure {
         Self {
             error,
             unsent: Some(Box::new((head, body))),
+            elsewhere_only: false,
         }
     }
 }
@@ -79,6 +82,7 @@ impl From<SendError> for SendFailure {
         Self {
             error,
             unsent: None,
+            elsewhere_only: false,
         }
     }
 }
@@ -376,6 +380,7 @@ impl Pool {
             Err(Failure::Again(again, error)) if !pooled => Err(SendFailure {
                 error: SendError::Failed(error),
                 unsent: Some(again),
+                elsewhere_only: false,
             }),
             // A pooled one: the keep-alive race; again on a new connection.
             Err(Failure::Again(again, error)) => {
@@ -392,9 +397,18 @@ impl Pool {
                     pooled: false,
                     ..attempt
                 };
+                // Broken again: the endpoint is going away; the caller may
+                // send it to another one (and only to another one).
                 self.send_on(fresh, head, body, last)
                     .await
-                    .map_err(|f| f.into_error().into())
+                    .map_err(|f| match f {
+                        Failure::Again(again, error) => SendFailure {
+                            error: SendError::Failed(error),
+                            unsent: Some(again),
+                            elsewhere_only: true,
+                        },
+                        f => f.into_error().into(),
+                    })
             }
         }
     }
