@@ -10,49 +10,96 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 
-use crate::config::{self, Config};
+use crate::config::{self, Config, LoadError};
 use crate::gate::Shared;
 
 /// How often the file is compared.
 const POLL: Duration = Duration::from_secs(1);
 
-/// Reloads `running.path` into `shared` whenever asked or changed, forever.
+/// Reloads `running.path` into `shared` whenever asked or changed, until
+/// dropped.
+///
+/// Files are read on a thread of the watcher's own, never on a runtime
+/// worker: a slow disk or a network mount delays the next reload, not the
+/// requests those workers serve. The configuration it reads comes back here
+/// to be applied.
 pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
-    let path = running.path.clone();
-    let mut watched = running.files();
-    let mut last_seen = contents(&watched);
-    let mut tick = tokio::time::interval(POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (ask, asked) = std::sync::mpsc::channel();
+    let (send, mut loaded) = mpsc::channel(1);
+    let reader = Reader {
+        path: running.path.clone(),
+        watched: running.files(),
+        on_change: running.server.reload_on_change,
+    };
+    let spawned = std::thread::Builder::new()
+        .name("floodgate-reload".to_owned())
+        .spawn(move || reader.run(&asked, &send));
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the reload thread: the configuration will not be reloaded");
+        return;
+    }
     loop {
-        let asked = tokio::select! {
-            () = reload.notified() => true,
-            _ = tick.tick() => false,
-        };
-        if !asked && !running.server.reload_on_change {
-            continue;
-        }
-        let now = contents(&watched);
-        if !asked && (now.iter().any(Option::is_none) || now == last_seen) {
-            continue;
-        }
-        if asked {
-            tracing::info!(path = %path.display(), "reload requested");
-        } else {
-            tracing::info!(path = %path.display(), "configuration or certificate files changed");
-        }
-        last_seen = now;
-        match config::load(&path) {
-            Ok(new) => {
-                // The new file may name other certificate files.
-                watched = new.files();
-                last_seen = contents(&watched);
-                shared.reload(&running, new).await;
+        tokio::select! {
+            () = reload.notified() => {
+                if ask.send(()).is_err() {
+                    return;
+                }
             }
-            Err(e) => shared.reload_refused(&e),
+            new = loaded.recv() => match new {
+                Some(Ok(new)) => shared.reload(&running, new).await,
+                Some(Err(e)) => shared.reload_refused(&e),
+                None => return,
+            },
+        }
+    }
+}
+
+/// The reload thread's state: what it reads and what it last saw.
+struct Reader {
+    path: PathBuf,
+    watched: Vec<PathBuf>,
+    on_change: bool,
+}
+
+impl Reader {
+    /// Reads and loads the file when asked (`asked`) or, once a second,
+    /// when it or a file it names changed; sends each load's result. Ends
+    /// when the watcher is dropped.
+    fn run(mut self, asked: &Receiver<()>, loaded: &mpsc::Sender<Result<Config, LoadError>>) {
+        let mut last_seen = contents(&self.watched);
+        loop {
+            let asked = match asked.recv_timeout(POLL) {
+                Ok(()) => true,
+                Err(RecvTimeoutError::Timeout) => false,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            if !asked && !self.on_change {
+                continue;
+            }
+            let now = contents(&self.watched);
+            if !asked && (now.iter().any(Option::is_none) || now == last_seen) {
+                continue;
+            }
+            if asked {
+                tracing::info!(path = %self.path.display(), "reload requested");
+            } else {
+                tracing::info!(path = %self.path.display(), "configuration or certificate files changed");
+            }
+            last_seen = now;
+            let new = config::load(&self.path);
+            if let Ok(new) = &new {
+                // The new file may name other certificate files.
+                self.watched = new.files();
+                last_seen = contents(&self.watched);
+            }
+            if loaded.blocking_send(new).is_err() {
+                return;
+            }
         }
     }
 }
