@@ -38,7 +38,7 @@ fn route(name: &str, algorithm: &str, limit: u64) -> Route {
 }
 
 fn config(urls: &[String], prefix: &str, on_error: &str, limit: u64) -> String {
-    let mut config = store(urls, prefix, on_error, "300ms");
+    let mut config = store(urls, prefix, on_error, "1s");
     for algorithm in ALGORITHMS {
         config = config.route(route(algorithm, algorithm, limit));
     }
@@ -350,11 +350,13 @@ impl Load {
     }
 }
 
-/// floodgate on the cluster at `urls` with `on_error = "deny"` and a 100 ms
-/// timeout: `/load` never limits (every decided answer is a 200, every
+/// floodgate on the cluster at `urls` with `on_error = "deny"` and a 500 ms
+/// timeout (long enough that a healthy primary's decision delayed by a
+/// starved machine stays a decision, short enough that the lost node's
+/// breaker opens within the first second): `/load` never limits (every decided answer is a 200, every
 /// `on_error` answer a 503), `/exact` admits 3 an hour per client.
 fn failover_config(urls: &[String], prefix: &str) -> String {
-    store(urls, prefix, "deny", "100ms")
+    store(urls, prefix, "deny", "500ms")
         .admin()
         .route(route("load", "gcra", 1_000_000))
         .route(route("exact", "sliding_log", 3))

@@ -22,7 +22,6 @@ async fn a_flooding_client_costs_one_redis_call_per_retry_after_period() {
     let redis = TestRedis::start_private().await;
     let toml = Config::new()
         .redis(&redis.url, &unique_prefix("flood"))
-        .store(r#"timeout = "50ms""#)
         .route(
             Route::new("api")
                 .respond("status = 200")

@@ -500,7 +500,6 @@ async fn hostile_client_ids_get_their_own_buckets_in_redis() {
     let toml = Config::new()
         .server(r#"on_long_client_id = "hash""#)
         .redis(&redis.url, &prefix)
-        .store(r#"timeout = "50ms""#)
         .route(
             Route::new("api")
                 .respond("status = 200")

@@ -768,21 +768,23 @@ async fn store_down_follows_on_error_within_the_timeout() {
     let mut redis = TestRedis::start_process().await;
     let upstream = Upstream::start().await;
     let limits = "{ algorithm = \"fixed_window\", limit = 100, window = \"60s\" }";
-    let allow = Floodgate::start(&redis_config(
+    // The outage is real here, so a short timeout: 200 ms.
+    let short = |toml: String| toml.replace(r#"timeout = "1s""#, r#"timeout = "200ms""#);
+    let allow = Floodgate::start(&short(redis_config(
         &redis.url,
         &unique_prefix("allow"),
         &upstream.url(),
         limits,
         "allow",
-    ))
+    )))
     .await;
-    let deny = Floodgate::start(&redis_config(
+    let deny = Floodgate::start(&short(redis_config(
         &redis.url,
         &unique_prefix("deny"),
         &upstream.url(),
         limits,
         "deny",
-    ))
+    )))
     .await;
     let client = TestClient::http1();
     assert_eq!(client.get(&allow.url("/x"), &[]).await.status, 200);

@@ -66,38 +66,42 @@ impl Config {
         self
     }
 
-    /// Counts in one Redis at `url`, under `prefix`, with a 200 ms timeout.
+    /// Counts in one Redis at `url`, under `prefix`, with a 1 s timeout.
+    ///
+    /// The timeouts here are sized for a loaded machine: a decision that a
+    /// starved scheduler delays must stay a decision, not turn into an
+    /// `on_error` answer. Tests of the outage path set their own.
     pub fn redis(mut self, url: &str, prefix: &str) -> Self {
         self.store = vec![
             r#"backend = "redis""#.to_owned(),
             format!(r#"url = "{url}""#),
             format!(r#"key_prefix = "{prefix}""#),
-            r#"timeout = "200ms""#.to_owned(),
+            r#"timeout = "1s""#.to_owned(),
         ];
         self
     }
 
     /// Counts in the Redis Cluster found through `urls`, under `prefix`,
-    /// with a 200 ms timeout.
+    /// with a 1 s timeout.
     pub fn redis_cluster(mut self, urls: &[String], prefix: &str) -> Self {
         self.store = vec![
             r#"backend = "redis_cluster""#.to_owned(),
             format!("urls = [{}]", quoted(urls)),
             format!(r#"key_prefix = "{prefix}""#),
-            r#"timeout = "200ms""#.to_owned(),
+            r#"timeout = "1s""#.to_owned(),
         ];
         self
     }
 
     /// Counts in the primary of the Sentinel group `master` that the
-    /// Sentinels at `urls` watch, under `prefix`, with a 200 ms timeout.
+    /// Sentinels at `urls` watch, under `prefix`, with a 1 s timeout.
     pub fn redis_sentinel(mut self, urls: &[String], master: &str, prefix: &str) -> Self {
         self.store = vec![
             r#"backend = "redis_sentinel""#.to_owned(),
             format!("urls = [{}]", quoted(urls)),
             format!(r#"master_name = "{master}""#),
             format!(r#"key_prefix = "{prefix}""#),
-            r#"timeout = "200ms""#.to_owned(),
+            r#"timeout = "1s""#.to_owned(),
         ];
         self
     }

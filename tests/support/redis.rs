@@ -1,6 +1,8 @@
 //! A Redis for tests, found in this order: `REDIS_URL` if set; else a
-//! container through testcontainers when a Docker daemon answers; else a
-//! `redis-server` from `PATH`, started on a free port and killed on drop.
+//! container through testcontainers when a Docker daemon answers and has
+//! the `redis:7.2` image (nothing is pulled: a host without a registry
+//! would fail at once); else a `redis-server` from `PATH`, started on a
+//! free port and killed on drop.
 //! Tests never talk to a Redis they did not start or were not given, and
 //! each uses its own key prefix so they can share one.
 
@@ -40,7 +42,7 @@ impl TestRedis {
     /// A Redis of this test's own (container or process), for tests that
     /// read server-wide statistics; `REDIS_URL` only when neither is possible.
     pub async fn start_private() -> Self {
-        if docker_answers() {
+        if docker_has_redis() {
             let container = Redis::default()
                 .with_tag("7.2")
                 .start()
@@ -243,6 +245,24 @@ fn which_redis_server() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// The image the container tests run.
+const IMAGE: &str = "redis:7.2";
+
+/// Whether a Docker daemon answers and holds [`IMAGE`], asked once per
+/// test binary.
+fn docker_has_redis() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        docker_answers()
+            && Command::new("docker")
+                .args(["image", "inspect", IMAGE])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+    })
 }
 
 fn docker_answers() -> bool {
