@@ -3,7 +3,10 @@
 # need, then runs `cargo test --locked` (extra arguments are passed to it).
 #
 # - Redis: REDIS_URL if set, else Docker (testcontainers) if a daemon
-#   answers; else a redis-server the tests start themselves, with redis-cli.
+#   answers and has the redis:7.2 image; else a redis-server the tests
+#   start themselves. redis-server and redis-cli are installed either way:
+#   the Cluster, Sentinel, TLS and outage tests start, pause and kill
+#   their own.
 # - openssl (the TLS tests make their certificates), promtool (the metrics
 #   exposition is checked with it), Chromium (the dashboard is rendered
 #   headless), Python 3 with grpcio and websockets (the gRPC and WebSocket
@@ -16,9 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 packages=()
-if [ -z "${REDIS_URL:-}" ] && ! docker info >/dev/null 2>&1; then
-  command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
-fi
+command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || packages+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || packages+=(openssl)
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
