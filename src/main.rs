@@ -23,10 +23,13 @@ struct Flags {
     /// Log format: "text" for people, "json" for log pipelines.
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
-    /// GET this URL (e.g. http://127.0.0.1:9901/healthz) and exit 0 on a 2xx
-    /// answer, 1 otherwise: a container health check without curl.
-    #[arg(long, value_name = "URL")]
-    probe: Option<String>,
+    /// A container health check without curl: exit 0 when floodgate is
+    /// healthy, 1 otherwise. With a URL, GET it and want a 2xx answer.
+    /// Without one, read the configuration file (`--config`,
+    /// `FLOODGATE_CONFIG`) and GET `/healthz` on its admin listener, or,
+    /// when it has none, connect to its proxy listener.
+    #[arg(long, value_name = "URL", num_args = 0..=1)]
+    probe: Option<Option<String>>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -38,7 +41,10 @@ enum LogFormat {
 fn main() -> ExitCode {
     let flags = Flags::parse();
     if let Some(url) = &flags.probe {
-        return probe(url);
+        return match url {
+            Some(url) => probe(url),
+            None => probe_configured(&flags.config),
+        };
     }
     let (filter, bad_filter) = match log_filter() {
         Ok(filter) => (filter, None),
@@ -132,7 +138,7 @@ fn probe(url: &str) -> ExitCode {
             let client =
                 hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                     .build_http::<http_body_util::Empty<bytes::Bytes>>();
-            let response = tokio::time::timeout(std::time::Duration::from_secs(3), client.get(uri))
+            let response = tokio::time::timeout(PROBE_TIMEOUT, client.get(uri))
                 .await
                 .context("no answer within 3 s")?
                 .context("request failed")?;
@@ -150,6 +156,56 @@ fn probe(url: &str) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--probe` without a URL: the admin listener's `/healthz` as the file at
+/// `path` names it, or a connection to the proxy listener when there is no
+/// admin listener. An unspecified address (`0.0.0.0`, `[::]`) is probed on
+/// loopback.
+fn probe_configured(path: &std::path::Path) -> ExitCode {
+    let listeners = match floodgate::config::listeners(path) {
+        Ok(listeners) => listeners,
+        Err(problem) => {
+            eprintln!("cannot tell where to probe: {problem}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(admin) = listeners.admin_listen {
+        return probe(&format!("http://{}/healthz", reachable(admin)));
+    }
+    let address = reachable(listeners.listen);
+    let connected = std::net::TcpStream::connect_timeout(&address, PROBE_TIMEOUT);
+    match connected {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{address} (listen; no admin_listen to ask /healthz): {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How long a probe waits for its answer.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Where a local client reaches a listener bound to `address`.
+fn reachable(address: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match address.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    std::net::SocketAddr::new(ip, address.port())
+}
+
+/// Whether floodgate runs in a container: Docker's and Podman's marker
+/// files, the `container` variable systemd-nspawn and Podman set, or a
+/// Kubernetes pod's service variables.
+fn in_container() -> bool {
+    std::path::Path::new("/.dockerenv").exists()
+        || std::path::Path::new("/run/.containerenv").exists()
+        || std::env::var_os("container").is_some()
+        || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
 }
 
 fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
@@ -184,6 +240,13 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
             digest = %config.digest,
             "floodgate listening"
         );
+        if config.server.listen.ip().is_loopback() && in_container() {
+            tracing::warn!(
+                listen = %config.server.listen,
+                "listen is a loopback address inside a container: nothing outside this container (a published port, another pod) can reach it; listen on 0.0.0.0:{}",
+                config.server.listen.port()
+            );
+        }
         floodgate::run(config, listeners, shutdown, reload)
             .await
             .context("server failed")
