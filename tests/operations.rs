@@ -547,3 +547,78 @@ async fn metrics_come_in_both_formats_with_help_process_and_build_series() {
     );
     assert!(new.text().ends_with("# EOF\n"));
 }
+
+/// `--probe` without a URL reads the configuration file (`--config` or
+/// `FLOODGATE_CONFIG`): `/healthz` on its admin listener (an unspecified
+/// address probed on loopback), or a connection to `listen` when it has no
+/// admin listener; a file it cannot read says why.
+#[tokio::test]
+async fn the_probe_without_a_url_follows_the_configuration() {
+    let gate = Floodgate::start(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n[[routes]]\nname = \"a\"\nrespond = { status = 200 }\n",
+    )
+    .await;
+    let admin = gate.admin.expect("admin listener").port();
+    let proxy = gate.addr.port();
+    let closed = support::free_port();
+    let dir = support::temp_dir("probe");
+    let probe = |server: String, by_env: bool| {
+        let file = dir.join(format!("probe-{}.toml", support::free_port()));
+        async move {
+            // The rest of the file is not read: not even a valid route.
+            std::fs::write(
+                &file,
+                format!("[server]\n{server}\n[[routes]]\nbroken = 1\n"),
+            )
+            .expect("write");
+            tokio::task::spawn_blocking(move || {
+                let mut probe = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+                probe.arg("--probe");
+                if by_env {
+                    probe.env("FLOODGATE_CONFIG", &file);
+                } else {
+                    probe.arg("--config").arg(&file);
+                }
+                let out = probe.output().expect("run probe");
+                (
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            })
+            .await
+            .expect("probe task")
+        }
+    };
+    let healthy = (Some(0), String::new());
+    assert_eq!(
+        probe(
+            format!("listen = \"0.0.0.0:{closed}\"\nadmin_listen = \"0.0.0.0:{admin}\""),
+            true
+        )
+        .await,
+        healthy
+    );
+    assert_eq!(
+        probe(format!("listen = \"0.0.0.0:{proxy}\""), false).await,
+        healthy
+    );
+    let (code, said) = probe(
+        format!("listen = \"0.0.0.0:{proxy}\"\nadmin_listen = \"127.0.0.1:{closed}\""),
+        false,
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(
+        said.contains(&format!("127.0.0.1:{closed}/healthz")),
+        "{said}"
+    );
+    let (code, said) = probe(format!("listen = \"127.0.0.1:{closed}\""), false).await;
+    assert_eq!(code, Some(1));
+    assert!(said.contains("no admin_listen"), "{said}");
+    let (code, said) = probe("listen = 8080".to_owned(), false).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        said.contains("cannot tell where to probe") && said.contains(":2:10"),
+        "{said}"
+    );
+}
