@@ -491,7 +491,9 @@ fn parse_cidr(s: &str) -> Option<IpNet> {
         .map(|n| n.trunc())
 }
 
-fn digest(text: &str) -> String {
+/// The digest a configuration's text is known by: the first 16 hex digits
+/// of its SHA-256 (`floodgate_config_info`, the startup and reload lines).
+pub fn digest(text: &str) -> String {
     use sha2::{Digest, Sha256};
     Sha256::digest(text.as_bytes())
         .iter()

@@ -28,12 +28,14 @@ const POLL: Duration = Duration::from_secs(1);
 /// worker: a slow disk or a network mount delays the next reload, not the
 /// requests those workers serve. The configuration it reads comes back here
 /// to be applied.
-pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
+pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, baseline: Baseline) {
     let (ask, asked) = std::sync::mpsc::channel();
     let (send, mut loaded) = mpsc::channel(1);
     let reader = Reader {
         path: running.path.clone(),
-        watched: running.files(),
+        watched: baseline.files,
+        last_seen: baseline.contents,
+        digest: running.digest.clone(),
         on_change: running.server.reload_on_change,
     };
     let spawned = std::thread::Builder::new()
@@ -59,10 +61,31 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>) {
     }
 }
 
+/// The files a configuration was loaded from, as they were when serving
+/// began: the watcher's first comparison is against these, so a change made
+/// while floodgate was starting is not taken for the starting point.
+#[derive(Debug)]
+pub struct Baseline {
+    files: Vec<PathBuf>,
+    contents: Vec<Option<Vec<u8>>>,
+}
+
+impl Baseline {
+    /// Reads `running`'s files now (call it as soon as serving begins).
+    pub fn of(running: &Config) -> Self {
+        let files = running.files();
+        let contents = contents(&files);
+        Self { files, contents }
+    }
+}
+
 /// The reload thread's state: what it reads and what it last saw.
 struct Reader {
     path: PathBuf,
     watched: Vec<PathBuf>,
+    last_seen: Vec<Option<Vec<u8>>>,
+    /// The digest of the configuration file in force when watching began.
+    digest: String,
     on_change: bool,
 }
 
@@ -71,7 +94,17 @@ impl Reader {
     /// when it or a file it names changed; sends each load's result. Ends
     /// when the watcher is dropped.
     fn run(mut self, asked: &Receiver<()>, loaded: &mpsc::Sender<Result<Config, LoadError>>) {
-        let mut last_seen = contents(&self.watched);
+        let mut last_seen = std::mem::take(&mut self.last_seen);
+        // The file may have changed between its load and the baseline: if
+        // it is not the text in force, the first comparison says changed.
+        if let Some(i) = self.watched.iter().position(|f| *f == self.path) {
+            let in_force = last_seen[i]
+                .as_deref()
+                .is_some_and(|text| config::digest(&String::from_utf8_lossy(text)) == self.digest);
+            if !in_force {
+                last_seen[i] = None;
+            }
+        }
         loop {
             let asked = match asked.recv_timeout(POLL) {
                 Ok(()) => true,
@@ -82,6 +115,7 @@ impl Reader {
                 continue;
             }
             let now = contents(&self.watched);
+            // A file missing now (mid-replace) is looked at again next time.
             if !asked && (now.iter().any(Option::is_none) || now == last_seen) {
                 continue;
             }

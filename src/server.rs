@@ -117,6 +117,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     reload: Arc<Notify>,
 ) -> Result<(), ServeError> {
+    let baseline = crate::reload::Baseline::of(&config);
     let shared = Arc::new(Shared::start(&config).await?);
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
@@ -124,6 +125,7 @@ pub async fn run(
         Arc::clone(&shared),
         config.clone(),
         reload,
+        baseline,
     ));
     let admin = listeners.admin.map(|listener| {
         tokio::spawn(crate::admin::serve(
