@@ -2,7 +2,7 @@
 //! instance should get traffic: not stopping, and not refusing everything
 //! because the store is down under `on_error = "deny"`), `/metrics`
 //! (Prometheus), `/clients/top` (who is limited), and a dashboard at `/`
-//! over `/status.json`. Separate from the traffic listener so it can stay
+//! over `/status.json`, `/history.json` and `/clients/top`. Separate from the traffic listener so it can stay
 //! private.
 
 use std::convert::Infallible;
@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 use crate::gate::{Readiness, Shared};
 use crate::metrics::Outcome;
 
-/// The dashboard: one page, its script polling `/status.json` and
-/// `/clients/top`; no external assets.
+/// The dashboard: one page, its script polling `/status.json`,
+/// `/history.json` and `/clients/top`; no external assets.
 const DASHBOARD: &str = include_str!("admin/dashboard.html");
 
 /// Most admin connections open at once: scrapers and probes need a few.
@@ -126,6 +126,13 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             response
         }
+        "/history.json" => {
+            let mut response = text(StatusCode::OK, shared.history_json());
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
         "/clients/top" => {
             let n = request
                 .uri()
@@ -154,45 +161,77 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     response
 }
 
-/// `/clients/top`: per limited route, the `n` heaviest clients of the
-/// last minute, as JSON; ids shown as the access log shows them.
+/// `/clients/top`: the `n` clients with the most denials over the last
+/// minute across routes (`worst`, each with its route), then per limited
+/// route its `n` heaviest clients by requests, as JSON; ids shown as the
+/// access log shows them.
 fn top_clients(shared: &Shared, n: usize) -> String {
     use std::fmt::Write;
     let rules = shared.rules();
     let now = crate::clock::now_ms() / 1000;
-    let mut out = String::from("{\"window_seconds\":60,\"routes\":[");
+    let mut out = String::from("{\"window_seconds\":60,\"worst\":[");
     let Some(top) = &rules.top else {
-        out.push_str("]}");
+        out.push_str("],\"routes\":[]}");
         return out;
     };
-    let mut first_route = true;
+    let mut routes = Vec::new();
+    let mut worst = Vec::new();
     for (route, route_top) in rules.routes.iter().zip(top) {
         if route.policy.limits.is_empty() {
             continue;
         }
-        let (heaviest, held) = route_top.heaviest(n, now);
-        if !first_route {
+        let (all, held) = route_top.heaviest(usize::MAX, now);
+        worst.extend(
+            all.iter()
+                .filter(|h| h.denied > 0)
+                .map(|h| (&*route.name, h.clone())),
+        );
+        routes.push((
+            &*route.name,
+            held,
+            all.into_iter().take(n).collect::<Vec<_>>(),
+        ));
+    }
+    worst.sort_by(|(_, a), (_, b)| b.denied.cmp(&a.denied).then(b.allowed.cmp(&a.allowed)));
+    worst.truncate(n);
+    let client = |out: &mut String, route: Option<&str>, h: &crate::top::Heavy| {
+        out.push('{');
+        if let Some(route) = route {
+            out.push_str("\"route\":");
+            crate::access_log::json_string(out, route);
             out.push(',');
         }
-        first_route = false;
+        let shown = shared.ids().show(&h.client);
+        out.push_str("\"client\":");
+        crate::access_log::json_string(out, shown.as_deref().unwrap_or("-"));
+        let _ = write!(
+            out,
+            ",\"requests\":{},\"allowed\":{},\"denied\":{},\"over\":{}}}",
+            h.allowed + h.denied,
+            h.allowed,
+            h.denied,
+            h.over
+        );
+    };
+    for (i, (route, h)) in worst.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        client(&mut out, Some(route), h);
+    }
+    out.push_str("],\"routes\":[");
+    for (i, (route, held, heaviest)) in routes.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
         out.push_str("{\"route\":");
-        crate::access_log::json_string(&mut out, &route.name);
+        crate::access_log::json_string(&mut out, route);
         let _ = write!(out, ",\"tracked\":{held},\"clients\":[");
-        for (i, h) in heaviest.iter().enumerate() {
-            if i > 0 {
+        for (j, h) in heaviest.iter().enumerate() {
+            if j > 0 {
                 out.push(',');
             }
-            let shown = shared.ids().show(&h.client);
-            out.push_str("{\"client\":");
-            crate::access_log::json_string(&mut out, shown.as_deref().unwrap_or("-"));
-            let _ = write!(
-                out,
-                ",\"requests\":{},\"allowed\":{},\"denied\":{},\"over\":{}}}",
-                h.allowed + h.denied,
-                h.allowed,
-                h.denied,
-                h.over
-            );
+            client(&mut out, None, h);
         }
         out.push_str("]}");
     }
@@ -218,13 +257,45 @@ fn status_json(shared: &Shared) -> String {
     crate::access_log::json_string(&mut out, &shared.metrics().config_digest());
     let _ = write!(
         out,
-        ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"degraded\":{},\"on_error\":\"{}\",\"redis_calls\":{}}},\"routes\":[",
+        ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"degraded\":{},\"on_error\":\"{}\",\"redis_calls\":{},\"nodes\":[",
         kind,
         up,
         shared.store_degraded(),
         on_error,
         shared.metrics().redis_calls.get(),
     );
+    for (i, (node, open, since)) in shared.store_nodes().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"node\":");
+        crate::access_log::json_string(&mut out, node);
+        let breaker = if *open { "open" } else { "closed" };
+        let since = since.map_or_else(|| "null".to_owned(), |ms| ms.to_string());
+        let _ = write!(out, ",\"breaker\":\"{breaker}\",\"since\":{since}}}");
+    }
+    out.push_str("]},\"reload\":");
+    match shared.last_reload() {
+        None => out.push_str("null"),
+        Some(reload) => {
+            let result = if reload.problem.is_some() {
+                "refused"
+            } else {
+                "applied"
+            };
+            let _ = write!(
+                out,
+                "{{\"result\":\"{result}\",\"at\":{},\"problem\":",
+                reload.at_ms
+            );
+            match &reload.problem {
+                Some(problem) => crate::access_log::json_string(&mut out, problem),
+                None => out.push_str("null"),
+            }
+            out.push('}');
+        }
+    }
+    out.push_str(",\"routes\":[");
     for (i, ((route, counts), capacity)) in rules
         .routes
         .iter()

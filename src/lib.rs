@@ -11,12 +11,12 @@
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
 //! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue; its settings in [`concurrency::settings`], its series in [`concurrency::metrics`]) |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breakers (one per Redis node: a cluster's primaries each have their own, as the store routes decisions to them itself), denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
-//! | [`metrics`] | what happened, counted per route and outcome: the families and the registry; modules with live state to show at scrape time (endpoints, caps) hand it their own collectors |
+//! | [`metrics`] | what happened, counted per route and outcome: the families and the registry; modules with live state to show at scrape time (endpoints, caps) hand it their own collectors; the dashboard's 15 minutes of history per route ([`metrics::history`]) |
 //! | [`proxy`] | forward it upstream and stream the answer back over hyper's HTTP/1.1 and HTTP/2 client connections ([`proxy::pool`]), TLS to `https://` upstreams ([`proxy::connect`]), upgrades spliced ([`proxy::upgrade`]), every phase timed ([`proxy::request_body`], [`proxy::response_body`]), forwarding headers ([`proxy::headers`] through [`proxy::Peer`]); an upstream as configured ([`proxy::settings`]), its endpoints balanced and ejected ([`proxy::balance`]), its DNS names followed and health checked ([`proxy::discovery`]), their series ([`proxy::metrics`]) |
 //! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
-//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener |
+//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener, and the dashboard with its JSON (`/status.json`, `/history.json`, `/clients/top`) |
 //! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its body wrapper, the one every answer goes out through, also holds the request's concurrency slot until the body is sent) |
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |

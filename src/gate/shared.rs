@@ -13,7 +13,8 @@ use crate::client::ClientId;
 use crate::config::Config;
 use crate::limit::Limiter;
 use crate::limit::settings::OnError;
-use crate::metrics::Metrics;
+use crate::metrics::history::{self, History};
+use crate::metrics::{Metrics, Outcome};
 use crate::proxy::Forwarder;
 
 /// Why serving could not start.
@@ -45,6 +46,19 @@ pub struct Shared {
     ids: Arc<Ids>,
     /// A stop was asked for: `/readyz` says so while the listener drains.
     draining: AtomicBool,
+    /// Each route's outcomes over the last 15 minutes, for the dashboard.
+    history: History,
+    /// The last reload's outcome, if there was one.
+    last_reload: std::sync::Mutex<Option<LastReload>>,
+}
+
+/// How the last reload went.
+#[derive(Debug, Clone)]
+pub struct LastReload {
+    /// When it was tried (ms since the epoch).
+    pub at_ms: u64,
+    /// Why the file was refused; `None`: it applied.
+    pub problem: Option<String>,
 }
 
 /// What `/readyz` answers.
@@ -103,6 +117,8 @@ impl Shared {
             access_log,
             ids,
             draining: AtomicBool::new(false),
+            history: History::default(),
+            last_reload: std::sync::Mutex::new(None),
         })
     }
 
@@ -116,10 +132,48 @@ impl Shared {
         self.tls.load_full()
     }
 
-    /// Evicts expired in-process state (every second).
+    /// Evicts expired in-process state and brings the history up to date
+    /// (every second).
     pub fn sweep(&self) {
         self.limiter.sweep();
         self.forwarder.sweep();
+        let rules = self.rules();
+        self.history
+            .record(crate::clock::now_ms(), &history_counts(&rules));
+    }
+
+    /// The dashboard's history as JSON (see [`History::json`]).
+    pub fn history_json(&self) -> String {
+        let rules = self.rules();
+        self.history.json(
+            crate::clock::now_ms(),
+            &history_counts(&rules),
+            crate::access_log::json_string,
+        )
+    }
+
+    /// Each node of the store: address, breaker open, since when (see
+    /// [`Limiter::nodes`]).
+    pub fn store_nodes(&self) -> Vec<(String, bool, Option<u64>)> {
+        self.limiter.nodes()
+    }
+
+    /// How the last reload went; `None` when there was none.
+    pub fn last_reload(&self) -> Option<LastReload> {
+        self.last_reload
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn reloaded(&self, problem: Option<String>) {
+        *self
+            .last_reload
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(LastReload {
+            at_ms: crate::clock::now_ms(),
+            problem,
+        });
     }
 
     /// Asks a store considered down whether it answers again.
@@ -199,6 +253,7 @@ impl Shared {
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();
         self.metrics.reloaded(true, &new.digest);
+        self.reloaded(None);
         tracing::info!(
             path = %new.path.display(),
             routes = new.routes.len(),
@@ -210,6 +265,7 @@ impl Shared {
     /// Records a reload that was refused; the old rules stay.
     pub fn reload_refused(&self, error: &crate::config::LoadError) {
         self.metrics.reloaded(false, "");
+        self.reloaded(Some(error.to_string()));
         for line in error.to_string().lines() {
             tracing::error!("{line}");
         }
@@ -235,4 +291,28 @@ impl Shared {
             tracing::debug!(route, %client, "shadow: would have denied");
         }
     }
+}
+
+/// Each route's counters as the history takes them, in the rules' order:
+/// allowed (exempt clients included), denied, shadow-denied, store errors,
+/// refused by a concurrency cap, upstream 5xx.
+fn history_counts(rules: &Rules) -> Vec<(&str, history::Counts)> {
+    rules
+        .routes
+        .iter()
+        .zip(&rules.metrics)
+        .zip(&rules.capacity)
+        .map(|((route, metrics), capacity)| {
+            let n = metrics.counts();
+            let counts = [
+                n[Outcome::Allowed as usize] + n[Outcome::Exempt as usize],
+                n[Outcome::Denied as usize],
+                n[Outcome::ShadowDenied as usize],
+                n[Outcome::StoreError as usize],
+                capacity.as_ref().map_or(0, |c| c.refused() as u64),
+                metrics.upstream_5xx(),
+            ];
+            (&*route.name, counts)
+        })
+        .collect()
 }

@@ -22,6 +22,8 @@ pub struct Breaker {
     /// 0 while closed; otherwise when the next probe may go (ms).
     open_until: AtomicU64,
     probing: AtomicBool,
+    /// When it last opened or closed (ms); 0: never, closed since start.
+    changed_at: AtomicU64,
     threshold: u32,
     cooldown_ms: u64,
 }
@@ -60,6 +62,7 @@ impl Breaker {
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            changed_at: AtomicU64::new(0),
             threshold: threshold.max(1),
             cooldown_ms,
         }
@@ -87,6 +90,8 @@ impl Breaker {
     pub fn success(&self) -> Change {
         self.failures.store(0, Ordering::Relaxed);
         if self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            self.changed_at
+                .store(crate::clock::now_ms(), Ordering::Relaxed);
             Change::Closed
         } else {
             Change::None
@@ -108,6 +113,7 @@ impl Breaker {
             .open_until
             .swap(now + self.cooldown_ms, Ordering::AcqRel);
         if previous == 0 {
+            self.changed_at.store(now, Ordering::Relaxed);
             Change::Opened
         } else {
             Change::None
@@ -117,6 +123,15 @@ impl Breaker {
     /// True while the store is considered down.
     pub fn is_open(&self) -> bool {
         self.open_until.load(Ordering::Acquire) != 0
+    }
+
+    /// When the breaker last opened or closed (ms since the epoch); `None`
+    /// when it has been closed since it was made.
+    pub fn changed_at(&self) -> Option<u64> {
+        match self.changed_at.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(at),
+        }
     }
 }
 

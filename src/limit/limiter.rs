@@ -167,6 +167,22 @@ impl Limiter {
         }
     }
 
+    /// Each node the store decides on now (the one Redis, or each primary
+    /// of a cluster): its address, whether its breaker is open, and since
+    /// when (ms; `None`: closed since floodgate started). Empty for the
+    /// memory store, which has no breaker.
+    pub fn nodes(&self) -> Vec<(String, bool, Option<u64>)> {
+        match self {
+            Self::Memory(..) => Vec::new(),
+            Self::Redis(shared) => shared
+                .store
+                .nodes()
+                .iter()
+                .map(|n| (n.addr.clone(), n.breaker.is_open(), n.breaker.changed_at()))
+                .collect(),
+        }
+    }
+
     /// True while some but not all of a cluster's primaries are considered
     /// down: the decisions for their slots get `on_error`, the others are
     /// decided.

@@ -6,6 +6,9 @@
 //! outcomes, status classes and store kinds: never client ids, so the number
 //! of series is bounded by the configuration. A reload that removes a route
 //! removes its series too, so `/metrics` lists only routes in force.
+//!
+//! [`history`] keeps what the dashboard draws: each route's outcomes in
+//! 5-second buckets over the last 15 minutes, taken from these counters.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,6 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod history;
 mod kinds;
 mod process;
 mod shown;
@@ -576,6 +580,11 @@ impl RouteMetrics {
     /// Counts one request's outcome.
     pub fn count(&self, outcome: Outcome) {
         self.outcomes[outcome as usize].inc();
+    }
+
+    /// Answers of 500 and above from the upstream so far.
+    pub fn upstream_5xx(&self) -> u64 {
+        self.upstream_classes[4].get()
     }
 
     /// Records an upstream's own answer (floodgate's refusals are counted
