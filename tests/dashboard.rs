@@ -1,7 +1,10 @@
-//! The admin listener's dashboard, rendered by headless Chromium: its
-//! script polls `/status.json` and `/clients/top` and fills in the routes
-//! with their limits, counts and rate charts, the store's state and the
-//! most limited clients. A screenshot is left for people to look at.
+//! The admin listener's dashboard, rendered by headless Chromium against a
+//! real floodgate with real traffic: its script reads `/status.json`,
+//! `/history.json` and `/clients/top` and fills in the routes with their
+//! limits, counts and charts of every outcome over floodgate's own 15
+//! minutes of history, the store's state node by node, and the most
+//! limited clients, worst first. Screenshots are left for people to look
+//! at.
 
 mod support;
 
@@ -9,7 +12,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use support::cluster::TestCluster;
 use support::config::{Config, Route};
+use support::redis::{TestRedis, unique_prefix};
 use support::{Floodgate, TestClient, temp_dir};
 
 /// Runs headless Chromium on `url` with `extra` flags (a screenshot, or
@@ -56,11 +61,75 @@ async fn chromium(url: &str, profile: &Path, extra: &[&str]) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The page after its scripts ran, as Chromium's DOM dump; `None` when
+/// Chromium is not installed and the test may skip.
+async fn rendered(page: &str, dir: &Path, name: &str) -> Option<String> {
+    chromium(page, &dir.join(format!("profile-{name}")), &["--dump-dom"]).await
+}
+
+/// Saves a screenshot of `page` in `dir` and checks it is a real picture.
+async fn screenshot(page: &str, dir: &Path, name: &str) {
+    let shot = dir.join(format!("{name}.png"));
+    let flag = format!("--screenshot={}", shot.display());
+    chromium(
+        page,
+        &dir.join(format!("profile-{name}-shot")),
+        &[&flag, "--window-size=1280,720"],
+    )
+    .await;
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    println!("dashboard screenshot: {}", shot.display());
+}
+
+/// The row of route `name` in the dump, up to its end.
+fn route_row<'a>(dom: &'a str, name: &str) -> &'a str {
+    let start = dom
+        .find(&format!("<tr data-route=\"{name}\""))
+        .unwrap_or_else(|| panic!("no row for {name}: {dom}"));
+    let row = &dom[start..];
+    &row[..row.find("</tr>").unwrap_or(row.len())]
+}
+
+/// The value of attribute `name` on the first element of `html` that has it.
+fn attribute<'a>(html: &'a str, name: &str) -> &'a str {
+    let key = format!(" {name}=\"");
+    let start = html
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {html}"))
+        + key.len();
+    &html[start..start + html[start..].find('"').unwrap_or(0)]
+}
+
+/// The per-point counts the chart in `row` drew for `series`, oldest first.
+fn series(row: &str, name: &str) -> Vec<u64> {
+    let at = row
+        .find(&format!("data-series=\"{name}\""))
+        .unwrap_or_else(|| panic!("no {name} series in {row}"));
+    let element = &row[at..row[at..].find('>').map_or(row.len(), |e| at + e)];
+    attribute(element, "data-counts")
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(|c| c.parse().expect("a count"))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
     let toml = Config::new()
         .admin()
         .access_log(&[r#"format = "off""#, r#"client_id = "raw""#])
+        .route(
+            Route::new("bulk")
+                .matching(r#"path_prefix = "/bulk""#)
+                .respond("status = 200")
+                .client(r#"from = "header", name = "x-client""#)
+                .limit("fixed_window", 100, "1m"),
+        )
         .route(
             Route::new("login")
                 .matching(r#"path_prefix = "/login""#)
@@ -77,81 +146,292 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
         .toml();
     let gate = Floodgate::start(&toml).await;
     let client = TestClient::http1();
-    for _ in 0..25 {
-        client
-            .get(&gate.url("/login"), &[("x-client", "mallory")])
-            .await;
-    }
-    for _ in 0..3 {
-        client
-            .get(&gate.url("/login"), &[("x-client", "alice")])
-            .await;
-    }
-    // Traffic while the page polls, so that its charts have rates to draw.
-    let load = tokio::spawn({
-        let (client, url) = (client.clone(), gate.url("/api/x"));
-        async move {
-            for _ in 0..400 {
-                client.get(&url, &[]).await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+    // Denied most to least: mallory 20, trudy 12, carol 10, eve 3; alice
+    // never. carol asks most and her route comes first in the file, so
+    // neither requests nor configuration order puts mallory first: only
+    // denials do.
+    for (who, path, times) in [
+        ("carol", "/bulk", 110),
+        ("mallory", "/login", 25),
+        ("trudy", "/login", 17),
+        ("eve", "/login", 8),
+        ("alice", "/login", 3),
+    ] {
+        for _ in 0..times {
+            client.get(&gate.url(path), &[("x-client", who)]).await;
         }
-    });
+    }
+    for _ in 0..30 {
+        client.get(&gate.url("/api/x"), &[]).await;
+    }
 
     let dir = temp_dir("dashboard");
     let page = gate.admin_url("/");
-    let Some(dom) = chromium(&page, &dir.join("profile-dom"), &["--dump-dom"]).await else {
+    let Some(dom) = rendered(&page, &dir, "dom").await else {
         return;
     };
     let rows: Vec<&str> = dom.split("<tr data-route=").skip(1).collect();
-    assert_eq!(rows.len(), 2, "{dom}");
-    assert!(rows[0].starts_with("\"login\""), "{}", rows[0]);
-    assert!(rows[0].contains("5/60s sliding_log"), "{}", rows[0]);
-    assert!(rows[0].contains("<canvas"), "a rate chart: {}", rows[0]);
-    // login: 5 allowed for mallory, 3 for alice; 20 denied.
+    assert_eq!(rows.len(), 3, "{dom}");
+    assert!(rows[0].starts_with("\"bulk\""), "{dom}");
+    let login = route_row(&dom, "login");
+    assert!(login.contains("5/60s sliding_log"), "{login}");
+    assert!(login.contains("<svg class=\"chart\""), "a chart: {login}");
+    // login: 5 allowed each for mallory, trudy and eve, 3 for alice; 35
+    // denied.
     assert!(
-        rows[0].contains(r#"<td class="n">8</td><td class="n">20</td>"#),
-        "{}",
-        rows[0]
+        login.contains(r#"<td class="n">18</td><td class="n">35</td>"#),
+        "{login}"
     );
-    assert!(rows[1].contains("1000/1s token_bucket"), "{}", rows[1]);
+    let api = route_row(&dom, "api");
+    assert!(api.contains("1000/1s token_bucket"), "{api}");
     // In flight: none capped on login; api's cap of 4.
-    let row = |r: &str| r.split("</tr>").next().unwrap_or_default().to_owned();
+    assert!(login.ends_with(r#"<td class="n">–</td>"#), "{login}");
+    let in_flight = &api[api.rfind("<td").unwrap_or(0)..];
     assert!(
-        row(rows[0]).ends_with(r#"<td class="n">–</td>"#),
-        "{}",
-        rows[0]
+        in_flight.ends_with(r#"/4</td>"#) && !in_flight.contains("refused"),
+        "{api}"
+    );
+    // Every outcome has its series, with the axes and the legend.
+    for name in [
+        "allowed",
+        "denied",
+        "shadow_denied",
+        "store_error",
+        "capacity",
+        "upstream_5xx",
+    ] {
+        series(login, name);
+    }
+    assert!(
+        login.contains(">-15m<") && login.contains(">now<"),
+        "{login}"
     );
     assert!(
-        row(rows[1]).ends_with(r#"/4</td>"#) && !row(rows[1]).contains("refused"),
-        "{}",
-        rows[1]
+        login.contains("/s</text>"),
+        "a y axis in requests per second: {login}"
     );
-    assert!(dom.contains("up, breaker closed"), "store state");
+    assert!(dom.contains("store errors (on_error)"), "the legend");
+    // The memory store has no breaker to speak of.
+    let store = dom
+        .split("<tbody id=\"store\">")
+        .nth(1)
+        .expect("the store table");
+    let store = &store[..store.find("</tbody>").unwrap_or(store.len())];
+    assert!(
+        store.contains("memory") && !store.contains("breaker"),
+        "{store}"
+    );
+
     let top = dom
         .split("<tbody id=\"top\">")
         .nth(1)
         .expect("the clients table");
+    let top: Vec<&str> = top[..top.find("</tbody>").unwrap_or(top.len())]
+        .split("<tr>")
+        .skip(1)
+        .collect();
     assert!(
-        top.starts_with("<tr><td>login</td><td><code>mallory</code></td><td class=\"n\">5</td><td class=\"n\">20</td></tr>"),
-        "{top}"
+        top[0].starts_with("<td>login</td><td><code>mallory</code></td><td class=\"n\">5</td><td class=\"n\">20</td>"),
+        "{top:?}"
     );
-    assert!(!top.contains("alice"), "alice was never denied: {top}");
+    assert!(top[1].contains("trudy"), "{top:?}");
+    assert!(
+        top[2].starts_with("<td>bulk</td><td><code>carol</code></td><td class=\"n\">100</td><td class=\"n\">10</td>"),
+        "{top:?}"
+    );
+    assert!(top[3].contains("eve") && top.len() == 4, "{top:?}");
+    assert!(
+        !top.iter().any(|r| r.contains("alice")),
+        "alice was never denied: {top:?}"
+    );
+    screenshot(&page, &dir, "dashboard").await;
+}
 
-    let shot = dir.join("dashboard.png");
-    let flag = format!("--screenshot={}", shot.display());
-    chromium(
-        &page,
-        &dir.join("profile-shot"),
-        &[&flag, "--window-size=1280,520"],
-    )
-    .await;
-    load.await.expect("load");
-    let png = std::fs::read(&shot).expect("a screenshot");
+/// A page opened after a minute of traffic draws that minute at once, from
+/// floodgate's own history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_opened_after_a_minute_of_traffic_draws_that_minute() {
+    let toml = Config::new()
+        .admin()
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "x-client""#)
+                .limit("fixed_window", 1_000_000, "1h"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let started = std::time::Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(62) {
+        assert_eq!(
+            client
+                .get(&gate.url("/"), &[("x-client", "a")])
+                .await
+                .status,
+            200
+        );
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let dir = temp_dir("dashboard-history");
+    let page = gate.admin_url("/");
+    let Some(dom) = rendered(&page, &dir, "dom").await else {
+        return;
+    };
+    let row = route_row(&dom, "api");
+    let span: u64 = attribute(row, "data-span-seconds").parse().expect("span");
+    assert!(span >= 55, "the chart spans {span} s of the minute: {row}");
+    let allowed = series(row, "allowed");
+    let busy = allowed.iter().filter(|&&n| n > 0).count();
     assert!(
-        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
-        "{} bytes",
-        png.len()
+        busy >= 11,
+        "{busy} points with traffic in a minute of 5 s buckets: {allowed:?}"
     );
-    println!("dashboard screenshot: {}", shot.display());
+    // Every request of the minute is in the history (the bucket still open
+    // is drawn once it is half a second old).
+    let drawn: u64 = allowed.iter().sum();
+    assert!(
+        drawn <= sent && drawn * 10 >= sent * 9,
+        "drew {drawn} of {sent}: {allowed:?}"
+    );
+    screenshot(&page, &dir, "dashboard-history").await;
+}
+
+/// While Redis is down and `on_error = "allow"` lets requests through,
+/// the chart shows store errors, not silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_is_drawn_as_store_errors_not_silence() {
+    let mut redis = TestRedis::start_process().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &unique_prefix("dashboard-outage"))
+        .store(r#"timeout = "200ms""#)
+        .store(r#"on_error = "allow""#)
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "x-client""#)
+                .limit("fixed_window", 1_000_000, "1h"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let send_for = |seconds: u64| {
+        let (client, url) = (client.clone(), gate.url("/"));
+        async move {
+            let until = std::time::Instant::now() + Duration::from_secs(seconds);
+            while std::time::Instant::now() < until {
+                assert_eq!(client.get(&url, &[("x-client", "a")]).await.status, 200);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    send_for(12).await;
+    redis.kill();
+    send_for(12).await;
+
+    let dir = temp_dir("dashboard-outage");
+    let page = gate.admin_url("/");
+    let Some(dom) = rendered(&page, &dir, "dom").await else {
+        return;
+    };
+    let row = route_row(&dom, "api");
+    let (allowed, errors) = (series(row, "allowed"), series(row, "store_error"));
+    assert_eq!(allowed.len(), errors.len());
+    // Before: decided and allowed. The last full buckets, in the outage:
+    // every request a store error, none decided.
+    assert!(allowed.iter().take(2).all(|&n| n > 0), "{allowed:?}");
+    let outage = allowed.len().saturating_sub(3)..allowed.len() - 1;
+    assert!(
+        outage.clone().all(|i| errors[i] > 0 && allowed[i] == 0),
+        "allowed {allowed:?}, store errors {errors:?}"
+    );
+    let store = dom
+        .split("<tbody id=\"store\">")
+        .nth(1)
+        .expect("the store table");
+    assert!(
+        store.contains("<span class=\"badge bad\">down</span>") && store.contains("breaker open"),
+        "{store}"
+    );
+    screenshot(&page, &dir, "dashboard-outage").await;
+}
+
+/// A Cluster with one primary frozen: that node's breaker shows open, the
+/// others closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_cluster_primary_is_shown_open_and_the_others_closed() {
+    let cluster = TestCluster::start().await;
+    let toml = Config::new()
+        .admin()
+        .redis_cluster(&cluster.urls(), &unique_prefix("dashboard-cluster"))
+        .store(r#"timeout = "300ms""#)
+        .store(r#"on_error = "allow""#)
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "x-client""#)
+                .limit("fixed_window", 1_000_000, "1h"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let clients: Vec<String> = (0..60).map(|i| format!("c{i}")).collect();
+    for c in &clients {
+        client.get(&gate.url("/"), &[("x-client", c)]).await;
+    }
+    let primaries = cluster.primaries();
+    let victim = primaries[0];
+    cluster.freeze(victim);
+    // Requests for every slot, until the frozen node's breaker opens.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let asked: Vec<_> = clients
+            .iter()
+            .map(|c| {
+                let (client, url, c) = (client.clone(), gate.url("/"), c.clone());
+                tokio::spawn(async move { client.get(&url, &[("x-client", &c)]).await })
+            })
+            .collect();
+        for a in asked {
+            a.await.expect("request");
+        }
+        let metrics = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+        if metrics.contains(&format!(
+            "floodgate_redis_node_circuit_open{{node=\"127.0.0.1:{victim}\"}} 1"
+        )) {
+            break metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the frozen node's breaker never opened: {metrics}"
+        );
+    };
+
+    let dir = temp_dir("dashboard-cluster");
+    let page = gate.admin_url("/");
+    let dom = rendered(&page, &dir, "dom").await;
+    cluster.thaw(victim);
+    let Some(dom) = dom else {
+        return;
+    };
+    for port in primaries {
+        let start = dom
+            .find(&format!("<tr data-node=\"127.0.0.1:{port}\""))
+            .unwrap_or_else(|| panic!("no row for node {port}: {dom}\n{metrics}"));
+        let row = &dom[start..start + dom[start..].find("</tr>").unwrap_or(0)];
+        let shown = if port == victim {
+            "<span class=\"badge bad\">breaker open</span>"
+        } else {
+            "<span class=\"badge ok\">breaker closed</span>"
+        };
+        assert!(row.contains(shown), "node {port}: {row}");
+    }
+    assert!(
+        dom.contains("<span class=\"badge warn\">degraded</span>"),
+        "{dom}"
+    );
 }
