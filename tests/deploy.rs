@@ -136,6 +136,8 @@ async fn the_grafana_dashboard_is_json_whose_queries_name_exported_metrics() {
         "floodgate_requests_total",
         "floodgate_store_circuit_open",
         "floodgate_upstream_endpoint_healthy",
+        "floodgate_redis_node_circuit_open",
+        "floodgate_config_last_reload_successful",
     ] {
         assert!(names.contains(must), "the dashboard lacks {must}");
     }
