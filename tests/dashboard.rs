@@ -341,12 +341,19 @@ async fn a_redis_outage_is_drawn_as_store_errors_not_silence() {
     let row = route_row(&dom, "api");
     let (allowed, errors) = (series(row, "allowed"), series(row, "store_error"));
     assert_eq!(allowed.len(), errors.len());
-    // Before: decided and allowed. The last full buckets, in the outage:
-    // every request a store error, none decided.
-    assert!(allowed.iter().take(2).all(|&n| n > 0), "{allowed:?}");
-    let outage = allowed.len().saturating_sub(3)..allowed.len() - 1;
+    // Before: decided and allowed, no store errors. After the last point
+    // with anything allowed (the bucket the kill fell in), only store
+    // errors: at least one whole bucket's worth, and nothing decided.
     assert!(
-        outage.clone().all(|i| errors[i] > 0 && allowed[i] == 0),
+        allowed.iter().take(2).all(|&n| n > 0) && errors.iter().take(2).all(|&n| n == 0),
+        "allowed {allowed:?}, store errors {errors:?}"
+    );
+    let last_allowed = allowed.iter().rposition(|&n| n > 0).unwrap_or(0);
+    let after = last_allowed + 1..allowed.len();
+    assert!(
+        after.len() >= 2
+            && after.clone().all(|i| allowed[i] == 0)
+            && after.clone().any(|i| errors[i] >= 100),
         "allowed {allowed:?}, store errors {errors:?}"
     );
     let store = dom
@@ -434,4 +441,77 @@ async fn a_frozen_cluster_primary_is_shown_open_and_the_others_closed() {
         dom.contains("<span class=\"badge warn\">degraded</span>"),
         "{dom}"
     );
+}
+
+/// A refused reload is shown with its problem, naming file, line and
+/// column, while the rules in force stay; a reload that applies says when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_reload_is_shown_with_its_problem() {
+    let dir = temp_dir("dashboard-reload");
+    let file = dir.join("floodgate.toml");
+    let good = Config::new()
+        .admin()
+        .route(Route::new("api").respond("status = 200"))
+        .toml();
+    std::fs::write(&file, &good).expect("write");
+    let gate = Floodgate::start_file(&file).await;
+    let client = TestClient::http1();
+    let status = client
+        .get(&gate.admin_url("/status.json"), &[])
+        .await
+        .json();
+    assert_eq!(status["reload"], serde_json::Value::Null, "{status}");
+
+    std::fs::write(&file, good.replace("status = 200", "status = 2000")).expect("write");
+    gate.reload.notify_one();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let status = client
+            .get(&gate.admin_url("/status.json"), &[])
+            .await
+            .json();
+        if status["reload"] != serde_json::Value::Null {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reload: {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status["reload"]["result"], "refused", "{status}");
+    let problem = status["reload"]["problem"].as_str().expect("the problem");
+    let place = format!("{}:", file.display());
+    assert!(problem.starts_with(&place), "{problem}");
+    assert_eq!(
+        client.get(&gate.url("/"), &[]).await.status,
+        200,
+        "the old rules stay"
+    );
+
+    let page = gate.admin_url("/");
+    let Some(dom) = rendered(&page, &dir, "dom").await else {
+        return;
+    };
+    assert!(dom.contains("reload refused"), "{dom}");
+    assert!(
+        dom.contains("Configuration refused; the previous rules stay") && dom.contains(&place),
+        "{dom}"
+    );
+
+    std::fs::write(&file, &good).expect("write");
+    gate.reload.notify_one();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = client
+            .get(&gate.admin_url("/status.json"), &[])
+            .await
+            .json();
+        if status["reload"]["result"] == "applied" {
+            assert!(status["reload"]["at"].as_u64().is_some(), "{status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not applied: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
