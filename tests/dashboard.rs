@@ -61,6 +61,15 @@ async fn chromium(url: &str, profile: &Path, extra: &[&str]) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A route that answers 200 itself and counts each `x-client` without
+/// ever limiting it.
+fn counted() -> Route {
+    Route::new("api")
+        .respond("status = 200")
+        .client(r#"from = "header", name = "x-client""#)
+        .limit("fixed_window", 1_000_000, "1h")
+}
+
 /// The page after its scripts ran, as Chromium's DOM dump; `None` when
 /// Chromium is not installed and the test may skip.
 async fn rendered(page: &str, dir: &Path, name: &str) -> Option<String> {
@@ -192,14 +201,7 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
         "{api}"
     );
     // Every outcome has its series, with the axes and the legend.
-    for name in [
-        "allowed",
-        "denied",
-        "shadow_denied",
-        "store_error",
-        "capacity",
-        "upstream_5xx",
-    ] {
+    for name in floodgate::metrics::history::SERIES {
         series(login, name);
     }
     assert!(
@@ -251,15 +253,7 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
 /// floodgate's own history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_opened_after_a_minute_of_traffic_draws_that_minute() {
-    let toml = Config::new()
-        .admin()
-        .route(
-            Route::new("api")
-                .respond("status = 200")
-                .client(r#"from = "header", name = "x-client""#)
-                .limit("fixed_window", 1_000_000, "1h"),
-        )
-        .toml();
+    let toml = Config::new().admin().route(counted()).toml();
     let gate = Floodgate::start(&toml).await;
     let client = TestClient::http1();
     let started = std::time::Instant::now();
@@ -310,12 +304,7 @@ async fn a_redis_outage_is_drawn_as_store_errors_not_silence() {
         .redis(&redis.url, &unique_prefix("dashboard-outage"))
         .store(r#"timeout = "200ms""#)
         .store(r#"on_error = "allow""#)
-        .route(
-            Route::new("api")
-                .respond("status = 200")
-                .client(r#"from = "header", name = "x-client""#)
-                .limit("fixed_window", 1_000_000, "1h"),
-        )
+        .route(counted())
         .toml();
     let gate = Floodgate::start(&toml).await;
     let client = TestClient::http1();
@@ -377,12 +366,7 @@ async fn a_frozen_cluster_primary_is_shown_open_and_the_others_closed() {
         .redis_cluster(&cluster.urls(), &unique_prefix("dashboard-cluster"))
         .store(r#"timeout = "300ms""#)
         .store(r#"on_error = "allow""#)
-        .route(
-            Route::new("api")
-                .respond("status = 200")
-                .client(r#"from = "header", name = "x-client""#)
-                .limit("fixed_window", 1_000_000, "1h"),
-        )
+        .route(counted())
         .toml();
     let gate = Floodgate::start(&toml).await;
     let client = TestClient::http1();
