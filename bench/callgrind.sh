@@ -6,10 +6,12 @@
 # the two runs' instruction totals (every thread, startup and shutdown
 # included in both) divided by N2 - N1 is the cost of one request, without
 # startup. Prints one line per store: memory, and Redis (a local
-# redis-server).
+# redis-server); and, as the floor measured the same way, the bare hyper
+# gateway of bench/gateway (hyper's two HTTP/1.1 codecs and nothing else,
+# built here with the same release profile).
 #
 #   bench/callgrind.sh [BINARY]     default target/release/floodgate
-#   N1 (default 1000), N2 (default 6000), STORES ("memory redis")
+#   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway")
 #
 # Needs valgrind, nginx, curl and redis-server (installed with apt-get when
 # missing and run as root).
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/.."
 bin=${1:-target/release/floodgate}
 n1=${N1:-1000}
 n2=${N2:-6000}
-stores=${STORES:-memory redis}
+stores=${STORES:-memory redis gateway}
 
 need=()
 for tool in valgrind nginx curl redis-server; do
@@ -29,6 +31,10 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 [ -x "$bin" ] || cargo build --release --locked -q
+gateway=bench/gateway/target/release/bare-gateway
+case " $stores " in
+  *" gateway "*) cargo build --release --locked -q --manifest-path bench/gateway/Cargo.toml ;;
+esac
 
 work=$(mktemp -d)
 pids=()
@@ -52,10 +58,13 @@ nginx -c "$work/up/nginx.conf" -p "$work/up" & pids+=($!)
 redis-server --port "$redis_port" --save "" --appendonly no >/dev/null & pids+=($!)
 wait_port "$up"; wait_port "$redis_port"
 
-# Total instructions of floodgate serving $2 requests with store $1.
+# Total instructions of floodgate serving $2 requests with store $1 (or of
+# the bare gateway, for "gateway").
 instructions() {
   local store=$1 n=$2 listen
   listen=$(port)
+  local run=("$bin" --config "$work/fg.toml")
+  [ "$store" = gateway ] && run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up")
   {
     printf '[server]\nlisten = "127.0.0.1:%s"\ndrain_delay = "0s"\nshutdown_grace = "1s"\n' "$listen"
     if [ "$store" = redis ]; then
@@ -65,7 +74,7 @@ instructions() {
     printf 'limits = [{ algorithm = "gcra", limit = 100000000, window = "1s" }]\n'
   } >"$work/fg.toml"
   valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
-    "$bin" --config "$work/fg.toml" >"$work/fg.log" 2>&1 &
+    "${run[@]}" >"$work/fg.log" 2>&1 &
   local pid=$!
   wait_port "$listen"
   # One warm-up request, then n on one kept-alive connection.
@@ -77,8 +86,14 @@ instructions() {
   awk '/^(totals|summary):/ { print $2; exit }' "$work/cg.out"
 }
 
+declare -A per
 for store in $stores; do
   a=$(instructions "$store" "$n1")
   b=$(instructions "$store" "$n2")
-  echo "$store: $(( (b - a) / (n2 - n1) )) instructions per request ($a for $n1, $b for $n2)"
+  per[$store]=$(( (b - a) / (n2 - n1) ))
+  echo "$store: ${per[$store]} instructions per request ($a for $n1, $b for $n2)"
 done
+if [ -n "${per[gateway]:-}" ] && [ -n "${per[memory]:-}" ]; then
+  awk -v m="${per[memory]}" -v g="${per[gateway]}" \
+    'BEGIN { printf "memory / gateway: %.2fx (target: at most 1.25x)\n", m / g }'
+fi

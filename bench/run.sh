@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: floodgate against nginx, an nginx + Lua + Redis
-# limiter and HAProxy on this machine, in one run, judged on CPU per request.
+# limiter, HAProxy and the floor (bench/gateway: hyper's two HTTP/1.1 codecs
+# and nothing else) on this machine, in one run, judged on CPU per request.
 #
 # Installs what it needs from the distribution (nginx and its Lua module,
 # haproxy, wrk, redis-server, stress-ng), starts every server on
@@ -8,7 +9,7 @@
 # upstream and Redis to CPU 1 when there are at least two cores, and stops
 # everything it started.
 #
-# Rows 1 to 7 are measured in ROUNDS rounds of SECONDS each, alternated (each
+# Rows 1 to 8 are measured in ROUNDS rounds of SECONDS each, alternated (each
 # round in the reverse order of the one before), twice: on a quiet machine,
 # and with a competing CPU load on both cores (`stress-ng --cpu 2` at nice
 # 19, started and stopped here; LOADED=0 skips that phase). Each cell is the
@@ -17,7 +18,7 @@
 # of Redis, divided by the requests wrk completed; context switches come
 # from /proc/PID/task/*/status, syscalls from `perf stat` in a separate pass
 # (when perf can count them), so that counting them does not weigh on the
-# CPU figures. Rows 8 and 9 (a flooding client, 100 000 clients) run once,
+# CPU figures. Rows 9 and 10 (a flooding client, 100 000 clients) run once,
 # quiet.
 #
 # Prints a markdown table and the targets of bench/RESULTS.md met or
@@ -51,6 +52,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 cargo build --release --locked -q
 bin=$root/target/release/floodgate
+cargo build --release --locked -q --manifest-path bench/gateway/Cargo.toml
+gateway=$root/bench/gateway/target/release/bare-gateway
 
 work=$(mktemp -d)
 pids=()
@@ -73,7 +76,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
 up=$(port); ngx_proxy=$(port); ngx_limit=$(port); ngx_lua=$(port); hap=$(port)
-fg_mem=$(port); fg_redis=$(port); fg_flood=$(port); fg_keys=$(port); redis_port=$(port)
+fg_mem=$(port); fg_redis=$(port); fg_flood=$(port); fg_keys=$(port); redis_port=$(port); gw=$(port)
 
 # --- the upstream: a fixed 200 from nginx, on the load generator's core ---
 mkdir -p "$work/up" "$work/proxy" "$work/lua"
@@ -167,6 +170,11 @@ CONF
 $server_cpu haproxy -f "$work/haproxy.cfg" -db >/dev/null 2>&1 & pids+=($!)
 hap_pid=$!
 
+# --- the floor: hyper's server and client codecs, one upstream connection
+# per client connection, nothing else ---
+$server_cpu "$gateway" "127.0.0.1:$gw" "127.0.0.1:$up" & pids+=($!)
+gw_pid=$!
+
 # --- floodgate, four ways ---
 floodgate_conf() { # port store client limit
   local store=""
@@ -195,7 +203,7 @@ for f in mem redis flood keys; do
   FLOODGATE_LOG=warn $server_cpu "$bin" --config "$work/$f.toml" 2>>"$work/floodgate.log" & pids+=($!)
   eval "pid_$f=\$!"
 done
-for p in $up $ngx_proxy $ngx_limit $ngx_lua $hap $fg_mem $fg_redis $fg_flood $fg_keys $redis_port; do wait_port "$p"; done
+for p in $up $ngx_proxy $ngx_limit $ngx_lua $hap $gw $fg_mem $fg_redis $fg_flood $fg_keys $redis_port; do wait_port "$p"; done
 
 cat >"$work/flood.lua" <<'LUA'
 wrk.headers["X-Client"] = "flooder"
@@ -257,9 +265,9 @@ PY
   tail -1 "$work/samples" | awk '{printf "  %s %s: %d req/s\n", $1, $2, $3}' >&2
 }
 
-declare -A port=([direct]=$up [ngx_proxy]=$ngx_proxy [ngx_limit]=$ngx_limit [ngx_lua]=$ngx_lua [haproxy]=$hap [fg_mem]=$fg_mem [fg_redis]=$fg_redis)
-declare -A server_pid=([direct]=$up_pid [ngx_proxy]=$ngx_pid [ngx_limit]=$ngx_pid [ngx_lua]=$lua_pid [haproxy]=$hap_pid [fg_mem]=$pid_mem [fg_redis]=$pid_redis)
-rows=(direct ngx_proxy ngx_limit ngx_lua haproxy fg_mem fg_redis)
+declare -A port=([direct]=$up [ngx_proxy]=$ngx_proxy [ngx_limit]=$ngx_limit [ngx_lua]=$ngx_lua [haproxy]=$hap [gateway]=$gw [fg_mem]=$fg_mem [fg_redis]=$fg_redis)
+declare -A server_pid=([direct]=$up_pid [ngx_proxy]=$ngx_pid [ngx_limit]=$ngx_pid [ngx_lua]=$lua_pid [haproxy]=$hap_pid [gateway]=$gw_pid [fg_mem]=$pid_mem [fg_redis]=$pid_redis)
+rows=(direct ngx_proxy ngx_limit ngx_lua haproxy gateway fg_mem fg_redis)
 
 echo "warming up..." >&2
 for key in "${rows[@]}"; do $load_cpu wrk -t1 -c16 -d2s "http://127.0.0.1:${port[$key]}/" >/dev/null; done
@@ -291,7 +299,7 @@ fi
 # per row (apart from the CPU figures, which counting would inflate).
 : >"$work/syscalls"
 if perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
-  for key in ngx_proxy ngx_limit ngx_lua haproxy fg_mem fg_redis; do
+  for key in ngx_proxy ngx_limit ngx_lua haproxy gateway fg_mem fg_redis; do
     targets=$(tree "${server_pid[$key]}" | tr ' ' ',')
     perf stat -x, -e raw_syscalls:sys_enter -p "$targets" -o "$work/perf.out" -- sleep 3 &
     perf_pid=$!
@@ -303,7 +311,7 @@ if perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
   done
 fi
 
-# Rows 8 and 9, once, quiet.
+# Rows 9 and 10, once, quiet.
 : >"$work/extra"
 before=$(decision_calls)
 sample quiet fg_flood "$fg_flood" "$pid_flood" "$work/flood.lua"
@@ -317,9 +325,13 @@ sample quiet fg_keys "$fg_keys" "$pid_keys" "$work/keys.lua"
 echo "rss2 $(awk '/VmRSS/{print $2}' "/proc/$pid_keys/status")" >>"$work/extra"
 echo "keys $(redis-cli -p "$redis_port" dbsize | tr -d '\r')" >>"$work/extra"
 echo "connections $(redis-cli -p "$redis_port" client list | grep -cE "cmd=(fcall|evalsha)" || true)" >>"$work/extra"
-warnings=$(grep -c ' WARN ' "$work/floodgate.log" || true)
+# Store failures and the like; not the startup note that a loopback
+# listener is unreachable from outside, which a benchmark run inside a
+# container gets by design.
+grep ' WARN ' "$work/floodgate.log" | grep -v 'loopback address inside a container' >"$work/warnings" || true
+warnings=$(wc -l <"$work/warnings")
 echo "warnings $warnings" >>"$work/extra"
-[ "$warnings" = 0 ] || grep -m1 ' WARN ' "$work/floodgate.log" | cut -c1-400 >"$work/first-warning"
+[ "$warnings" = 0 ] || head -1 "$work/warnings" | cut -c1-400 >"$work/first-warning"
 grep -q '\[error\]' "$work/lua/error.log" && grep -m1 '\[error\]' "$work/lua/error.log" >"$work/lua-error"
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
@@ -355,6 +367,7 @@ names = [
     ("ngx_limit", "nginx `limit_req`, never triggers"),
     ("ngx_lua", "nginx + Lua, one `EVALSHA` per request over a kept-alive cosocket"),
     ("haproxy", "HAProxy stick table `http_req_rate`, never triggers"),
+    ("gateway", "bare hyper gateway (the floor: hyper's two codecs, nothing else)"),
     ("fg_mem", "floodgate, memory store, never triggers"),
     ("fg_redis", "floodgate, Redis store, never triggers"),
 ]
@@ -374,19 +387,19 @@ for i, (row, name) in enumerate(names, 1):
               f"{med(phase, row, 'switches'):.2f} | {sc} | {calls} |")
 flood = rows[("quiet", "fg_flood")]
 admitted = sum(s["n"] - s["bad"] for s in flood)
-print(f"| 8 | floodgate, Redis store, one client flooding | quiet | {med('quiet', 'fg_flood', 'cpu'):.2f} | "
+print(f"| 9 | floodgate, Redis store, one client flooding | quiet | {med('quiet', 'fg_flood', 'cpu'):.2f} | "
       f"{med('quiet', 'fg_flood', 'redis'):.2f} | | {med('quiet', 'fg_flood', 'rps'):.0f} | | | | | "
       f"{ex['flood_calls'].strip()} calls in all |")
-print(f"| 9 | floodgate, Redis store, 100 000 distinct clients | quiet | {med('quiet', 'fg_keys', 'cpu'):.2f} | "
+print(f"| 10 | floodgate, Redis store, 100 000 distinct clients | quiet | {med('quiet', 'fg_keys', 'cpu'):.2f} | "
       f"{med('quiet', 'fg_keys', 'redis'):.2f} | | {med('quiet', 'fg_keys', 'rps'):.0f} | | | | | |")
 print()
 bad = {k: sum(s["bad"] for s in v) for k, v in rows.items() if k[1] not in ("fg_flood",)}
-print(f"- Row 8: {admitted} of {sum(s['n'] for s in flood)} requests admitted (the limit is 10 a minute), "
+print(f"- Row 9: {admitted} of {sum(s['n'] for s in flood)} requests admitted (the limit is 10 a minute), "
       f"the rest answered 429; {ex['flood_calls'].strip()} Redis calls in 2 × the run.")
-print(f"- Row 9: RSS {ex['rss0'].strip()} → {ex['rss1'].strip()} → {ex['rss2'].strip()} KiB over two passes; "
+print(f"- Row 10: RSS {ex['rss0'].strip()} → {ex['rss1'].strip()} → {ex['rss2'].strip()} KiB over two passes; "
       f"{ex['keys'].strip()} keys in Redis; {ex['connections'].strip()} Redis connections in use by the floodgate instances.")
 wrong = {f"{k[0]} {k[1]}": v for k, v in bad.items() if v}
-print(f"- Answers other than 2xx in rows 1–7: {wrong or 'none'}.")
+print(f"- Answers other than 2xx in rows 1–8: {wrong or 'none'}.")
 w = ex["warnings"].strip()
 print("- floodgate logged no warnings (no store failures) during the run." if w == "0"
       else f"- floodgate logged {w} warnings during the run.")
@@ -401,7 +414,15 @@ m, r = med("quiet", "fg_mem", "cpu"), med("quiet", "fg_redis", "cpu")
 line(r <= m + 1.5, f"quiet: floodgate Redis store's own {r:.2f} µs ≤ memory store's {m:.2f} + 1.5 µs")
 t, p = total("quiet", "fg_redis"), med("quiet", "ngx_proxy", "cpu")
 line(t <= 1.3 * p, f"quiet: floodgate + Redis {t:.2f} µs ≤ 1.3 × nginx proxy {p:.2f} µs = {1.3 * p:.2f} µs ({t / p:.2f}×)")
+g = med("quiet", "gateway", "cpu")
+line(m <= 1.10 * g, f"quiet: floodgate memory store {m:.2f} µs ≤ 1.10 × bare hyper gateway {g:.2f} µs = {1.10 * g:.2f} µs ({m / g:.2f}×)")
+line(m <= 1.20 * p, f"quiet: floodgate memory store {m:.2f} µs ≤ 1.20 × nginx proxy {p:.2f} µs = {1.20 * p:.2f} µs ({m / p:.2f}×)")
+line(t <= 1.35 * p, f"quiet: floodgate + Redis {t:.2f} µs ≤ 1.35 × nginx proxy = {1.35 * p:.2f} µs")
 if loaded:
+    mr = med("loaded", "fg_mem", "cpu") / m
+    gr = med("loaded", "gateway", "cpu") / g
+    line(mr <= gr + 0.05, f"loaded: floodgate memory store rose {100 * (mr - 1):+.0f} %, "
+         f"the bare hyper gateway {100 * (gr - 1):+.0f} % (allowed: its rise + 5 points)")
     fr = total("loaded", "fg_redis") / total("quiet", "fg_redis")
     nr = med("loaded", "ngx_proxy", "cpu") / med("quiet", "ngx_proxy", "cpu")
     line(fr <= nr, f"loaded: floodgate + Redis rose {100 * (fr - 1):+.0f} % "
