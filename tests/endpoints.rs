@@ -307,13 +307,8 @@ async fn in_flight_gets_to_a_dying_endpoint_go_to_the_other_and_a_post_is_never_
     assert!(warm.iter().all(|(s, _)| *s == 200), "{warm:?}");
     let client = TestClient::http1();
     let mut calls = JoinSet::new();
-    for i in 0..20 {
-        let (client, url) = (client.clone(), gate.url(&format!("/slow?get={i}")));
-        calls.spawn(async move {
-            let answer = client.get(&url, &[]).await;
-            ("GET", answer.status.as_u16(), answer.text())
-        });
-    }
+    // The POSTs first, each in flight before the next is sent: round robin
+    // gives two to each endpoint, whatever order the tasks run in.
     for i in 0..4 {
         let (client, url) = (client.clone(), gate.url(&format!("/slow?post={i}")));
         calls.spawn(async move {
@@ -322,6 +317,16 @@ async fn in_flight_gets_to_a_dying_endpoint_go_to_the_other_and_a_post_is_never_
                 .expect("request");
             let answer = client.send(request).await;
             ("POST", answer.status.as_u16(), answer.text())
+        });
+        while a.posts.load(Ordering::SeqCst) + b.posts.load(Ordering::SeqCst) < i + 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    for i in 0..20 {
+        let (client, url) = (client.clone(), gate.url(&format!("/slow?get={i}")));
+        calls.spawn(async move {
+            let answer = client.get(&url, &[]).await;
+            ("GET", answer.status.as_u16(), answer.text())
         });
     }
     // Every request has reached its endpoint before b dies.
