@@ -119,20 +119,8 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
             );
             response
         }
-        "/status.json" => {
-            let mut response = text(StatusCode::OK, status_json(shared));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
-        }
-        "/history.json" => {
-            let mut response = text(StatusCode::OK, shared.history_json());
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
-        }
+        "/status.json" => json(status_json(shared)),
+        "/history.json" => json(shared.history_json()),
         "/clients/top" => {
             let n = request
                 .uri()
@@ -141,11 +129,7 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
                 .and_then(|n| n.parse::<usize>().ok())
                 .unwrap_or(10)
                 .clamp(1, 100);
-            let mut response = text(StatusCode::OK, top_clients(shared, n));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
+            json(top_clients(shared, n))
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
@@ -158,6 +142,15 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    response
+}
+
+/// A 200 carrying `body` as JSON.
+fn json(body: String) -> Response<Full<Bytes>> {
+    let mut response = text(StatusCode::OK, body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
 
@@ -250,51 +243,14 @@ fn status_json(shared: &Shared) -> String {
         Readiness::Refusing => "refusing",
         Readiness::Draining => "draining",
     };
-    let (kind, up, on_error) = shared.store();
     let mut out = String::from("{\"version\":");
     crate::access_log::json_string(&mut out, env!("CARGO_PKG_VERSION"));
     out.push_str(",\"config\":");
     crate::access_log::json_string(&mut out, &shared.metrics().config_digest());
-    let _ = write!(
-        out,
-        ",\"readiness\":\"{readiness}\",\"store\":{{\"kind\":\"{}\",\"up\":{},\"degraded\":{},\"on_error\":\"{}\",\"redis_calls\":{},\"nodes\":[",
-        kind,
-        up,
-        shared.store_degraded(),
-        on_error,
-        shared.metrics().redis_calls.get(),
-    );
-    for (i, (node, open, since)) in shared.store_nodes().iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str("{\"node\":");
-        crate::access_log::json_string(&mut out, node);
-        let breaker = if *open { "open" } else { "closed" };
-        let since = since.map_or_else(|| "null".to_owned(), |ms| ms.to_string());
-        let _ = write!(out, ",\"breaker\":\"{breaker}\",\"since\":{since}}}");
-    }
-    out.push_str("]},\"reload\":");
-    match shared.last_reload() {
-        None => out.push_str("null"),
-        Some(reload) => {
-            let result = if reload.problem.is_some() {
-                "refused"
-            } else {
-                "applied"
-            };
-            let _ = write!(
-                out,
-                "{{\"result\":\"{result}\",\"at\":{},\"problem\":",
-                reload.at_ms
-            );
-            match &reload.problem {
-                Some(problem) => crate::access_log::json_string(&mut out, problem),
-                None => out.push_str("null"),
-            }
-            out.push('}');
-        }
-    }
+    let _ = write!(out, ",\"readiness\":\"{readiness}\",\"store\":");
+    store_json(&mut out, shared);
+    out.push_str(",\"reload\":");
+    reload_json(&mut out, shared);
     out.push_str(",\"routes\":[");
     for (i, ((route, counts), capacity)) in rules
         .routes
@@ -353,4 +309,51 @@ fn status_json(shared: &Shared) -> String {
     }
     out.push_str("]}");
     out
+}
+
+/// `/status.json`'s `store`: its kind and state, and each node's breaker.
+fn store_json(out: &mut String, shared: &Shared) {
+    use std::fmt::Write;
+    let (kind, up, on_error) = shared.store();
+    let _ = write!(
+        out,
+        "{{\"kind\":\"{kind}\",\"up\":{up},\"degraded\":{},\"on_error\":\"{on_error}\",\"redis_calls\":{},\"nodes\":[",
+        shared.store_degraded(),
+        shared.metrics().redis_calls.get(),
+    );
+    for (i, (node, open, since)) in shared.store_nodes().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"node\":");
+        crate::access_log::json_string(out, node);
+        let breaker = if *open { "open" } else { "closed" };
+        let since = since.map_or_else(|| "null".to_owned(), |ms| ms.to_string());
+        let _ = write!(out, ",\"breaker\":\"{breaker}\",\"since\":{since}}}");
+    }
+    out.push_str("]}");
+}
+
+/// `/status.json`'s `reload`: `null` when there was none since start.
+fn reload_json(out: &mut String, shared: &Shared) {
+    use std::fmt::Write;
+    let Some(reload) = shared.last_reload() else {
+        out.push_str("null");
+        return;
+    };
+    let result = if reload.problem.is_some() {
+        "refused"
+    } else {
+        "applied"
+    };
+    let _ = write!(
+        out,
+        "{{\"result\":\"{result}\",\"at\":{},\"problem\":",
+        reload.at_ms
+    );
+    match &reload.problem {
+        Some(problem) => crate::access_log::json_string(out, problem),
+        None => out.push_str("null"),
+    }
+    out.push('}');
 }
