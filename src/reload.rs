@@ -34,13 +34,12 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
     let reader = Reader {
         path: running.path.clone(),
         watched: baseline.files,
-        last_seen: baseline.contents,
         digest: running.digest.clone(),
         on_change: running.server.reload_on_change,
     };
     let spawned = std::thread::Builder::new()
         .name("floodgate-reload".to_owned())
-        .spawn(move || reader.run(&asked, &send));
+        .spawn(move || reader.run(baseline.contents, &asked, &send));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the reload thread: the configuration will not be reloaded");
         return;
@@ -83,7 +82,6 @@ impl Baseline {
 struct Reader {
     path: PathBuf,
     watched: Vec<PathBuf>,
-    last_seen: Vec<Option<Vec<u8>>>,
     /// The digest of the configuration file in force when watching began.
     digest: String,
     on_change: bool,
@@ -91,10 +89,15 @@ struct Reader {
 
 impl Reader {
     /// Reads and loads the file when asked (`asked`) or, once a second,
-    /// when it or a file it names changed; sends each load's result. Ends
-    /// when the watcher is dropped.
-    fn run(mut self, asked: &Receiver<()>, loaded: &mpsc::Sender<Result<Config, LoadError>>) {
-        let mut last_seen = std::mem::take(&mut self.last_seen);
+    /// when it or a file it names changed since `last_seen` (the files as
+    /// serving began); sends each load's result. Ends when the watcher is
+    /// dropped.
+    fn run(
+        mut self,
+        mut last_seen: Vec<Option<Vec<u8>>>,
+        asked: &Receiver<()>,
+        loaded: &mpsc::Sender<Result<Config, LoadError>>,
+    ) {
         // The file may have changed between its load and the baseline: if
         // it is not the text in force, the first comparison says changed.
         if let Some(i) = self.watched.iter().position(|f| *f == self.path) {
