@@ -6,7 +6,7 @@
 //! an upstream asks for them, RFC 7239 `Forwarded` and `Via`).
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -148,7 +148,9 @@ impl Forwarder {
             let endpoint = &member.endpoint;
             let _in_flight = member.begin();
             let pool = self.pools.get_in(member.pool(), endpoint);
-            let send = pool.send(endpoint, head, body, upgrade, now);
+            // Pinned here, in this future, rather than moved into the
+            // deadline's: a send is large, and every move is a copy.
+            let send = pin!(pool.send(endpoint, head, body, upgrade, now));
             let failure = match by_deadline(send, timeout, now, sent.as_deref()).await {
                 Some(Ok(exchange)) => {
                     group.succeeded(member);
@@ -367,12 +369,11 @@ fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
 /// without a body, after the body's end for one with: a slow upload is not
 /// the upstream's delay).
 async fn by_deadline<F: Future>(
-    send: F,
+    mut send: Pin<&mut F>,
     timeout: Duration,
     began: Instant,
     sent: Option<&Sent>,
 ) -> Option<F::Output> {
-    let mut send = pin!(send);
     let began = tokio::time::Instant::from_std(began);
     let mut deadline = began + timeout;
     loop {

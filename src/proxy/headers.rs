@@ -257,10 +257,27 @@ pub(super) fn via(version: Version) -> &'static HeaderValue {
 
 /// Removes the hop-by-hop fields of `headers` and those its `Connection`
 /// names; a 101 answer (`switched`) keeps its `Upgrade`. Most messages have
-/// none, and then nothing is allocated.
+/// none, or only a `Connection: keep-alive` (or `close`) that names no
+/// other field: those cost one look at each name and, for the second, one
+/// removal, and nothing is allocated.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, switched: bool) {
-    if !headers.keys().any(|name| is_hop_by_hop(name.as_str())) {
+    let (mut connection, mut others) = (false, false);
+    for name in headers.keys() {
+        if name == CONNECTION {
+            connection = true;
+        } else if is_hop_by_hop(name.as_str()) && !(switched && name == UPGRADE) {
+            others = true;
+        }
+    }
+    if !connection && !others {
         // Fields named by `Connection` go only with it.
+        return;
+    }
+    if !others
+        && let Entry::Occupied(entry) = headers.entry(CONNECTION)
+        && entry.iter().all(|v| names_no_field(v.as_bytes()))
+    {
+        entry.remove_entry_mult();
         return;
     }
     let named = connection_named(headers);
@@ -276,6 +293,17 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, switched: bool) {
     for name in gone {
         headers.remove(name);
     }
+}
+
+/// Whether a `Connection` value is only `keep-alive` or `close`, which
+/// name no field (the common case, answered without parsing a list).
+fn names_no_field(value: &[u8]) -> bool {
+    // As most senders write them first: a comparison of bytes is cheaper
+    // than one without case.
+    value == b"keep-alive"
+        || value == b"close"
+        || value.eq_ignore_ascii_case(b"keep-alive")
+        || value.eq_ignore_ascii_case(b"close")
 }
 
 /// Whether `name` is a hop-by-hop field (RFC 9110 §7.6.1) that every
@@ -303,8 +331,7 @@ pub(crate) fn is_hop_by_hop(name: &str) -> bool {
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     let mut named = Vec::new();
     for value in headers.get_all(CONNECTION) {
-        let bytes = value.as_bytes();
-        if bytes.eq_ignore_ascii_case(b"keep-alive") || bytes.eq_ignore_ascii_case(b"close") {
+        if names_no_field(value.as_bytes()) {
             continue;
         }
         named.extend(
@@ -372,6 +399,35 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(CONNECTION, HeaderValue::from_static("Keep-Alive"));
         assert!(connection_named(&h).is_empty());
+    }
+
+    #[test]
+    fn a_connection_that_names_no_field_goes_alone() {
+        // Every value of it, whatever their case.
+        let mut h = HeaderMap::new();
+        h.append(CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.append(CONNECTION, HeaderValue::from_static("close"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let kept: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(kept, ["x-kept"]);
+
+        // With another hop-by-hop field beside it, both go.
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        let kept: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(kept, ["x-kept"]);
+
+        // A switch of protocols keeps its `Upgrade`, not its `Connection`.
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        strip_hop_by_hop(&mut h, true);
+        let kept: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        assert_eq!(kept, ["upgrade"]);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::uri::PathAndQuery;
+use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, Uri};
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::{http1, http2};
@@ -171,7 +172,7 @@ impl Idle {
 
 /// A request head as it goes upstream: the target in origin form; the
 /// headers already rewritten, `Host` included.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Head {
     /// The method.
     pub method: Method,
@@ -233,6 +234,66 @@ impl Head {
             headers: parts.headers,
         };
         (head, body)
+    }
+}
+
+/// Most fields a kept copy of a head holds without growing its list.
+const KEPT_FIELDS: usize = 128;
+
+thread_local! {
+    /// A list a copy of a head has used, kept to be used again.
+    static SPARE_FIELDS: std::cell::Cell<Vec<(HeaderName, HeaderValue)>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A copy of a head kept while its request is in flight, so that it may go
+/// again once the connection that carried it breaks before any answer.
+/// Most requests are answered and the copy dropped, so it is made as cheap
+/// as it can be: its fields in a list rather than a map (no index to
+/// build), in a list this thread has used before (nothing allocated once
+/// warm), each field a reference count more (no bytes copied).
+struct KeptHead {
+    method: Method,
+    target: PathAndQuery,
+    fields: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl KeptHead {
+    fn of(head: &Head) -> Self {
+        let mut fields = SPARE_FIELDS.take();
+        fields.extend(
+            head.headers
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone())),
+        );
+        Self {
+            method: head.method.clone(),
+            target: head.target.clone(),
+            fields,
+        }
+    }
+
+    /// The head again, its fields in their order.
+    fn head(mut self) -> Head {
+        let mut headers = HeaderMap::with_capacity(self.fields.len());
+        for (name, value) in self.fields.drain(..) {
+            headers.append(name, value);
+        }
+        Head {
+            method: std::mem::take(&mut self.method),
+            target: std::mem::replace(&mut self.target, PathAndQuery::from_static("/")),
+            headers,
+        }
+    }
+}
+
+impl Drop for KeptHead {
+    fn drop(&mut self) {
+        let mut fields = std::mem::take(&mut self.fields);
+        fields.clear();
+        if fields.capacity() <= KEPT_FIELDS {
+            SPARE_FIELDS.set(fields);
+        }
     }
 }
 
@@ -446,7 +507,7 @@ impl Pool {
             Sender::Http1(sender) => sender,
         };
         // Kept to send again only if it may be: idempotent, no body.
-        let again = (idempotent(&head.method) && body.is_end_stream()).then(|| head.clone());
+        let again = (idempotent(&head.method) && body.is_end_stream()).then(|| KeptHead::of(&head));
         let request = head.request(Wire::Http1, upstream, body);
         let mut error = match sender.try_send_request(request).await {
             Ok(response) => return Ok(self.exchange(response, sender, upgrade, now)),
@@ -460,8 +521,8 @@ impl Pool {
             )),
             // Closed or reset before any answer: the keep-alive race, or an
             // endpoint going away.
-            (None, Some(head)) if broke_off(error.error()) => Err(Failure::Again(
-                Box::new((head, RequestBody::empty())),
+            (None, Some(copy)) if broke_off(error.error()) => Err(Failure::Again(
+                Box::new((copy.head(), RequestBody::empty())),
                 error.into_error(),
             )),
             _ => Err(Failure::Final(SendError::Failed(error.into_error()))),
