@@ -11,7 +11,9 @@
 # built here with the same release profile).
 #
 #   bench/callgrind.sh [BINARY]     default target/release/floodgate
-#   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway")
+#   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway"),
+#   KEEP (a directory: each run's callgrind file is kept there, named
+#   STORE-N.out, for callgrind_annotate --inclusive=yes)
 #
 # Needs valgrind, nginx, curl and redis-server (installed with apt-get when
 # missing and run as root).
@@ -84,6 +86,7 @@ instructions() {
   kill -TERM "$pid"
   wait "$pid" || true
   awk '/^(totals|summary):/ { print $2; exit }' "$work/cg.out"
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$work/cg.out" "$KEEP/$store-$n.out"; fi
 }
 
 declare -A per

@@ -52,9 +52,15 @@ impl Sent {
     }
 }
 
-/// A request body on its way upstream.
+/// A request body on its way upstream: nothing for a request that came
+/// without one (most do), so that what moves with every request head, on
+/// its way through the pool and hyper's dispatch, is a pointer.
 #[derive(Debug)]
-pub struct RequestBody {
+pub struct RequestBody(Option<Box<Streaming>>);
+
+/// A body that had something to send when forwarding began.
+#[derive(Debug)]
+struct Streaming {
     inner: Option<Incoming>,
     /// Frames read ahead (see [`RequestBody::read_ahead`]), sent first.
     ahead: VecDeque<Frame<Bytes>>,
@@ -66,8 +72,7 @@ pub struct RequestBody {
     /// grace (0: any rate).
     min_rate: u64,
     grace: Duration,
-    /// Told when the body ends, for bodies that did not begin ended; and
-    /// when it began.
+    /// Told when the body ends; and when it began.
     sent: Option<(Arc<Sent>, tokio::time::Instant)>,
 }
 
@@ -77,8 +82,11 @@ impl RequestBody {
     /// minimum rate. When the body has anything to send, the returned
     /// [`Sent`] says when it ended.
     pub fn new(body: Incoming, client: &super::ClientSide) -> (Self, Option<Arc<Sent>>) {
-        let sent = (!body.is_end_stream()).then(|| Arc::new(Sent::default()));
-        let body = Self {
+        if body.is_end_stream() {
+            return (Self::empty(), None);
+        }
+        let sent = Arc::new(Sent::default());
+        let body = Streaming {
             inner: Some(body),
             ahead: VecDeque::new(),
             idle: IdleTimer::new(client.body),
@@ -86,26 +94,15 @@ impl RequestBody {
             seen: 0,
             min_rate: client.min_rate,
             grace: client.min_rate_after,
-            sent: sent
-                .as_ref()
-                .map(|s| (Arc::clone(s), tokio::time::Instant::now())),
+            sent: Some((Arc::clone(&sent), tokio::time::Instant::now())),
         };
-        (body, sent)
+        (Self(Some(Box::new(body))), Some(sent))
     }
 
-    /// No body: a request sent again after its connection failed (only
-    /// requests without a body are).
+    /// No body: a request that came without one, or one sent again after
+    /// its connection failed (only requests without a body are).
     pub fn empty() -> Self {
-        Self {
-            inner: None,
-            ahead: VecDeque::new(),
-            idle: IdleTimer::new(Duration::MAX),
-            max: None,
-            seen: 0,
-            min_rate: 0,
-            grace: Duration::MAX,
-            sent: None,
-        }
+        Self(None)
     }
 
     /// Reads the body ahead, before any upstream connection is taken, until
@@ -114,25 +111,32 @@ impl RequestBody {
     /// connection. The client's faults (stalled, too slow, too large,
     /// broken) come back as they happen.
     pub async fn read_ahead(&mut self, limit: u64) -> Result<(), ClientBodyError> {
-        if self.inner.as_ref().is_none_or(Body::is_end_stream) || self.size_hint().lower() > limit {
+        let Some(body) = self.0.as_deref_mut() else {
+            return Ok(());
+        };
+        if body.inner.as_ref().is_none_or(Body::is_end_stream) || body.size_hint().lower() > limit
+        {
             return Ok(());
         }
         let mut read = 0u64;
         while read <= limit {
-            match std::future::poll_fn(|cx| self.poll_inner(cx)).await {
+            match std::future::poll_fn(|cx| body.poll_inner(cx)).await {
                 Some(Ok(frame)) => {
                     read += frame.data_ref().map_or(0, |d| d.len() as u64);
-                    self.ahead.push_back(frame);
+                    body.ahead.push_back(frame);
                 }
                 Some(Err(e)) => return Err(e),
                 None => break,
             }
-            if self.inner.as_ref().is_none_or(Body::is_end_stream) {
+            if body.inner.as_ref().is_none_or(Body::is_end_stream) {
                 break;
             }
         }
         Ok(())
     }
+}
+
+impl Streaming {
 
     /// Whether, `seen` bytes in, the body is slower than its minimum rate.
     fn too_slow(&self) -> bool {
@@ -155,7 +159,7 @@ impl RequestBody {
     }
 }
 
-impl RequestBody {
+impl Streaming {
     fn poll_inner(
         &mut self,
         cx: &mut Context<'_>,
@@ -207,19 +211,32 @@ impl Body for RequestBody {
     type Error = ClientBodyError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, ClientBodyError>>> {
-        if let Some(frame) = self.ahead.pop_front() {
+        let Some(body) = self.get_mut().0.as_deref_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Some(frame) = body.ahead.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        self.poll_inner(cx)
+        body.poll_inner(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ahead.is_empty() && self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.0.as_deref().is_none_or(|body| {
+            body.ahead.is_empty() && body.inner.as_ref().is_none_or(Body::is_end_stream)
+        })
     }
 
+    fn size_hint(&self) -> SizeHint {
+        self.0
+            .as_deref()
+            .map_or_else(|| SizeHint::with_exact(0), Streaming::size_hint)
+    }
+}
+
+impl Streaming {
     fn size_hint(&self) -> SizeHint {
         let hint = self
             .inner
