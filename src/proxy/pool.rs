@@ -22,8 +22,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use http::uri::PathAndQuery;
 use http::header::{HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{HeaderMap, Method, Request, Response, Uri};
 use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::{http1, http2};

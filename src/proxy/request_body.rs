@@ -114,8 +114,7 @@ impl RequestBody {
         let Some(body) = self.0.as_deref_mut() else {
             return Ok(());
         };
-        if body.inner.as_ref().is_none_or(Body::is_end_stream) || body.size_hint().lower() > limit
-        {
+        if body.inner.as_ref().is_none_or(Body::is_end_stream) || body.size_hint().lower() > limit {
             return Ok(());
         }
         let mut read = 0u64;
@@ -137,7 +136,6 @@ impl RequestBody {
 }
 
 impl Streaming {
-
     /// Whether, `seen` bytes in, the body is slower than its minimum rate.
     fn too_slow(&self) -> bool {
         let Some((_, began)) = &self.sent else {
