@@ -15,6 +15,15 @@
 #   KEEP (a directory: each run's callgrind file is kept there, named
 #   STORE-N.out, for callgrind_annotate --inclusive=yes)
 #
+# Where the instructions go, by function: KEEP=/tmp/cg bench/callgrind.sh,
+# then `callgrind_annotate --inclusive=yes /tmp/cg/memory-6000.out` (and
+# --tree=caller for who calls memcpy or malloc). By source line: build the
+# same code with line tables (`cargo build --profile prof`, the release
+# profile plus debug line tables; the instructions are the release build's
+# within noise), run this on target/prof/floodgate, and annotate with
+# `callgrind_annotate --auto=yes`. Divide by N2 for per-request figures
+# (startup is a few hundred thousand instructions over all).
+#
 # Needs valgrind, nginx, curl and redis-server (installed with apt-get when
 # missing and run as root).
 set -euo pipefail
