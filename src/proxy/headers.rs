@@ -298,12 +298,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap, switched: bool) {
 /// Whether a `Connection` value is only `keep-alive` or `close`, which
 /// name no field (the common case, answered without parsing a list).
 fn names_no_field(value: &[u8]) -> bool {
-    // As most senders write them first: a comparison of bytes is cheaper
-    // than one without case.
-    value == b"keep-alive"
-        || value == b"close"
-        || value.eq_ignore_ascii_case(b"keep-alive")
-        || value.eq_ignore_ascii_case(b"close")
+    value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close")
 }
 
 /// Whether `name` is a hop-by-hop field (RFC 9110 §7.6.1) that every

@@ -136,6 +136,28 @@ impl RequestBody {
 }
 
 impl Streaming {
+    fn size_hint(&self) -> SizeHint {
+        let hint = self
+            .inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        if self.ahead.is_empty() {
+            return hint;
+        }
+        let ahead: u64 = self
+            .ahead
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(|d| d.len() as u64)
+            .sum();
+        let mut with_ahead = SizeHint::new();
+        with_ahead.set_lower(hint.lower() + ahead);
+        if let Some(upper) = hint.upper() {
+            with_ahead.set_upper(upper + ahead);
+        }
+        with_ahead
+    }
+
     /// Whether, `seen` bytes in, the body is slower than its minimum rate.
     fn too_slow(&self) -> bool {
         let Some((_, began)) = &self.sent else {
@@ -155,9 +177,7 @@ impl Streaming {
                 .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Release);
         }
     }
-}
 
-impl Streaming {
     fn poll_inner(
         &mut self,
         cx: &mut Context<'_>,
@@ -231,29 +251,5 @@ impl Body for RequestBody {
         self.0
             .as_deref()
             .map_or_else(|| SizeHint::with_exact(0), Streaming::size_hint)
-    }
-}
-
-impl Streaming {
-    fn size_hint(&self) -> SizeHint {
-        let hint = self
-            .inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        if self.ahead.is_empty() {
-            return hint;
-        }
-        let ahead: u64 = self
-            .ahead
-            .iter()
-            .filter_map(Frame::data_ref)
-            .map(|d| d.len() as u64)
-            .sum();
-        let mut with_ahead = SizeHint::new();
-        with_ahead.set_lower(hint.lower() + ahead);
-        if let Some(upper) = hint.upper() {
-            with_ahead.set_upper(upper + ahead);
-        }
-        with_ahead
     }
 }
