@@ -27,6 +27,7 @@ pub mod discovery;
 pub mod headers;
 mod idle;
 pub mod metrics;
+pub mod outgoing;
 pub mod pool;
 pub mod request_body;
 pub mod response_body;
@@ -41,7 +42,8 @@ pub type Body = response::Body<UpstreamBody>;
 
 use balance::{Failure, Group, Member};
 use headers::{UPGRADE_OPTION, strip_hop_by_hop, upstream_headers, via};
-use pool::{Exchange, Head, Pools, SendError};
+use outgoing::Head;
+use pool::{Exchange, Pools, SendError};
 use request_body::{ClientBodyError, RequestBody, Sent};
 use response_body::{UpstreamBody, UpstreamBodyError};
 use settings::Endpoint;
@@ -163,21 +165,7 @@ impl Forwarder {
                     return Err(self.refusal(endpoint, timeout, SendError::TimedOut));
                 }
             };
-            match &failure.error {
-                SendError::Connect(e) => {
-                    member.count(if matches!(e, connect::ConnectError::TimedOut(_)) {
-                        Failure::Timeout
-                    } else {
-                        Failure::Connect
-                    });
-                    group.failed(member);
-                }
-                SendError::Failed(e) if client_body_error(e).is_none() => {
-                    member.count(Failure::Protocol);
-                }
-                SendError::NoUpgrade => member.count(Failure::Protocol),
-                SendError::Failed(_) | SendError::TimedOut => {}
-            }
+            count_failure(group, member, &failure.error);
             // Once more, to another endpoint when there is one; a request
             // whose connection broke goes once more even to the same one.
             let broke = matches!(failure.error, SendError::Failed(_)) && !failure.elsewhere_only;
@@ -208,25 +196,14 @@ impl Forwarder {
             response.headers_mut().append(VIA, entry);
         }
         if switched {
-            let Some(client) = on_client_upgrade else {
-                tracing::warn!(upstream = %endpoint.target, "upstream switched protocols unasked");
-                return Err(Refusal::upstream(
-                    StatusCode::BAD_GATEWAY,
-                    "the upstream switched protocols unasked",
-                ));
-            };
-            response
-                .headers_mut()
-                .insert(CONNECTION, UPGRADE_OPTION.clone());
-            let on_upstream_upgrade = hyper::upgrade::on(&mut response);
-            upgrade::splice(
-                client,
-                on_upstream_upgrade,
+            self.switch(
+                &mut response,
+                endpoint,
+                on_client_upgrade,
                 sender,
                 timeouts.upgraded,
-                self.timeouts.counter(Phase::UpgradeIdle).clone(),
-                hold(),
-            );
+                hold,
+            )?;
         }
         let body_timeouts = self.timeouts.counter(Phase::UpstreamBody).clone();
         let (parts, body) = response.into_parts();
@@ -234,27 +211,45 @@ impl Forwarder {
         if reads_first(&request.method, &parts)
             && let Err(e) = body.read_first().await
         {
-            // Nothing of the answer has gone out: floodgate answers instead.
-            tracing::warn!(upstream = %endpoint.target, error = %e, "the upstream's answer failed before any of it was sent");
-            return Err(match e {
-                UpstreamBodyError::TimedOut(_) => {
-                    member.count(Failure::Timeout);
-                    Refusal::upstream(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "the upstream's answer stalled before any of it was sent",
-                    )
-                }
-                UpstreamBodyError::Broken(_) => {
-                    member.count(Failure::Protocol);
-                    Refusal::upstream(
-                        StatusCode::BAD_GATEWAY,
-                        "the upstream's answer broke off before any of it was sent",
-                    )
-                }
-            });
+            return Err(first_bytes_refusal(member, &e));
         }
         let response = Response::from_parts(parts, Either::Left(body));
         Ok((response, Arc::clone(&members[chosen])))
+    }
+
+    /// An upstream's `101` for the client's upgrade: the answer says
+    /// `Connection: upgrade`, and the two upgraded connections are spliced
+    /// on a task that holds what `hold` gives until it ends. A `101` nobody
+    /// asked for is a `502`.
+    fn switch<H: Send + 'static>(
+        &self,
+        response: &mut Response<Incoming>,
+        endpoint: &Endpoint,
+        on_client_upgrade: Option<OnUpgrade>,
+        sender: Option<hyper::client::conn::http1::SendRequest<RequestBody>>,
+        idle: Duration,
+        hold: impl FnOnce() -> H,
+    ) -> Result<(), Refusal> {
+        let Some(client) = on_client_upgrade else {
+            tracing::warn!(upstream = %endpoint.target, "upstream switched protocols unasked");
+            return Err(Refusal::upstream(
+                StatusCode::BAD_GATEWAY,
+                "the upstream switched protocols unasked",
+            ));
+        };
+        response
+            .headers_mut()
+            .insert(CONNECTION, UPGRADE_OPTION.clone());
+        let on_upstream_upgrade = hyper::upgrade::on(response);
+        upgrade::splice(
+            client,
+            on_upstream_upgrade,
+            sender,
+            idle,
+            self.timeouts.counter(Phase::UpgradeIdle).clone(),
+            hold(),
+        );
+        Ok(())
     }
 
     /// The client's fault, not the upstream's: its body stalled, arrived too
@@ -388,6 +383,50 @@ async fn by_deadline<F: Future>(
             }
             _ => return None,
         };
+    }
+}
+
+/// A failed try counted against its endpoint: what it says of the
+/// endpoint's health (a request body's own fault says nothing).
+fn count_failure(group: &Group, member: &Member, error: &SendError) {
+    match error {
+        SendError::Connect(e) => {
+            member.count(if matches!(e, connect::ConnectError::TimedOut(_)) {
+                Failure::Timeout
+            } else {
+                Failure::Connect
+            });
+            group.failed(member);
+        }
+        SendError::Failed(e) if client_body_error(e).is_none() => {
+            member.count(Failure::Protocol);
+        }
+        SendError::NoUpgrade => member.count(Failure::Protocol),
+        SendError::Failed(_) | SendError::TimedOut => {}
+    }
+}
+
+/// An answer whose body failed before any of it went out: counted against
+/// its endpoint, and answered by floodgate instead (`504` for a stall,
+/// `502` for a break).
+fn first_bytes_refusal(member: &Member, error: &UpstreamBodyError) -> Refusal {
+    let upstream = &member.endpoint.target;
+    tracing::warn!(%upstream, %error, "the upstream's answer failed before any of it was sent");
+    match error {
+        UpstreamBodyError::TimedOut(_) => {
+            member.count(Failure::Timeout);
+            Refusal::upstream(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the upstream's answer stalled before any of it was sent",
+            )
+        }
+        UpstreamBodyError::Broken(_) => {
+            member.count(Failure::Protocol);
+            Refusal::upstream(
+                StatusCode::BAD_GATEWAY,
+                "the upstream's answer broke off before any of it was sent",
+            )
+        }
     }
 }
 

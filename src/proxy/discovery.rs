@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::balance::{Group, Member};
 use super::connect::{self, Sender};
-use super::pool::{Head, Wire};
+use super::outgoing::{Head, Wire};
 use super::request_body::RequestBody;
 use super::settings::{Check, Endpoint};
 
