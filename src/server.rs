@@ -136,39 +136,7 @@ pub async fn run(
     });
     let listener = listeners.proxy;
 
-    let header_read_timeout = config.server.header_read_timeout;
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1
-        // Request heads and idle connections are timed by
-        // `connection::serve`, once per connection rather than per request.
-        .header_read_timeout(None)
-        // 431 past this: enforced on the parsed head, not left to where
-        // the read buffer happens to fill up.
-        .max_header_size(MAX_HEAD_BYTES)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .max_headers(MAX_HEADERS)
-        // Head and body copied into one buffer and sent with one write:
-        // cheaper than queueing them for writev when bodies are small, and
-        // the copy of a large body is bounded by the buffer's limit.
-        .writev(false);
-    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    http2
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEAD_BYTES as u32)
-        // Each stream is a request that may hold an upstream connection:
-        // one client connection gets no more than this at once.
-        .max_concurrent_streams(config.server.http2_max_concurrent_streams)
-        // Streams a client opens and resets before they are accepted (the
-        // "rapid reset" flood), and streams floodgate itself resets for a
-        // client's protocol errors, are bounded per connection; past them
-        // the connection is closed.
-        .max_pending_accept_reset_streams(HTTP2_MAX_RESET_STREAMS)
-        .max_local_error_reset_streams(HTTP2_MAX_RESET_STREAMS);
-    let protocols = Arc::new(Protocols {
-        http1,
-        http2,
-        idle_timeout: header_read_timeout,
-    });
+    let protocols = Arc::new(protocols(&config));
 
     let connections = Arc::new(Connections::default());
     let max_connections = config
@@ -230,61 +198,7 @@ pub async fn run(
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                let open = connections.open(shared.metrics().open_connections.clone());
-                let on_timeout = Arc::clone(&shared);
-                let shared = Arc::clone(&shared);
-                let tls = shared.tls();
-                let client = Arc::new(Client {
-                    peer: Peer::new(
-                        peer,
-                        tls.is_some(),
-                        is_in(peer.ip().to_canonical(), &shared.rules().trusted_proxies),
-                    ),
-                    activity: Activity::default(),
-                    _open: open,
-                    _slot: slot,
-                });
-                let write_timeout = WriteTimeout {
-                    after: shared.rules().client_write_timeout,
-                    timeouts: shared
-                        .metrics()
-                        .timeouts()
-                        .counter(crate::metrics::Phase::ClientWrite)
-                        .clone(),
-                };
-                let on_connection = Arc::clone(&client);
-                let service = service_fn(move |request| {
-                    let shared = Arc::clone(&shared);
-                    let client = Arc::clone(&client);
-                    async move {
-                        let _busy = client.activity.begin();
-                        let hold = || Arc::clone(&client);
-                        Ok::<_, Infallible>(gate::handle(&shared, &client.peer, request, hold).await)
-                    }
-                });
-                let protocols = Arc::clone(&protocols);
-                let connections = Arc::clone(&connections);
-                tokio::spawn(async move {
-                    let served = connection::serve(
-                        stream,
-                        tls,
-                        service,
-                        &on_connection.activity,
-                        &write_timeout,
-                        &protocols,
-                        &connections,
-                    );
-                    match served.await {
-                        Ended::Served(None) => {}
-                        Ended::Served(Some(e)) => {
-                            tracing::debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                        Ended::FirstHeadTimedOut(socket) => {
-                            request_timeout(socket, on_timeout.metrics()).await;
-                        }
-                    }
-                });
+                serve(stream, peer, slot, &shared, &connections, &protocols);
             }
             () = &mut shutdown => break,
         }
@@ -309,6 +223,112 @@ pub async fn run(
         admin.abort();
     }
     Ok(())
+}
+
+/// hyper's HTTP/1 and HTTP/2 server settings, and the idle timeout that
+/// `connection::serve` applies to both.
+fn protocols(config: &Config) -> Protocols {
+    let header_read_timeout = config.server.header_read_timeout;
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        // Request heads and idle connections are timed by
+        // `connection::serve`, once per connection rather than per request.
+        .header_read_timeout(None)
+        // 431 past this: enforced on the parsed head, not left to where
+        // the read buffer happens to fill up.
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS)
+        // Head and body copied into one buffer and sent with one write:
+        // cheaper than queueing them for writev when bodies are small, and
+        // the copy of a large body is bounded by the buffer's limit.
+        .writev(false);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        // Each stream is a request that may hold an upstream connection:
+        // one client connection gets no more than this at once.
+        .max_concurrent_streams(config.server.http2_max_concurrent_streams)
+        // Streams a client opens and resets before they are accepted (the
+        // "rapid reset" flood), and streams floodgate itself resets for a
+        // client's protocol errors, are bounded per connection; past them
+        // the connection is closed.
+        .max_pending_accept_reset_streams(HTTP2_MAX_RESET_STREAMS)
+        .max_local_error_reset_streams(HTTP2_MAX_RESET_STREAMS);
+    Protocols {
+        http1,
+        http2,
+        idle_timeout: header_read_timeout,
+    }
+}
+
+/// One accepted connection, served on a task of its own: the client as
+/// the request phases see it, its write timeout, and the service that
+/// hands each of its requests to `gate::handle`.
+fn serve(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    shared: &Arc<Shared>,
+    connections: &Arc<Connections>,
+    protocols: &Arc<Protocols>,
+) {
+    let _ = stream.set_nodelay(true);
+    let open = connections.open(shared.metrics().open_connections.clone());
+    let on_timeout = Arc::clone(shared);
+    let shared = Arc::clone(shared);
+    let tls = shared.tls();
+    let client = Arc::new(Client {
+        peer: Peer::new(
+            peer,
+            tls.is_some(),
+            is_in(peer.ip().to_canonical(), &shared.rules().trusted_proxies),
+        ),
+        activity: Activity::default(),
+        _open: open,
+        _slot: slot,
+    });
+    let write_timeout = WriteTimeout {
+        after: shared.rules().client_write_timeout,
+        timeouts: shared
+            .metrics()
+            .timeouts()
+            .counter(crate::metrics::Phase::ClientWrite)
+            .clone(),
+    };
+    let on_connection = Arc::clone(&client);
+    let service = service_fn(move |request| {
+        let shared = Arc::clone(&shared);
+        let client = Arc::clone(&client);
+        async move {
+            let _busy = client.activity.begin();
+            let hold = || Arc::clone(&client);
+            Ok::<_, Infallible>(gate::handle(&shared, &client.peer, request, hold).await)
+        }
+    });
+    let protocols = Arc::clone(protocols);
+    let connections = Arc::clone(connections);
+    tokio::spawn(async move {
+        let served = connection::serve(
+            stream,
+            tls,
+            service,
+            &on_connection.activity,
+            &write_timeout,
+            &protocols,
+            &connections,
+        );
+        match served.await {
+            Ended::Served(None) => {}
+            Ended::Served(Some(e)) => {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            Ended::FirstHeadTimedOut(socket) => {
+                request_timeout(socket, on_timeout.metrics()).await;
+            }
+        }
+    });
 }
 
 /// Accept failures in a row (out of descriptors, most often): how long to
