@@ -41,6 +41,7 @@ fn memory_ns_per_decision(limit: Limit) -> f64 {
             client: &clients[(i % 1_000) as usize],
             limits: &limits,
             cost: 1,
+            settle: None,
         };
         std::hint::black_box(store.decide_at(charge, 1_700_000_000_000 + i / 100));
     }
@@ -105,6 +106,7 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
                         client: &id,
                         limits: &limits,
                         cost: 1,
+                        settle: None,
                     };
                     if store.decide_at(charge, None).await.is_ok() {
                         done += 1;
@@ -133,6 +135,7 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
             client: &id,
             limits: &limits,
             cost: 1,
+            settle: None,
         };
         let _ = store.decide_at(charge, None).await;
     }

@@ -11,12 +11,16 @@
 --            now in milliseconds, or "" to take it from Redis TIME (always
 --              "" in production, so every instance shares Redis's clock;
 --              tests pass it to be deterministic)
---            cost: units the request consumes
+--            cost: units the request consumes; or, to settle a
+--              reservation, "<used> <at> <reserved>": `reserved` units
+--              were taken by a decision at time `at` and the answer
+--              reported `used` (see each algorithm's settle)
 --            the route's limits, "<algorithm> <limit> <window ms> <burst>"
 --              for each, separated by spaces; one key per limit
 --
--- Reply: four integers per limit, request after request, in order:
--- allowed (1/0), remaining, next_ms, retry_after_ms, packed as signed
+-- Reply: per request, in order, four integers per limit (allowed (1/0),
+-- remaining, next_ms, retry_after_ms), then the time it was decided at
+-- (ms; what a settlement names as `at`), packed as signed
 -- 64-bit little-endian integers in one string (struct.pack '<i8…'). A
 -- client reads one string instead of an array of integers, each its own
 -- RESP element: for floodgate, that is most of the cost of reading a
@@ -43,7 +47,7 @@ local function algorithm(name)
   if loaded then
     local pair = loaded[name]
     if pair then
-      return pair[1], pair[2]
+      return pair[1], pair[2], pair[3]
     end
     return nil
   end
@@ -55,7 +59,7 @@ local function algorithm(name)
 end
 
 -- Routes' limits, parsed: the text of ARGV's third argument -> a list of
--- {check, commit, limit, window, burst}. The same text comes with every
+-- {check, commit, limit, window, burst, settle}. The same text comes with every
 -- request of a route, so a function library parses it once, not per call.
 -- The texts come from floodgate's configuration, so they are few; the
 -- table starts over if it ever holds many.
@@ -69,11 +73,11 @@ local function limits_of(text)
   end
   limits = {}
   for name, limit, window, burst in gmatch(text, '(%S+) (%d+) (%d+) (%d+)') do
-    local check, commit = algorithm(name)
+    local check, commit, settle = algorithm(name)
     if not check then
       return nil, name
     end
-    limits[#limits + 1] = {check, commit, tonumber(limit), tonumber(window), tonumber(burst)}
+    limits[#limits + 1] = {check, commit, tonumber(limit), tonumber(window), tonumber(burst), settle}
   end
   if parsed_count >= 1000 then
     parsed, parsed_count = {}, 0
@@ -117,6 +121,18 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   end
 end
 
+-- Settles one request's reservation against `limits`, whose keys start at
+-- KEYS[key], and writes what each limit holds afterwards into `reply` from
+-- reply[out] as an allowed verdict: the units remaining once settled.
+local function settle_one(KEYS, key, limits, now, at, reserved, used, reply, out)
+  for i = 1, #limits do
+    local l, o, k = limits[i], out + (i - 1) * 4, KEYS[key + i - 1]
+    l[6](k, l[3], l[4], now, l[5], at, reserved, used)
+    local _, remaining, reset = l[1](k, l[3], l[4], now, 0, l[5])
+    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0
+  end
+end
+
 -- struct.pack's format for `n` integers, made once per length.
 local formats = {}
 local function packing(n)
@@ -154,7 +170,7 @@ local function decide(KEYS, ARGV)
   end
   -- Every request's limits first, so that a malformed call decides
   -- nothing at all.
-  local requests, keys = {}, 0
+  local requests, settles, keys = {}, {}, 0
   for at = 1, #ARGV, 3 do
     local limits, unknown = limits_of(ARGV[at + 2])
     if not limits then
@@ -162,6 +178,13 @@ local function decide(KEYS, ARGV)
     end
     requests[#requests + 1] = limits
     keys = keys + #limits
+    if not tonumber(ARGV[at + 1]) then
+      local used, reserved_at, reserved = match(ARGV[at + 1], '^(%d+) (%d+) (%d+)$')
+      if not used then
+        return redis.error_reply('floodgate: bad cost ' .. tostring(ARGV[at + 1]))
+      end
+      settles[#requests] = {tonumber(used), tonumber(reserved_at), tonumber(reserved)}
+    end
   end
   if keys ~= #KEYS then
     return redis.error_reply('floodgate: ' .. #KEYS .. ' keys for ' .. keys .. ' limits')
@@ -174,7 +197,7 @@ local function decide(KEYS, ARGV)
   -- Redis TIME, asked at most once per call: the requests of one call are
   -- decided at one moment.
   local time = nil
-  local key = 1
+  local key, out = 1, 1
   for i = 1, #requests do
     local at = i * 3 - 2
     local now = tonumber(ARGV[at])
@@ -186,8 +209,16 @@ local function decide(KEYS, ARGV)
       now = time
     end
     local limits = requests[i]
-    decide_one(KEYS, key, limits, now, tonumber(ARGV[at + 1]), reply, key * 4 - 3)
+    local settle = settles[i]
+    if settle then
+      settle_one(KEYS, key, limits, now, settle[2], settle[3], settle[1], reply, out)
+    else
+      decide_one(KEYS, key, limits, now, tonumber(ARGV[at + 1]), reply, out)
+    end
     key = key + #limits
+    out = out + #limits * 4
+    reply[out] = now
+    out = out + 1
   end
   write_back()
   return packed(reply)

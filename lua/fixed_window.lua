@@ -30,5 +30,29 @@ local function fixed_window()
     save(key, start + window - now, start, count + cost)
   end
 
-  return check, commit
+  -- Settles a reservation of `reserved` units taken at `at` to `used`
+  -- (algorithms.rs, State::settle): more is counted in the current window;
+  -- less is given back only while the reservation's window is current.
+  local function settle(key, limit, window, now, burst, at, reserved, used)
+    local s, c = load(key)
+    local t = now
+    if s and s > now then
+      t = s
+    end
+    local start = t - (t % window)
+    local count = 0
+    if s == start then
+      count = c
+    end
+    if used > reserved then
+      count = count + used - reserved
+    elseif used < reserved and start == at - (at % window) then
+      count = count - min(reserved - used, count)
+    else
+      return
+    end
+    save(key, start + window - now, start, count)
+  end
+
+  return check, commit, settle
 end

@@ -39,5 +39,30 @@ local function gcra()
     save(key, ceil_div(after, limit), now + whole, after - whole * limit)
   end
 
-  return check, commit
+  -- Settles a reservation of `reserved` units taken at `at` to `used`
+  -- (algorithms.rs, State::settle): more units push the TAT on, past the
+  -- tolerance if need be; unused ones pull it back, at most by what has
+  -- not refilled since `at`.
+  local function settle(key, limit, window, now, burst, at, reserved, used)
+    if used == reserved then
+      return
+    end
+    local ahead = 0
+    local tat_ms, tat_frac = load(key)
+    if tat_ms and tat_ms >= now then
+      ahead = (tat_ms - now) * limit + tat_frac
+    end
+    if used > reserved then
+      ahead = ahead + window * (used - reserved)
+    else
+      local give = min((reserved - used) * window, reserved * window - max(now - at, 0) * limit)
+      if give <= 0 or ahead == 0 then
+        return
+      end
+      ahead = ahead - min(give, ahead)
+    end
+    commit(key, limit, window, now, 0, burst, ahead)
+  end
+
+  return check, commit, settle
 end

@@ -50,5 +50,29 @@ local function sliding_log()
     redis_call('PEXPIRE', key, int(t + window - now + EXPIRY_SLACK_MS))
   end
 
-  return check, commit
+  -- Settles a reservation of `reserved` units taken at `at` to `used`
+  -- (algorithms.rs, State::settle): more units are logged now; unused ones
+  -- leave the log while its entry is still in the window. The members at
+  -- `at` are "<at>:1" … "<at>:k"; the highest go, so the next commit's
+  -- numbering (ZCOUNT + 1 onwards) never meets a member still there.
+  local function settle(key, limit, window, now, burst, at, reserved, used)
+    if used > reserved then
+      return commit(key, limit, window, now, used - reserved)
+    end
+    if used == reserved or at + window <= now then
+      return
+    end
+    local k = redis_call('ZCOUNT', key, int(at), int(at))
+    local n = min(reserved - used, k)
+    local members = {}
+    for i = 0, n - 1 do
+      members[#members + 1] = int(at) .. ':' .. int(k - i)
+      if #members >= 500 or i == n - 1 then
+        redis_call('ZREM', key, unpack(members))
+        members = {}
+      end
+    end
+  end
+
+  return check, commit, settle
 end

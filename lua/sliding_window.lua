@@ -72,5 +72,39 @@ local function sliding_window()
     save(key, start + 2 * window - now, start, cur + cost, prev)
   end
 
-  return check, commit
+  -- Settles a reservation of `reserved` units taken at `at` to `used`
+  -- (algorithms.rs, State::settle): more is counted in the current window;
+  -- less is given back to the window it went into, while that is the
+  -- current or the previous one.
+  local function settle(key, limit, window, now, burst, at, reserved, used)
+    local s, c, p = load(key)
+    local t = now
+    if s and s > now then
+      t = s
+    end
+    local start = t - (t % window)
+    local cur, prev = 0, 0
+    if s == start then
+      cur, prev = c, p or 0
+    elseif s == start - window then
+      prev = c
+    end
+    if used > reserved then
+      cur = cur + used - reserved
+    elseif used < reserved then
+      local back, from = reserved - used, at - (at % window)
+      if from == start then
+        cur = cur - min(back, cur)
+      elseif from == start - window then
+        prev = prev - min(back, prev)
+      else
+        return
+      end
+    else
+      return
+    end
+    save(key, start + 2 * window - now, start, cur, prev)
+  end
+
+  return check, commit, settle
 end

@@ -44,5 +44,32 @@ local function token_bucket()
     save(key, last - now + ceil_div(burst * window - after, limit), after, last)
   end
 
-  return check, commit
+  -- Settles a reservation of `reserved` units taken at `at` to `used`
+  -- (algorithms.rs, State::settle, charge_over): more units come out of
+  -- the bucket, and what it cannot pay it owes, counted from a `last` in
+  -- the future; unused units go back, at most what has not refilled since.
+  local function settle(key, limit, window, now, burst, at, reserved, used)
+    if used == reserved then
+      return
+    end
+    local capacity = burst * window
+    local _, _, _, _, tokens, last = check(key, limit, window, now, 0, burst)
+    if used > reserved then
+      tokens = tokens - (used - reserved) * window
+      if tokens < 0 then
+        local wait = ceil_div(-tokens, limit)
+        last = last + wait
+        tokens = min(capacity, tokens + wait * limit)
+      end
+    else
+      local give = min((reserved - used) * window, reserved * window - max(now - at, 0) * limit)
+      if give <= 0 then
+        return
+      end
+      tokens = min(capacity, tokens + give)
+    end
+    save(key, last - now + ceil_div(capacity - tokens, limit), tokens, last)
+  end
+
+  return check, commit, settle
 end

@@ -11,7 +11,7 @@ use floodgate::client::ClientId;
 use floodgate::limit::algorithms::State;
 use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
-use floodgate::limit::{Algorithm, Charge, Decision, Limit};
+use floodgate::limit::{Algorithm, Charge, Decision, Limit, Settlement};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use support::redis::{TestRedis, unique_prefix};
@@ -43,6 +43,7 @@ impl Both {
             client: &client,
             limits,
             cost,
+            settle: None,
         };
         let lua = self
             .redis
@@ -98,9 +99,10 @@ fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
 }
 
 /// A step of a trace: time since the previous step (negative where the
-/// clock stepped back), cost, client, and whether it goes to Redis in one
-/// call with the steps before it.
-type Step = (i64, u64, u8, bool);
+/// clock stepped back), cost, client, whether it goes to Redis in one
+/// call with the steps before it, and whether it settles the client's
+/// oldest open reservation instead of deciding (with the units used).
+type Step = (i64, u64, u8, bool, Option<u64>);
 
 /// A trace: (time step 0..=2×window, or now and then a step back of up to
 /// a window, as an NTP step or a failover to a replica whose clock is
@@ -121,6 +123,7 @@ fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step
                 1..=capacity.min(6),
                 0u8..3,
                 prop::bool::weighted(0.7),
+                prop::option::weighted(0.3, 0..=capacity.min(6) + 4),
             ),
             1..48,
         ),
@@ -144,7 +147,9 @@ fn calls(steps: &[Step]) -> Vec<&[Step]> {
 /// Runs random traces through Lua on Redis and through the Rust twin; every
 /// decision must agree in every field. The trace goes to Redis in calls of
 /// one decision and in shared calls of several, as a loaded instance sends
-/// them, where one call may decide one client many times.
+/// them, where one call may decide one client many times. Some steps
+/// settle an admitted reservation of an earlier call to fewer or more
+/// units, late or early, and must agree too.
 fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
     let seed = seed();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -155,19 +160,26 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
             let both = Both::new(&redis, name);
             let mut now = start;
             let mut i = 0;
+            // Per client, the reservations admitted and not settled yet.
+            let mut open: [std::collections::VecDeque<Settlement>; 3] = Default::default();
             for call in calls(&steps) {
                 let clients: Vec<ClientId> = call
                     .iter()
-                    .map(|&(_, _, client, _)| ClientId::Addr([10, 0, 0, client].into()))
+                    .map(|&(_, _, client, _, _)| ClientId::Addr([10, 0, 0, client].into()))
                     .collect();
                 let mut charges = Vec::with_capacity(call.len());
-                for (&(dt, cost, _, _), client) in call.iter().zip(&clients) {
+                for (&(dt, cost, client, _, used), id) in call.iter().zip(&clients) {
                     now = now.saturating_add_signed(dt);
+                    let settle = used.and_then(|_| open[usize::from(client)].pop_front());
                     let charge = Charge {
                         route: &both.route,
-                        client,
+                        client: id,
                         limits: &limits,
-                        cost,
+                        cost: match settle {
+                            Some(_) => used.unwrap_or(cost),
+                            None => cost,
+                        },
+                        settle,
                     };
                     charges.push((charge, Some(now)));
                 }
@@ -185,9 +197,16 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
                         .expect("redis decisions")
                 };
                 prop_assert_eq!(lua.len(), charges.len());
-                for (lua, (charge, at)) in lua.into_iter().zip(&charges) {
+                for ((lua, (charge, at)), step) in lua.into_iter().zip(&charges).zip(call) {
                     let now = at.unwrap_or_default();
                     let rust = both.memory.decide_at(*charge, now);
+                    if lua.allowed && charge.settle.is_none() {
+                        open[usize::from(step.2)].push_back(Settlement {
+                            at_ms: lua.at_ms,
+                            reserved: charge.cost,
+                            local: false,
+                        });
+                    }
                     prop_assert_eq!(
                         lua,
                         rust,
@@ -264,7 +283,7 @@ fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
         let limit = limits[0];
         let mut state = State::new(limit.algorithm);
         let mut now = start;
-        for &(dt, cost, _, _) in &steps {
+        for &(dt, cost, _, _, _) in &steps {
             now = now.saturating_add_signed(dt);
             let verdict = state.check(&limit, now, cost);
             if verdict.allowed {

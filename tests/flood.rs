@@ -109,6 +109,7 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
             client: &client,
             limits: &limits,
             cost: 1,
+            settle: None,
         };
         let (mut round, mut attempts) = (0, 0);
         while round < 3 {

@@ -65,6 +65,7 @@ async fn decide(
                 client: &client,
                 limits,
                 cost,
+                settle: None,
             },
             Some(now),
         )
@@ -321,6 +322,7 @@ async fn redis_time_decides_unless_a_test_passes_now() {
         client: &client,
         limits: &limits,
         cost: 1,
+        settle: None,
     };
     assert!(
         store
@@ -666,6 +668,7 @@ async fn a_call_reads_and_writes_each_key_once() {
                 client,
                 limits,
                 cost: 1,
+                settle: None,
             };
             (charge, Some(t + i as u64))
         })
@@ -743,6 +746,7 @@ async fn a_call_with_more_verdicts_than_one_pack_is_read_whole() {
                 client: &client,
                 limits: &limits,
                 cost: 1,
+                settle: None,
             };
             (charge, Some(t + i))
         })

@@ -342,6 +342,7 @@ impl Context<'_> {
             client,
             limits: &policy.limits,
             cost: route.cost,
+            settle: None,
         };
         let answer = self.shared.limiter.decide(charge).await;
         self.log_decision(rules, found, client, policy, &answer);

@@ -138,6 +138,7 @@ mod tests {
             next_ms: 900,
             retry_after_ms: 300,
             limit: 0,
+            ..Decision::default()
         };
         cache.insert(&route, &client, sent, denial);
         let d = cache.get(&route, &client, sent + Duration::from_millis(100));

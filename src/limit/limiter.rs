@@ -132,6 +132,24 @@ impl Limiter {
     }
 
     /// Which store decides: `"memory"` or `"redis"`.
+    /// Settles a reservation (`charge.settle` is set) where it was
+    /// decided: the shared store, through its breaker, or this instance's
+    /// memory when the decision was local. An error leaves the reservation
+    /// as the charge; nothing falls back (`on_error` is for decisions).
+    pub async fn settle(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
+        match self {
+            Self::Memory(memory) => Ok(memory.0.decide_at(charge, now_ms())),
+            Self::Redis(shared) => {
+                let now = now_ms();
+                if charge.settle.is_some_and(|s| s.local) {
+                    return Ok(shared.decide_locally(charge, now));
+                }
+                let target = shared.store.target(charge.route, charge.client)?;
+                shared.through_breaker(target, charge, now).await
+            }
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Memory(..) => "memory",
@@ -412,7 +430,10 @@ impl Shared {
             },
             OnError::Local => {
                 let started = Instant::now();
-                let decision = self.decide_locally(charge, now);
+                let decision = Decision {
+                    local: true,
+                    ..self.decide_locally(charge, now)
+                };
                 self.metrics.decided(StoreKind::Local, started.elapsed());
                 Answer::Decided(decision)
             }

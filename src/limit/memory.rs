@@ -122,11 +122,39 @@ impl Entry {
         }
     }
 
-    /// Decides `charge` at `now` against this entry's states.
+    /// Decides (or settles) `charge` at `now` against this entry's states.
     fn decide(&mut self, charge: Charge<'_>, now: u64) -> Decision {
         if *self.limits != *charge.limits {
             *self = Entry::new(charge.limits);
         }
+        let mut decision = match charge.settle {
+            None => self.check_and_consume(charge, now),
+            Some(settle) => {
+                let states = self.states.iter_mut().zip(charge.limits);
+                Decision::combine(states.map(|(state, limit)| {
+                    state.settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                    Verdict {
+                        allowed: true,
+                        retry_after_ms: 0,
+                        ..state.check(limit, now, 0)
+                    }
+                }))
+            }
+        };
+        decision.at_ms = now;
+        self.expires_at = self
+            .states
+            .iter()
+            .zip(charge.limits)
+            .map(|(s, l)| s.expires_at(l))
+            .max()
+            .unwrap_or(0);
+        decision
+    }
+
+    /// Decides `charge` at `now`: every limit checked, then consumed from
+    /// all if all allow.
+    fn check_and_consume(&mut self, charge: Charge<'_>, now: u64) -> Decision {
         let mut verdicts = [Verdict::default(); 8];
         let decision = if charge.limits.len() <= verdicts.len() {
             for (i, (state, limit)) in self.states.iter_mut().zip(charge.limits).enumerate() {
@@ -147,13 +175,6 @@ impl Entry {
                 state.consume(limit, now, charge.cost);
             }
         }
-        self.expires_at = self
-            .states
-            .iter()
-            .zip(charge.limits)
-            .map(|(s, l)| s.expires_at(l))
-            .max()
-            .unwrap_or(0);
         decision
     }
 }
@@ -178,6 +199,7 @@ mod tests {
             client,
             limits,
             cost: 1,
+            settle: None,
         }
     }
 

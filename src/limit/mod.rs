@@ -133,6 +133,12 @@ pub struct Decision {
     /// Index in the route's limits of the limit reported in headers: the
     /// most constrained when allowed, the longest wait when denied.
     pub limit: usize,
+    /// When the store decided (ms, the store's clock): what a settlement of
+    /// this decision's reservation names (see [`Settlement`]).
+    pub at_ms: u64,
+    /// Decided in this instance's memory while the shared store was down
+    /// (`on_error = "local"`): its settlement goes there too.
+    pub local: bool,
 }
 
 impl Decision {
@@ -146,6 +152,8 @@ impl Decision {
                 next_ms: v.next_ms,
                 retry_after_ms: v.retry_after_ms,
                 limit: i,
+                at_ms: 0,
+                local: false,
             };
             out = Some(match out {
                 None => candidate,
@@ -190,8 +198,29 @@ pub struct Charge<'a> {
     pub client: &'a ClientId,
     /// The route's limits; all must allow.
     pub limits: &'a [Limit],
-    /// Units this request consumes.
+    /// Units this request consumes; for a settlement, the units the
+    /// answer reported.
     pub cost: u64,
+    /// `None` to decide; `Some` to settle an earlier reservation to `cost`
+    /// units instead (see [`Settlement`]).
+    pub settle: Option<Settlement>,
+}
+
+/// A reservation being settled: a decision at `at_ms` took `reserved`
+/// units, and the answer reported what it really used (the charge's
+/// `cost`). The store takes the difference atomically in the same keys
+/// (units beyond the reservation charged now, unused ones given back where
+/// they still count; [`algorithms::State::settle`]) and answers, as an
+/// allowed decision, what every limit holds afterwards. A settlement never
+/// denies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// When the reservation was decided ([`Decision::at_ms`]).
+    pub at_ms: u64,
+    /// Units it took.
+    pub reserved: u64,
+    /// It was decided locally ([`Decision::local`]).
+    pub local: bool,
 }
 
 /// Why a store could not decide.

@@ -9,7 +9,7 @@ use redis::{Cmd, RedisWrite, ToRedisArgs, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::limit::{Decision, Limit, StoreError};
+use crate::limit::{Decision, Limit, Settlement, StoreError};
 
 use super::code::FUNCTIONS_NO;
 use super::keys::{Key, decimal};
@@ -23,6 +23,8 @@ pub(super) struct Ask<'a> {
     pub(super) tag: &'a str,
     pub(super) limits: &'a [Limit],
     pub(super) cost: u64,
+    /// Settles a reservation instead of deciding.
+    pub(super) settle: Option<Settlement>,
     /// Replaces Redis `TIME` (tests only).
     pub(super) now: Option<u64>,
 }
@@ -32,6 +34,7 @@ pub(super) struct Pending {
     pub(super) tag: String,
     pub(super) limits: Limits,
     pub(super) cost: u64,
+    pub(super) settle: Option<Settlement>,
     pub(super) now: Option<u64>,
     /// When the request stops waiting: the store's timeout after it was
     /// queued. The call that carries it ends by then.
@@ -45,6 +48,7 @@ impl Pending {
             tag: &self.tag,
             limits: self.limits.as_slice(),
             cost: self.cost,
+            settle: self.settle,
             now: self.now,
         }
     }
@@ -117,7 +121,10 @@ pub(super) async fn send_calls(
 /// empties `batch`.
 pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError>) {
     let limits = batch.iter().map(|p| p.limits.as_slice().len()).sum();
-    let failed = match answer.as_ref().map(|reply| verdict_values(reply, limits)) {
+    let failed = match answer
+        .as_ref()
+        .map(|reply| verdict_values(reply, limits, batch.len()))
+    {
         Ok(Ok(values)) => {
             let mut rest = values;
             for pending in batch.drain(..) {
@@ -159,7 +166,8 @@ impl ToRedisArgs for Spec<'_> {
 
 impl Link {
     /// Builds in `command`: `FCALL <function> <number of keys> <keys…>`, then
-    /// per decision `<now> <cost> "<algorithm> <limit> <window> <burst>…"`;
+    /// per decision `<now> <cost> "<algorithm> <limit> <window> <burst>…"`
+    /// (a settlement's cost is `"<used> <at> <reserved>"`);
     /// or `EVALSHA <sha> …` with the same arguments where Redis has no
     /// functions.
     pub(super) fn command<'a>(
@@ -188,7 +196,11 @@ impl Link {
                 Some(now) => command.arg(now),
                 None => command.arg(""),
             };
-            command.arg(ask.cost).arg(Spec(ask.limits));
+            match ask.settle {
+                None => command.arg(ask.cost),
+                Some(s) => command.arg(format!("{} {} {}", ask.cost, s.at_ms, s.reserved)),
+            };
+            command.arg(Spec(ask.limits));
         }
     }
 }
@@ -214,13 +226,26 @@ mod tests {
                 tag: "t1",
                 limits: &one,
                 cost: 1,
+                settle: None,
                 now: None,
             },
             Ask {
                 tag: "t2",
                 limits: &two,
                 cost: 4,
+                settle: None,
                 now: Some(1_700_000_000_123),
+            },
+            Ask {
+                tag: "t1",
+                limits: &one,
+                cost: 3,
+                settle: Some(Settlement {
+                    at_ms: 1_700_000_000_000,
+                    reserved: 7,
+                    local: false,
+                }),
+                now: None,
             },
         ];
         let mut command = Cmd::new();
@@ -235,16 +260,20 @@ mod tests {
         assert_eq!(
             args[2..],
             [
-                "3",
+                "4",
                 "t1:0:gcra:1000",
                 "t2:0:fixed_window:60000",
                 "t2:1:sliding_log:2500",
+                "t1:0:gcra:1000",
                 "",
                 "1",
                 "gcra 5 1000 7",
                 "1700000000123",
                 "4",
                 "fixed_window 3 60000 3 sliding_log 10 2500 10",
+                "",
+                "3 1700000000000 7",
+                "gcra 5 1000 7",
             ]
         );
     }

@@ -407,6 +407,7 @@ impl RedisStore {
                 tag: &tag,
                 limits: charge.limits,
                 cost: charge.cost,
+                settle: charge.settle,
                 now,
             };
             let work = async {
@@ -427,6 +428,7 @@ impl RedisStore {
             tag,
             limits: Limits::new(charge.limits),
             cost: charge.cost,
+            settle: charge.settle,
             now,
             deadline: tokio::time::Instant::now() + timeout,
             reply,
@@ -456,6 +458,7 @@ impl RedisStore {
             tag,
             limits: charge.limits,
             cost: charge.cost,
+            settle: charge.settle,
             now: *now,
         });
         let work = async {
@@ -468,7 +471,7 @@ impl RedisStore {
                 None => self.link.call(&mut Cmd::new(), asks).await?,
             };
             let limits = charges.iter().map(|(charge, _)| charge.limits.len());
-            let mut rest = verdict_values(&reply, limits.clone().sum())?;
+            let mut rest = verdict_values(&reply, limits.clone().sum(), charges.len())?;
             Ok(limits.map(|n| next_decision(&mut rest, n)).collect())
         };
         tokio::time::timeout(self.link.timeout, work)

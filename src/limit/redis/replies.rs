@@ -1,5 +1,5 @@
-//! Reading a call's verdicts back: four integers per limit, per decision,
-//! packed into one string.
+//! Reading a call's verdicts back: four integers per limit and the time it
+//! was decided at, per decision, packed into one string.
 
 use redis::Value;
 
@@ -13,14 +13,19 @@ const VERDICT: usize = 4 * INT;
 
 /// The verdicts in the reply to a call: one string of signed 64-bit
 /// little-endian integers, four per limit (allowed, remaining, next_ms,
-/// retry_after_ms), `limits` limits in all; anything else is an error.
+/// retry_after_ms) and one per decision (when it was decided), `limits`
+/// limits of `decisions` decisions in all; anything else is an error.
 ///
 /// One string rather than an array of integers: redis-rs reads each array
 /// element as a value of its own, which cost more than anything else
 /// floodgate does with a reply.
-pub(super) fn verdict_values(reply: &Value, limits: usize) -> Result<&[u8], StoreError> {
+pub(super) fn verdict_values(
+    reply: &Value,
+    limits: usize,
+    decisions: usize,
+) -> Result<&[u8], StoreError> {
     match reply {
-        Value::BulkString(bytes) if bytes.len() == limits * VERDICT => Ok(bytes),
+        Value::BulkString(bytes) if bytes.len() == limits * VERDICT + decisions * INT => Ok(bytes),
         Value::BulkString(bytes) => Err(StoreError::Backend(format!(
             "the decision code answered {} bytes for {limits} limits",
             bytes.len()
@@ -31,35 +36,40 @@ pub(super) fn verdict_values(reply: &Value, limits: usize) -> Result<&[u8], Stor
     }
 }
 
-/// One decision from its packed verdicts (already checked to hold whole
-/// verdicts).
+/// One decision from its packed verdicts and time (already checked to hold
+/// whole verdicts).
 pub(super) fn decision_from_values(values: &[u8]) -> Decision {
+    let (verdicts, at) = values.split_at(values.len().saturating_sub(INT));
     let int = |at: &[u8]| {
         let mut bytes = [0u8; INT];
         bytes.copy_from_slice(&at[..INT]);
         i64::from_le_bytes(bytes)
     };
     let whole = |at: &[u8]| u64::try_from(int(at)).unwrap_or(0);
-    Decision::combine(values.chunks_exact(VERDICT).map(|v| Verdict {
+    let mut decision = Decision::combine(verdicts.chunks_exact(VERDICT).map(|v| Verdict {
         allowed: int(v) == 1,
         remaining: whole(&v[INT..]),
         next_ms: whole(&v[2 * INT..]),
         retry_after_ms: whole(&v[3 * INT..]),
-    }))
+    }));
+    if at.len() == INT {
+        decision.at_ms = whole(at);
+    }
+    decision
 }
 
 /// The next decision of a call's verdicts, of `limits` limits, taken off
 /// the front of `rest` (already checked to hold the verdicts of every
 /// decision).
 pub(super) fn next_decision(rest: &mut &[u8], limits: usize) -> Decision {
-    let (mine, others) = rest.split_at((limits * VERDICT).min(rest.len()));
+    let (mine, others) = rest.split_at((limits * VERDICT + INT).min(rest.len()));
     *rest = others;
     decision_from_values(mine)
 }
 
 /// The decision in the reply to a call that carried only it.
 pub(super) fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
-    verdict_values(reply, limits).map(decision_from_values)
+    verdict_values(reply, limits, 1).map(decision_from_values)
 }
 
 #[cfg(test)]
@@ -67,20 +77,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_codes_reply_is_read_as_four_packed_integers_per_limit() {
+    fn the_codes_reply_is_read_as_four_packed_integers_per_limit_and_the_time() {
         let packed = |v: &[i64]| {
             Value::BulkString(v.iter().flat_map(|n| n.to_le_bytes()).collect::<Vec<u8>>())
         };
-        let d = decision_from_reply(&packed(&[1, 5, 1000, 0]), 1).expect("one limit");
+        let d = decision_from_reply(&packed(&[1, 5, 1000, 0, 1_700_000_000_123]), 1)
+            .expect("one limit");
         assert!(d.allowed);
         assert_eq!((d.remaining, d.next_ms, d.retry_after_ms), (5, 1000, 0));
-        let d = decision_from_reply(&packed(&[1, 9, 500, 0, 0, -3, 60000, 1 << 50]), 2)
+        assert_eq!(d.at_ms, 1_700_000_000_123);
+        let d = decision_from_reply(&packed(&[1, 9, 500, 0, 0, -3, 60000, 1 << 50, 7]), 2)
             .expect("two limits");
         assert!(!d.allowed);
         assert_eq!((d.limit, d.remaining, d.retry_after_ms), (1, 0, 1 << 50));
+        assert_eq!(d.at_ms, 7);
         for bad in [
-            packed(&[1, 5, 1000]),
-            packed(&[1, 5, 1000, 0, 1]),
+            packed(&[1, 5, 1000, 0]),
+            packed(&[1, 5, 1000, 0, 1, 2]),
             Value::BulkString(vec![1; 31]),
             Value::Array(vec![
                 Value::Int(1),
