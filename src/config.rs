@@ -44,6 +44,7 @@ mod routes;
 mod server;
 mod store;
 mod upstreams;
+mod usage;
 
 use upstreams::{Defaults, UpstreamModel};
 

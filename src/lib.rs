@@ -13,6 +13,7 @@
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breakers (one per Redis node: a cluster's primaries each have their own, as the store routes decisions to them itself), denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome: the families and the registry; modules with live state to show at scrape time (endpoints, caps) hand it their own collectors; the dashboard's 15 minutes of history per route ([`metrics::history`]) |
 //! | [`proxy`] | forward it upstream and stream the answer back over hyper's HTTP/1.1 and HTTP/2 client connections ([`proxy::pool`]), its head in each protocol's form and the copy kept to send it again ([`proxy::outgoing`]), TLS to `https://` upstreams ([`proxy::connect`]), upgrades spliced ([`proxy::upgrade`]), every phase timed ([`proxy::request_body`], [`proxy::response_body`]), forwarding headers ([`proxy::headers`] through [`proxy::Peer`]); an upstream as configured ([`proxy::settings`]), its endpoints balanced and ejected ([`proxy::balance`]), its DNS names followed and health checked ([`proxy::discovery`]), their series ([`proxy::metrics`]) |
+//! | [`usage`] | how many units did the request use, on a route whose cost is what its upstream reports? (the reservation a request names; the report in the answer's header fields, its trailers, its JSON body or its event stream's last event, read as the body streams past; its settings in [`usage::settings`]) |
 //! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
@@ -50,5 +51,6 @@ pub mod routes;
 pub mod server;
 pub mod tls;
 pub mod top;
+pub mod usage;
 
 pub use server::{Listeners, ServeError, run};

@@ -64,6 +64,9 @@ pub struct Route {
     pub max_request_body: Option<u64>,
     /// How many requests may be in flight at once, if capped.
     pub concurrency: Option<crate::concurrency::settings::Settings>,
+    /// The route's cost is what its upstream reports: reserved, then
+    /// settled.
+    pub usage: Option<Arc<crate::usage::settings::Settings>>,
 }
 
 impl Route {

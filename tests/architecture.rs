@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every module of floodgate at the top of `src/`.
-const TOP: [&str; 19] = [
+const TOP: [&str; 20] = [
     "access_log",
     "admin",
     "client",
@@ -38,6 +38,7 @@ const TOP: [&str; 19] = [
     "server",
     "tls",
     "top",
+    "usage",
 ];
 
 /// The HTTP crates: names that only the request's path speaks.
@@ -54,11 +55,12 @@ struct Rule {
 }
 
 /// The settings modules: plain data that other modules compile into.
-const SETTINGS: [&str; 4] = [
+const SETTINGS: [&str; 5] = [
     "limit::settings",
     "proxy::settings",
     "concurrency::settings",
     "access_log::settings",
+    "usage::settings",
 ];
 
 /// The limit module's stores and the limiter around them (`limit`'s root
@@ -168,6 +170,13 @@ const RULES: &[Rule] = &[
         never: &["limit", "routes", "gate", "server", "config"],
         except: &[],
         why: "the proxy is handed an upstream and a request; what is allowed was decided before",
+    },
+    Rule {
+        name: "usage reads what a request reserves and an answer reports; it neither limits, routes nor forwards",
+        from: &["usage"],
+        never: &["limit", "routes", "proxy", "gate", "server", "config"],
+        except: &[],
+        why: "gate charges and settles with the limiter; usage only reads requests and answers",
     },
     Rule {
         name: "floodgate's own answers do not depend on the proxy",

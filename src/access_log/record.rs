@@ -32,6 +32,8 @@ pub struct Record {
     upstream_ms: Option<f64>,
     status: u16,
     pub(super) bytes_out: u64,
+    /// The units reserved and reported, on a metered route.
+    units: Option<Arc<crate::usage::Tally>>,
 }
 
 impl Record {
@@ -73,7 +75,14 @@ impl Record {
             upstream_ms: None,
             status: 0,
             bytes_out: 0,
+            units: None,
         }
+    }
+
+    /// The request's units, on a route metered by its upstream's reports:
+    /// the line shows what it reserved and what its answer reported.
+    pub fn units(&mut self, tally: &Arc<crate::usage::Tally>) {
+        self.units = Some(Arc::clone(tally));
     }
 
     /// The route that matched.
@@ -154,6 +163,12 @@ impl Record {
                     number(&mut out, "bytes_in", bytes);
                 }
                 number(&mut out, "bytes_out", self.bytes_out);
+                if let Some(tally) = &self.units {
+                    number(&mut out, "units_reserved", tally.reserved());
+                    if let Some(units) = tally.reported() {
+                        number(&mut out, "units_reported", units);
+                    }
+                }
                 let _ = write!(out, ",\"ms\":{took_ms:.3}");
                 if !complete {
                     out.push_str(",\"complete\":false");
@@ -192,6 +207,12 @@ impl Record {
                 }
                 if let Some(bytes) = self.bytes_in {
                     let _ = write!(out, " bytes_in={bytes}");
+                }
+                if let Some(tally) = &self.units {
+                    let _ = write!(out, " units_reserved={}", tally.reserved());
+                    if let Some(units) = tally.reported() {
+                        let _ = write!(out, " units_reported={units}");
+                    }
                 }
                 let _ = write!(out, " ms={took_ms:.3}");
                 if !complete {

@@ -39,6 +39,7 @@ pub(super) struct RouteModel {
     #[serde(default)]
     exempt_keys: overrides::ExemptKeysModel,
     concurrency: Option<Spanned<concurrency::ConcurrencyModel>>,
+    usage: Option<Spanned<super::usage::UsageModel>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -193,8 +194,32 @@ impl Validator<'_> {
             }
             Some(c) => Some(*c.get_ref() as u64),
         };
+        let usage = match &m.usage {
+            None => Some(None),
+            Some(u) => self.route_usage(m, u).map(Some),
+        };
         let limits = self.limits(m.limits.as_ref(), cost.unwrap_or(1));
         let overrides = self.overrides(name, &m.overrides, client.as_ref(), cost.unwrap_or(1));
+        // A metered request costs up to its largest reservation.
+        if let (Some(Some(u)), Some(limits), Some(overrides), Some(model)) =
+            (&usage, &limits, &overrides, &m.usage)
+        {
+            let capacities = limits
+                .iter()
+                .chain(overrides.iter().flat_map(|o| o.policy.limits.iter()))
+                .map(Limit::capacity);
+            if let Some(least) = capacities.min()
+                && u.max_reserve > least
+            {
+                self.problem(
+                    model.span(),
+                    format!(
+                        "usage may reserve {} units (max_reserve, or reserve), more than a limit of this route allows at once ({least}), so such a request could never pass; lower max_reserve or raise the limit",
+                        u.max_reserve
+                    ),
+                );
+            }
+        }
         if let (Some(first), Some(limits)) = (m.overrides.first(), &limits)
             && limits.is_empty()
         {
@@ -239,7 +264,34 @@ impl Validator<'_> {
             exempt,
             exempt_keys,
             concurrency: concurrency?,
+            usage: usage?,
         })
+    }
+
+    /// A route's `[routes.usage]`, where it can have a meaning: the route
+    /// forwards, is limited, and has no fixed `cost`.
+    fn route_usage(
+        &mut self,
+        m: &RouteModel,
+        usage: &Spanned<super::usage::UsageModel>,
+    ) -> Option<std::sync::Arc<crate::usage::settings::Settings>> {
+        let settings = self.usage(usage)?;
+        let problem = if m.cost.is_some() {
+            Some("a route with usage takes its cost from its upstream's reports; remove cost")
+        } else if m.respond.is_some() {
+            Some("usage is reported by an upstream, and this route answers itself; remove usage")
+        } else if m.limits.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
+            Some("usage is counted against limits, and this route has none; give it limits")
+        } else {
+            None
+        };
+        match problem {
+            Some(message) => {
+                self.problem(usage.span(), message);
+                None
+            }
+            None => Some(settings),
+        }
     }
 
     pub(super) fn matcher(&mut self, model: Option<&Spanned<MatchModel>>) -> Option<Match> {

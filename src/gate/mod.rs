@@ -10,9 +10,12 @@
 //!   or upstream index;
 //! - [`shared`]: [`Shared`], what every connection shares (the rules in
 //!   force, the limiter, the forwarder, metrics, the access log), built
-//!   from a configuration and reloaded in place.
+//!   from a configuration and reloaded in place;
+//! - [`metering`]: routes whose cost is what their upstream reports: the
+//!   reservation charged with the decision, settled to the report.
 
-pub mod phases;
+pub mod metering;
+mod phases;
 pub mod rules;
 pub mod shared;
 

@@ -17,6 +17,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use super::metering::Reservation;
 use super::rules::Rules;
 use super::shared::Shared;
 use crate::access_log::{Logged, Record};
@@ -28,6 +29,7 @@ use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
 use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
+use crate::usage::{Metered, Unreported};
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
@@ -42,6 +44,9 @@ struct Context<'a> {
     log: Option<Record>,
     /// The concurrency slot, once the answer is ready to go out.
     slot: Option<Slot>,
+    /// On a metered route, the admitted request's reservation until it is
+    /// settled.
+    reservation: Option<Reservation>,
 }
 
 /// The route a request is on.
@@ -78,7 +83,7 @@ pub async fn handle<H: Send + 'static>(
     peer: &Peer,
     request: Request<Incoming>,
     hold: impl FnOnce() -> H,
-) -> Response<Logged<Body>> {
+) -> Response<Logged<Metered<Body>>> {
     let grpc = response::is_grpc(request.headers());
     let mut cx = Context {
         shared,
@@ -94,6 +99,7 @@ pub async fn handle<H: Send + 'static>(
             )
         }),
         slot: None,
+        reservation: None,
     };
     let response = match answer(&mut cx, request, hold).await {
         Ok(response) => response,
@@ -135,7 +141,17 @@ async fn answer<H: Send + 'static>(
                 .await?
         }
     };
+    let settled = match cx.reservation.take_if(|r| r.reported_in_head()) {
+        Some(reservation) => {
+            let limiter = &cx.shared.limiter;
+            reservation
+                .settle_from_head(limiter, response.headers())
+                .await
+        }
+        None => None,
+    };
     if let Some((d, policy)) = &allowed {
+        let d = settled.as_ref().unwrap_or(d);
         response::annotate(response.headers_mut(), found.route, policy, d);
     }
     // The answer's body holds the slot until it is sent (an upgraded
@@ -337,11 +353,16 @@ impl Context<'_> {
             (None, false) => return Ok(Ok(None)),
         };
         let policy = route.policy_for(client, headers);
+        let cost = match &route.usage {
+            None => route.cost,
+            Some(usage) => crate::usage::reservation(usage, headers)
+                .map_err(|message| Refusal::client(StatusCode::BAD_REQUEST, message))?,
+        };
         let charge = Charge {
             route: &route.name,
             client,
             limits: &policy.limits,
-            cost: route.cost,
+            cost,
             settle: None,
         };
         let answer = self.shared.limiter.decide(charge).await;
@@ -349,6 +370,7 @@ impl Context<'_> {
         match answer {
             Answer::Decided(d) if d.allowed => {
                 counts.count(Outcome::Allowed);
+                self.reserved(rules, found, &charge, &d);
                 Ok(Ok(Some((d, policy))))
             }
             Answer::Decided(d) if route.shadow => {
@@ -376,6 +398,21 @@ impl Context<'_> {
                 Ok(Ok(None))
             }
         }
+    }
+
+    /// On a metered route, keeps the reservation `charge` took when `d`
+    /// admitted it, for the answer to settle.
+    fn reserved(&mut self, rules: &Rules, found: &Found<'_>, charge: &Charge<'_>, d: &Decision) {
+        let (Some(usage), Some(Some(metering))) =
+            (&found.route.usage, rules.metering.get(found.index))
+        else {
+            return;
+        };
+        let reservation = Reservation::new(usage, metering, charge, d);
+        if let Some(r) = self.log.as_mut() {
+            r.units(&reservation.tally);
+        }
+        self.reservation = Some(reservation);
     }
 
     /// Counts and logs a request its route does not limit.
@@ -488,9 +525,17 @@ impl Context<'_> {
 
     // --- log ---
 
-    /// A refusal counted and made into its answer.
-    fn refused(&self, refusal: Refusal) -> Response<Body> {
+    /// A refusal counted and made into its answer. A reservation made
+    /// for the request stands.
+    fn refused(&mut self, refusal: Refusal) -> Response<Body> {
         self.shared.metrics.refused(&refusal);
+        if let Some(reservation) = self.reservation.take() {
+            reservation.stood(if refusal.fault() == crate::refusal::Fault::Upstream {
+                Unreported::UpstreamFailed
+            } else {
+                Unreported::ClientLeft
+            });
+        }
         if self.grpc {
             refusal.into_grpc_response()
         } else {
@@ -499,14 +544,23 @@ impl Context<'_> {
     }
 
     /// The answer, wrapped so that its access log line is written once it
-    /// has gone out and its slot held until then.
-    fn logged(mut self, response: Response<Body>) -> Response<Logged<Body>> {
+    /// has gone out and its slot held until then; on a metered route whose
+    /// answer reports in its body, read for the report on the way.
+    fn logged(mut self, response: Response<Body>) -> Response<Logged<Metered<Body>>> {
         let mut record = self.log.take();
         if let Some(r) = record.as_mut() {
             r.status(response.status().as_u16());
         }
         let slot = self.slot.take();
         let log = self.shared.access_log.as_ref();
-        response.map(|body| Logged::new(body, record, log).holding(slot))
+        let reservation = self.reservation.take();
+        let limiter = &self.shared.limiter;
+        response.map(|body| {
+            let body = match reservation {
+                Some(reservation) => reservation.meter(limiter, body),
+                None => Metered::plain(body),
+            };
+            Logged::new(body, record, log).holding(slot)
+        })
     }
 }

@@ -17,6 +17,8 @@ use crate::proxy::metrics::Endpoints;
 use crate::routes::{EscapedSlashes, Table};
 use crate::top::RouteTop;
 
+use super::metering::Metering;
+
 /// The rules in force: what the file says, and the live state each route
 /// and upstream needs.
 #[derive(Debug)]
@@ -46,6 +48,9 @@ pub struct Rules {
     /// A reload keeps a route's caps, and what they count, when its name
     /// and settings are unchanged.
     pub capacity: Vec<Option<Arc<Capacity>>>,
+    /// Each route's usage counters, in route order (`None`: its cost is
+    /// fixed).
+    pub metering: Vec<Option<Arc<Metering>>>,
 }
 
 impl Rules {
@@ -69,8 +74,18 @@ impl Rules {
                 .filter_map(|(r, c)| Some((Arc::clone(&r.name), Arc::clone(c.as_ref()?))))
                 .collect(),
         ));
+        let metering = config
+            .routes
+            .iter()
+            .map(|r| {
+                r.usage
+                    .as_ref()
+                    .map(|_| Arc::new(Metering::new(metrics.bind_usage(&r.name))))
+            })
+            .collect();
         Self {
             capacity,
+            metering,
             upstreams,
             metrics: metrics.bind(config.routes.iter().map(|r| &*r.name)),
             routes: config.routes.clone(),

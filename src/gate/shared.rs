@@ -35,7 +35,7 @@ pub struct Shared {
     /// TLS for new connections on the proxy listener, if configured; a
     /// reload swaps it, and open connections keep the one they began with.
     tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
-    pub(super) limiter: Limiter,
+    pub(super) limiter: Arc<Limiter>,
     pub(super) forwarder: Forwarder,
     pub(super) metrics: Metrics,
     /// When a shadow denial was last logged (ms): at most one line a second.
@@ -110,7 +110,7 @@ impl Shared {
             tls: arc_swap::ArcSwapOption::new(
                 config.server.tls.as_ref().map(|(_, c)| Arc::clone(c)),
             ),
-            limiter,
+            limiter: Arc::new(limiter),
             forwarder: Forwarder::new(metrics.timeouts().clone()),
             metrics,
             shadow_logged: AtomicU64::new(0),

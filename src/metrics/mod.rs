@@ -26,11 +26,13 @@ mod kinds;
 mod process;
 mod shown;
 mod text;
+mod usage;
 
 pub use kinds::{Outcome, Phase, StoreErrorKind, StoreKind, Timeouts};
 use process::Process;
 use shown::Shown;
 use text::text_format;
+pub use usage::UsageMetrics;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteOutcome {
@@ -146,6 +148,7 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Access log lines for denials held back by the caps.
     pub access_log_suppressed: Counter,
+    usage: usage::Families,
 }
 
 /// One route's metric handles, resolved once per load.
@@ -328,6 +331,8 @@ impl Metrics {
             "Access log lines for denials held back by the per-client and overall caps",
             access_log_suppressed.clone(),
         );
+        let usage = usage::Families::default();
+        usage.register(&mut registry);
         let endpoints = Arc::new(Shown::default());
         registry.register_collector(Box::new(Arc::clone(&endpoints)));
         let capacities = Arc::new(Shown::default());
@@ -370,6 +375,7 @@ impl Metrics {
             redis_calls,
             access_log_dropped,
             access_log_suppressed,
+            usage,
         }
     }
 
@@ -434,7 +440,15 @@ impl Metrics {
     }
 
     /// Removes every series labelled with route `name`.
+    /// The usage handles of metered route `route` (bound by
+    /// [`Self::bind`]'s caller for the routes that meter; removed with the
+    /// route's other series).
+    pub fn bind_usage(&self, route: &str) -> UsageMetrics {
+        self.usage.bind(route)
+    }
+
     fn remove_route(&self, name: &str) {
+        self.usage.remove(name);
         for outcome in Outcome::ALL {
             self.requests.remove(&RouteOutcome {
                 route: name.to_owned(),

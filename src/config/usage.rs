@@ -1,0 +1,150 @@
+//! `[routes.usage]`: a route whose cost is what its upstream reports,
+//! reserved before forwarding and settled when the answer says.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::Validator;
+use crate::usage::settings::{Field, SOURCES, Settings, Source};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UsageModel {
+    reserve: Spanned<i64>,
+    reserve_header: Option<Spanned<String>>,
+    reserve_add: Option<Spanned<i64>>,
+    max_reserve: Option<Spanned<i64>>,
+    report: Spanned<String>,
+    units: Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+}
+
+impl Validator<'_> {
+    /// The usage settings of a route, or `None` after reporting what is
+    /// wrong.
+    pub(super) fn usage(&mut self, model: &Spanned<UsageModel>) -> Option<Arc<Settings>> {
+        let m = model.get_ref();
+        let mut ok = true;
+        let mut whole = |v: &mut Self, n: &Spanned<i64>, what: &str, least: i64| {
+            if *n.get_ref() < least {
+                v.problem(
+                    n.span(),
+                    format!("{what} must be a whole number of at least {least}"),
+                );
+                ok = false;
+            }
+            (*n.get_ref()).max(0) as u64
+        };
+        let reserve = whole(self, &m.reserve, "reserve", 1);
+        let reserve_add = m
+            .reserve_add
+            .as_ref()
+            .map_or(0, |n| whole(self, n, "reserve_add", 0));
+        let max_reserve = m
+            .max_reserve
+            .as_ref()
+            .map_or(reserve, |n| whole(self, n, "max_reserve", 1));
+        if let Some(max) = &m.max_reserve
+            && max_reserve < reserve
+        {
+            self.problem(
+                max.span(),
+                format!("max_reserve {max_reserve} is below reserve {reserve}; raise it"),
+            );
+            ok = false;
+        }
+        let reserve_header = match &m.reserve_header {
+            None => None,
+            Some(name) => {
+                let parsed = self.header_name(name);
+                ok &= parsed.is_some();
+                parsed
+            }
+        };
+        let source = SOURCES
+            .iter()
+            .find(|(name, _)| *name == m.report.get_ref())
+            .map(|&(_, source)| source);
+        if source.is_none() {
+            self.problem(
+                m.report.span(),
+                format!(
+                    "report must be one of \"header\", \"trailer\", \"json\" or \"sse\", not {:?}",
+                    m.report.get_ref()
+                ),
+            );
+            ok = false;
+        }
+        let fields = self.usage_fields(&m.units, source.unwrap_or(Source::Json));
+        let settings = Settings {
+            reserve,
+            reserve_header,
+            reserve_add,
+            max_reserve,
+            source: source?,
+            fields: fields?,
+        };
+        ok.then(|| Arc::new(settings))
+    }
+
+    /// The reported fields and their weights: header names for `header`
+    /// and `trailer`, dotted JSON paths for `json` and `sse`.
+    fn usage_fields(
+        &mut self,
+        units: &Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+        source: Source,
+    ) -> Option<Vec<Field>> {
+        if units.get_ref().is_empty() {
+            self.problem(
+                units.span(),
+                "units names no field; name where the answer reports its units, e.g. units = { \"usage.total_tokens\" = 1 }",
+            );
+            return None;
+        }
+        let mut fields = Vec::new();
+        let mut ok = true;
+        for (name, weight) in units.get_ref() {
+            let weight_value = match weight.get_ref() {
+                toml::Value::Integer(n) => Some(*n as f64),
+                toml::Value::Float(f) => Some(*f),
+                _ => None,
+            };
+            let Some(w) = weight_value.filter(|w| w.is_finite() && *w > 0.0) else {
+                self.problem(
+                    weight.span(),
+                    "a field's weight must be a number above 0 (units per reported unit)",
+                );
+                ok = false;
+                continue;
+            };
+            let named = match source {
+                Source::Header | Source::Trailer => self.header_name(name).is_some(),
+                Source::Json | Source::Sse => {
+                    let path_ok = name.get_ref().split('.').all(|s| !s.is_empty());
+                    if !path_ok {
+                        self.problem(
+                            name.span(),
+                            format!(
+                                "{:?} is not a JSON path: name keys separated by dots, e.g. \"usage.output_tokens\"",
+                                name.get_ref()
+                            ),
+                        );
+                    }
+                    path_ok
+                }
+            };
+            ok &= named;
+            fields.push(Field {
+                // Header names compare without case; JSON keys with it.
+                name: match source {
+                    Source::Header | Source::Trailer => name.get_ref().to_ascii_lowercase(),
+                    Source::Json | Source::Sse => name.get_ref().clone(),
+                },
+                weight: w,
+            });
+        }
+        ok.then_some(fields)
+    }
+}

@@ -1,0 +1,178 @@
+//! Routes whose cost is what their upstream reports: the reservation is
+//! the decision's cost, and once the answer reports its units the
+//! difference is settled in the same keys. A header report is settled
+//! before the answer's head goes out (its `RateLimit` fields show the
+//! settled charge); a trailer, JSON or event-stream report when the body
+//! ends, in a task of its own (the fields show the reservation). When
+//! nothing is reported the reservation stands, counted by reason and
+//! logged at most once every ten seconds per route.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use http::HeaderMap;
+
+use crate::client::ClientId;
+use crate::clock::now_ms;
+use crate::limit::{Charge, Decision, Limit, Limiter, Settlement};
+use crate::metrics::UsageMetrics;
+use crate::usage::settings::{Settings, Source};
+use crate::usage::{Metered, OnReport, Tally, Unreported, from_headers};
+
+/// How often a route logs that reservations stood.
+const LOG_EVERY_MS: u64 = 10_000;
+
+/// A metered route's live side: its counters and when it last logged.
+#[derive(Debug)]
+pub struct Metering {
+    pub metrics: UsageMetrics,
+    last_logged: AtomicU64,
+}
+
+impl Metering {
+    /// The side of a route counting into `metrics`.
+    pub fn new(metrics: UsageMetrics) -> Self {
+        Self {
+            metrics,
+            last_logged: AtomicU64::new(0),
+        }
+    }
+}
+
+/// One admitted request's reservation, until it is settled or stands.
+pub(super) struct Reservation {
+    pub(super) settings: Arc<Settings>,
+    pub(super) tally: Arc<Tally>,
+    metering: Arc<Metering>,
+    settlement: Settlement,
+    route: Arc<str>,
+    client: ClientId,
+    limits: Box<[Limit]>,
+}
+
+impl Reservation {
+    /// The reservation `charge` took when `decision` admitted it.
+    pub(super) fn new(
+        settings: &Arc<Settings>,
+        metering: &Arc<Metering>,
+        charge: &Charge<'_>,
+        decision: &Decision,
+    ) -> Self {
+        metering.metrics.reserved.inc_by(charge.cost);
+        Self {
+            settings: Arc::clone(settings),
+            tally: Arc::new(Tally::new(charge.cost)),
+            metering: Arc::clone(metering),
+            settlement: Settlement {
+                at_ms: decision.at_ms,
+                reserved: charge.cost,
+                local: decision.local,
+            },
+            route: Arc::clone(charge.route),
+            client: charge.client.clone(),
+            limits: charge.limits.into(),
+        }
+    }
+
+    /// Whether the answer reports its units in its head.
+    pub(super) fn reported_in_head(&self) -> bool {
+        self.settings.source == Source::Header
+    }
+
+    /// Settles to the units the answer's head `headers` reports: the
+    /// settled decision for its `RateLimit` fields, or `None` when the
+    /// reservation stands.
+    pub(super) async fn settle_from_head(
+        self,
+        limiter: &Limiter,
+        headers: &HeaderMap,
+    ) -> Option<Decision> {
+        let report = from_headers(&self.settings, headers).ok_or(Unreported::Missing);
+        if let Ok(units) = report {
+            self.tally.report(units);
+        }
+        self.settle(limiter, report).await
+    }
+
+    /// `body`, read for the units it reports as it goes out, and settled
+    /// in a task of its own when it ends (or stands when it breaks off or
+    /// the client leaves).
+    pub(super) fn meter<B>(self, limiter: &Arc<Limiter>, body: B) -> Metered<B> {
+        let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
+        let limiter = Arc::clone(limiter);
+        let done: OnReport = Box::new(move |report| {
+            // Bodies end (or are dropped) on the runtime that serves them.
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { self.settle(&limiter, report).await });
+                }
+                Err(_) => self.stood(Unreported::StoreFailed),
+            }
+        });
+        Metered::new(body, settings, tally, done)
+    }
+
+    /// Settles the reservation to `report`'s units: the settled decision,
+    /// or `None` when the reservation stands.
+    pub(super) async fn settle(
+        self,
+        limiter: &Limiter,
+        report: Result<u64, Unreported>,
+    ) -> Option<Decision> {
+        let units = match report {
+            Ok(units) => units,
+            Err(why) => {
+                self.stood(why);
+                return None;
+            }
+        };
+        let metrics = &self.metering.metrics;
+        metrics.reported.inc_by(units);
+        let reserved = self.settlement.reserved;
+        if units < reserved {
+            metrics.refunded.inc_by(reserved - units);
+        } else {
+            metrics.charged_over.inc_by(units - reserved);
+        }
+        let charge = Charge {
+            route: &self.route,
+            client: &self.client,
+            limits: &self.limits,
+            cost: units,
+            settle: Some(self.settlement),
+        };
+        match limiter.settle(charge).await {
+            Ok(decision) => Some(decision),
+            Err(e) => {
+                self.stood_because(Unreported::StoreFailed, &e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Nothing was settled: the reservation is the charge.
+    pub(super) fn stood(&self, why: Unreported) {
+        self.stood_because(why, "");
+    }
+
+    fn stood_because(&self, why: Unreported, error: &str) {
+        let metering = &self.metering;
+        metering.metrics.unreported(why);
+        let now = now_ms();
+        let last = metering.last_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= LOG_EVERY_MS
+            && metering
+                .last_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                route = %self.route,
+                reason = why.name(),
+                reserved = self.settlement.reserved,
+                error,
+                "usage not settled: the reservation stands as the charge"
+            );
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The units of routes whose cost is what their upstream reports:
+//! reserved before forwarding, reported by the answers, given back and
+//! charged beyond the reservation when settled, and the requests whose
+//! reservation stood because nothing was reported, by reason.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::usage::Unreported;
+
+/// What `floodgate_usage_units_total`'s `kind` counts.
+const KINDS: [&str; 4] = ["reserved", "reported", "refunded", "charged_over"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteKind {
+    route: String,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteReason {
+    route: String,
+    reason: &'static str,
+}
+
+/// The usage families.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Families {
+    units: Family<RouteKind, Counter>,
+    unreported: Family<RouteReason, Counter>,
+}
+
+/// One metered route's handles.
+#[derive(Debug, Clone)]
+pub struct UsageMetrics {
+    /// Units reserved by admitted requests.
+    pub reserved: Counter,
+    /// Units the answers reported.
+    pub reported: Counter,
+    /// Units reserved and not used, given back.
+    pub refunded: Counter,
+    /// Units reported beyond the reservation, charged when settled.
+    pub charged_over: Counter,
+    unreported: [Counter; 4],
+}
+
+impl UsageMetrics {
+    /// Counts a request whose reservation stood, and why.
+    pub fn unreported(&self, why: Unreported) {
+        self.unreported[why as usize].inc();
+    }
+
+    /// The units counted so far: reserved, reported, refunded, charged
+    /// over.
+    pub fn units(&self) -> [u64; 4] {
+        [
+            self.reserved.get(),
+            self.reported.get(),
+            self.refunded.get(),
+            self.charged_over.get(),
+        ]
+    }
+
+    /// Requests whose reservation stood, all reasons.
+    pub fn unreported_total(&self) -> u64 {
+        self.unreported.iter().map(Counter::get).sum()
+    }
+}
+
+impl Families {
+    pub(super) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "floodgate_usage_units",
+            "Units of routes metered by their upstream's reports, by route and kind (reserved, reported, refunded, charged_over)",
+            self.units.clone(),
+        );
+        registry.register(
+            "floodgate_usage_unreported",
+            "Requests whose reservation stood as the charge because nothing was settled, by route and reason (missing, upstream_failed, client_left, store_failed)",
+            self.unreported.clone(),
+        );
+    }
+
+    pub(super) fn bind(&self, route: &str) -> UsageMetrics {
+        let units = KINDS.map(|kind| {
+            self.units
+                .get_or_create(&RouteKind {
+                    route: route.to_owned(),
+                    kind,
+                })
+                .clone()
+        });
+        let [reserved, reported, refunded, charged_over] = units;
+        UsageMetrics {
+            reserved,
+            reported,
+            refunded,
+            charged_over,
+            unreported: Unreported::ALL.map(|why| {
+                self.unreported
+                    .get_or_create(&RouteReason {
+                        route: route.to_owned(),
+                        reason: why.name(),
+                    })
+                    .clone()
+            }),
+        }
+    }
+
+    pub(super) fn remove(&self, route: &str) {
+        for kind in KINDS {
+            self.units.remove(&RouteKind {
+                route: route.to_owned(),
+                kind,
+            });
+        }
+        for why in Unreported::ALL {
+            self.unreported.remove(&RouteReason {
+                route: route.to_owned(),
+                reason: why.name(),
+            });
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! How many units a request used, on a route whose cost is what its
+//! upstream reports: what the request may reserve before it is forwarded
+//! ([`reservation`]), and what the answer reports, read from its header
+//! fields ([`from_headers`]), or as its body streams past ([`Metered`]:
+//! trailers, a JSON body, an event stream's last event). gate charges the
+//! reservation with the decision and settles it to the report.
+
+pub mod json;
+pub mod settings;
+pub mod sse;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use hyper::body::{Body, Frame, SizeHint};
+
+use json::Scanner;
+use settings::{Settings, Source};
+use sse::Events;
+
+/// Largest number of units a report may carry; larger is malformed.
+pub const MAX_UNITS: u64 = 1 << 53;
+
+/// Why a request's reservation stands as its charge: nothing was reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreported {
+    /// The answer did not carry every field, or not as a number.
+    Missing,
+    /// The upstream failed: no answer, or its body broke off.
+    UpstreamFailed,
+    /// The client went away before the answer's end.
+    ClientLeft,
+    /// The report was read but the store could not take the settlement.
+    StoreFailed,
+}
+
+impl Unreported {
+    /// Every reason, in declaration order.
+    pub const ALL: [Unreported; 4] = [
+        Self::Missing,
+        Self::UpstreamFailed,
+        Self::ClientLeft,
+        Self::StoreFailed,
+    ];
+
+    /// The reason as metrics and logs name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::UpstreamFailed => "upstream_failed",
+            Self::ClientLeft => "client_left",
+            Self::StoreFailed => "store_failed",
+        }
+    }
+}
+
+/// What the request reserves: the number its `reserve_header` names (plus
+/// `reserve_add`), else `reserve`; at most `max_reserve`. A header that is
+/// not a whole number is the client's error.
+pub fn reservation(settings: &Settings, headers: &HeaderMap) -> Result<u64, String> {
+    let Some(name) = &settings.reserve_header else {
+        return Ok(settings.reserve.min(settings.max_reserve));
+    };
+    let Some(value) = headers.get(name) else {
+        return Ok(settings.reserve.min(settings.max_reserve));
+    };
+    let named = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .ok_or_else(|| format!("the {name} header must be a whole number of units"))?;
+    Ok(named
+        .saturating_add(settings.reserve_add)
+        .min(settings.max_reserve))
+}
+
+/// The units `values` report, one per field in order: each times its
+/// weight, summed and rounded up; `None` if any is missing, negative or
+/// past [`MAX_UNITS`].
+pub fn units(settings: &Settings, values: impl IntoIterator<Item = Option<f64>>) -> Option<u64> {
+    let mut sum = 0f64;
+    let mut count = 0;
+    for (field, value) in settings.fields.iter().zip(values) {
+        let value = value.filter(|v| v.is_finite() && *v >= 0.0)?;
+        sum += value * field.weight;
+        count += 1;
+    }
+    let units = sum.ceil();
+    (count == settings.fields.len() && units <= MAX_UNITS as f64).then_some(units as u64)
+}
+
+/// The units reported in `headers` (response headers or trailers).
+pub fn from_headers(settings: &Settings, headers: &HeaderMap) -> Option<u64> {
+    units(
+        settings,
+        settings.fields.iter().map(|f| {
+            headers
+                .get(f.name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        }),
+    )
+}
+
+/// One request's units as the access log shows them: what it reserved and,
+/// once known, what its answer reported.
+#[derive(Debug)]
+pub struct Tally {
+    reserved: u64,
+    /// Reported units plus one; 0 while none are.
+    reported: AtomicU64,
+}
+
+impl Tally {
+    /// A tally of `reserved` units, nothing reported yet.
+    pub fn new(reserved: u64) -> Self {
+        Self {
+            reserved,
+            reported: AtomicU64::new(0),
+        }
+    }
+
+    /// Units reserved.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// Units reported, if they were.
+    pub fn reported(&self) -> Option<u64> {
+        self.reported.load(Ordering::Relaxed).checked_sub(1)
+    }
+
+    /// Records the units reported.
+    pub fn report(&self, units: u64) {
+        self.reported.store(units + 1, Ordering::Relaxed);
+    }
+}
+
+/// What is done with a report: called once, with the units or why there
+/// are none.
+pub type OnReport = Box<dyn FnOnce(Result<u64, Unreported>) + Send + Sync>;
+
+/// An answer's body, read for its report on the way out when its route
+/// meters usage; any other body passes through untouched.
+pub struct Metered<B> {
+    inner: B,
+    meter: Option<Box<Meter>>,
+}
+
+/// The reading of one metered answer.
+struct Meter {
+    settings: Arc<Settings>,
+    reading: Reading,
+    tally: Arc<Tally>,
+    done: Option<OnReport>,
+}
+
+enum Reading {
+    Trailer,
+    Json(Scanner),
+    Sse(Events),
+}
+
+impl<B> Metered<B> {
+    /// `inner`, unmetered.
+    pub fn plain(inner: B) -> Self {
+        Self { inner, meter: None }
+    }
+
+    /// `inner`, read for the units `settings` says it reports (trailers, a
+    /// JSON body or an event stream); `done` gets them, or why there are
+    /// none, when the body ends, breaks off or is dropped. The units also
+    /// go into `tally`.
+    pub fn new(inner: B, settings: Arc<Settings>, tally: Arc<Tally>, done: OnReport) -> Self {
+        let paths = || settings.fields.iter().map(|f| f.name.as_str());
+        let reading = match settings.source {
+            Source::Json => Reading::Json(Scanner::new(paths())),
+            Source::Sse => Reading::Sse(Events::new(paths())),
+            Source::Trailer | Source::Header => Reading::Trailer,
+        };
+        let meter = Meter {
+            reading,
+            settings: Arc::clone(&settings),
+            tally,
+            done: Some(done),
+        };
+        Self {
+            inner,
+            meter: Some(Box::new(meter)),
+        }
+    }
+}
+
+impl Meter {
+    fn frame(&mut self, frame: &Frame<Bytes>) {
+        match (&mut self.reading, frame.data_ref(), frame.trailers_ref()) {
+            (Reading::Json(scanner), Some(data), _) => scanner.feed(data),
+            (Reading::Sse(events), Some(data), _) => events.feed(data),
+            (Reading::Trailer, _, Some(trailers)) => {
+                let units = from_headers(&self.settings, trailers);
+                if let Some(units) = units {
+                    self.finish(Ok(units));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The body ended whole: what it reported.
+    fn ended(&mut self) {
+        let units = match &mut self.reading {
+            Reading::Json(scanner) => units(&self.settings, scanner.finish().iter().copied()),
+            Reading::Sse(events) => events
+                .finish()
+                .and_then(|found| units(&self.settings, found.iter().map(|&v| Some(v)))),
+            Reading::Trailer => None,
+        };
+        self.finish(units.ok_or(Unreported::Missing));
+    }
+
+    fn finish(&mut self, report: Result<u64, Unreported>) {
+        if let Some(done) = self.done.take() {
+            if let Ok(units) = report {
+                self.tally.report(units);
+            }
+            done(report);
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Metered<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(meter) = this.meter.as_deref_mut() else {
+            return polled;
+        };
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                meter.frame(frame);
+                if this.inner.is_end_stream() {
+                    meter.ended();
+                }
+            }
+            Poll::Ready(None) => meter.ended(),
+            Poll::Ready(Some(Err(_))) => meter.finish(Err(Unreported::UpstreamFailed)),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> Drop for Metered<B> {
+    fn drop(&mut self) {
+        if let Some(meter) = self.meter.as_deref_mut() {
+            meter.finish(Err(Unreported::ClientLeft));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use settings::Field;
+
+    fn settings(source: Source, fields: &[(&str, f64)]) -> Settings {
+        Settings {
+            reserve: 100,
+            reserve_header: Some(http::HeaderName::from_static("x-max-units")),
+            reserve_add: 10,
+            max_reserve: 500,
+            source,
+            fields: fields
+                .iter()
+                .map(|&(name, weight)| Field {
+                    name: name.to_owned(),
+                    weight,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_reservation_is_what_the_request_names_plus_the_addition_within_the_cap() {
+        let s = settings(Source::Header, &[("x-used", 1.0)]);
+        let mut headers = HeaderMap::new();
+        assert_eq!(reservation(&s, &headers), Ok(100));
+        headers.insert("x-max-units", "40".parse().expect("value"));
+        assert_eq!(reservation(&s, &headers), Ok(50));
+        headers.insert("x-max-units", "4000".parse().expect("value"));
+        assert_eq!(reservation(&s, &headers), Ok(500));
+        headers.insert("x-max-units", "-1".parse().expect("value"));
+        assert!(reservation(&s, &headers).is_err());
+    }
+
+    #[test]
+    fn units_are_every_field_weighted_summed_and_rounded_up() {
+        let s = settings(Source::Header, &[("x-in", 1.0), ("x-out", 3.0)]);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-in", "10".parse().expect("value"));
+        assert_eq!(from_headers(&s, &headers), None);
+        headers.insert("x-out", "2.1".parse().expect("value"));
+        assert_eq!(from_headers(&s, &headers), Some(17));
+        headers.insert("x-out", "-2".parse().expect("value"));
+        assert_eq!(from_headers(&s, &headers), None);
+        headers.insert("x-out", "1e300".parse().expect("value"));
+        assert_eq!(from_headers(&s, &headers), None);
+    }
+}
