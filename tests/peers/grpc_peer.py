@@ -4,9 +4,12 @@ methods take and return raw bytes.
     grpc_peer.py server            serves on a free port, prints it, runs until stdin closes
     grpc_peer.py unary TARGET N    N unary calls of /test.Echo/Say; prints one JSON line each
     grpc_peer.py stream TARGET N   one server-streaming call of /test.Echo/Count for N messages
+    grpc_peer.py metered TARGET U… one unary call of /test.Echo/Metered per U
 
 The server answers Say with b"echo:" + the request, and Count with N
-messages b"0".."N-1", then trailing metadata x-peer-trailer: done. Each
+messages b"0".."N-1", then trailing metadata x-peer-trailer: done.
+Metered answers b"ok" with trailing metadata x-usage-units: the request
+(the units a metered API reports it used). Each
 printed line is {"code": ..., "details": ..., "messages": [...],
 "trailers": {...}, "headers": {...}}.
 """
@@ -27,9 +30,14 @@ def serve():
             yield str(i).encode()
         context.set_trailing_metadata((("x-peer-trailer", "done"),))
 
+    def metered(request, context):
+        context.set_trailing_metadata((("x-usage-units", request.decode()),))
+        return b"ok"
+
     handler = grpc.method_handlers_generic_handler(
         "test.Echo",
         {
+            "Metered": grpc.unary_unary_rpc_method_handler(metered),
             "Say": grpc.unary_unary_rpc_method_handler(say),
             "Count": grpc.unary_stream_rpc_method_handler(count),
         },
@@ -71,6 +79,19 @@ def unary(target, n):
                        e.initial_metadata(), e.trailing_metadata())
 
 
+def metered(target, units):
+    with grpc.insecure_channel(target) as channel:
+        call_metered = channel.unary_unary("/test.Echo/Metered")
+        for u in units:
+            try:
+                reply, call = call_metered.with_call(u.encode(), timeout=30)
+                report(call.code(), call.details(), [reply],
+                       call.initial_metadata(), call.trailing_metadata())
+            except grpc.RpcError as e:
+                report(e.code(), e.details(), [],
+                       e.initial_metadata(), e.trailing_metadata())
+
+
 def stream(target, n):
     with grpc.insecure_channel(target) as channel:
         count = channel.unary_stream("/test.Echo/Count")
@@ -93,5 +114,7 @@ if __name__ == "__main__":
         unary(sys.argv[2], int(sys.argv[3]))
     elif mode == "stream":
         stream(sys.argv[2], int(sys.argv[3]))
+    elif mode == "metered":
+        metered(sys.argv[2], sys.argv[3:])
     else:
         sys.exit(f"unknown mode {mode}")

@@ -1,0 +1,552 @@
+//! Usage-based limits end to end: routes whose cost is what their upstream
+//! reports, reserved before forwarding and settled in Redis to the units a
+//! real upstream reports in a header, a JSON body, an event stream's last
+//! event and gRPC trailers, with two floodgate instances sharing one Redis.
+//! Every count is read back from Redis and compared with a model the test
+//! keeps.
+
+mod support;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use support::config::{Config, Route};
+use support::peers::{PeerServer, client};
+use support::redis::{TestRedis, unique_prefix};
+use support::{Floodgate, FloodgateProcess, TestClient, free_port};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// A body sent in the pieces a channel hands it.
+struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// A metered API: it reports the units it was asked to in the query
+/// (`?in=N&out=M`), the way its path says.
+///
+/// - `/header`: in `x-usage-input` and `x-usage-output`;
+/// - `/json`: as `usage.input_units` and `usage.output_units` of a JSON
+///   body sent in pieces; `/json/none` sends no usage;
+/// - `/sse`: in the last of several `text/event-stream` events (an earlier
+///   one carries other numbers);
+/// - `/held`: as `/json`, once the test lets it answer (`release`);
+/// - `/sse/held`: one event, then the rest once released.
+struct Metered {
+    url: String,
+    /// Requests that arrived, held or not.
+    arrived: Arc<AtomicUsize>,
+    /// Held answers go on one per permit.
+    release: Arc<Semaphore>,
+}
+
+impl Metered {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(Semaphore::new(0));
+        let (count, gate) = (Arc::clone(&arrived), Arc::clone(&release));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (count, gate) = (Arc::clone(&count), Arc::clone(&gate));
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        answer(req, Arc::clone(&gate))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            url,
+            arrived,
+            release,
+        }
+    }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    gate: Arc<Semaphore>,
+) -> Result<Response<Chunks>, Infallible> {
+    let query = req.uri().query().unwrap_or("");
+    let number = |key: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let (input, output) = (number("in"), number("out"));
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let mut response = Response::builder();
+    let usage = format!(r#""usage":{{"input_units":{input},"output_units":{output}}}"#);
+    let pieces: Vec<String> = match req.uri().path() {
+        "/header" => {
+            response = response
+                .header("x-usage-input", input)
+                .header("x-usage-output", output);
+            vec!["ok".into()]
+        }
+        "/json" | "/held" => {
+            if req.uri().path() == "/held" {
+                gate.acquire().await.expect("semaphore").forget();
+            }
+            // Cut inside the usage object, as a network may.
+            let body = format!(r#"{{"id":"r1","text":"a \"usage\": {{}}",{usage}}}"#);
+            let (a, b) = body.split_at(body.len() - 12);
+            vec![a.into(), b.into()]
+        }
+        "/json/none" => vec![r#"{"id":"r1","text":"no usage here"}"#.into()],
+        "/sse" | "/sse/held" => {
+            response = response.header("content-type", "text/event-stream");
+            let first =
+                "data: {\"delta\":\"Hel\",\"usage\":{\"input_units\":1,\"output_units\":1}}\n\n";
+            let rest = vec![
+                "data: {\"delta\":\"lo\"}\n\n".to_owned(),
+                format!("event: done\ndata: {{{usage}}}\n\n"),
+                "data: [DONE]\n\n".to_owned(),
+            ];
+            let held = req.uri().path() == "/sse/held";
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(Bytes::from(first)).await;
+                if held {
+                    let Ok(permit) = gate.acquire().await else {
+                        return;
+                    };
+                    permit.forget();
+                }
+                for piece in rest {
+                    if tx.send(Bytes::from(piece)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Vec::new()
+        }
+        _ => vec!["not a metered path".into()],
+    };
+    tokio::spawn(async move {
+        for piece in pieces {
+            let _ = tx.send(Bytes::from(piece)).await;
+        }
+    });
+    Ok(response.body(Chunks(rx)).expect("response"))
+}
+
+/// A route for the paths under `path`, forwarding to `url`, counted in a
+/// sliding log (so Redis holds one member per unit: its size is the
+/// charge) of `budget` units an hour, metered as `usage` says.
+fn metered(name: &str, path: &str, url: &str, budget: u64, usage: &str) -> Route {
+    Route::new(name)
+        .upstream(url)
+        .matching(&format!(r#"path_prefix = "{path}""#))
+        .limit("sliding_log", budget, "1h")
+        .line(&format!("usage = {{ {usage} }}"))
+}
+
+/// Units charged to route `route` in Redis: the members of its one key.
+async fn charged(redis: &TestRedis, prefix: &str, route: &str) -> u64 {
+    let keys = redis.keys(&format!("{prefix}:{{{route}:*")).await;
+    let Some(key) = keys.first() else {
+        return 0;
+    };
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(&mut redis.connection().await)
+        .await
+        .expect("zcard")
+}
+
+/// Waits until route `route` has `want` units charged, for settlements
+/// that happen when a body ends; returns what it found last. The wait is
+/// long enough for a loaded machine: it ends as soon as the count is there.
+async fn settled(redis: &TestRedis, prefix: &str, route: &str, want: u64) -> u64 {
+    let mut found = 0;
+    for _ in 0..600 {
+        found = charged(redis, prefix, route).await;
+        if found == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    found
+}
+
+/// `r` of a `RateLimit` field: the units remaining.
+fn remaining(field: &str) -> Option<u64> {
+    field
+        .split(';')
+        .find_map(|p| p.strip_prefix("r=")?.parse().ok())
+}
+
+#[tokio::test]
+async fn units_reported_in_a_header_a_json_body_and_an_event_stream_are_settled_exactly_across_two_instances()
+ {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-sources");
+    let api = Metered::start().await;
+    let weights = r#"reserve = 500, units = { "usage.input_units" = 1, "usage.output_units" = 2 }"#;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .route(metered(
+            "header",
+            "/header",
+            &api.url,
+            1_000_000,
+            r#"reserve = 500, report = "header", units = { "X-Usage-Input" = 1, "X-Usage-Output" = 2 }"#,
+        ))
+        .route(metered(
+            "json",
+            "/json",
+            &api.url,
+            1_000_000,
+            &format!(r#"report = "json", {weights}"#),
+        ))
+        .route(metered(
+            "sse",
+            "/sse",
+            &api.url,
+            1_000_000,
+            &format!(r#"report = "sse", {weights}"#),
+        ))
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let client = TestClient::http1();
+
+    // (input, output): output units weigh 2. The last is past the
+    // reservation of 500: the 100 beyond it are charged when settled.
+    let reports = [(12, 30), (0, 0), (200, 100), (7, 1), (100, 250), (3, 4)];
+    let mut model = 0u64;
+    for (i, (input, output)) in reports.into_iter().enumerate() {
+        let gate = &gates[i % 2];
+        let units = input + 2 * output;
+        model += units;
+        let query = format!("?in={input}&out={output}");
+
+        let answer = client.get(&gate.url(&format!("/header{query}")), &[]).await;
+        assert_eq!(answer.status, 200);
+        // Settled before the head went out: the fields show the charge.
+        let field = answer.header("ratelimit").expect("a RateLimit field");
+        assert_eq!(remaining(field), Some(1_000_000 - model), "{field}");
+
+        for path in ["/json", "/sse"] {
+            let answer = client.get(&gate.url(&format!("{path}{query}")), &[]).await;
+            assert_eq!(answer.status, 200, "{path}");
+            assert!(!answer.body.is_empty(), "{path}");
+        }
+    }
+    // Each route's Redis state is the sum of what was reported, exactly.
+    assert_eq!(charged(&redis, &prefix, "header").await, model);
+    assert_eq!(settled(&redis, &prefix, "json", model).await, model);
+    assert_eq!(settled(&redis, &prefix, "sse", model).await, model);
+}
+
+#[tokio::test]
+async fn units_in_grpc_trailers_are_settled() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-grpc");
+    let server = PeerServer::start("grpc_peer.py");
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .upstream(
+            "grpc",
+            &[
+                &format!(r#"url = "http://127.0.0.1:{}""#, server.port),
+                r#"protocol = "h2c""#,
+            ],
+        )
+        .route(
+            Route::new("grpc")
+                .upstream("grpc")
+                .limit("sliding_log", 10_000, "1h")
+                .line(r#"usage = { reserve = 50, report = "trailer", units = { "x-usage-units" = 1 } }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let units = ["7", "13", "0", "60"];
+    let args: Vec<String> = ["metered".to_owned(), gate.addr.to_string()]
+        .into_iter()
+        .chain(units.iter().map(|u| (*u).to_owned()))
+        .collect();
+    let calls = client("grpc_peer.py", &args).await;
+    assert_eq!(calls.len(), units.len());
+    for (call, units) in calls.iter().zip(units) {
+        assert_eq!(call["code"], "OK", "{call}");
+        assert_eq!(call["trailers"]["x-usage-units"], units, "{call}");
+    }
+    // 7 + 13 + 0 + 60: the last 10 past its reservation of 50.
+    assert_eq!(settled(&redis, &prefix, "grpc", 80).await, 80);
+}
+
+#[tokio::test]
+async fn fifty_parallel_requests_reserving_their_maximum_never_exceed_the_budget() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-parallel");
+    let api = Metered::start().await;
+    // A budget of 1 000 units; each request may use up to 100.
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .route(metered(
+            "held",
+            "/held",
+            &api.url,
+            1_000,
+            r#"reserve = 100, reserve_header = "x-max-units", max_reserve = 100, report = "json", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gates = Arc::new([Floodgate::start(&toml).await, Floodgate::start(&toml).await]);
+    let denied = Arc::new(AtomicUsize::new(0));
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let (gates, denied) = (Arc::clone(&gates), Arc::clone(&denied));
+        calls.spawn(async move {
+            let url = gates[i % 2].url("/held?in=10&out=15");
+            let answer = TestClient::http1()
+                .get(&url, &[("x-max-units", "100")])
+                .await;
+            if answer.status == 429 {
+                denied.fetch_add(1, Ordering::SeqCst);
+            }
+            answer.status.as_u16()
+        });
+    }
+    // Every decision is made while the admitted requests are held
+    // upstream, before any is settled.
+    for _ in 0..1_200 {
+        if denied.load(Ordering::SeqCst) == 40 && api.arrived.load(Ordering::SeqCst) == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(denied.load(Ordering::SeqCst), 40);
+    assert_eq!(
+        api.arrived.load(Ordering::SeqCst),
+        10,
+        "the budget allows 10"
+    );
+    assert_eq!(charged(&redis, &prefix, "held").await, 1_000);
+
+    api.release.add_permits(10);
+    let mut statuses = Vec::new();
+    while let Some(status) = calls.join_next().await {
+        statuses.push(status.expect("call"));
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 10);
+    assert_eq!(api.arrived.load(Ordering::SeqCst), 10);
+    // Settled: each used 25 of its 100.
+    assert_eq!(settled(&redis, &prefix, "held", 250).await, 250);
+}
+
+/// The value of the series `name{labels}` in a scrape, 0 when absent.
+fn series(scrape: &str, name: &str, labels: &str) -> u64 {
+    scrape
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+            let (have, value) = rest.split_once("} ")?;
+            let mut have: Vec<&str> = have.split(',').collect();
+            let mut want: Vec<&str> = labels.split(',').collect();
+            have.sort_unstable();
+            want.sort_unstable();
+            (have == want).then(|| value.trim().parse::<f64>().ok())?
+        })
+        .map_or(0, |v| v as u64)
+}
+
+#[tokio::test]
+async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_shown() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-missing");
+    let api = Metered::start().await;
+    let (port, admin) = (free_port(), free_port());
+    let path = Config::new()
+        .redis(&redis.url, &prefix)
+        .listen_on(port)
+        .admin_on(admin)
+        .access_log(&[r#"path = "access.log""#])
+        .route(metered(
+            "json",
+            "/json",
+            &api.url,
+            10_000,
+            r#"reserve = 40, report = "json", units = { "usage.output_units" = 1 }"#,
+        ))
+        .write("usage-missing");
+    let stderr = path.with_file_name("stderr.log");
+    let process = FloodgateProcess::spawn_logging(&path, port, &[], &[], &stderr).await;
+    let client = TestClient::http1();
+
+    assert_eq!(
+        client.get(&process.url("/json/none"), &[]).await.status,
+        200
+    );
+    assert_eq!(
+        client.get(&process.url("/json?out=3"), &[]).await.status,
+        200
+    );
+    // The first stands at its reservation of 40; the second settles to 3.
+    assert_eq!(settled(&redis, &prefix, "json", 43).await, 43);
+
+    let metrics = format!("http://127.0.0.1:{admin}/metrics");
+    let mut scrape = String::new();
+    for _ in 0..600 {
+        scrape = String::from_utf8_lossy(&client.get(&metrics, &[]).await.body).into_owned();
+        if series(
+            &scrape,
+            "floodgate_usage_units_total",
+            r#"route="json",kind="reported""#,
+        ) == 3
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let units = |kind: &str| {
+        series(
+            &scrape,
+            "floodgate_usage_units_total",
+            &format!(r#"route="json",kind="{kind}""#),
+        )
+    };
+    assert_eq!(
+        [
+            units("reserved"),
+            units("reported"),
+            units("refunded"),
+            units("charged_over")
+        ],
+        [80, 3, 37, 0],
+        "{scrape}"
+    );
+    let unreported = |reason: &str| {
+        series(
+            &scrape,
+            "floodgate_usage_unreported_total",
+            &format!(r#"route="json",reason="{reason}""#),
+        )
+    };
+    assert_eq!(unreported("missing"), 1, "{scrape}");
+    assert_eq!(unreported("client_left"), 0, "{scrape}");
+
+    let logged = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(
+        logged.lines().any(|l| l.contains("usage not settled")
+            && l.contains("missing")
+            && l.contains("json")),
+        "{logged}"
+    );
+    let access = path.with_file_name("access.log");
+    let mut lines = Vec::new();
+    for _ in 0..600 {
+        lines = std::fs::read_to_string(&access)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+            .collect();
+        if lines.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["units_reserved"], 40);
+    assert!(lines[0].get("units_reported").is_none(), "{}", lines[0]);
+    assert_eq!(lines[1]["units_reserved"], 40);
+    assert_eq!(lines[1]["units_reported"], 3);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_is_charged_its_reservation_once() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-left");
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .admin()
+        .route(metered(
+            "sse",
+            "/sse",
+            &api.url,
+            10_000,
+            r#"reserve = 70, report = "sse", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+
+    // A raw connection that reads the first event and goes away.
+    let mut stream = tokio::net::TcpStream::connect(gate.addr)
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"GET /sse/held?in=5&out=5 HTTP/1.1\r\nhost: api\r\n\r\n")
+        .await
+        .expect("send");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("Hel") {
+        let n = stream.read(&mut buf).await.expect("read");
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(stream);
+
+    let client = TestClient::http1();
+    let metrics = gate.admin_url("/metrics");
+    let left = r#"route="sse",reason="client_left""#;
+    let mut scrape = String::new();
+    for _ in 0..600 {
+        scrape = String::from_utf8_lossy(&client.get(&metrics, &[]).await.body).into_owned();
+        if series(&scrape, "floodgate_usage_unreported_total", left) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        series(&scrape, "floodgate_usage_unreported_total", left),
+        1,
+        "{scrape}"
+    );
+    // The upstream may go on now: nothing reads it, nothing more is charged.
+    api.release.add_permits(1);
+    assert_eq!(charged(&redis, &prefix, "sse").await, 70);
+    // A whole stream after it settles to its report, beside the 70.
+    let answer = client.get(&gate.url("/sse?in=2&out=3"), &[]).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(settled(&redis, &prefix, "sse", 75).await, 75);
+    let scrape = String::from_utf8_lossy(&client.get(&metrics, &[]).await.body).into_owned();
+    assert_eq!(
+        series(&scrape, "floodgate_usage_unreported_total", left),
+        1,
+        "counted once: {scrape}"
+    );
+}
