@@ -105,7 +105,7 @@ impl Forwarder {
         group: &Group,
         timeout: Duration,
         request: &mut request::Parts,
-        body: Incoming,
+        (mut body, sent): (RequestBody, Option<Arc<Sent>>),
         path_and_query: PathAndQuery,
         peer: &Peer,
         now: Instant,
@@ -128,7 +128,6 @@ impl Forwarder {
             target: path_and_query,
             headers,
         };
-        let (mut body, sent) = RequestBody::new(body, &timeouts);
         // A small body is read whole before an upstream connection is
         // taken: a slow upload holds no upstream connection.
         if timeouts.buffer > 0
@@ -255,6 +254,15 @@ impl Forwarder {
     /// The client's fault, not the upstream's: its body stalled, arrived too
     /// slowly, was too large or malformed, or it went away while sending
     /// it (while being forwarded to `upstream`, or read ahead of that).
+    /// Reads up to `limit` bytes of `body` ahead, before anything is
+    /// decided about the request (a reservation named in it); the client's
+    /// faults come back as its refusals, counted as when forwarding.
+    pub async fn read_first(&self, body: &mut RequestBody, limit: u64) -> Result<(), Refusal> {
+        body.read_ahead(limit)
+            .await
+            .map_err(|e| self.client_body_refusal(&e, None))
+    }
+
     fn client_body_refusal(&self, error: &ClientBodyError, upstream: Option<&Endpoint>) -> Refusal {
         let forwarding_to = upstream.map_or("", |u| &u.target);
         match error {

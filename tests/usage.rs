@@ -16,13 +16,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use support::config::{Config, Route};
 use support::peers::{PeerServer, client};
 use support::redis::{TestRedis, unique_prefix};
-use support::{Floodgate, FloodgateProcess, TestClient, free_port};
+use support::{Floodgate, FloodgateProcess, TestClient, free_port, text_body};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -93,7 +94,10 @@ async fn answer(
     req: Request<Incoming>,
     gate: Arc<Semaphore>,
 ) -> Result<Response<Chunks>, Infallible> {
-    let query = req.uri().query().unwrap_or("");
+    let (req, body) = req.into_parts();
+    // The request body arrives whole: its length is told back.
+    let length = body.collect().await.map_or(0, |b| b.to_bytes().len());
+    let query = req.uri.query().unwrap_or("");
     let number = |key: &str| {
         query
             .split('&')
@@ -103,9 +107,9 @@ async fn answer(
     };
     let (input, output) = (number("in"), number("out"));
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let mut response = Response::builder();
+    let mut response = Response::builder().header("x-body-length", length);
     let usage = format!(r#""usage":{{"input_units":{input},"output_units":{output}}}"#);
-    let pieces: Vec<String> = match req.uri().path() {
+    let pieces: Vec<String> = match req.uri.path() {
         "/header" => {
             response = response
                 .header("x-usage-input", input)
@@ -113,7 +117,7 @@ async fn answer(
             vec!["ok".into()]
         }
         "/json" | "/held" => {
-            if req.uri().path() == "/held" {
+            if req.uri.path() == "/held" {
                 gate.acquire().await.expect("semaphore").forget();
             }
             // Cut inside the usage object, as a network may.
@@ -131,7 +135,7 @@ async fn answer(
                 format!("event: done\ndata: {{{usage}}}\n\n"),
                 "data: [DONE]\n\n".to_owned(),
             ];
-            let held = req.uri().path() == "/sse/held";
+            let held = req.uri.path() == "/sse/held";
             let tx = tx.clone();
             tokio::spawn(async move {
                 let _ = tx.send(Bytes::from(first)).await;
@@ -549,4 +553,61 @@ async fn a_client_that_leaves_mid_stream_is_charged_its_reservation_once() {
         1,
         "counted once: {scrape}"
     );
+}
+
+#[tokio::test]
+async fn a_reservation_named_in_the_json_body_is_read_first_and_the_body_goes_whole() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-body");
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .route(metered(
+            "held",
+            "/held",
+            &api.url,
+            10_000,
+            r#"reserve = 1000, reserve_json = "max_tokens", reserve_add = 5, max_reserve = 2000, report = "json", units = { "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let post = |body: String| {
+        let request = Request::post(gate.url("/held?out=9"))
+            .header("content-type", "application/json")
+            .body(text_body(&body))
+            .expect("request");
+        let client = TestClient::http1();
+        tokio::spawn(async move { client.send(request).await })
+    };
+    // The largest body read first, and one past it: its reservation may
+    // be named beyond what was read, so it reserves the most.
+    let small = r#"{"model":"m","max_tokens":40,"messages":[{"max_tokens":900}]}"#.to_owned();
+    let padding = "x".repeat(80 * 1024);
+    let large = format!(r#"{{"padding":"{padding}","max_tokens":40}}"#);
+    for (body, reserved) in [(small, 45), (large, 2000)] {
+        let length = body.len();
+        let call = post(body);
+        for _ in 0..600 {
+            if charged(&redis, &prefix, "held").await == reserved {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Held upstream, the request has its reservation charged.
+        assert_eq!(charged(&redis, &prefix, "held").await, reserved);
+        api.release.add_permits(1);
+        let answer = call.await.expect("call");
+        assert_eq!(answer.status, 200);
+        assert_eq!(
+            answer.header("x-body-length"),
+            Some(length.to_string().as_str())
+        );
+        // Settled to the 9 reported.
+        assert_eq!(settled(&redis, &prefix, "held", 9).await, 9);
+        redis::cmd("DEL")
+            .arg(redis.keys(&format!("{prefix}:*")).await)
+            .query_async::<()>(&mut redis.connection().await)
+            .await
+            .expect("del");
+    }
 }

@@ -15,6 +15,7 @@ use crate::usage::settings::{Field, SOURCES, Settings, Source};
 pub(super) struct UsageModel {
     reserve: Spanned<i64>,
     reserve_header: Option<Spanned<String>>,
+    reserve_json: Option<Spanned<String>>,
     reserve_add: Option<Spanned<i64>>,
     max_reserve: Option<Spanned<i64>>,
     report: Spanned<String>,
@@ -63,6 +64,14 @@ impl Validator<'_> {
                 parsed
             }
         };
+        let reserve_json = match &m.reserve_json {
+            None => None,
+            Some(path) => {
+                let path_ok = self.json_path(path);
+                ok &= path_ok;
+                Some(path.get_ref().clone())
+            }
+        };
         let source = SOURCES
             .iter()
             .find(|(name, _)| *name == m.report.get_ref())
@@ -81,6 +90,7 @@ impl Validator<'_> {
         let settings = Settings {
             reserve,
             reserve_header,
+            reserve_json,
             reserve_add,
             max_reserve,
             source: source?,
@@ -121,19 +131,7 @@ impl Validator<'_> {
             };
             let named = match source {
                 Source::Header | Source::Trailer => self.header_name(name).is_some(),
-                Source::Json | Source::Sse => {
-                    let path_ok = name.get_ref().split('.').all(|s| !s.is_empty());
-                    if !path_ok {
-                        self.problem(
-                            name.span(),
-                            format!(
-                                "{:?} is not a JSON path: name keys separated by dots, e.g. \"usage.output_tokens\"",
-                                name.get_ref()
-                            ),
-                        );
-                    }
-                    path_ok
-                }
+                Source::Json | Source::Sse => self.json_path(name),
             };
             ok &= named;
             fields.push(Field {
@@ -146,5 +144,20 @@ impl Validator<'_> {
             });
         }
         ok.then_some(fields)
+    }
+
+    /// Whether `path` names a place in JSON: keys separated by dots.
+    fn json_path(&mut self, path: &Spanned<String>) -> bool {
+        let ok = path.get_ref().split('.').all(|s| !s.is_empty());
+        if !ok {
+            self.problem(
+                path.span(),
+                format!(
+                    "{:?} is not a JSON path: name keys separated by dots, e.g. \"usage.output_tokens\"",
+                    path.get_ref()
+                ),
+            );
+        }
+        ok
     }
 }

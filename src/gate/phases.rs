@@ -10,6 +10,7 @@
 //! the request's concurrency slot until the answer is sent.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
@@ -25,11 +26,12 @@ use crate::client::{ClientId, client_address, is_in};
 use crate::concurrency::{Per, Slot};
 use crate::limit::{Answer, Charge, Decision};
 use crate::metrics::Outcome;
+use crate::proxy::request_body::{RequestBody, Sent};
 use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
 use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
-use crate::usage::{Metered, Unreported};
+use crate::usage::{BodyRead, Metered, Unreported};
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
@@ -74,6 +76,13 @@ struct Exchange<'a> {
 
 /// What the decide phase concluded for a request that goes on.
 type Allowed<'r> = Option<(Decision, &'r Policy)>;
+
+/// The request's body: as it arrived, or with its first bytes read for a
+/// reservation named in it.
+enum ClientBody {
+    Arrived(Incoming),
+    Read(RequestBody, Option<Arc<Sent>>),
+}
 
 /// One request from `peer`: every phase in order, then the log. Every
 /// answer floodgate makes itself is counted by status and fault. An
@@ -124,7 +133,15 @@ async fn answer<H: Send + 'static>(
     admit_body(found.route, &body)?;
     let who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
     let slot = reserve(&rules, &found, &who).await?;
-    let allowed = match cx.decide(&rules, &found, &who, &head.headers).await? {
+    let body = cx.read_first(&rules, &found, body).await?;
+    let read = match (&body, &found.route.usage) {
+        (ClientBody::Read(read, _), Some(usage)) => Some(BodyRead {
+            named: crate::usage::named_in_json(usage, read.read()),
+            whole: read.read_whole(),
+        }),
+        _ => None,
+    };
+    let allowed = match cx.decide(&rules, &found, &who, &head.headers, read).await? {
         Ok(allowed) => allowed,
         Err(denial) => return Ok(denial),
     };
@@ -292,6 +309,37 @@ impl Context<'_> {
         Ok(Found { index, route })
     }
 
+    // --- read first ---
+
+    /// On a route whose reservation may be named in the request's JSON
+    /// body, the body's first bytes, read before the decision (the client's
+    /// faults meanwhile are its refusals); any other body as it arrived.
+    async fn read_first(
+        &self,
+        rules: &Rules,
+        found: &Found<'_>,
+        body: Incoming,
+    ) -> Result<ClientBody, Refusal> {
+        let route = found.route;
+        if route
+            .usage
+            .as_ref()
+            .is_none_or(|u| u.reserve_json.is_none())
+        {
+            return Ok(ClientBody::Arrived(body));
+        }
+        let client_side = ClientSide {
+            max_body: route.max_request_body,
+            ..rules.client_timeouts
+        };
+        let (mut read, sent) = RequestBody::new(body, &client_side);
+        self.shared
+            .forwarder
+            .read_first(&mut read, crate::usage::settings::READ_FIRST)
+            .await?;
+        Ok(ClientBody::Read(read, sent))
+    }
+
     // --- identify ---
 
     /// Whether the client is exempt, and its id when anything counts per
@@ -341,6 +389,7 @@ impl Context<'_> {
         found: &Found<'r>,
         who: &Identity,
         headers: &http::HeaderMap,
+        read: Option<BodyRead>,
     ) -> Result<Result<Allowed<'r>, Response<Body>>, Refusal> {
         let route = found.route;
         let counts = &rules.metrics[found.index];
@@ -355,7 +404,7 @@ impl Context<'_> {
         let policy = route.policy_for(client, headers);
         let cost = match &route.usage {
             None => route.cost,
-            Some(usage) => crate::usage::reservation(usage, headers)
+            Some(usage) => crate::usage::reservation(usage, headers, read)
                 .map_err(|message| Refusal::client(StatusCode::BAD_REQUEST, message))?,
         };
         let charge = Charge {
@@ -475,7 +524,7 @@ impl Context<'_> {
             slot,
         }: Exchange<'_>,
         head: &mut Parts,
-        body: Incoming,
+        body: ClientBody,
         hold: impl FnOnce() -> H,
     ) -> Result<Response<Body>, Refusal> {
         let Some(group) = rules.upstreams.get(upstream.index) else {
@@ -493,6 +542,14 @@ impl Context<'_> {
             let slot = slot.cloned();
             move || (hold(), slot)
         };
+        let client_side = ClientSide {
+            max_body: found.route.max_request_body,
+            ..rules.client_timeouts
+        };
+        let body = match body {
+            ClientBody::Arrived(body) => RequestBody::new(body, &client_side),
+            ClientBody::Read(body, sent) => (body, sent),
+        };
         let started = Instant::now();
         let (response, member) = self
             .shared
@@ -505,10 +562,7 @@ impl Context<'_> {
                 target,
                 self.peer,
                 started,
-                ClientSide {
-                    max_body: found.route.max_request_body,
-                    ..rules.client_timeouts
-                },
+                client_side,
                 hold,
             )
             .await?;

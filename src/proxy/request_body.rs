@@ -111,6 +111,25 @@ impl RequestBody {
     /// connection. The client's faults (stalled, too slow, too large,
     /// broken) come back as they happen.
     pub async fn read_ahead(&mut self, limit: u64) -> Result<(), ClientBodyError> {
+        self.read_ahead_inner(limit).await
+    }
+
+    /// The bytes read ahead so far, in order.
+    pub fn read(&self) -> impl Iterator<Item = &Bytes> {
+        self.0
+            .iter()
+            .flat_map(|body| body.ahead.iter().filter_map(Frame::data_ref))
+    }
+
+    /// Whether everything the body carries has been read ahead (or it
+    /// carries nothing).
+    pub fn read_whole(&self) -> bool {
+        self.0
+            .as_deref()
+            .is_none_or(|body| body.inner.as_ref().is_none_or(Body::is_end_stream))
+    }
+
+    async fn read_ahead_inner(&mut self, limit: u64) -> Result<(), ClientBodyError> {
         let Some(body) = self.0.as_deref_mut() else {
             return Ok(());
         };

@@ -58,24 +58,63 @@ impl Unreported {
     }
 }
 
-/// What the request reserves: the number its `reserve_header` names (plus
-/// `reserve_add`), else `reserve`; at most `max_reserve`. A header that is
-/// not a whole number is the client's error.
-pub fn reservation(settings: &Settings, headers: &HeaderMap) -> Result<u64, String> {
-    let Some(name) = &settings.reserve_header else {
-        return Ok(settings.reserve.min(settings.max_reserve));
+/// What a request body read before the decision says of its reservation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BodyRead {
+    /// The number at the `reserve_json` path, if there was one.
+    pub named: Option<f64>,
+    /// The body was read whole (a larger one was not: what it names past
+    /// the bytes read, the upstream may act on).
+    pub whole: bool,
+}
+
+/// The number at `settings`' `reserve_json` path in the body `read` so
+/// far (the last one, as most JSON readers take a key given twice).
+pub fn named_in_json<'a>(
+    settings: &Settings,
+    read: impl Iterator<Item = &'a Bytes>,
+) -> Option<f64> {
+    let path = settings.reserve_json.as_deref()?;
+    let mut scanner = Scanner::new([path]);
+    for bytes in read {
+        scanner.feed(bytes);
+    }
+    scanner.finish().first().copied().flatten()
+}
+
+/// What the request reserves: the number its `reserve_header` names, else
+/// the number at its body's `reserve_json` path (plus `reserve_add`
+/// either way), else `reserve`; at most `max_reserve`. A body too large to
+/// read first reserves `max_reserve`. A header that is not a whole number
+/// is the client's error.
+pub fn reservation(
+    settings: &Settings,
+    headers: &HeaderMap,
+    body: Option<BodyRead>,
+) -> Result<u64, String> {
+    let header = settings
+        .reserve_header
+        .as_ref()
+        .and_then(|name| headers.get(name).map(|value| (name, value)));
+    let named = match (header, body) {
+        (Some((name, value)), _) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| format!("the {name} header must be a whole number of units"))?,
+        ),
+        (None, Some(BodyRead { whole: false, .. })) => return Ok(settings.max_reserve),
+        (None, Some(BodyRead { named, .. })) => named
+            .filter(|n| n.is_finite() && *n >= 0.0)
+            .map(|n| n.ceil().min(MAX_UNITS as f64) as u64),
+        (None, None) => None,
     };
-    let Some(value) = headers.get(name) else {
-        return Ok(settings.reserve.min(settings.max_reserve));
-    };
-    let named = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .ok_or_else(|| format!("the {name} header must be a whole number of units"))?;
-    Ok(named
-        .saturating_add(settings.reserve_add)
-        .min(settings.max_reserve))
+    Ok(match named {
+        Some(n) => n.saturating_add(settings.reserve_add),
+        None => settings.reserve,
+    }
+    .min(settings.max_reserve))
 }
 
 /// The units `values` report, one per field in order: each times its
@@ -285,6 +324,7 @@ mod tests {
         Settings {
             reserve: 100,
             reserve_header: Some(http::HeaderName::from_static("x-max-units")),
+            reserve_json: Some("max_tokens".to_owned()),
             reserve_add: 10,
             max_reserve: 500,
             source,
@@ -302,13 +342,30 @@ mod tests {
     fn a_reservation_is_what_the_request_names_plus_the_addition_within_the_cap() {
         let s = settings(Source::Header, &[("x-used", 1.0)]);
         let mut headers = HeaderMap::new();
-        assert_eq!(reservation(&s, &headers), Ok(100));
+        assert_eq!(reservation(&s, &headers, None), Ok(100));
+        let body = |text: &str, whole| BodyRead {
+            named: named_in_json(&s, std::iter::once(&Bytes::from(text.to_owned()))),
+            whole,
+        };
+        let asked = r#"{"model":"m","max_tokens":40,"n":{"max_tokens":900}}"#;
+        assert_eq!(reservation(&s, &headers, Some(body(asked, true))), Ok(50));
+        // A body too large to read whole could name more past what was read.
+        assert_eq!(reservation(&s, &headers, Some(body(asked, false))), Ok(500));
+        // A body naming nothing, or not as a number, reserves the default.
+        let unnamed = r#"{"model":"m","max_tokens":"40"}"#;
+        assert_eq!(
+            reservation(&s, &headers, Some(body(unnamed, true))),
+            Ok(100)
+        );
+        // Named twice: the last, as the upstream's reader takes it.
+        let twice = r#"{"max_tokens":1,"max_tokens":300}"#;
+        assert_eq!(reservation(&s, &headers, Some(body(twice, true))), Ok(310));
         headers.insert("x-max-units", "40".parse().expect("value"));
-        assert_eq!(reservation(&s, &headers), Ok(50));
+        assert_eq!(reservation(&s, &headers, None), Ok(50));
         headers.insert("x-max-units", "4000".parse().expect("value"));
-        assert_eq!(reservation(&s, &headers), Ok(500));
+        assert_eq!(reservation(&s, &headers, None), Ok(500));
         headers.insert("x-max-units", "-1".parse().expect("value"));
-        assert!(reservation(&s, &headers).is_err());
+        assert!(reservation(&s, &headers, None).is_err());
     }
 
     #[test]

@@ -3,6 +3,10 @@
 
 use http::HeaderName;
 
+/// Most bytes of a request body read before the decision, for a
+/// reservation named in it; a larger body reserves `max_reserve`.
+pub const READ_FIRST: u64 = 64 * 1024;
+
 /// Where an answer reports the units it used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -43,6 +47,10 @@ pub struct Settings {
     pub reserve: u64,
     /// A request header naming the units it may use at most.
     pub reserve_header: Option<HeaderName>,
+    /// A JSON path in the request body naming the units it may use at most
+    /// (`max_tokens`); the body's first [`READ_FIRST`] bytes are read
+    /// before the decision.
+    pub reserve_json: Option<String>,
     /// Units added to what the request names (the part it cannot name,
     /// such as input units).
     pub reserve_add: u64,
