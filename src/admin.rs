@@ -252,11 +252,12 @@ fn status_json(shared: &Shared) -> String {
     out.push_str(",\"reload\":");
     reload_json(&mut out, shared);
     out.push_str(",\"routes\":[");
-    for (i, ((route, counts), capacity)) in rules
+    for (i, (((route, counts), capacity), metering)) in rules
         .routes
         .iter()
         .zip(&rules.metrics)
         .zip(&rules.capacity)
+        .zip(&rules.metering)
         .enumerate()
     {
         if i > 0 {
@@ -289,6 +290,17 @@ fn status_json(shared: &Shared) -> String {
         out.push(']');
         for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
             let _ = write!(out, ",\"{}\":{n}", outcome.name());
+        }
+        match metering {
+            None => out.push_str(",\"usage\":null"),
+            Some(m) => {
+                let [reserved, reported, refunded, charged_over] = m.metrics.units();
+                let _ = write!(
+                    out,
+                    ",\"usage\":{{\"reserved\":{reserved},\"reported\":{reported},\"refunded\":{refunded},\"charged_over\":{charged_over},\"unreported\":{}}}",
+                    m.metrics.unreported_total()
+                );
+            }
         }
         match capacity {
             None => out.push_str(",\"concurrency\":null"),

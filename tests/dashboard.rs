@@ -15,7 +15,7 @@ use std::time::Duration;
 use support::cluster::TestCluster;
 use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
-use support::{Floodgate, TestClient, temp_dir};
+use support::{Floodgate, TestClient, Upstream, temp_dir};
 
 /// Runs headless Chromium on `url` with `extra` flags (a screenshot, or
 /// the DOM after its scripts ran); `None` when Chromium is not installed
@@ -129,6 +129,9 @@ fn series(row: &str, name: &str) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
+    // An upstream that reports no units: the metered route's one request
+    // stays at its reservation.
+    let upstream = Upstream::start().await;
     let toml = Config::new()
         .admin()
         .access_log(&[r#"format = "off""#, r#"client_id = "raw""#])
@@ -145,6 +148,13 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
                 .respond("status = 200")
                 .client(r#"from = "header", name = "x-client""#)
                 .limit("sliding_log", 5, "1m"),
+        )
+        .route(
+            Route::new("metered")
+                .matching(r#"path_prefix = "/metered""#)
+                .upstream(&upstream.url())
+                .line(r#"usage = { reserve = 5, report = "header", units = { "x-units" = 1 } }"#)
+                .limit("fixed_window", 100, "1m"),
         )
         .route(
             Route::new("api")
@@ -173,6 +183,7 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
     for _ in 0..30 {
         client.get(&gate.url("/api/x"), &[]).await;
     }
+    client.get(&gate.url("/metered/x"), &[]).await;
 
     let dir = temp_dir("dashboard");
     let page = gate.admin_url("/");
@@ -180,7 +191,7 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
         return;
     };
     let rows: Vec<&str> = dom.split("<tr data-route=").skip(1).collect();
-    assert_eq!(rows.len(), 3, "{dom}");
+    assert_eq!(rows.len(), 4, "{dom}");
     assert!(rows[0].starts_with("\"bulk\""), "{dom}");
     let login = route_row(&dom, "login");
     assert!(login.contains("5/60s sliding_log"), "{login}");
@@ -190,6 +201,16 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
     assert!(
         login.contains(r#"<td class="n">18</td><td class="n">35</td>"#),
         "{login}"
+    );
+    // Units on the metered route only.
+    assert!(
+        login.contains(r#"<td class="n">–</td><td class="n">–</td>"#),
+        "{login}"
+    );
+    let metered = route_row(&dom, "metered");
+    assert!(
+        metered.contains("5 reserved · 0 reported · 1 unsettled"),
+        "{metered}"
     );
     let api = route_row(&dom, "api");
     assert!(api.contains("1000/1s token_bucket"), "{api}");
