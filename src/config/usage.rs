@@ -16,6 +16,7 @@ pub(super) struct UsageModel {
     reserve: Spanned<i64>,
     reserve_header: Option<Spanned<String>>,
     reserve_json: Option<Spanned<String>>,
+    reserve_weight: Option<Spanned<toml::Value>>,
     reserve_add: Option<Spanned<i64>>,
     max_reserve: Option<Spanned<i64>>,
     report: Spanned<String>,
@@ -72,6 +73,16 @@ impl Validator<'_> {
                 Some(path.get_ref().clone())
             }
         };
+        let reserve_weight = match &m.reserve_weight {
+            None => 1.0,
+            Some(w) => match self.weight(w) {
+                Some(w) => w,
+                None => {
+                    ok = false;
+                    1.0
+                }
+            },
+        };
         let source = SOURCES
             .iter()
             .find(|(name, _)| *name == m.report.get_ref())
@@ -91,6 +102,7 @@ impl Validator<'_> {
             reserve,
             reserve_header,
             reserve_json,
+            reserve_weight,
             reserve_add,
             max_reserve,
             source: source?,
@@ -116,16 +128,7 @@ impl Validator<'_> {
         let mut fields = Vec::new();
         let mut ok = true;
         for (name, weight) in units.get_ref() {
-            let weight_value = match weight.get_ref() {
-                toml::Value::Integer(n) => Some(*n as f64),
-                toml::Value::Float(f) => Some(*f),
-                _ => None,
-            };
-            let Some(w) = weight_value.filter(|w| w.is_finite() && *w > 0.0) else {
-                self.problem(
-                    weight.span(),
-                    "a field's weight must be a number above 0 (units per reported unit)",
-                );
+            let Some(w) = self.weight(weight) else {
                 ok = false;
                 continue;
             };
@@ -144,6 +147,23 @@ impl Validator<'_> {
             });
         }
         ok.then_some(fields)
+    }
+
+    /// A weight: a number above 0, or `None` after saying so.
+    fn weight(&mut self, weight: &Spanned<toml::Value>) -> Option<f64> {
+        let value = match weight.get_ref() {
+            toml::Value::Integer(n) => Some(*n as f64),
+            toml::Value::Float(f) => Some(*f),
+            _ => None,
+        };
+        let w = value.filter(|w| w.is_finite() && *w > 0.0);
+        if w.is_none() {
+            self.problem(
+                weight.span(),
+                "a weight must be a number above 0 (units per unit named or reported)",
+            );
+        }
+        w
     }
 
     /// Whether `path` names a place in JSON: keys separated by dots.

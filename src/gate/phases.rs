@@ -47,8 +47,8 @@ struct Context<'a> {
     /// The concurrency slot, once the answer is ready to go out.
     slot: Option<Slot>,
     /// On a metered route, the admitted request's reservation until it is
-    /// settled.
-    reservation: Option<Reservation>,
+    /// settled (boxed: every request's future carries the field).
+    reservation: Option<Box<Reservation>>,
 }
 
 /// The route a request is on.
@@ -461,7 +461,7 @@ impl Context<'_> {
         if let Some(r) = self.log.as_mut() {
             r.units(&reservation.tally);
         }
-        self.reservation = Some(reservation);
+        self.reservation = Some(Box::new(reservation));
     }
 
     /// Counts and logs a request its route does not limit.

@@ -83,8 +83,8 @@ pub fn named_in_json<'a>(
 }
 
 /// What the request reserves: the number its `reserve_header` names, else
-/// the number at its body's `reserve_json` path (plus `reserve_add`
-/// either way), else `reserve`; at most `max_reserve`. A body too large to
+/// the number at its body's `reserve_json` path (times `reserve_weight`,
+/// plus `reserve_add`, either way), else `reserve`; at most `max_reserve`. A body too large to
 /// read first reserves `max_reserve`. A header that is not a whole number
 /// is the client's error.
 pub fn reservation(
@@ -102,16 +102,16 @@ pub fn reservation(
                 .to_str()
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| format!("the {name} header must be a whole number of units"))?,
+                .ok_or_else(|| format!("the {name} header must be a whole number of units"))?
+                as f64,
         ),
         (None, Some(BodyRead { whole: false, .. })) => return Ok(settings.max_reserve),
-        (None, Some(BodyRead { named, .. })) => named
-            .filter(|n| n.is_finite() && *n >= 0.0)
-            .map(|n| n.ceil().min(MAX_UNITS as f64) as u64),
+        (None, Some(BodyRead { named, .. })) => named.filter(|n| n.is_finite() && *n >= 0.0),
         (None, None) => None,
     };
     Ok(match named {
-        Some(n) => n.saturating_add(settings.reserve_add),
+        Some(n) => ((n * settings.reserve_weight).ceil().min(MAX_UNITS as f64) as u64)
+            .saturating_add(settings.reserve_add),
         None => settings.reserve,
     }
     .min(settings.max_reserve))
@@ -325,6 +325,7 @@ mod tests {
             reserve: 100,
             reserve_header: Some(http::HeaderName::from_static("x-max-units")),
             reserve_json: Some("max_tokens".to_owned()),
+            reserve_weight: 1.0,
             reserve_add: 10,
             max_reserve: 500,
             source,
@@ -366,6 +367,13 @@ mod tests {
         assert_eq!(reservation(&s, &headers, None), Ok(500));
         headers.insert("x-max-units", "-1".parse().expect("value"));
         assert!(reservation(&s, &headers, None).is_err());
+        // Named units weighed as the field they bound.
+        let s = Settings {
+            reserve_weight: 2.5,
+            ..s
+        };
+        headers.insert("x-max-units", "7".parse().expect("value"));
+        assert_eq!(reservation(&s, &headers, None), Ok(28));
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct Settings {
     /// (`max_tokens`); the body's first [`READ_FIRST`] bytes are read
     /// before the decision.
     pub reserve_json: Option<String>,
+    /// What the request names counts this many units each (the weight of
+    /// the reported field it bounds).
+    pub reserve_weight: f64,
     /// Units added to what the request names (the part it cannot name,
     /// such as input units).
     pub reserve_add: u64,
