@@ -457,6 +457,13 @@ async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_s
     };
     assert_eq!(unreported("missing"), 1, "{scrape}");
     assert_eq!(unreported("client_left"), 0, "{scrape}");
+    // One Redis call per decision and one per settlement: none for the
+    // answer that reported nothing.
+    let calls = scrape
+        .lines()
+        .find_map(|l| l.strip_prefix("floodgate_redis_calls_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert_eq!(calls, Some(3.0), "{scrape}");
 
     let logged = std::fs::read_to_string(&stderr).unwrap_or_default();
     assert!(
@@ -610,4 +617,37 @@ async fn a_reservation_named_in_the_json_body_is_read_first_and_the_body_goes_wh
             .await
             .expect("del");
     }
+}
+
+#[tokio::test]
+async fn the_memory_store_settles_the_same_way() {
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .route(metered(
+            "header",
+            "/header",
+            &api.url,
+            1_000,
+            r#"reserve = 100, report = "header", units = { "x-usage-input" = 1, "x-usage-output" = 1 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let mut used = 0;
+    for (input, output) in [(3, 4), (0, 0), (60, 90)] {
+        used += input + output;
+        let url = gate.url(&format!("/header?in={input}&out={output}"));
+        let answer = client.get(&url, &[]).await;
+        assert_eq!(answer.status, 200);
+        let field = answer.header("ratelimit").expect("a RateLimit field");
+        assert_eq!(remaining(field), Some(1_000 - used), "{field}");
+    }
+    // 157 used of 1 000. Ten more each reserve 100 and settle to 0 before
+    // the next comes: all fit, where ten fixed costs of 100 would not.
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let answer = client.get(&gate.url("/header?in=0&out=0"), &[]).await;
+        admitted += usize::from(answer.status == 200);
+    }
+    assert_eq!(admitted, 10);
 }

@@ -133,13 +133,15 @@ async fn answer<H: Send + 'static>(
     admit_body(found.route, &body)?;
     let who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
     let slot = reserve(&rules, &found, &who).await?;
-    let body = cx.read_first(&rules, &found, body).await?;
-    let read = match (&body, &found.route.usage) {
-        (ClientBody::Read(read, _), Some(usage)) => Some(BodyRead {
-            named: crate::usage::named_in_json(usage, read.read()),
-            whole: read.read_whole(),
-        }),
-        _ => None,
+    // Boxed, as the rare path: every request's future would carry it.
+    let (body, read) = match found
+        .route
+        .usage
+        .as_ref()
+        .filter(|u| u.reserve_json.is_some())
+    {
+        Some(usage) => Box::pin(cx.read_first(&rules, &found, usage, body)).await?,
+        None => (ClientBody::Arrived(body), None),
     };
     let allowed = match cx.decide(&rules, &found, &who, &head.headers, read).await? {
         Ok(allowed) => allowed,
@@ -161,9 +163,8 @@ async fn answer<H: Send + 'static>(
     let settled = match cx.reservation.take_if(|r| r.reported_in_head()) {
         Some(reservation) => {
             let limiter = &cx.shared.limiter;
-            reservation
-                .settle_from_head(limiter, response.headers())
-                .await
+            // Boxed, as the rare path.
+            Box::pin(reservation.settle_from_head(limiter, response.headers())).await
         }
         None => None,
     };
@@ -312,24 +313,17 @@ impl Context<'_> {
     // --- read first ---
 
     /// On a route whose reservation may be named in the request's JSON
-    /// body, the body's first bytes, read before the decision (the client's
-    /// faults meanwhile are its refusals); any other body as it arrived.
+    /// body (`usage`), the body's first bytes, read before the decision
+    /// (the client's faults meanwhile are its refusals), and what they name.
     async fn read_first(
         &self,
         rules: &Rules,
         found: &Found<'_>,
+        usage: &crate::usage::settings::Settings,
         body: Incoming,
-    ) -> Result<ClientBody, Refusal> {
-        let route = found.route;
-        if route
-            .usage
-            .as_ref()
-            .is_none_or(|u| u.reserve_json.is_none())
-        {
-            return Ok(ClientBody::Arrived(body));
-        }
+    ) -> Result<(ClientBody, Option<BodyRead>), Refusal> {
         let client_side = ClientSide {
-            max_body: route.max_request_body,
+            max_body: found.route.max_request_body,
             ..rules.client_timeouts
         };
         let (mut read, sent) = RequestBody::new(body, &client_side);
@@ -337,7 +331,11 @@ impl Context<'_> {
             .forwarder
             .read_first(&mut read, crate::usage::settings::READ_FIRST)
             .await?;
-        Ok(ClientBody::Read(read, sent))
+        let named = BodyRead {
+            named: crate::usage::named_in_json(usage, read.read()),
+            whole: read.read_whole(),
+        };
+        Ok((ClientBody::Read(read, sent), Some(named)))
     }
 
     // --- identify ---
