@@ -651,3 +651,44 @@ async fn the_memory_store_settles_the_same_way() {
     }
     assert_eq!(admitted, 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_go_to_the_cluster_primary_that_holds_each_clients_keys() {
+    let cluster = support::cluster::TestCluster::start().await;
+    let prefix = unique_prefix("usage-cluster");
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis_cluster(&cluster.urls(), &prefix)
+        .route(
+            metered(
+                "header",
+                "/header",
+                &api.url,
+                1_000,
+                r#"reserve = 100, report = "header", units = { "x-usage-input" = 1, "x-usage-output" = 1 }"#,
+            )
+            .client(r#"from = "header", name = "X-Client""#),
+        )
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let client = TestClient::http1();
+    // Twelve clients, their keys spread over the three primaries; each
+    // sees only its own settled charges.
+    for round in 0..3u64 {
+        for i in 0..12u64 {
+            let who = format!("client-{i}");
+            let url = gates[((round + i) % 2) as usize].url(&format!("/header?in={i}&out=1"));
+            let answer = client.get(&url, &[("x-client", &who)]).await;
+            assert_eq!(answer.status, 200, "{who}");
+            let field = answer.header("ratelimit").expect("a RateLimit field");
+            assert_eq!(
+                remaining(field),
+                Some(1_000 - (round + 1) * (i + 1)),
+                "{who} round {round}: {field}"
+            );
+        }
+    }
+    for port in cluster.primaries() {
+        assert!(cluster.keys_on(port) > 0, "no keys on primary {port}");
+    }
+}

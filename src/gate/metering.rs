@@ -17,7 +17,7 @@ use crate::clock::now_ms;
 use crate::limit::{Charge, Decision, Limit, Limiter, Settlement};
 use crate::metrics::UsageMetrics;
 use crate::usage::settings::{Settings, Source};
-use crate::usage::{Metered, OnReport, Tally, Unreported, from_headers};
+use crate::usage::{Meter, OnReport, Tally, Unreported, from_headers};
 
 /// How often a route logs that reservations stood.
 const LOG_EVERY_MS: u64 = 10_000;
@@ -94,10 +94,10 @@ impl Reservation {
         self.settle(limiter, report).await
     }
 
-    /// `body`, read for the units it reports as it goes out, and settled
-    /// in a task of its own when it ends (or stands when it breaks off or
-    /// the client leaves).
-    pub(super) fn meter<B>(self, limiter: &Arc<Limiter>, body: B) -> Metered<B> {
+    /// The meter that reads the answer's body for the units it reports as
+    /// it goes out; settled in a task of its own when it ends (or standing
+    /// when it breaks off or the client leaves).
+    pub(super) fn meter(self, limiter: &Arc<Limiter>) -> Box<Meter> {
         let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
         let limiter = Arc::clone(limiter);
         let done: OnReport = Box::new(move |report| {
@@ -109,7 +109,7 @@ impl Reservation {
                 Err(_) => self.stood(Unreported::StoreFailed),
             }
         });
-        Metered::new(body, settings, tally, done)
+        Box::new(Meter::new(settings, tally, done))
     }
 
     /// Settles the reservation to `report`'s units: the settled decision,

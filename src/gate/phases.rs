@@ -31,7 +31,7 @@ use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
 use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
-use crate::usage::{BodyRead, Metered, Unreported};
+use crate::usage::{BodyRead, Unreported};
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
@@ -92,7 +92,7 @@ pub async fn handle<H: Send + 'static>(
     peer: &Peer,
     request: Request<Incoming>,
     hold: impl FnOnce() -> H,
-) -> Response<Logged<Metered<Body>>> {
+) -> Response<Logged<Body>> {
     let grpc = response::is_grpc(request.headers());
     let mut cx = Context {
         shared,
@@ -598,7 +598,7 @@ impl Context<'_> {
     /// The answer, wrapped so that its access log line is written once it
     /// has gone out and its slot held until then; on a metered route whose
     /// answer reports in its body, read for the report on the way.
-    fn logged(mut self, response: Response<Body>) -> Response<Logged<Metered<Body>>> {
+    fn logged(mut self, response: Response<Body>) -> Response<Logged<Body>> {
         let mut record = self.log.take();
         if let Some(r) = record.as_mut() {
             r.status(response.status().as_u16());
@@ -607,12 +607,7 @@ impl Context<'_> {
         let log = self.shared.access_log.as_ref();
         let reservation = self.reservation.take();
         let limiter = &self.shared.limiter;
-        response.map(|body| {
-            let body = match reservation {
-                Some(reservation) => reservation.meter(limiter, body),
-                None => Metered::plain(body),
-            };
-            Logged::new(body, record, log).holding(slot)
-        })
+        let meter = reservation.map(|r| r.meter(limiter));
+        response.map(|body| Logged::new(body, record, log).holding(slot).metering(meter))
     }
 }

@@ -1,7 +1,7 @@
 //! How many units a request used, on a route whose cost is what its
 //! upstream reports: what the request may reserve before it is forwarded
 //! ([`reservation`]), and what the answer reports, read from its header
-//! fields ([`from_headers`]), or as its body streams past ([`Metered`]:
+//! fields ([`from_headers`]), or as its body streams past ([`Meter`]:
 //! trailers, a JSON body, an event stream's last event). gate charges the
 //! reservation with the decision and settles it to the report.
 
@@ -9,14 +9,12 @@ pub mod json;
 pub mod settings;
 pub mod sse;
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::Frame;
 
 use json::Scanner;
 use settings::{Settings, Source};
@@ -183,15 +181,12 @@ impl Tally {
 /// are none.
 pub type OnReport = Box<dyn FnOnce(Result<u64, Unreported>) + Send + Sync>;
 
-/// An answer's body, read for its report on the way out when its route
-/// meters usage; any other body passes through untouched.
-pub struct Metered<B> {
-    inner: B,
-    meter: Option<Box<Meter>>,
-}
-
-/// The reading of one metered answer.
-struct Meter {
+/// Reads one metered answer for the units it reports, as the body goes
+/// out: the access log's body wrapper (the one every answer goes out
+/// through) shows it every frame, then the end. Its report goes to `done`
+/// once: the units when the body ended with them; why not when it ended
+/// without them, broke off, or was dropped before its end.
+pub struct Meter {
     settings: Arc<Settings>,
     reading: Reading,
     tally: Arc<Tally>,
@@ -204,44 +199,31 @@ enum Reading {
     Sse(Events),
 }
 
-impl<B> Metered<B> {
-    /// `inner`, unmetered.
-    pub fn plain(inner: B) -> Self {
-        Self { inner, meter: None }
-    }
-
-    /// `inner`, read for the units `settings` says it reports (trailers, a
-    /// JSON body or an event stream); `done` gets them, or why there are
-    /// none, when the body ends, breaks off or is dropped. The units also
-    /// go into `tally`.
-    pub fn new(inner: B, settings: Arc<Settings>, tally: Arc<Tally>, done: OnReport) -> Self {
+impl Meter {
+    /// A meter for the units `settings` says the body reports (trailers, a
+    /// JSON body or an event stream); they also go into `tally`.
+    pub fn new(settings: Arc<Settings>, tally: Arc<Tally>, done: OnReport) -> Self {
         let paths = || settings.fields.iter().map(|f| f.name.as_str());
         let reading = match settings.source {
             Source::Json => Reading::Json(Scanner::new(paths())),
             Source::Sse => Reading::Sse(Events::new(paths())),
             Source::Trailer | Source::Header => Reading::Trailer,
         };
-        let meter = Meter {
+        Self {
             reading,
             settings: Arc::clone(&settings),
             tally,
             done: Some(done),
-        };
-        Self {
-            inner,
-            meter: Some(Box::new(meter)),
         }
     }
-}
 
-impl Meter {
-    fn frame(&mut self, frame: &Frame<Bytes>) {
+    /// A frame of the body went out.
+    pub fn frame(&mut self, frame: &Frame<Bytes>) {
         match (&mut self.reading, frame.data_ref(), frame.trailers_ref()) {
             (Reading::Json(scanner), Some(data), _) => scanner.feed(data),
             (Reading::Sse(events), Some(data), _) => events.feed(data),
             (Reading::Trailer, _, Some(trailers)) => {
-                let units = from_headers(&self.settings, trailers);
-                if let Some(units) = units {
+                if let Some(units) = from_headers(&self.settings, trailers) {
                     self.finish(Ok(units));
                 }
             }
@@ -250,7 +232,7 @@ impl Meter {
     }
 
     /// The body ended whole: what it reported.
-    fn ended(&mut self) {
+    pub fn ended(&mut self) {
         let units = match &mut self.reading {
             Reading::Json(scanner) => units(&self.settings, scanner.finish().iter().copied()),
             Reading::Sse(events) => events
@@ -259,6 +241,11 @@ impl Meter {
             Reading::Trailer => None,
         };
         self.finish(units.ok_or(Unreported::Missing));
+    }
+
+    /// The upstream's body broke off.
+    pub fn broke(&mut self) {
+        self.finish(Err(Unreported::UpstreamFailed));
     }
 
     fn finish(&mut self, report: Result<u64, Unreported>) {
@@ -271,47 +258,9 @@ impl Meter {
     }
 }
 
-impl<B: Body<Data = Bytes> + Unpin> Body for Metered<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        let Some(meter) = this.meter.as_deref_mut() else {
-            return polled;
-        };
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                meter.frame(frame);
-                if this.inner.is_end_stream() {
-                    meter.ended();
-                }
-            }
-            Poll::Ready(None) => meter.ended(),
-            Poll::Ready(Some(Err(_))) => meter.finish(Err(Unreported::UpstreamFailed)),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl<B> Drop for Metered<B> {
+impl Drop for Meter {
     fn drop(&mut self) {
-        if let Some(meter) = self.meter.as_deref_mut() {
-            meter.finish(Err(Unreported::ClientLeft));
-        }
+        self.finish(Err(Unreported::ClientLeft));
     }
 }
 
