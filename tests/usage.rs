@@ -383,6 +383,22 @@ fn series(scrape: &str, name: &str, labels: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// Scrapes `metrics` until the series `name{labels}` is `want` (settled in
+/// the background: the wait ends as soon as it is), and returns the last
+/// scrape.
+async fn scrape_until(metrics: &str, name: &str, labels: &str, want: u64) -> String {
+    let client = TestClient::http1();
+    let mut scrape = String::new();
+    for _ in 0..600 {
+        scrape = String::from_utf8_lossy(&client.get(metrics, &[]).await.body).into_owned();
+        if series(&scrape, name, labels) == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    scrape
+}
+
 #[tokio::test]
 async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_shown() {
     let redis = TestRedis::start().await;
@@ -418,19 +434,8 @@ async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_s
     assert_eq!(settled(&redis, &prefix, "json", 43).await, 43);
 
     let metrics = format!("http://127.0.0.1:{admin}/metrics");
-    let mut scrape = String::new();
-    for _ in 0..600 {
-        scrape = String::from_utf8_lossy(&client.get(&metrics, &[]).await.body).into_owned();
-        if series(
-            &scrape,
-            "floodgate_usage_units_total",
-            r#"route="json",kind="reported""#,
-        ) == 3
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let reported = r#"route="json",kind="reported""#;
+    let scrape = scrape_until(&metrics, "floodgate_usage_units_total", reported, 3).await;
     let units = |kind: &str| {
         series(
             &scrape,
@@ -534,14 +539,7 @@ async fn a_client_that_leaves_mid_stream_is_charged_its_reservation_once() {
     let client = TestClient::http1();
     let metrics = gate.admin_url("/metrics");
     let left = r#"route="sse",reason="client_left""#;
-    let mut scrape = String::new();
-    for _ in 0..600 {
-        scrape = String::from_utf8_lossy(&client.get(&metrics, &[]).await.body).into_owned();
-        if series(&scrape, "floodgate_usage_unreported_total", left) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let scrape = scrape_until(&metrics, "floodgate_usage_unreported_total", left, 1).await;
     assert_eq!(
         series(&scrape, "floodgate_usage_unreported_total", left),
         1,
