@@ -33,6 +33,8 @@ local function fixed_window()
   -- Settles a reservation of `reserved` units taken at `at` to `used`
   -- (algorithms.rs, State::settle): more is counted in the current window;
   -- less is given back only while the reservation's window is current.
+  -- It reads the key as check does; check keeps its reading inline, as
+  -- every decision runs it and a Lua call costs Redis CPU.
   local function settle(key, limit, window, now, burst, at, reserved, used)
     local s, c = load(key)
     local t = now

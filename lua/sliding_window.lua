@@ -75,7 +75,9 @@ local function sliding_window()
   -- Settles a reservation of `reserved` units taken at `at` to `used`
   -- (algorithms.rs, State::settle): more is counted in the current window;
   -- less is given back to the window it went into, while that is the
-  -- current or the previous one.
+  -- current or the previous one. It reads the key as check does; check
+  -- keeps its reading inline, as every decision runs it and a Lua call
+  -- costs Redis CPU.
   local function settle(key, limit, window, now, burst, at, reserved, used)
     local s, c, p = load(key)
     local t = now
