@@ -11,13 +11,43 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::HeaderMap;
+use hyper::body::Incoming;
 
 use crate::client::ClientId;
 use crate::clock::now_ms;
 use crate::limit::{Charge, Decision, Limit, Limiter, Settlement};
 use crate::metrics::UsageMetrics;
-use crate::usage::settings::{Settings, Source};
-use crate::usage::{Meter, OnReport, Tally, Unreported, from_headers};
+use crate::proxy::request_body::{RequestBody, Sent};
+use crate::proxy::{ClientSide, Forwarder};
+use crate::refusal::Refusal;
+use crate::usage::settings::{READ_FIRST, Settings, Source};
+use crate::usage::{BodyRead, Meter, OnReport, Tally, Unreported, from_headers, named_in_json};
+
+/// The request's body: as it arrived, or with its first bytes read for a
+/// reservation named in it.
+pub(super) enum ClientBody {
+    Arrived(Incoming),
+    Read(RequestBody, Option<Arc<Sent>>),
+}
+
+/// On a route whose reservation may be named in the request's JSON body
+/// (`usage`), the body's first bytes, read before the decision under the
+/// client's limits `client` (its faults meanwhile are its refusals), and
+/// what they name.
+pub(super) async fn read_first(
+    forwarder: &Forwarder,
+    client: ClientSide,
+    usage: &Settings,
+    body: Incoming,
+) -> Result<(ClientBody, Option<BodyRead>), Refusal> {
+    let (mut read, sent) = RequestBody::new(body, &client);
+    forwarder.read_first(&mut read, READ_FIRST).await?;
+    let named = BodyRead {
+        named: named_in_json(usage, read.read()),
+        whole: read.read_whole(),
+    };
+    Ok((ClientBody::Read(read, sent), Some(named)))
+}
 
 /// How often a route logs that reservations stood.
 const LOG_EVERY_MS: u64 = 10_000;

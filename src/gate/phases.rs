@@ -10,7 +10,6 @@
 //! the request's concurrency slot until the answer is sent.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
@@ -18,7 +17,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::metering::Reservation;
+use super::metering::{ClientBody, Reservation, read_first};
 use super::rules::Rules;
 use super::shared::Shared;
 use crate::access_log::{Logged, Record};
@@ -26,7 +25,7 @@ use crate::client::{ClientId, client_address, is_in};
 use crate::concurrency::{Per, Slot};
 use crate::limit::{Answer, Charge, Decision};
 use crate::metrics::Outcome;
-use crate::proxy::request_body::{RequestBody, Sent};
+use crate::proxy::request_body::RequestBody;
 use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
@@ -76,13 +75,6 @@ struct Exchange<'a> {
 
 /// What the decide phase concluded for a request that goes on.
 type Allowed<'r> = Option<(Decision, &'r Policy)>;
-
-/// The request's body: as it arrived, or with its first bytes read for a
-/// reservation named in it.
-enum ClientBody {
-    Arrived(Incoming),
-    Read(RequestBody, Option<Arc<Sent>>),
-}
 
 /// One request from `peer`: every phase in order, then the log. Every
 /// answer floodgate makes itself is counted by status and fault. An
@@ -140,7 +132,13 @@ async fn answer<H: Send + 'static>(
         .as_ref()
         .filter(|u| u.reserve_json.is_some())
     {
-        Some(usage) => Box::pin(cx.read_first(&rules, &found, usage, body)).await?,
+        Some(usage) => {
+            let client_side = ClientSide {
+                max_body: found.route.max_request_body,
+                ..rules.client_timeouts
+            };
+            Box::pin(read_first(&cx.shared.forwarder, client_side, usage, body)).await?
+        }
         None => (ClientBody::Arrived(body), None),
     };
     let allowed = match cx.decide(&rules, &found, &who, &head.headers, read).await? {
@@ -308,34 +306,6 @@ impl Context<'_> {
             r.route(&route.name);
         }
         Ok(Found { index, route })
-    }
-
-    // --- read first ---
-
-    /// On a route whose reservation may be named in the request's JSON
-    /// body (`usage`), the body's first bytes, read before the decision
-    /// (the client's faults meanwhile are its refusals), and what they name.
-    async fn read_first(
-        &self,
-        rules: &Rules,
-        found: &Found<'_>,
-        usage: &crate::usage::settings::Settings,
-        body: Incoming,
-    ) -> Result<(ClientBody, Option<BodyRead>), Refusal> {
-        let client_side = ClientSide {
-            max_body: found.route.max_request_body,
-            ..rules.client_timeouts
-        };
-        let (mut read, sent) = RequestBody::new(body, &client_side);
-        self.shared
-            .forwarder
-            .read_first(&mut read, crate::usage::settings::READ_FIRST)
-            .await?;
-        let named = BodyRead {
-            named: crate::usage::named_in_json(usage, read.read()),
-            whole: read.read_whole(),
-        };
-        Ok((ClientBody::Read(read, sent), Some(named)))
     }
 
     // --- identify ---
