@@ -30,7 +30,8 @@ pub enum Unreported {
     Missing,
     /// The upstream failed: no answer, or its body broke off.
     UpstreamFailed,
-    /// The client went away before the answer's end.
+    /// The client went away (or failed its own request: a body too slow or
+    /// too large) before the answer's end.
     ClientLeft,
     /// The report was read but the store could not take the settlement.
     StoreFailed,
