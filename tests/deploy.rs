@@ -39,12 +39,20 @@ async fn names_of(config: Config) -> BTreeSet<String> {
                 .upstream("api")
                 .line("concurrency = { max_in_flight = 10 }"),
         )
+        .route(
+            Route::new("metered")
+                .matching(r#"path_prefix = "/metered""#)
+                .upstream("api")
+                .line(r#"usage = { reserve = 5, report = "header", units = { "x-units" = 1 } }"#)
+                .limit("sliding_window", 100, "1m"),
+        )
         .toml();
     let gate = Floodgate::start(&toml).await;
     // A request, and one that no route takes: series that appear only
     // once something happened (refusals) appear too.
     let client = TestClient::http1();
     assert_eq!(client.get(&gate.url("/api/x"), &[]).await.status, 200);
+    assert_eq!(client.get(&gate.url("/metered"), &[]).await.status, 200);
     assert_eq!(client.get(&gate.url("/nowhere"), &[]).await.status, 404);
     let text = client
         .get(
@@ -138,6 +146,8 @@ async fn the_grafana_dashboard_is_json_whose_queries_name_exported_metrics() {
         "floodgate_upstream_endpoint_healthy",
         "floodgate_redis_node_circuit_open",
         "floodgate_config_last_reload_successful",
+        "floodgate_usage_units_total",
+        "floodgate_usage_unreported_total",
     ] {
         assert!(names.contains(must), "the dashboard lacks {must}");
     }
