@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use floodgate::client::ClientId;
 use floodgate::limit::redis::RedisStore;
-use floodgate::limit::{Algorithm, Charge, Decision, Limit};
+use floodgate::limit::{Algorithm, Charge, Decision, Limit, Settlement};
 use support::config::{Config, Route};
 use support::redis::{
     TestRedis, command_calls, command_stats, decision_calls, has_functions, reset_command_stats,
@@ -489,13 +489,39 @@ async fn redis_without_functions_decides_through_evalsha() {
     let info = command_stats(&mut conn).await;
     assert_eq!(command_calls(&info, "evalsha"), 4, "{info}");
     assert_eq!(command_calls(&info, "script|load"), 0, "{info}");
+    // A settlement goes the same way: a reservation of 1 settled to 0
+    // gives its unit back, and one more request fits.
+    let (route, client): (Arc<str>, _) = ("r".into(), ClientId::header("c"));
+    let settled = early
+        .decide_at(
+            Charge {
+                route: &route,
+                client: &client,
+                limits: &limits,
+                cost: 0,
+                settle: Some(Settlement {
+                    at_ms: t,
+                    reserved: 1,
+                    local: false,
+                }),
+            },
+            Some(t),
+        )
+        .await
+        .expect("a settlement");
+    assert_eq!((settled.allowed, settled.remaining), (true, 1));
+    assert!(decide(&early, "c", &limits, 1, t).await.allowed);
+    assert!(!decide(&early, "c", &limits, 1, t).await.allowed);
+    let info = command_stats(&mut conn).await;
+    assert_eq!(command_calls(&info, "evalsha"), 4 + 3, "{info}");
+    reset_command_stats(&mut conn).await;
 
     // A store that never loaded anything finds out on its first decision.
     let late = store(&redis, &unique_prefix("late"));
     assert!(decide(&late, "c", &limits, 1, t).await.allowed);
     assert!(decide(&late, "c", &limits, 1, t).await.allowed);
     let info = command_stats(&mut conn).await;
-    assert_eq!(command_calls(&info, "evalsha"), 4 + 2, "{info}");
+    assert_eq!(command_calls(&info, "evalsha"), 2, "{info}");
 }
 
 #[tokio::test]
