@@ -170,7 +170,9 @@ local function decide(KEYS, ARGV)
   end
   -- Every request's limits first, so that a malformed call decides
   -- nothing at all.
-  local requests, settles, keys = {}, {}, 0
+  -- settles: the settlements among the requests, by position; made only
+  -- for a call that carries one.
+  local requests, settles, keys = {}, nil, 0
   for at = 1, #ARGV, 3 do
     local limits, unknown = limits_of(ARGV[at + 2])
     if not limits then
@@ -183,6 +185,7 @@ local function decide(KEYS, ARGV)
       if not used then
         return redis.error_reply('floodgate: bad cost ' .. tostring(ARGV[at + 1]))
       end
+      settles = settles or {}
       settles[#requests] = {tonumber(used), tonumber(reserved_at), tonumber(reserved)}
     end
   end
@@ -209,7 +212,7 @@ local function decide(KEYS, ARGV)
       now = time
     end
     local limits = requests[i]
-    local settle = settles[i]
+    local settle = settles and settles[i]
     if settle then
       settle_one(KEYS, key, limits, now, settle[2], settle[3], settle[1], reply, out)
     else

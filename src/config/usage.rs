@@ -8,7 +8,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::usage::settings::{Field, SOURCES, Settings, Source};
+use crate::usage::settings::{Fields, JsonPath, SOURCES, Settings, Source};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,9 +68,9 @@ impl Validator<'_> {
         let reserve_json = match &m.reserve_json {
             None => None,
             Some(path) => {
-                let path_ok = self.json_path(path);
-                ok &= path_ok;
-                Some(path.get_ref().clone())
+                let parsed = self.json_path(path);
+                ok &= parsed.is_some();
+                parsed.map(|p| Arc::from([p]))
             }
         };
         let reserve_weight = match &m.reserve_weight {
@@ -97,7 +97,7 @@ impl Validator<'_> {
             );
             ok = false;
         }
-        let fields = self.usage_fields(&m.units, source.unwrap_or(Source::Json));
+        let (fields, weights) = self.usage_fields(&m.units, source.unwrap_or(Source::Json))?;
         let settings = Settings {
             reserve,
             reserve_header,
@@ -106,18 +106,20 @@ impl Validator<'_> {
             reserve_add,
             max_reserve,
             source: source?,
-            fields: fields?,
+            fields,
+            weights,
         };
         ok.then(|| Arc::new(settings))
     }
 
     /// The reported fields and their weights: header names for `header`
-    /// and `trailer`, dotted JSON paths for `json` and `sse`.
+    /// and `trailer`, dotted JSON paths for `json` and `sse`, parsed here
+    /// once.
     fn usage_fields(
         &mut self,
         units: &Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
         source: Source,
-    ) -> Option<Vec<Field>> {
+    ) -> Option<(Fields, Box<[f64]>)> {
         if units.get_ref().is_empty() {
             self.problem(
                 units.span(),
@@ -125,28 +127,24 @@ impl Validator<'_> {
             );
             return None;
         }
-        let mut fields = Vec::new();
+        let (mut headers, mut paths, mut weights) = (Vec::new(), Vec::new(), Vec::new());
         let mut ok = true;
         for (name, weight) in units.get_ref() {
-            let Some(w) = self.weight(weight) else {
-                ok = false;
-                continue;
-            };
+            let weight = self.weight(weight);
             let named = match source {
-                Source::Header | Source::Trailer => self.header_name(name).is_some(),
-                Source::Json | Source::Sse => self.json_path(name),
+                Source::Header | Source::Trailer => self.header_name(name).map(|h| headers.push(h)),
+                Source::Json | Source::Sse => self.json_path(name).map(|p| paths.push(p)),
             };
-            ok &= named;
-            fields.push(Field {
-                // Header names compare without case; JSON keys with it.
-                name: match source {
-                    Source::Header | Source::Trailer => name.get_ref().to_ascii_lowercase(),
-                    Source::Json | Source::Sse => name.get_ref().clone(),
-                },
-                weight: w,
-            });
+            match (weight, named) {
+                (Some(w), Some(())) => weights.push(w),
+                _ => ok = false,
+            }
         }
-        ok.then_some(fields)
+        let fields = match source {
+            Source::Header | Source::Trailer => Fields::Headers(headers.into()),
+            Source::Json | Source::Sse => Fields::Json(paths.into()),
+        };
+        ok.then(|| (fields, weights.into()))
     }
 
     /// A weight: a number above 0, or `None` after saying so.
@@ -166,10 +164,11 @@ impl Validator<'_> {
         w
     }
 
-    /// Whether `path` names a place in JSON: keys separated by dots.
-    fn json_path(&mut self, path: &Spanned<String>) -> bool {
-        let ok = path.get_ref().split('.').all(|s| !s.is_empty());
-        if !ok {
+    /// The place in JSON `path` names (keys separated by dots), or `None`
+    /// after saying what is wrong.
+    fn json_path(&mut self, path: &Spanned<String>) -> Option<JsonPath> {
+        let parsed = JsonPath::parse(path.get_ref());
+        if parsed.is_none() {
             self.problem(
                 path.span(),
                 format!(
@@ -178,6 +177,6 @@ impl Validator<'_> {
                 ),
             );
         }
-        ok
+        parsed
     }
 }

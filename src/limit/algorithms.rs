@@ -389,17 +389,17 @@ fn token_bucket_at(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    const ALL: [Algorithm; 5] = Algorithm::ALL;
+    pub(super) const ALL: [Algorithm; 5] = Algorithm::ALL;
 
-    fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
+    pub(super) fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
         Limit::new(algorithm, limit, window_ms)
     }
 
     /// Checks and, when allowed, consumes: one limit deciding alone.
-    fn take(state: &mut State, l: &Limit, now: u64, cost: u64) -> Verdict {
+    pub(super) fn take(state: &mut State, l: &Limit, now: u64, cost: u64) -> Verdict {
         let v = state.check(l, now, cost);
         if v.allowed {
             state.consume(l, now, cost);

@@ -9,6 +9,10 @@
 //! anything it cannot follow. Keys are compared as their bytes appear;
 //! a key written with escapes does not match.
 
+use std::sync::Arc;
+
+use super::settings::{JsonPath, Segment};
+
 /// Deepest nesting followed; past it the scanner stops.
 const MAX_DEPTH: usize = 64;
 /// Longest key compared; a longer key matches no path.
@@ -51,8 +55,8 @@ enum Level {
 /// Reads the numbers at `paths` out of a JSON text fed in pieces.
 #[derive(Debug)]
 pub struct Scanner {
-    /// Each wanted path, split at its dots.
-    paths: Vec<Vec<String>>,
+    /// Each wanted path.
+    paths: Arc<[JsonPath]>,
     /// The last number found at each path.
     found: Vec<Option<f64>>,
     levels: Vec<Level>,
@@ -61,13 +65,8 @@ pub struct Scanner {
 }
 
 impl Scanner {
-    /// A scanner for the numbers at `paths` (`usage.output_tokens`; a
-    /// segment of digits also names an array index).
-    pub fn new<'a>(paths: impl IntoIterator<Item = &'a str>) -> Self {
-        let paths: Vec<Vec<String>> = paths
-            .into_iter()
-            .map(|p| p.split('.').map(str::to_owned).collect())
-            .collect();
+    /// A scanner for the numbers at `paths`.
+    pub fn new(paths: Arc<[JsonPath]>) -> Self {
         Self {
             found: vec![None; paths.len()],
             paths,
@@ -242,7 +241,7 @@ impl Scanner {
             .filter(|_| self.number.len() <= MAX_NUMBER)
             .and_then(|s| s.parse::<f64>().ok());
         for (path, found) in self.paths.iter().zip(&mut self.found) {
-            if at_path(&self.levels, path) {
+            if at_path(&self.levels, path.segments()) {
                 *found = value;
             }
         }
@@ -250,21 +249,29 @@ impl Scanner {
 }
 
 /// Whether the open `levels` are the path `path`.
-fn at_path(levels: &[Level], path: &[String]) -> bool {
+fn at_path(levels: &[Level], path: &[Segment]) -> bool {
     levels.len() == path.len()
         && levels.iter().zip(path).all(|(level, segment)| match level {
-            Level::Object(Some(key)) => key == segment.as_bytes(),
+            Level::Object(Some(key)) => segment.is_key(key),
             Level::Object(None) => false,
-            Level::Array(index) => segment.parse::<u64>().is_ok_and(|i| i == *index),
+            Level::Array(index) => segment.is_index(*index),
         })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn scan(pieces: &[&str], paths: &[&str]) -> Vec<Option<f64>> {
-        let mut s = Scanner::new(paths.iter().copied());
+    /// The paths `texts` name.
+    pub(crate) fn paths(texts: &[&str]) -> Arc<[JsonPath]> {
+        texts
+            .iter()
+            .map(|t| JsonPath::parse(t).expect("a path"))
+            .collect()
+    }
+
+    fn scan(pieces: &[&str], texts: &[&str]) -> Vec<Option<f64>> {
+        let mut s = Scanner::new(paths(texts));
         for p in pieces {
             s.feed(p.as_bytes());
         }
@@ -308,7 +315,9 @@ mod tests {
             vec![Some(2.0)]
         );
         assert_eq!(scan(&["{\"n\":1,\"n\":4}"], &["n"]), vec![Some(4.0)]);
-        assert_eq!(scan(&["7"], &[""]), vec![None]);
+        // A number outside any object is at no key's path.
+        assert_eq!(scan(&["7"], &["n"]), vec![None]);
+        assert!(JsonPath::parse("").is_none() && JsonPath::parse("a..b").is_none());
     }
 
     #[test]
@@ -317,11 +326,11 @@ mod tests {
         assert_eq!(scan(&["{\"n\":1} }{\"n\":2}"], &["n"]), vec![Some(1.0)]);
         // Deep nesting stops the scanner instead of growing it.
         let deep = "[".repeat(100_000);
-        let mut s = Scanner::new(["n"]);
+        let mut s = Scanner::new(paths(&["n"]));
         s.feed(deep.as_bytes());
         assert!(s.levels.len() <= MAX_DEPTH);
         // A huge key or number is not kept whole.
-        let mut s = Scanner::new(["n"]);
+        let mut s = Scanner::new(paths(&["n"]));
         s.feed(b"{\"");
         s.feed("k".repeat(1_000_000).as_bytes());
         s.feed(b"\":1, \"n\": ");

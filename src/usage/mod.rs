@@ -17,7 +17,7 @@ use http::HeaderMap;
 use hyper::body::Frame;
 
 use json::Scanner;
-use settings::{Settings, Source};
+use settings::{Fields, Settings, Source};
 use sse::Events;
 
 /// Largest number of units a report may carry; larger is malformed.
@@ -73,8 +73,7 @@ pub fn named_in_json<'a>(
     settings: &Settings,
     read: impl Iterator<Item = &'a Bytes>,
 ) -> Option<f64> {
-    let path = settings.reserve_json.as_deref()?;
-    let mut scanner = Scanner::new([path]);
+    let mut scanner = Scanner::new(Arc::clone(settings.reserve_json.as_ref()?));
     for bytes in read {
         scanner.feed(bytes);
     }
@@ -83,9 +82,9 @@ pub fn named_in_json<'a>(
 
 /// What the request reserves: the number its `reserve_header` names, else
 /// the number at its body's `reserve_json` path (times `reserve_weight`,
-/// plus `reserve_add`, either way), else `reserve`; at most `max_reserve`. A body too large to
-/// read first reserves `max_reserve`. A header that is not a whole number
-/// is the client's error.
+/// plus `reserve_add`, either way), else `reserve`; at most
+/// `max_reserve`. A body too large to read first reserves `max_reserve`.
+/// A header that is not a whole number is the client's error.
 pub fn reservation(
     settings: &Settings,
     headers: &HeaderMap,
@@ -122,22 +121,26 @@ pub fn reservation(
 pub fn units(settings: &Settings, values: impl IntoIterator<Item = Option<f64>>) -> Option<u64> {
     let mut sum = 0f64;
     let mut count = 0;
-    for (field, value) in settings.fields.iter().zip(values) {
+    for (weight, value) in settings.weights.iter().zip(values) {
         let value = value.filter(|v| v.is_finite() && *v >= 0.0)?;
-        sum += value * field.weight;
+        sum += value * weight;
         count += 1;
     }
     let units = sum.ceil();
-    (count == settings.fields.len() && units <= MAX_UNITS as f64).then_some(units as u64)
+    (count == settings.weights.len() && units <= MAX_UNITS as f64).then_some(units as u64)
 }
 
-/// The units reported in `headers` (response headers or trailers).
+/// The units reported in `headers` (response headers or trailers); `None`
+/// when the fields are not header fields.
 pub fn from_headers(settings: &Settings, headers: &HeaderMap) -> Option<u64> {
+    let Fields::Headers(names) = &settings.fields else {
+        return None;
+    };
     units(
         settings,
-        settings.fields.iter().map(|f| {
+        names.iter().map(|name| {
             headers
-                .get(f.name.as_str())
+                .get(name)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<f64>().ok())
         }),
@@ -204,15 +207,14 @@ impl Meter {
     /// A meter for the units `settings` says the body reports (trailers, a
     /// JSON body or an event stream); they also go into `tally`.
     pub fn new(settings: Arc<Settings>, tally: Arc<Tally>, done: OnReport) -> Self {
-        let paths = || settings.fields.iter().map(|f| f.name.as_str());
-        let reading = match settings.source {
-            Source::Json => Reading::Json(Scanner::new(paths())),
-            Source::Sse => Reading::Sse(Events::new(paths())),
-            Source::Trailer | Source::Header => Reading::Trailer,
+        let reading = match (&settings.fields, settings.source) {
+            (Fields::Json(paths), Source::Sse) => Reading::Sse(Events::new(Arc::clone(paths))),
+            (Fields::Json(paths), _) => Reading::Json(Scanner::new(Arc::clone(paths))),
+            (Fields::Headers(_), _) => Reading::Trailer,
         };
         Self {
             reading,
-            settings: Arc::clone(&settings),
+            settings,
             tally,
             done: Some(done),
         }
@@ -268,30 +270,31 @@ impl Drop for Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use settings::Field;
+    use json::tests::paths;
 
-    fn settings(source: Source, fields: &[(&str, f64)]) -> Settings {
+    /// Header fields `names`, weighing `weights`.
+    fn settings(names: &[&'static str], weights: &[f64]) -> Settings {
         Settings {
             reserve: 100,
             reserve_header: Some(http::HeaderName::from_static("x-max-units")),
-            reserve_json: Some("max_tokens".to_owned()),
+            reserve_json: Some(paths(&["max_tokens"])),
             reserve_weight: 1.0,
             reserve_add: 10,
             max_reserve: 500,
-            source,
-            fields: fields
-                .iter()
-                .map(|&(name, weight)| Field {
-                    name: name.to_owned(),
-                    weight,
-                })
-                .collect(),
+            source: Source::Header,
+            fields: Fields::Headers(
+                names
+                    .iter()
+                    .map(|n| http::HeaderName::from_static(n))
+                    .collect(),
+            ),
+            weights: weights.into(),
         }
     }
 
     #[test]
     fn a_reservation_is_what_the_request_names_plus_the_addition_within_the_cap() {
-        let s = settings(Source::Header, &[("x-used", 1.0)]);
+        let s = settings(&["x-used"], &[1.0]);
         let mut headers = HeaderMap::new();
         assert_eq!(reservation(&s, &headers, None), Ok(100));
         let body = |text: &str, whole| BodyRead {
@@ -328,7 +331,7 @@ mod tests {
 
     #[test]
     fn units_are_every_field_weighted_summed_and_rounded_up() {
-        let s = settings(Source::Header, &[("x-in", 1.0), ("x-out", 3.0)]);
+        let s = settings(&["x-in", "x-out"], &[1.0, 3.0]);
         let mut headers = HeaderMap::new();
         headers.insert("x-in", "10".parse().expect("value"));
         assert_eq!(from_headers(&s, &headers), None);

@@ -1,6 +1,8 @@
 //! `[routes.usage]`, as the configuration describes it: plain data that
 //! `config` fills in.
 
+use std::sync::Arc;
+
 use http::HeaderName;
 
 /// Most bytes of a request body read before the decision, for a
@@ -29,14 +31,57 @@ pub const SOURCES: [(&str, Source); 4] = [
     ("sse", Source::Sse),
 ];
 
-/// One reported field and its weight.
+/// A place in JSON, parsed once at load: keys separated by dots
+/// (`usage.output_tokens`); a segment of digits also names an array index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonPath(Box<[Segment]>);
+
+/// One segment of a [`JsonPath`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    key: Box<[u8]>,
+    index: Option<u64>,
+}
+
+impl JsonPath {
+    /// The path `text` names, or `None` when a segment is empty.
+    pub fn parse(text: &str) -> Option<Self> {
+        text.split('.')
+            .map(|s| {
+                (!s.is_empty()).then(|| Segment {
+                    key: s.as_bytes().into(),
+                    index: s.parse().ok(),
+                })
+            })
+            .collect::<Option<Box<[Segment]>>>()
+            .map(Self)
+    }
+
+    /// Its segments, outermost first.
+    pub fn segments(&self) -> &[Segment] {
+        &self.0
+    }
+}
+
+impl Segment {
+    /// Whether an object's value under `key` is at this segment.
+    pub fn is_key(&self, key: &[u8]) -> bool {
+        *self.key == *key
+    }
+
+    /// Whether an array's value at `index` is at this segment.
+    pub fn is_index(&self, index: u64) -> bool {
+        self.index == Some(index)
+    }
+}
+
+/// Where the reported fields are read, parsed at load: one per weight.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Field {
-    /// A header or trailer name, or a JSON path (`usage.output_tokens`;
-    /// a segment of digits also indexes an array).
-    pub name: String,
-    /// The field's number counts this many units each.
-    pub weight: f64,
+pub enum Fields {
+    /// Header or trailer names (`header`, `trailer`).
+    Headers(Box<[HeaderName]>),
+    /// JSON paths (`json`, `sse`).
+    Json(Arc<[JsonPath]>),
 }
 
 /// A route whose cost is what its upstream reports: reserved before
@@ -48,9 +93,9 @@ pub struct Settings {
     /// A request header naming the units it may use at most.
     pub reserve_header: Option<HeaderName>,
     /// A JSON path in the request body naming the units it may use at most
-    /// (`max_tokens`); the body's first [`READ_FIRST`] bytes are read
-    /// before the decision.
-    pub reserve_json: Option<String>,
+    /// (`max_tokens`; one path, in the list form the scanner reads); the
+    /// body's first [`READ_FIRST`] bytes are read before the decision.
+    pub reserve_json: Option<Arc<[JsonPath]>>,
     /// What the request names counts this many units each (the weight of
     /// the reported field it bounds).
     pub reserve_weight: f64,
@@ -62,6 +107,9 @@ pub struct Settings {
     pub max_reserve: u64,
     /// Where the answer reports its units.
     pub source: Source,
-    /// The reported fields, summed with their weights (rounded up).
-    pub fields: Vec<Field>,
+    /// Where the reported fields are read.
+    pub fields: Fields,
+    /// Each field's number counts this many units; the units are their
+    /// sum, rounded up.
+    pub weights: Box<[f64]>,
 }

@@ -5,7 +5,10 @@
 //! ends inside, without its blank line, is not an event (as browsers read
 //! event streams).
 
+use std::sync::Arc;
+
 use super::json::Scanner;
+use super::settings::JsonPath;
 
 /// Longest field name compared; a longer one is a field we ignore.
 const MAX_FIELD: usize = 16;
@@ -38,8 +41,8 @@ pub struct Events {
 }
 
 impl Events {
-    /// A reader for the numbers at `paths` (see [`Scanner::new`]).
-    pub fn new<'a>(paths: impl IntoIterator<Item = &'a str>) -> Self {
+    /// A reader for the numbers at `paths`.
+    pub fn new(paths: Arc<[JsonPath]>) -> Self {
         Self {
             scanner: Scanner::new(paths),
             line: Line::Field,
@@ -140,7 +143,7 @@ mod tests {
     const STREAM: &str = "event: message\ndata: {\"delta\":\"Hel\"}\n\n: a comment\r\ndata: {\"delta\":\"lo\",\r\ndata:  \"usage\":{\"in\":7,\"out\":2}}\r\n\r\ndata: {\"usage\":{\"in\":7,\"out\":5}}\n\ndata: [DONE]\n\n";
 
     fn read(pieces: &[&[u8]]) -> Option<Vec<f64>> {
-        let mut events = Events::new(["usage.in", "usage.out"]);
+        let mut events = Events::new(crate::usage::json::tests::paths(&["usage.in", "usage.out"]));
         for p in pieces {
             events.feed(p);
         }

@@ -125,23 +125,9 @@ impl State {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{ALL, limit, take};
     use super::*;
-    use crate::limit::{Algorithm, Verdict};
-
-    const ALL: [Algorithm; 5] = Algorithm::ALL;
-
-    fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
-        Limit::new(algorithm, limit, window_ms)
-    }
-
-    /// Checks and, when allowed, consumes: one limit deciding alone.
-    fn take(state: &mut State, l: &Limit, now: u64, cost: u64) -> Verdict {
-        let v = state.check(l, now, cost);
-        if v.allowed {
-            state.consume(l, now, cost);
-        }
-        v
-    }
+    use crate::limit::Algorithm;
 
     /// Reserving `reserved` and settling to `used` at once leaves every
     /// algorithm exactly as if `used` had been charged in the first place.
