@@ -291,17 +291,7 @@ fn status_json(shared: &Shared) -> String {
         for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
             let _ = write!(out, ",\"{}\":{n}", outcome.name());
         }
-        match metering {
-            None => out.push_str(",\"usage\":null"),
-            Some(m) => {
-                let [reserved, reported, refunded, charged_over] = m.metrics.units();
-                let _ = write!(
-                    out,
-                    ",\"usage\":{{\"reserved\":{reserved},\"reported\":{reported},\"refunded\":{refunded},\"charged_over\":{charged_over},\"unreported\":{}}}",
-                    m.metrics.unreported_total()
-                );
-            }
-        }
+        usage_json(&mut out, metering.as_deref());
         match capacity {
             None => out.push_str(",\"concurrency\":null"),
             Some(c) => {
@@ -321,6 +311,22 @@ fn status_json(shared: &Shared) -> String {
     }
     out.push_str("]}");
     out
+}
+
+/// A route's `usage` in `/status.json`: `null` unless it meters; its
+/// units and the requests left at their reservation, since start.
+fn usage_json(out: &mut String, metering: Option<&crate::gate::metering::Metering>) {
+    use std::fmt::Write;
+    let Some(m) = metering else {
+        out.push_str(",\"usage\":null");
+        return;
+    };
+    let [reserved, reported, refunded, charged_over] = m.metrics.units();
+    let _ = write!(
+        out,
+        ",\"usage\":{{\"reserved\":{reserved},\"reported\":{reported},\"refunded\":{refunded},\"charged_over\":{charged_over},\"unreported\":{}}}",
+        m.metrics.unreported_total()
+    );
 }
 
 /// `/status.json`'s `store`: its kind and state, and each node's breaker.

@@ -83,20 +83,8 @@ impl Validator<'_> {
                 }
             },
         };
-        let source = SOURCES
-            .iter()
-            .find(|(name, _)| *name == m.report.get_ref())
-            .map(|&(_, source)| source);
-        if source.is_none() {
-            self.problem(
-                m.report.span(),
-                format!(
-                    "report must be one of \"header\", \"trailer\", \"json\" or \"sse\", not {:?}",
-                    m.report.get_ref()
-                ),
-            );
-            ok = false;
-        }
+        let source = self.report_source(&m.report);
+        ok &= source.is_some();
         let (fields, weights) = self.usage_fields(&m.units, source.unwrap_or(Source::Json))?;
         let settings = Settings {
             reserve,
@@ -110,6 +98,24 @@ impl Validator<'_> {
             weights,
         };
         ok.then(|| Arc::new(settings))
+    }
+
+    /// Where the answer reports its units, or `None` after saying so.
+    fn report_source(&mut self, report: &Spanned<String>) -> Option<Source> {
+        let source = SOURCES
+            .iter()
+            .find(|(name, _)| *name == report.get_ref())
+            .map(|&(_, source)| source);
+        if source.is_none() {
+            self.problem(
+                report.span(),
+                format!(
+                    "report must be one of \"header\", \"trailer\", \"json\" or \"sse\", not {:?}",
+                    report.get_ref()
+                ),
+            );
+        }
+        source
     }
 
     /// The reported fields and their weights: header names for `header`
