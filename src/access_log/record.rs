@@ -118,110 +118,141 @@ impl Record {
     }
 
     pub(super) fn line(&self, log: &AccessLog, complete: bool) -> String {
-        let took_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        let time = rfc3339(self.time);
-        let decision = self.outcome.map_or("-", Outcome::name);
-        let client = self.client.as_ref().and_then(|c| log.ids.show(c));
-        let version = match self.version {
-            Version::HTTP_10 => "HTTP/1.0",
-            Version::HTTP_2 => "HTTP/2",
-            _ => "HTTP/1.1",
+        let shown = Shown {
+            took_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            time: rfc3339(self.time),
+            decision: self.outcome.map_or("-", Outcome::name),
+            client: self.client.as_ref().and_then(|c| log.ids.show(c)),
+            version: match self.version {
+                Version::HTTP_10 => "HTTP/1.0",
+                Version::HTTP_2 => "HTTP/2",
+                _ => "HTTP/1.1",
+            },
+            complete,
         };
         let mut out = String::with_capacity(256);
         match log.settings.format {
-            Format::Json => {
-                out.push('{');
-                field(&mut out, "time", &time, true);
-                field(&mut out, "peer", &self.peer.to_string(), false);
-                field(&mut out, "method", self.method.as_str(), false);
-                field(&mut out, "path", &self.path, false);
-                field(&mut out, "protocol", version, false);
-                number(&mut out, "status", self.status);
-                field(
-                    &mut out,
-                    "route",
-                    self.route.as_deref().unwrap_or(""),
-                    false,
-                );
-                field(&mut out, "decision", decision, false);
-                if let Some(limit) = &self.limit {
-                    field(&mut out, "limit", limit, false);
-                }
-                if let Some(remaining) = self.remaining {
-                    number(&mut out, "remaining", remaining);
-                }
-                if let Some(client) = &client {
-                    field(&mut out, "client", client, false);
-                }
-                if let Some(upstream) = &self.upstream {
-                    field(&mut out, "upstream", upstream, false);
-                }
-                if let Some(ms) = self.upstream_ms {
-                    let _ = write!(out, ",\"upstream_ms\":{ms:.3}");
-                }
-                if let Some(bytes) = self.bytes_in {
-                    number(&mut out, "bytes_in", bytes);
-                }
-                number(&mut out, "bytes_out", self.bytes_out);
-                if let Some(tally) = &self.units {
-                    number(&mut out, "units_reserved", tally.reserved());
-                    if let Some(units) = tally.reported() {
-                        number(&mut out, "units_reported", units);
-                    }
-                }
-                let _ = write!(out, ",\"ms\":{took_ms:.3}");
-                if !complete {
-                    out.push_str(",\"complete\":false");
-                }
-                out.push('}');
-            }
-            Format::Text => {
-                let _ = write!(
-                    out,
-                    "{} {} {} \"{} {} {}\" {} {}",
-                    time,
-                    self.peer,
-                    client.as_deref().unwrap_or("-"),
-                    self.method,
-                    escaped(&self.path),
-                    version,
-                    self.status,
-                    self.bytes_out,
-                );
-                let _ = write!(
-                    out,
-                    " route={} decision={decision}",
-                    self.route.as_deref().unwrap_or("-")
-                );
-                if let Some(limit) = &self.limit {
-                    let _ = write!(out, " limit={limit}");
-                }
-                if let Some(remaining) = self.remaining {
-                    let _ = write!(out, " remaining={remaining}");
-                }
-                if let Some(upstream) = &self.upstream {
-                    let _ = write!(out, " upstream={}", escaped(upstream));
-                }
-                if let Some(ms) = self.upstream_ms {
-                    let _ = write!(out, " upstream_ms={ms:.3}");
-                }
-                if let Some(bytes) = self.bytes_in {
-                    let _ = write!(out, " bytes_in={bytes}");
-                }
-                if let Some(tally) = &self.units {
-                    let _ = write!(out, " units_reserved={}", tally.reserved());
-                    if let Some(units) = tally.reported() {
-                        let _ = write!(out, " units_reported={units}");
-                    }
-                }
-                let _ = write!(out, " ms={took_ms:.3}");
-                if !complete {
-                    out.push_str(" incomplete");
-                }
-            }
+            Format::Json => self.json_line(&mut out, &shown),
+            Format::Text => self.text_line(&mut out, &shown),
         }
         out
     }
+
+    /// The line as one JSON object.
+    fn json_line(&self, out: &mut String, shown: &Shown) {
+        let Shown {
+            took_ms,
+            time,
+            decision,
+            client,
+            version,
+            complete,
+        } = shown;
+        out.push('{');
+        field(out, "time", time, true);
+        field(out, "peer", &self.peer.to_string(), false);
+        field(out, "method", self.method.as_str(), false);
+        field(out, "path", &self.path, false);
+        field(out, "protocol", version, false);
+        number(out, "status", self.status);
+        field(out, "route", self.route.as_deref().unwrap_or(""), false);
+        field(out, "decision", decision, false);
+        if let Some(limit) = &self.limit {
+            field(out, "limit", limit, false);
+        }
+        if let Some(remaining) = self.remaining {
+            number(out, "remaining", remaining);
+        }
+        if let Some(client) = client {
+            field(out, "client", client, false);
+        }
+        if let Some(upstream) = &self.upstream {
+            field(out, "upstream", upstream, false);
+        }
+        if let Some(ms) = self.upstream_ms {
+            let _ = write!(out, ",\"upstream_ms\":{ms:.3}");
+        }
+        if let Some(bytes) = self.bytes_in {
+            number(out, "bytes_in", bytes);
+        }
+        number(out, "bytes_out", self.bytes_out);
+        if let Some(tally) = &self.units {
+            number(out, "units_reserved", tally.reserved());
+            if let Some(units) = tally.reported() {
+                number(out, "units_reported", units);
+            }
+        }
+        let _ = write!(out, ",\"ms\":{took_ms:.3}");
+        if !complete {
+            out.push_str(",\"complete\":false");
+        }
+        out.push('}');
+    }
+
+    /// The line as combined-log-like text, then `key=value` fields.
+    fn text_line(&self, out: &mut String, shown: &Shown) {
+        let Shown {
+            took_ms,
+            time,
+            decision,
+            client,
+            version,
+            complete,
+        } = shown;
+        let _ = write!(
+            out,
+            "{} {} {} \"{} {} {}\" {} {}",
+            time,
+            self.peer,
+            client.as_deref().unwrap_or("-"),
+            self.method,
+            escaped(&self.path),
+            version,
+            self.status,
+            self.bytes_out,
+        );
+        let _ = write!(
+            out,
+            " route={} decision={decision}",
+            self.route.as_deref().unwrap_or("-")
+        );
+        if let Some(limit) = &self.limit {
+            let _ = write!(out, " limit={limit}");
+        }
+        if let Some(remaining) = self.remaining {
+            let _ = write!(out, " remaining={remaining}");
+        }
+        if let Some(upstream) = &self.upstream {
+            let _ = write!(out, " upstream={}", escaped(upstream));
+        }
+        if let Some(ms) = self.upstream_ms {
+            let _ = write!(out, " upstream_ms={ms:.3}");
+        }
+        if let Some(bytes) = self.bytes_in {
+            let _ = write!(out, " bytes_in={bytes}");
+        }
+        if let Some(tally) = &self.units {
+            let _ = write!(out, " units_reserved={}", tally.reserved());
+            if let Some(units) = tally.reported() {
+                let _ = write!(out, " units_reported={units}");
+            }
+        }
+        let _ = write!(out, " ms={took_ms:.3}");
+        if !complete {
+            out.push_str(" incomplete");
+        }
+    }
+}
+
+/// What a line shows beside the record's own fields, worked out once for
+/// either format.
+struct Shown {
+    took_ms: f64,
+    time: String,
+    decision: &'static str,
+    client: Option<String>,
+    version: &'static str,
+    complete: bool,
 }
 
 fn field(out: &mut String, name: &str, value: &str, first: bool) {
