@@ -200,25 +200,10 @@ impl Validator<'_> {
         };
         let limits = self.limits(m.limits.as_ref(), cost.unwrap_or(1));
         let overrides = self.overrides(name, &m.overrides, client.as_ref(), cost.unwrap_or(1));
-        // A metered request costs up to its largest reservation.
         if let (Some(Some(u)), Some(limits), Some(overrides), Some(model)) =
             (&usage, &limits, &overrides, &m.usage)
         {
-            let capacities = limits
-                .iter()
-                .chain(overrides.iter().flat_map(|o| o.policy.limits.iter()))
-                .map(Limit::capacity);
-            if let Some(least) = capacities.min()
-                && u.max_reserve > least
-            {
-                self.problem(
-                    model.span(),
-                    format!(
-                        "usage may reserve {} units (max_reserve, or reserve), more than a limit of this route allows at once ({least}), so such a request could never pass; lower max_reserve or raise the limit",
-                        u.max_reserve
-                    ),
-                );
-            }
+            self.reservations_fit(u, model.span(), limits, overrides);
         }
         if let (Some(first), Some(limits)) = (m.overrides.first(), &limits)
             && limits.is_empty()
@@ -266,6 +251,32 @@ impl Validator<'_> {
             concurrency: concurrency?,
             usage: usage?,
         })
+    }
+
+    /// A metered request costs up to its largest reservation: that must
+    /// fit every limit of the route and of its overrides.
+    fn reservations_fit(
+        &mut self,
+        usage: &crate::usage::settings::Settings,
+        span: Range<usize>,
+        limits: &[Limit],
+        overrides: &[crate::routes::Override],
+    ) {
+        let capacities = limits
+            .iter()
+            .chain(overrides.iter().flat_map(|o| o.policy.limits.iter()))
+            .map(Limit::capacity);
+        if let Some(least) = capacities.min()
+            && usage.max_reserve > least
+        {
+            self.problem(
+                span,
+                format!(
+                    "usage may reserve {} units (max_reserve, or reserve), more than a limit of this route allows at once ({least}), so such a request could never pass; lower max_reserve or raise the limit",
+                    usage.max_reserve
+                ),
+            );
+        }
     }
 
     /// A route's `[routes.usage]`, where it can have a meaning: the route
