@@ -13,7 +13,16 @@
 #   bench/callgrind.sh [BINARY]     default target/release/floodgate
 #   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway"),
 #   KEEP (a directory: each run's callgrind file is kept there, named
-#   STORE-N.out, for callgrind_annotate --inclusive=yes)
+#   STORE-N.out, for callgrind_annotate --inclusive=yes), LIMITS=none (the
+#   route has no limits), ROUTE_EXTRA (more keys for the route, e.g.
+#   'rate_limit_headers = "none"')
+#
+# What each per-request feature costs, by taking it away: bench/ablate.patch
+# adds switches (read once from FG_ABLATE, a comma-separated list of hop,
+# first, deadline, retry, fwd, dmetrics, umetrics, top, or all) that skip
+# one feature each; it is for measuring only and never committed to the
+# source. `git apply bench/ablate.patch`, build, then run this once per
+# switch with FG_ABLATE set, and `git checkout src` afterwards.
 #
 # Where the instructions go, by function: KEEP=/tmp/cg bench/callgrind.sh,
 # then `callgrind_annotate --inclusive=yes /tmp/cg/memory-6000.out` (and
@@ -82,7 +91,10 @@ instructions() {
       printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "1s"\n' "$redis_port"
     fi
     printf '[[routes]]\nname = "bench"\nmatch = { path_prefix = "/" }\nupstream = "http://127.0.0.1:%s"\n' "$up"
-    printf 'limits = [{ algorithm = "gcra", limit = 100000000, window = "1s" }]\n'
+    if [ "${LIMITS:-}" != none ]; then
+      printf 'limits = [{ algorithm = "gcra", limit = 100000000, window = "1s" }]\n'
+    fi
+    if [ -n "${ROUTE_EXTRA:-}" ]; then printf '%s\n' "$ROUTE_EXTRA"; fi
   } >"$work/fg.toml"
   valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
     "${run[@]}" >"$work/fg.log" 2>&1 &
