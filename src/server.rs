@@ -210,10 +210,27 @@ pub async fn run(
         "shutting down: finishing in-flight requests"
     );
     connections.close_all();
+    let grace_over = tokio::time::Instant::now() + config.server.shutdown_grace;
     tokio::select! {
         () = connections.all_closed() => tracing::info!("all connections closed"),
-        () = tokio::time::sleep(config.server.shutdown_grace) => {
+        () = tokio::time::sleep_until(grace_over) => {
             tracing::warn!("grace period over; closing the remaining connections");
+        }
+    }
+    // Answers that report their units in the body are settled after they
+    // have gone out: within the same grace, those settlements land.
+    let settlements = shared.settlements();
+    if settlements.count() > 0 {
+        tracing::info!(
+            settlements = settlements.count(),
+            "waiting for usage settlements in flight"
+        );
+        tokio::select! {
+            () = settlements.finished() => {}
+            () = tokio::time::sleep_until(grace_over) => tracing::warn!(
+                settlements = settlements.count(),
+                "grace period over; usage settlements still in flight stand at their reservations"
+            ),
         }
     }
     sweeper.abort();

@@ -690,3 +690,53 @@ async fn settlements_go_to_the_cluster_primary_that_holds_each_clients_keys() {
         assert!(cluster.keys_on(port) > 0, "no keys on primary {port}");
     }
 }
+
+#[tokio::test]
+async fn a_stop_waits_for_the_settlements_still_in_flight() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-stop");
+    let api = Metered::start().await;
+    // The store waits out the pause below instead of failing the call.
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .store(r#"timeout = "60s""#)
+        .server(r#"drain_delay = "0s""#)
+        .server(r#"shutdown_grace = "60s""#)
+        .route(metered(
+            "held",
+            "/held",
+            &api.url,
+            1_000_000,
+            r#"reserve = 500, report = "json", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let url = gate.url("/held?in=3&out=4");
+    let asked = tokio::spawn(async move { TestClient::http1().get(&url, &[]).await });
+    // Decided and forwarded: the reservation is charged.
+    assert_eq!(settled(&redis, &prefix, "held", 500).await, 500);
+    assert_eq!(api.arrived.load(Ordering::SeqCst), 1);
+
+    // Redis holds every write for a while: the settlement that the
+    // answer's end starts waits in it.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5_000)
+        .arg("WRITE")
+        .query_async(&mut redis.connection().await)
+        .await
+        .expect("client pause");
+    api.release.add_permits(1);
+    let answer = asked.await.expect("client task");
+    assert_eq!(answer.status, 200);
+    let body = String::from_utf8_lossy(&answer.body);
+    assert!(body.contains("output_units"), "{body}");
+    // The answer went out whole; its settlement is held in Redis (reads
+    // still answer during the pause).
+    assert_eq!(charged(&redis, &prefix, "held").await, 500);
+
+    // The stop returns only once the settlement has landed: the charge is
+    // the 7 units reported, not the reservation.
+    gate.stop().await.expect("stopped cleanly");
+    assert_eq!(charged(&redis, &prefix, "held").await, 7);
+}

@@ -5,10 +5,12 @@
 //! settled charge); a trailer, JSON or event-stream report when the body
 //! ends, in a task of its own (the fields show the reservation). When
 //! nothing is reported the reservation stands, counted by reason and
-//! logged at most once every ten seconds per route.
+//! logged at most once every ten seconds per route. A stop waits for the
+//! settlements in flight ([`Settlements`]), so that a deploy does not leave
+//! its last requests charged their whole reservation.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use http::HeaderMap;
 use hyper::body::Incoming;
@@ -127,14 +129,23 @@ impl Reservation {
     /// The meter that reads the answer's body for the units it reports as
     /// it goes out; settled in a task of its own when it ends (or standing
     /// when it breaks off or the client leaves).
-    pub(super) fn meter(self, limiter: &Arc<Limiter>) -> Box<Meter> {
+    pub(super) fn meter(
+        self,
+        limiter: &Arc<Limiter>,
+        settlements: &Arc<Settlements>,
+    ) -> Box<Meter> {
         let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
         let limiter = Arc::clone(limiter);
+        let settlements = Arc::clone(settlements);
         let done: OnReport = Box::new(move |report| {
             // Bodies end (or are dropped) on the runtime that serves them.
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    runtime.spawn(async move { self.settle(&limiter, report).await });
+                    let in_flight = settlements.begin();
+                    runtime.spawn(async move {
+                        self.settle(&limiter, report).await;
+                        drop(in_flight);
+                    });
                 }
                 Err(_) => self.stood(Unreported::StoreFailed),
             }
@@ -203,6 +214,48 @@ impl Reservation {
                 error,
                 "usage not settled: the reservation stands as the charge"
             );
+        }
+    }
+}
+
+/// The settlements that run in tasks of their own (reports in a body or
+/// its trailers), counted so that a stop can wait for them.
+#[derive(Debug, Default)]
+pub struct Settlements {
+    in_flight: AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+/// One settlement in flight, until dropped (also when its task is).
+struct InFlight(Arc<Settlements>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none_left.notify_waiters();
+        }
+    }
+}
+
+impl Settlements {
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(self))
+    }
+
+    /// How many are in flight.
+    pub fn count(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Returns once none is in flight.
+    pub async fn finished(&self) {
+        loop {
+            let none_left = self.none_left.notified();
+            if self.count() == 0 {
+                return;
+            }
+            none_left.await;
         }
     }
 }

@@ -577,7 +577,8 @@ impl Context<'_> {
         let log = self.shared.access_log.as_ref();
         let reservation = self.reservation.take();
         let limiter = &self.shared.limiter;
-        let meter = reservation.map(|r| r.meter(limiter));
+        let settlements = &self.shared.settlements;
+        let meter = reservation.map(|r| r.meter(limiter, settlements));
         response.map(|body| Logged::new(body, record, log).holding(slot).metering(meter))
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
+use super::metering::Settlements;
 use super::rules::{Rules, start_upstreams};
 use crate::access_log::{AccessLog, Ids};
 use crate::client::ClientId;
@@ -50,6 +51,8 @@ pub struct Shared {
     history: History,
     /// The last reload's outcome, if there was one.
     last_reload: std::sync::Mutex<Option<LastReload>>,
+    /// Usage settlements running in tasks of their own.
+    pub(super) settlements: Arc<Settlements>,
 }
 
 /// How the last reload went.
@@ -119,7 +122,13 @@ impl Shared {
             draining: AtomicBool::new(false),
             history: History::default(),
             last_reload: std::sync::Mutex::new(None),
+            settlements: Arc::default(),
         })
+    }
+
+    /// The usage settlements still running, which a stop waits for.
+    pub fn settlements(&self) -> &Settlements {
+        &self.settlements
     }
 
     /// The rules in force.
