@@ -24,6 +24,7 @@
 //! | [`gate`] | one request's phases in order ([`gate::phases`]: head, route, admit body, identify, reserve, decide, forward, annotate, log), the rules a reload swaps with the live tables built beside them ([`gate::rules`]: upstream endpoints, caps, top clients, metric handles, by route or upstream index), the state requests share ([`gate::shared`]: the limiter and store, the forwarder, metrics, the access log) |
 //! | [`server`] | listeners, accepting connections under a cap, serving them with hyper, shutting down gracefully; each request handed to [`gate`] |
 //! | [`clock`] | the wall clock limits, ejections and the admin pages share |
+//! | [`in_flight`] | how much is still in flight for a stop to wait for (open connections, usage settlements) |
 //!
 //! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
 //! configured) until a shutdown future completes, reloading when notified;
@@ -40,6 +41,7 @@ pub mod concurrency;
 pub mod config;
 pub mod gate;
 pub mod head;
+pub mod in_flight;
 pub mod jwt;
 pub mod limit;
 pub mod metrics;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every module of floodgate at the top of `src/`.
-const TOP: [&str; 20] = [
+const TOP: [&str; 21] = [
     "access_log",
     "admin",
     "client",
@@ -27,6 +27,7 @@ const TOP: [&str; 20] = [
     "config",
     "gate",
     "head",
+    "in_flight",
     "jwt",
     "limit",
     "metrics",

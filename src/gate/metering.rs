@@ -6,17 +6,21 @@
 //! ends, in a task of its own (the fields show the reservation). When
 //! nothing is reported the reservation stands, counted by reason and
 //! logged at most once every ten seconds per route. A stop waits for the
-//! settlements in flight ([`Settlements`]), so that a deploy does not leave
-//! its last requests charged their whole reservation.
+//! settlements in flight (counted in [`Shared`]'s [`in_flight::Count`]),
+//! so that a deploy does not leave its last requests charged their whole
+//! reservation.
+//!
+//! [`Shared`]: super::Shared
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::HeaderMap;
 use hyper::body::Incoming;
 
 use crate::client::ClientId;
 use crate::clock::now_ms;
+use crate::in_flight;
 use crate::limit::{Charge, Decision, Limit, Limiter, Settlement};
 use crate::metrics::UsageMetrics;
 use crate::proxy::request_body::{RequestBody, Sent};
@@ -132,7 +136,7 @@ impl Reservation {
     pub(super) fn meter(
         self,
         limiter: &Arc<Limiter>,
-        settlements: &Arc<Settlements>,
+        settlements: &Arc<in_flight::Count>,
     ) -> Box<Meter> {
         let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
         let limiter = Arc::clone(limiter);
@@ -141,10 +145,10 @@ impl Reservation {
             // Bodies end (or are dropped) on the runtime that serves them.
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
-                    let in_flight = settlements.begin();
+                    let counted = settlements.begin();
                     runtime.spawn(async move {
                         self.settle(&limiter, report).await;
-                        drop(in_flight);
+                        drop(counted);
                     });
                 }
                 Err(_) => self.stood(Unreported::StoreFailed),
@@ -214,48 +218,6 @@ impl Reservation {
                 error,
                 "usage not settled: the reservation stands as the charge"
             );
-        }
-    }
-}
-
-/// The settlements that run in tasks of their own (reports in a body or
-/// its trailers), counted so that a stop can wait for them.
-#[derive(Debug, Default)]
-pub struct Settlements {
-    in_flight: AtomicUsize,
-    none_left: tokio::sync::Notify,
-}
-
-/// One settlement in flight, until dropped (also when its task is).
-struct InFlight(Arc<Settlements>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.none_left.notify_waiters();
-        }
-    }
-}
-
-impl Settlements {
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(Arc::clone(self))
-    }
-
-    /// How many are in flight.
-    pub fn count(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
-    }
-
-    /// Returns once none is in flight.
-    pub async fn finished(&self) {
-        loop {
-            let none_left = self.none_left.notified();
-            if self.count() == 0 {
-                return;
-            }
-            none_left.await;
         }
     }
 }

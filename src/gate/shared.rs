@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use super::metering::Settlements;
 use super::rules::{Rules, start_upstreams};
 use crate::access_log::{AccessLog, Ids};
 use crate::client::ClientId;
 use crate::config::Config;
+use crate::in_flight;
 use crate::limit::Limiter;
 use crate::limit::settings::OnError;
 use crate::metrics::history::{self, History};
@@ -52,7 +52,7 @@ pub struct Shared {
     /// The last reload's outcome, if there was one.
     last_reload: std::sync::Mutex<Option<LastReload>>,
     /// Usage settlements running in tasks of their own.
-    pub(super) settlements: Arc<Settlements>,
+    pub(super) settlements: Arc<in_flight::Count>,
 }
 
 /// How the last reload went.
@@ -127,7 +127,7 @@ impl Shared {
     }
 
     /// The usage settlements still running, which a stop waits for.
-    pub fn settlements(&self) -> &Settlements {
+    pub fn settlements(&self) -> &in_flight::Count {
         &self.settlements
     }
 

@@ -45,6 +45,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::write_idle::WriteIdle;
 pub use super::write_idle::WriteTimeout;
+use crate::in_flight;
 
 /// What every HTTP/2 connection sends first (RFC 9113 §3.4).
 const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -68,25 +69,22 @@ pub struct Connections {
     closing: AtomicBool,
     /// Woken once, when shutdown begins.
     close: Notify,
-    live: AtomicUsize,
-    /// Woken when the last connection has ended.
-    none_left: Notify,
+    live: Arc<in_flight::Count>,
 }
 
 impl Connections {
     /// Counts a new connection as open until the returned guard is dropped.
-    pub fn open(self: &Arc<Self>, gauge: Gauge) -> Open {
-        self.live.fetch_add(1, Ordering::SeqCst);
+    pub fn open(&self, gauge: Gauge) -> Open {
         gauge.inc();
         Open {
-            connections: Arc::clone(self),
+            _counted: self.live.begin(),
             gauge,
         }
     }
 
     /// Connections open now.
     pub fn count(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
+        self.live.count()
     }
 
     /// Asks every connection, and every one opened from now on, to finish
@@ -98,30 +96,20 @@ impl Connections {
 
     /// Completes once no connection is open.
     pub async fn all_closed(&self) {
-        loop {
-            let mut wake = pin!(self.none_left.notified());
-            wake.as_mut().enable();
-            if self.count() == 0 {
-                return;
-            }
-            wake.await;
-        }
+        self.live.finished().await;
     }
 }
 
 /// An open connection, counted until dropped.
 #[derive(Debug)]
 pub struct Open {
-    connections: Arc<Connections>,
+    _counted: in_flight::Counted,
     gauge: Gauge,
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
         self.gauge.dec();
-        if self.connections.live.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.connections.none_left.notify_waiters();
-        }
     }
 }
 
