@@ -78,6 +78,13 @@ fn answer(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>>
                     "not ready: the rate limit store is not answering and on_error = \"deny\" refuses limited requests\n",
                 ),
                 Readiness::Draining => (StatusCode::SERVICE_UNAVAILABLE, "not ready: stopping\n"),
+                Readiness::Refused => {
+                    let why = shared.store_refused().unwrap_or_default();
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {why}\n"),
+                    );
+                }
             };
             text(status, says.into())
         }
@@ -242,6 +249,7 @@ fn status_json(shared: &Shared) -> String {
         Readiness::StoreDown => "store_down",
         Readiness::Refusing => "refusing",
         Readiness::Draining => "draining",
+        Readiness::Refused => "store_refused",
     };
     let mut out = String::from("{\"version\":");
     crate::access_log::json_string(&mut out, env!("CARGO_PKG_VERSION"));

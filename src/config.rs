@@ -144,6 +144,9 @@ impl Config {
         if a.drain_delay != b.drain_delay {
             out.push("drain_delay");
         }
+        if a.denial_log_interval != b.denial_log_interval {
+            out.push("denial_log_interval");
+        }
         if a.header_read_timeout != b.header_read_timeout {
             out.push("header_read_timeout");
         }
@@ -212,6 +215,9 @@ pub struct Server {
     /// are still accepted, so load balancers stop sending before the
     /// listener closes.
     pub drain_delay: Duration,
+    /// A route and client's denials are logged once per this interval at
+    /// most, each line with the count folded into it.
+    pub denial_log_interval: Duration,
     /// How long a client may take to send its first request head (408 past
     /// it), and how long a keep-alive connection may go without a request.
     pub header_read_timeout: Duration,

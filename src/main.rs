@@ -20,6 +20,11 @@ struct Flags {
     /// Validate the configuration, print every problem, and exit.
     #[arg(long)]
     check: bool,
+    /// With --check: also connect to the store (and give it the decision
+    /// code, as a start does) and to each upstream endpoint's address,
+    /// and say what answers; exit 1 if anything does not.
+    #[arg(long, requires = "check")]
+    connect: bool,
     /// Log format: "text" for people, "json" for log pipelines.
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -80,6 +85,9 @@ fn main() -> ExitCode {
             flags.config.display(),
             config.routes.len()
         );
+        if flags.connect && !check_connections(&config) {
+            return ExitCode::FAILURE;
+        }
         return ExitCode::SUCCESS;
     }
     match serve(config) {
@@ -89,6 +97,63 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--check --connect`: connects to the store and to every upstream
+/// endpoint's address, printing one line for each; true when all answer.
+fn check_connections(config: &floodgate::config::Config) -> bool {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return false;
+        }
+    };
+    runtime.block_on(async {
+        let mut all = true;
+        let store = match &config.store {
+            floodgate::limit::settings::Store::Memory => "memory".to_owned(),
+            floodgate::limit::settings::Store::Redis(settings) => settings.endpoint.to_string(),
+        };
+        match floodgate::limit::Limiter::check(&config.store).await {
+            Ok(()) => println!("store {store}: answers and accepts floodgate's settings"),
+            Err(e) => {
+                all = false;
+                println!("store {store}: {e}");
+            }
+        }
+        for upstream in &config.upstreams {
+            for endpoint in &upstream.endpoints {
+                let address = endpoint.authority.as_str();
+                let connected = tokio::time::timeout(
+                    endpoint
+                        .connect_timeout
+                        .max(std::time::Duration::from_secs(1)),
+                    tokio::net::TcpStream::connect(address),
+                )
+                .await;
+                let said = match connected {
+                    Ok(Ok(stream)) => match stream.peer_addr() {
+                        Ok(peer) => format!("{peer} accepts connections"),
+                        Err(_) => "accepts connections".to_owned(),
+                    },
+                    Ok(Err(e)) => {
+                        all = false;
+                        format!("cannot connect: {e}")
+                    }
+                    Err(_) => {
+                        all = false;
+                        "no answer in time".to_owned()
+                    }
+                };
+                println!("upstream {} ({}): {said}", upstream.name, endpoint.target);
+            }
+        }
+        all
+    })
 }
 
 /// Reports why floodgate cannot start: as written for people, or one JSON
@@ -223,12 +288,12 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         // Signal handlers first: a signal that arrives once the port answers
         // must find them installed.
         let reload = watch_reload_signal()?;
         watch_reopen_signal()?;
-        let shutdown = shutdown_signal()?;
+        let (shutdown, hurry) = shutdown_signal()?;
         let listeners = floodgate::Listeners::bind(&config.server).await?;
         tracing::info!(
             listen = %config.server.listen,
@@ -247,10 +312,19 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
                 config.server.listen.port()
             );
         }
-        floodgate::run(config, listeners, shutdown, reload)
-            .await
-            .context("server failed")
-    })
+        // A second signal drops the server where it stands: its listeners
+        // close at once, and the runtime ends its connections' tasks.
+        tokio::select! {
+            served = floodgate::run(config, listeners, shutdown, reload) => {
+                served.context("server failed")
+            }
+            () = hurry => Ok(()),
+        }
+    });
+    // Tasks still running (connections cut by a second signal) are
+    // dropped, not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    served
 }
 
 /// SIGUSR1 reopens the access log file (after logrotate moved it).
@@ -285,22 +359,54 @@ fn watch_reload_signal() -> anyhow::Result<Arc<Notify>> {
     Ok(reload)
 }
 
-/// Completes on SIGTERM or SIGINT.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+/// Two futures: the first completes on the first SIGTERM or SIGINT, the
+/// second on the one after it, which stops floodgate at once instead of
+/// after its drain and grace (as nginx and Envoy do on a second signal).
+fn shutdown_signal() -> anyhow::Result<(
+    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ()>,
+)> {
+    let (count, seen) = tokio::sync::watch::channel(0u32);
     #[cfg(unix)]
-    let mut term = {
+    {
         use tokio::signal::unix::{SignalKind, signal};
-        signal(SignalKind::terminate()).context("cannot watch SIGTERM")?
-    };
-    Ok(async move {
-        let interrupt = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
+        let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    Some(()) = term.recv() => {}
+                    Some(()) = interrupt.recv() => {}
+                    else => return,
+                }
+                count.send_modify(|n| *n += 1);
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        while tokio::signal::ctrl_c().await.is_ok() {
+            count.send_modify(|n| *n += 1);
         }
-        #[cfg(not(unix))]
-        let _ = interrupt.await;
-        tracing::info!("stop signal received");
-    })
+    });
+    let nth = |n: u32| {
+        let mut seen = seen.clone();
+        async move {
+            let _ = seen.wait_for(|count| *count >= n).await;
+        }
+    };
+    let first = nth(1);
+    let second = nth(2);
+    Ok((
+        async move {
+            first.await;
+            tracing::info!("stop signal received (another one stops at once)");
+        },
+        async move {
+            second.await;
+            tracing::warn!(
+                "second stop signal: stopping now, without waiting for requests in flight"
+            );
+        },
+    ))
 }

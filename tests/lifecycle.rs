@@ -5,6 +5,8 @@ mod support;
 
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use support::{Floodgate, FloodgateProcess, TestClient, Upstream, free_port, temp_dir};
 
 /// With `drain_delay = "0s"` the listener closes as soon as a stop is asked.
@@ -157,5 +159,98 @@ async fn sigterm_turns_readyz_to_503_then_drains_and_lets_a_slow_response_finish
     assert_eq!(answer.status, 200, "the slow response was cut off");
     assert_eq!(answer.json()["uri"], "/slow?ms=2500");
     assert_eq!(process.exit_code().await, Some(0));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The quickstart has no admin listener, so no `/readyz` to turn 503 for a
+/// load balancer: a stop skips the drain and closes at once.
+#[tokio::test]
+async fn without_an_admin_listener_a_stop_skips_the_drain() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = std::fs::read_to_string(format!("{root}/config/quickstart.toml")).expect("read");
+    assert!(!text.contains("admin_listen") && !text.contains("drain_delay"));
+    let port = free_port();
+    let dir = temp_dir("quickstart-stop");
+    let config = dir.join("floodgate.toml");
+    std::fs::write(
+        &config,
+        text.replace("127.0.0.1:8080", &format!("127.0.0.1:{port}")),
+    )
+    .expect("write config");
+    let log = dir.join("floodgate.log");
+    let mut process = FloodgateProcess::spawn_logging(&config, port, &[], &[], &log).await;
+    let asked = std::time::Instant::now();
+    process.signal("-INT");
+    assert_eq!(process.exit_code().await, Some(0));
+    let took = asked.elapsed();
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    assert!(
+        !text.contains("503") && !text.contains("drain_delay"),
+        "the stop drained for a /readyz nobody can ask:\n{text}"
+    );
+    // The drain it skipped would have been 5 s.
+    assert!(took < Duration::from_secs(4), "stopping took {took:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A second SIGTERM while a stop drains stops at once: the listener
+/// closes and the request in flight is cut, as nginx and Envoy do.
+#[tokio::test]
+async fn a_second_sigterm_during_a_drain_stops_at_once() {
+    let upstream = Upstream::start().await;
+    let (port, admin) = (free_port(), free_port());
+    let dir = temp_dir("second-sigterm");
+    let config = dir.join("floodgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             drain_delay = \"60s\"\nshutdown_grace = \"60s\"\n\n[[routes]]\nname = \"all\"\nupstream = \"{}\"\n",
+            upstream.url()
+        ),
+    )
+    .expect("write config");
+    let log = dir.join("floodgate.log");
+    let mut process = FloodgateProcess::spawn_logging(&config, port, &[], &[], &log).await;
+    let mut in_flight = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    in_flight
+        .write_all(b"GET /slow?ms=60000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while upstream.hits() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    process.signal("-TERM");
+    let readyz = format!("http://127.0.0.1:{admin}/readyz");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while TestClient::http1().get(&readyz, &[]).await.status != 503 {
+        assert!(std::time::Instant::now() < deadline, "no drain began");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let asked = std::time::Instant::now();
+    process.signal("-TERM");
+    assert_eq!(process.exit_code().await, Some(0));
+    // The drain and the slow request would have held it a minute.
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(10), "stopping took {took:?}");
+    // The connection of the request in flight ends without an answer.
+    let mut answer = Vec::new();
+    let read =
+        tokio::time::timeout(Duration::from_secs(30), in_flight.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection in flight stayed open");
+    assert!(
+        answer.is_empty(),
+        "the request in flight was answered: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    assert!(text.contains("second stop signal"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -6,6 +6,7 @@
 mod support;
 
 use std::process::Command;
+use std::time::Duration;
 
 use support::{FloodgateProcess, TestClient, free_port, temp_dir};
 
@@ -78,7 +79,7 @@ limits = [{{ algorithm = "fixed_window", limit = 1, window = "1h" }}]
     assert_eq!(listening["listen"], format!("127.0.0.1:{port}"));
     let denied = lines
         .iter()
-        .find(|l| l["message"] == "denied")
+        .find(|l| l["message"] == "rate limit: request denied (429)")
         .unwrap_or_else(|| panic!("no denial line:\n{text}"));
     assert_eq!(denied["route"], "keyed");
     let shown = denied["client"].as_str().expect("client is a string");
@@ -199,5 +200,169 @@ upstream = "{}"
         "the client stopped sending its request body (408)"
     );
     assert!(stalled.get("upstream").is_none(), "{stalled}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A file with one route keyed by `x-api-key` (one request an hour), and a
+/// second keyed by address, floodgate on `port`.
+fn denials_config(dir: &std::path::Path, port: u16, extra: &str) -> std::path::PathBuf {
+    let config = dir.join("floodgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[server]
+listen = "127.0.0.1:{port}"
+{extra}
+
+[[routes]]
+name = "login"
+match = {{ path_prefix = "/login" }}
+respond = {{ status = 200 }}
+limits = [{{ algorithm = "fixed_window", limit = 1, window = "1h" }}]
+
+[[routes]]
+name = "keyed"
+respond = {{ status = 200 }}
+client = {{ from = "header", name = "x-api-key" }}
+limits = [{{ algorithm = "fixed_window", limit = 1, window = "1h" }}]
+"#
+        ),
+    )
+    .expect("write config");
+    config
+}
+
+/// Per route and client: the denials the log accounts for (a line for a
+/// denial, and the count each line folded), from the JSON log `lines`.
+fn denials_shown(lines: &[serde_json::Value]) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut shown = std::collections::BTreeMap::new();
+    for line in lines.iter().filter(|l| l["target"] == "floodgate::denials") {
+        assert_eq!(line["level"], "INFO", "{line}");
+        let folded = line["folded"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no count: {line}"));
+        let denial = u64::from(line["message"] == "rate limit: request denied (429)");
+        let key = (
+            line["route"].as_str().unwrap_or("").to_owned(),
+            line["client"].as_str().unwrap_or("").to_owned(),
+        );
+        *shown.entry(key).or_insert(0) += denial + folded;
+    }
+    shown
+}
+
+/// Denials are logged at info by default, once per route and client per
+/// interval with the count of what was folded since: every denial is
+/// accounted for, and no API key is written.
+#[tokio::test]
+async fn denials_are_logged_at_info_once_per_route_and_client_with_the_folded_count() {
+    let port = free_port();
+    let dir = temp_dir("denial-log");
+    let config = denials_config(&dir, port, "");
+    let log = dir.join("floodgate.log");
+    let mut process =
+        FloodgateProcess::spawn_logging(&config, port, &[], &["--log-format", "json"], &log).await;
+    let client = TestClient::http1();
+    for (path, key) in [("/login", ""), ("/api", "alice-key"), ("/api", "bob-key")] {
+        let headers: &[(&str, &str)] = if key.is_empty() {
+            &[]
+        } else {
+            &[("x-api-key", key)]
+        };
+        for i in 0..76 {
+            let a = client.get(&process.url(path), headers).await;
+            assert_eq!(a.status, if i == 0 { 200 } else { 429 }, "{path} {key}");
+        }
+    }
+    // The folded counts come out once the interval (10 s) has passed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let shown = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let shown = denials_shown(&json_lines(&text));
+        if shown.len() == 3 && shown.values().all(|n| *n == 75) {
+            assert!(
+                !text.contains("alice-key") && !text.contains("bob-key"),
+                "{text}"
+            );
+            break shown;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "75 denials per route and client not accounted for: {shown:?}\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let routes: Vec<&str> = shown.keys().map(|(route, _)| route.as_str()).collect();
+    assert_eq!(routes, ["keyed", "keyed", "login"]);
+    let lines = json_lines(&std::fs::read_to_string(&log).unwrap_or_default())
+        .into_iter()
+        .filter(|l| l["target"] == "floodgate::denials")
+        .count();
+    assert!(lines <= 6, "{lines} lines for 3 clients in one interval");
+    process.signal("-TERM");
+    assert_eq!(process.exit_code().await, Some(0));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// 10 000 denials of 100 clients: the log stays a few lines a second, and
+/// still accounts for every denial.
+#[tokio::test]
+async fn a_flood_of_denials_writes_a_bounded_number_of_lines() {
+    let port = free_port();
+    let dir = temp_dir("denial-flood");
+    let config = denials_config(&dir, port, r#"denial_log_interval = "2s""#);
+    let log = dir.join("floodgate.log");
+    let started = std::time::Instant::now();
+    let mut process =
+        FloodgateProcess::spawn_logging(&config, port, &[], &["--log-format", "json"], &log).await;
+    let url = process.url("/api");
+    let tasks: Vec<_> = (0..4)
+        .map(|task| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let client = TestClient::http1();
+                let mut denied = 0u64;
+                for key in (0..100).filter(|k| k % 4 == task) {
+                    let key = format!("key-{key}");
+                    for _ in 0..101 {
+                        let a = client.get(&url, &[("x-api-key", &key)]).await;
+                        denied += u64::from(a.status == 429);
+                    }
+                }
+                denied
+            })
+        })
+        .collect();
+    let mut denied = 0;
+    for task in tasks {
+        denied += task.await.expect("client task");
+    }
+    assert_eq!(denied, 10_000);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines = json_lines(&text);
+        let shown: u64 = denials_shown(&lines).values().sum();
+        let written = lines
+            .iter()
+            .filter(|l| l["target"] == "floodgate::denials")
+            .count();
+        let seconds = started.elapsed().as_secs() + 1;
+        assert!(
+            written as u64 <= 21 * seconds,
+            "{written} denial lines in {seconds} s"
+        );
+        if shown == 10_000 {
+            assert!(written < 2_000, "{written} lines for 10 000 denials");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{shown} of 10 000 denials accounted for"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    process.signal("-TERM");
+    assert_eq!(process.exit_code().await, Some(0));
     let _ = std::fs::remove_dir_all(dir);
 }

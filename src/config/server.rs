@@ -41,6 +41,7 @@ pub(super) struct ServerModel {
     http2_max_concurrent_streams: Option<Spanned<i64>>,
     shutdown_grace: Option<Spanned<String>>,
     drain_delay: Option<Spanned<String>>,
+    denial_log_interval: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<String>>,
     #[serde(default = "yes")]
     reload_on_change: bool,
@@ -62,6 +63,9 @@ pub(super) struct ListenerTlsModel {
     key_file: Spanned<String>,
     client_ca_file: Option<Spanned<String>>,
 }
+
+/// How often a route and client's denials are logged at most, by default.
+const DEFAULT_DENIAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Request bodies up to this size are read whole before an upstream
 /// connection is taken, by default.
@@ -156,12 +160,20 @@ impl Validator<'_> {
             "shutdown_grace",
             DEFAULT_SHUTDOWN_GRACE,
         );
-        // Zero is allowed: close the listener at once.
+        // Zero is allowed: close the listener at once. Without an admin
+        // listener there is no `/readyz` to turn 503 for load balancers, so
+        // unless asked for, there is nothing to wait for.
         let drain_delay = match &m.drain_delay {
+            None if m.admin_listen.is_none() => Some(Duration::ZERO),
             None => Some(DEFAULT_DRAIN_DELAY),
             Some(d) if matches!(d.get_ref().as_str(), "0" | "0s" | "0ms") => Some(Duration::ZERO),
             Some(d) => self.duration(d, "drain_delay"),
         };
+        let denial_log_interval = self.optional_duration(
+            m.denial_log_interval.as_ref(),
+            "denial_log_interval",
+            DEFAULT_DENIAL_LOG_INTERVAL,
+        );
         let header_read_timeout = self.optional_duration(
             m.header_read_timeout.as_ref(),
             "header_read_timeout",
@@ -227,6 +239,7 @@ impl Validator<'_> {
                 .unwrap_or(u32::MAX),
             shutdown_grace: shutdown_grace?,
             drain_delay: drain_delay?,
+            denial_log_interval: denial_log_interval?,
             header_read_timeout: header_read_timeout?,
             reload_on_change: m.reload_on_change,
             max_client_id: max_client_id?,

@@ -11,9 +11,12 @@
 //! - [`shared`]: [`Shared`], what every connection shares (the rules in
 //!   force, the limiter, the forwarder, metrics, the access log), built
 //!   from a configuration and reloaded in place;
+//! - `denials`: denials in the log, one line per route and client per
+//!   interval with the count folded into it, and a bounded number a second;
 //! - [`metering`]: routes whose cost is what their upstream reports: the
 //!   reservation charged with the decision, settled to the report.
 
+mod denials;
 pub mod metering;
 mod phases;
 pub mod rules;

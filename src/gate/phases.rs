@@ -397,7 +397,10 @@ impl Context<'_> {
             }
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
-                tracing::debug!(route = %route.name, %client, "denied");
+                let quota = policy.limits.get(d.limit).map_or(0, |l| l.limit);
+                self.shared
+                    .denials
+                    .denied(&route.name, client, quota, crate::clock::now_ms());
                 Ok(Err(if self.grpc {
                     response::grpc_too_many_requests(route, policy, &d)
                 } else {

@@ -23,10 +23,18 @@ use crate::proxy::Forwarder;
 pub enum StartError {
     /// The store could not be set up.
     #[error("cannot set up the rate limit store: {0}")]
-    Store(#[from] crate::limit::StoreError),
+    Store(crate::limit::StoreError),
     /// The access log could not be opened.
     #[error(transparent)]
     AccessLog(#[from] crate::access_log::OpenError),
+}
+
+impl From<crate::limit::StoreError> for StartError {
+    fn from(error: crate::limit::StoreError) -> Self {
+        // Not a `source`: the message already holds the store's, and a
+        // chain would print it twice.
+        Self::Store(error)
+    }
 }
 
 /// Everything a request needs, shared by all connections.
@@ -41,6 +49,8 @@ pub struct Shared {
     pub(super) metrics: Metrics,
     /// When a shadow denial was last logged (ms): at most one line a second.
     shadow_logged: AtomicU64,
+    /// Which denials were logged and which folded since.
+    pub(super) denials: super::denials::DenialLog,
     /// The access log, if on.
     pub(super) access_log: Option<Arc<AccessLog>>,
     /// How client ids are shown.
@@ -76,6 +86,10 @@ pub enum Readiness {
     Refusing,
     /// Stopping: the listener closes after `drain_delay`.
     Draining,
+    /// The store answers but refuses floodgate's settings (a password
+    /// changed on the server, a permission taken away): a configuration
+    /// error, unready whatever `on_error` says.
+    Refused,
 }
 
 impl Readiness {
@@ -117,6 +131,7 @@ impl Shared {
             forwarder: Forwarder::new(metrics.timeouts().clone()),
             metrics,
             shadow_logged: AtomicU64::new(0),
+            denials: super::denials::DenialLog::new(config.server.denial_log_interval),
             access_log,
             ids,
             draining: AtomicBool::new(false),
@@ -145,6 +160,7 @@ impl Shared {
     /// (every second).
     pub fn sweep(&self) {
         self.limiter.sweep();
+        self.denials.sweep(crate::clock::now_ms());
         self.forwarder.sweep();
         let rules = self.rules();
         self.history
@@ -198,6 +214,8 @@ impl Shared {
     pub fn readiness(&self) -> Readiness {
         if self.draining.load(Ordering::Relaxed) {
             Readiness::Draining
+        } else if self.limiter.refused().is_some() {
+            Readiness::Refused
         } else if self.limiter.ready() {
             Readiness::Ready
         } else if self.limiter.refuses_when_down() {
@@ -214,6 +232,11 @@ impl Shared {
             self.limiter.ready(),
             self.limiter.on_error(),
         )
+    }
+
+    /// Why the store refuses floodgate's settings, while it does.
+    pub fn store_refused(&self) -> Option<String> {
+        self.limiter.refused()
     }
 
     /// Whether some but not all of a Redis Cluster's primaries are
@@ -249,6 +272,15 @@ impl Shared {
     /// then its rules go live; parts that cannot change while running are
     /// reported and keep their old values.
     pub async fn reload(&self, running: &Config, new: Config) {
+        if running.store != new.store
+            && let Err(refused @ crate::limit::StoreError::Refused(_)) =
+                Limiter::check(&new.store).await
+        {
+            // The new store is not applied until a restart either way, but
+            // a restart with it would refuse to start: say so now.
+            self.refuse_reload(&format!("{}: [store]: {refused}", new.path.display()));
+            return;
+        }
         let upstreams = start_upstreams(&new).await;
         for what in running.differences_needing_restart(&new) {
             tracing::warn!(
@@ -273,9 +305,13 @@ impl Shared {
 
     /// Records a reload that was refused; the old rules stay.
     pub fn reload_refused(&self, error: &crate::config::LoadError) {
+        self.refuse_reload(&error.to_string());
+    }
+
+    fn refuse_reload(&self, problem: &str) {
         self.metrics.reloaded(false, "");
-        self.reloaded(Some(error.to_string()));
-        for line in error.to_string().lines() {
+        self.reloaded(Some(problem.to_owned()));
+        for line in problem.lines() {
             tracing::error!("{line}");
         }
         tracing::error!("configuration not reloaded; the previous rules stay in force");

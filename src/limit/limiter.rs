@@ -42,6 +42,14 @@ pub struct Shared {
     metrics: StoreMetrics,
     /// Denials in force, answered without asking Redis again.
     denials: DenyCache,
+    /// Why the store refuses floodgate's settings, while it does (a
+    /// password changed on the server, a permission taken away): set by a
+    /// refused call or probe, cleared by the next one that succeeds.
+    refused: std::sync::Mutex<Option<String>>,
+    /// Whether `refused` holds a reason, read on every decision.
+    is_refused: std::sync::atomic::AtomicBool,
+    /// When a refusal was last logged (ms), to log at most once a second.
+    refusal_logged: AtomicU64,
 }
 
 /// What the limiter says about one request.
@@ -62,7 +70,10 @@ pub enum Answer {
 impl Limiter {
     /// Sets up the store `config` names. A Redis that is down at startup is
     /// logged, not fatal: the breaker starts open and `on_error` applies
-    /// until Redis answers.
+    /// until Redis answers. A Redis that answers and refuses floodgate's
+    /// settings (a wrong password or user, an unknown database, a missing
+    /// permission, a certificate, something that is not Redis) is an error:
+    /// [`StoreError::Refused`], naming the setting to fix.
     ///
     /// Each in-process table (the memory store, the local fallback, the
     /// remembered denials) holds at most `max_entries` (route, client)
@@ -88,6 +99,7 @@ impl Limiter {
             metrics.redis_calls.clone(),
         )?;
         match store.load_script().await {
+            Err(refused @ StoreError::Refused(_)) => return Err(refused),
             Ok(()) => tracing::info!(
                 redis = %settings.endpoint,
                 key_prefix = %settings.key_prefix,
@@ -114,7 +126,28 @@ impl Limiter {
             last_logged: AtomicU64::new(0),
             metrics,
             denials: DenyCache::with_capacity(max_entries, denials),
+            refused: std::sync::Mutex::new(None),
+            is_refused: std::sync::atomic::AtomicBool::new(false),
+            refusal_logged: AtomicU64::new(0),
         })))
+    }
+
+    /// Connects to the store `config` names and gives it the decision
+    /// code, as a start does, then lets it go: whether the store answers
+    /// and accepts floodgate's settings, for `--check --connect` and for a
+    /// reload that changes `[store]`. The memory store always does.
+    pub async fn check(config: &StoreConfig) -> Result<(), StoreError> {
+        let StoreConfig::Redis(settings) = config else {
+            return Ok(());
+        };
+        let store = RedisStore::connect(
+            &settings.endpoint,
+            &settings.tls,
+            &settings.key_prefix,
+            settings.timeout,
+            prometheus_client::metrics::counter::Counter::default(),
+        )?;
+        store.load_script().await
     }
 
     /// Decides one request.
@@ -182,6 +215,15 @@ impl Limiter {
         match self {
             Self::Memory(..) => true,
             Self::Redis(shared) => shared.store.nodes().iter().any(|n| !n.breaker.is_open()),
+        }
+    }
+
+    /// Why the shared store refuses floodgate's settings, while it does
+    /// (see [`StoreError::Refused`]); `None` when it does not.
+    pub fn refused(&self) -> Option<String> {
+        match self {
+            Self::Memory(..) => None,
+            Self::Redis(shared) => shared.refusal(),
         }
     }
 
@@ -300,6 +342,7 @@ impl Shared {
         };
         match result {
             Ok(decision) => {
+                self.accepted();
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
                 self.denials
                     .insert(charge.route, charge.client, started, decision);
@@ -310,6 +353,7 @@ impl Shared {
                     StoreError::Timeout(_) => StoreErrorKind::Timeout,
                     StoreError::Backend(_) => StoreErrorKind::Backend,
                     StoreError::CircuitOpen => StoreErrorKind::CircuitOpen,
+                    StoreError::Refused(_) => StoreErrorKind::Refused,
                 });
                 self.fallback(charge, &e)
             }
@@ -353,8 +397,12 @@ impl Shared {
     /// the next probe must not wait on them.
     fn probed(&self, node: &Node, probe: Probe<'_>, error: Option<&StoreError>) {
         let change = probe.finish(error.is_none(), now_ms());
-        if error.is_some() {
-            self.store.reconnect_node(node);
+        match error {
+            Some(error) => {
+                self.store.reconnect_node(node);
+                self.note_refusal(error);
+            }
+            None => self.accepted(),
         }
         self.log_change(node, change, error);
     }
@@ -407,10 +455,63 @@ impl Shared {
         }
     }
 
+    /// Why the store refuses floodgate's settings, while it does.
+    fn refusal(&self) -> Option<String> {
+        if !self.is_refused.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A call succeeded: the store no longer refuses floodgate (a check of
+    /// one flag on the common path).
+    fn accepted(&self) {
+        if self.is_refused.load(Ordering::Relaxed) {
+            *self
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            self.is_refused.store(false, Ordering::Relaxed);
+            tracing::info!("rate limit store accepts floodgate's settings again");
+        }
+    }
+
+    /// Remembers a refusal, which makes `/readyz` fail whatever `on_error`
+    /// says, and logs it at error level at most once a second: each retry
+    /// of the breaker's probe that the store refuses is seen.
+    fn note_refusal(&self, error: &StoreError) {
+        let StoreError::Refused(why) = error else {
+            return;
+        };
+        *self
+            .refused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.clone());
+        self.is_refused.store(true, Ordering::Relaxed);
+        let now = now_ms();
+        let last = self.refusal_logged.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1_000
+            && self
+                .refusal_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::error!(
+                error = %why,
+                on_error = %self.on_error,
+                "the rate limit store refuses floodgate's settings; limits are not counted in it until this is fixed (/readyz fails meanwhile)"
+            );
+        }
+    }
+
     fn fallback(&self, charge: Charge<'_>, error: &StoreError) -> Answer {
+        self.note_refusal(error);
         let now = now_ms();
         let last = self.last_logged.load(Ordering::Relaxed);
-        if !matches!(error, StoreError::CircuitOpen)
+        if !matches!(error, StoreError::CircuitOpen | StoreError::Refused(_))
             && now.saturating_sub(last) >= 1_000
             && self
                 .last_logged

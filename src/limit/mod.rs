@@ -235,6 +235,12 @@ pub enum StoreError {
     /// The circuit breaker is open: the store was not asked.
     #[error("the store is considered down (circuit open)")]
     CircuitOpen,
+    /// The store answered and refused floodgate's settings (a password, a
+    /// user, a database, a permission, a certificate), or what answered is
+    /// not the store: a configuration error, which waiting does not fix.
+    /// The message says what to change.
+    #[error("the store refuses floodgate's settings: {0}")]
+    Refused(String),
 }
 
 /// Something that counts limits.

@@ -62,6 +62,8 @@ pub enum StoreErrorKind {
     Backend,
     /// Not asked: the circuit breaker is open.
     CircuitOpen,
+    /// The store refused floodgate's settings (a configuration error).
+    Refused,
 }
 
 /// The phases of an exchange that have a timeout of their own.

@@ -163,7 +163,7 @@ pub struct RouteMetrics {
 #[derive(Debug, Clone)]
 pub struct StoreMetrics {
     decision_seconds: [Histogram; 4],
-    errors: [Counter; 3],
+    errors: [Counter; 4],
     /// 1 while the circuit breaker is open (every node's, on a cluster).
     pub circuit_open: Gauge,
     /// 1 while the breaker of one Redis node is open, by node.
@@ -217,7 +217,7 @@ impl Metrics {
         let store_errors = Family::default();
         registry.register(
             "floodgate_store_errors",
-            "Store decisions that failed, by kind (timeout, backend, circuit_open)",
+            "Store decisions that failed, by kind (timeout, backend, circuit_open, refused: the store refuses floodgate's settings)",
             store_errors.clone(),
         );
         let circuit_open = Gauge::default();
@@ -491,6 +491,7 @@ impl Metrics {
                 counter("timeout"),
                 counter("backend"),
                 counter("circuit_open"),
+                counter("refused"),
             ],
             circuit_open: self.circuit_open.clone(),
             node_circuit_open: self.node_circuit_open.clone(),

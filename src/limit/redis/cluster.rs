@@ -29,7 +29,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind};
 use super::Link;
 use super::batch::Ask;
 use super::code::code_missing;
-use super::connections::{cluster_retry_waits, retires};
+use super::connections::{cluster_retry_waits, retires, store_error};
 use crate::clock::now_ms;
 use crate::limit::StoreError;
 use crate::limit::breaker::{self, Breaker};
@@ -140,16 +140,13 @@ impl Link {
                     node.retire();
                     cluster.refresh_soon();
                 }
-                StoreError::Backend(format!("{}: {e}", node.addr))
+                store_error(&e, &node.addr)
             };
             let mut conn = match node.connection(&cluster.config).await {
                 Ok(conn) => conn,
                 Err(e) => {
                     cluster.refresh_soon();
-                    return Err(StoreError::Backend(format!(
-                        "{}: cannot connect: {e}",
-                        node.addr
-                    )));
+                    return Err(store_error(&e, &format!("{}: cannot connect", node.addr)));
                 }
             };
             self.calls.inc();
@@ -380,14 +377,14 @@ impl Cluster {
 
     /// Reads the slot table from the first node that answers: primaries
     /// whose breaker is closed first, then the others, then the seeds.
-    pub(super) async fn refresh(&self) -> Result<(), String> {
+    pub(super) async fn refresh(&self) -> Result<(), StoreError> {
         let mut asked: Vec<Arc<Node>> = self.nodes();
         asked.sort_by_key(|n| n.breaker.is_open());
         let seeds = self
             .seeds
             .iter()
             .map(|info| Arc::new(Node::new(info.addr().to_string(), Some(info.clone()))));
-        let mut last_error = "no seed node".to_owned();
+        let mut last_error = StoreError::Backend("no seed node".to_owned());
         for node in asked.into_iter().chain(seeds) {
             let read = async {
                 let mut conn = node.connection(&self.config).await?;
@@ -399,11 +396,14 @@ impl Cluster {
             let reply = match tokio::time::timeout(self.ask_timeout, read).await {
                 Ok(Ok(reply)) => reply,
                 Ok(Err(e)) => {
-                    last_error = format!("{}: {e}", node.addr);
+                    last_error = store_error(&e, &node.addr);
                     continue;
                 }
                 Err(_) => {
-                    last_error = format!("{}: no answer in {:?}", node.addr, self.ask_timeout);
+                    last_error = StoreError::Backend(format!(
+                        "{}: no answer in {:?}",
+                        node.addr, self.ask_timeout
+                    ));
                     continue;
                 }
             };
@@ -418,8 +418,10 @@ impl Cluster {
                     self.install(&ranges);
                     return Ok(());
                 }
-                Ok(_) => last_error = format!("{}: no slot is served", node.addr),
-                Err(e) => last_error = format!("{}: {e}", node.addr),
+                Ok(_) => {
+                    last_error = StoreError::Backend(format!("{}: no slot is served", node.addr));
+                }
+                Err(e) => last_error = StoreError::Backend(format!("{}: {e}", node.addr)),
             }
         }
         Err(last_error)

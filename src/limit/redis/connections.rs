@@ -59,7 +59,76 @@ impl Lane {
         if retires(&error) {
             self.broken.store(true, Ordering::Relaxed);
         }
-        StoreError::Backend(error.to_string())
+        store_error(&error, "")
+    }
+}
+
+/// `error` as a [`StoreError`], `context` (an address, what was being
+/// done) before it: [`StoreError::Refused`] when Redis answered and
+/// refused floodgate's settings, [`StoreError::Backend`] otherwise.
+pub(super) fn store_error(error: &RedisError, context: &str) -> StoreError {
+    let context = if context.is_empty() {
+        String::new()
+    } else {
+        format!("{context}: ")
+    };
+    match refusal(error) {
+        // A parser's complaint about bytes that were never Redis's says
+        // nothing the fix does not.
+        Some(fix) if error.kind() == ErrorKind::Parse => {
+            StoreError::Refused(format!("{context}the reply is not Redis's; {fix}"))
+        }
+        Some(fix) => StoreError::Refused(format!("{context}{error}; {fix}")),
+        None => StoreError::Backend(format!("{context}{error}")),
+    }
+}
+
+/// What the operator must fix when `error` shows that the store answered
+/// and refused floodgate's settings (a password, a user, a database, a
+/// permission, a certificate), or that what answers is not Redis; `None`
+/// for an error that a store which is down or slow gives. A refusal is a
+/// configuration error: no amount of waiting fixes it, and counting
+/// nothing meanwhile would turn every limit off.
+pub(super) fn refusal(error: &RedisError) -> Option<&'static str> {
+    let text = error.to_string();
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => Some(
+            "Redis refused the user name or password: check them in [store] url (redis://USER:PASSWORD@host) or password_file",
+        ),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => Some(
+            "the Redis user lacks a permission floodgate needs (FUNCTION LOAD, FCALL, SCRIPT LOAD, EVALSHA and the keys under key_prefix): grant them with ACL SETUSER, or name another user in [store] url",
+        ),
+        ErrorKind::MasterNameNotFoundBySentinel => {
+            Some("the Sentinels know no primary by the name in [store] master")
+        }
+        ErrorKind::Parse => Some(
+            "what answers at [store] url does not speak the Redis protocol: check the address and port",
+        ),
+        // Without a password Redis refuses the first command, and one as
+        // long as the decision code with "unauthenticated bulk length".
+        _ if error.code() == Some("NOAUTH")
+            || text.contains("NOAUTH")
+            || text.contains("unauthenticated") =>
+        {
+            Some(
+                "Redis requires a password and none was given: put it in [store] url (redis://:PASSWORD@host) or password_file",
+            )
+        }
+        _ if text.contains("WRONGPASS") => Some(
+            "Redis refused the user name or password: check them in [store] url (redis://USER:PASSWORD@host) or password_file",
+        ),
+        _ if text.contains("switch database") => Some(
+            "Redis has no database by the number in [store] url (its path, /0 to /15 unless Redis sets `databases`)",
+        ),
+        _ if error.is_io_error()
+            && (text.contains("invalid peer certificate")
+                || text.contains("received fatal alert")) =>
+        {
+            Some(
+                "the TLS handshake with Redis failed: check the rediss:// address's host name and [store.tls] ca, cert and key",
+            )
+        }
+        _ => None,
     }
 }
 

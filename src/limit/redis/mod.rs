@@ -65,7 +65,7 @@ pub use cluster::Node;
 use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
 use code::{FUNCTIONS_UNKNOWN, Library, code_missing};
-use connections::{Lane, Lanes, retires};
+use connections::{Lane, Lanes, retires, store_error};
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
 use replies::{decision_from_reply, next_decision, verdict_values};
@@ -276,8 +276,11 @@ impl RedisStore {
             tokio::time::timeout(limit, cluster.refresh())
                 .await
                 .map_err(|_| StoreError::Timeout(limit))?
-                .map_err(|e| {
-                    StoreError::Backend(format!("cannot read the cluster's slots: {e}"))
+                .map_err(|e| match e {
+                    StoreError::Backend(e) => {
+                        StoreError::Backend(format!("cannot read the cluster's slots: {e}"))
+                    }
+                    refused => refused,
                 })?;
             for node in cluster.nodes() {
                 self.load_on(&node).await?;
@@ -325,7 +328,7 @@ impl RedisStore {
                 if retires(&e) {
                     node.retire();
                 }
-                Err(StoreError::Backend(format!("{}: {e}", node.addr)))
+                Err(store_error(&e, &node.addr))
             }
             Err(_) => {
                 node.retire();
@@ -587,7 +590,7 @@ impl Link {
         // Boxed: the pool's future holds a whole connection attempt and is
         // needed only when a lane is missing or broken.
         let pooled = Box::pin(pool.get()).await.map_err(|e| match e {
-            managed::PoolError::Backend(e) => StoreError::Backend(format!("cannot connect: {e}")),
+            managed::PoolError::Backend(e) => store_error(&e, "cannot connect"),
             other => StoreError::Backend(format!("connection pool: {other}")),
         })?;
         // The pooled object goes straight back; the clone shares its connection.
