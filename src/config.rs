@@ -93,10 +93,49 @@ pub struct Config {
     pub upstreams: Vec<crate::proxy::settings::Upstream>,
     /// First 16 hex digits of the file's SHA-256: which file is in force.
     pub digest: String,
+    /// Listener addresses from the command line, which replace the file's.
+    pub overrides: Overrides,
     /// The access log, if on.
     pub access_log: Option<crate::access_log::Settings>,
     /// How client ids appear in the access log and on `/clients/top`.
     pub client_ids: crate::access_log::ShowId,
+}
+
+/// Listener addresses given on the command line (`--listen`,
+/// `--admin-listen`), which replace the file's: several instances on one
+/// host can share one file (and its digest). They hold across reloads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Replaces `[server] listen`.
+    pub listen: Option<SocketAddr>,
+    /// Replaces (or adds) `[server] admin_listen`.
+    pub admin_listen: Option<SocketAddr>,
+}
+
+impl Overrides {
+    /// `config` with these addresses in place of the file's, remembered
+    /// so that a reload applies them again.
+    pub fn apply(self, mut config: Config) -> Config {
+        if let Some(listen) = self.listen {
+            config.server.listen = listen;
+        }
+        if let Some(admin) = self.admin_listen {
+            config.server.admin_listen = Some(admin);
+        }
+        config.overrides = self;
+        config
+    }
+
+    /// `listeners` with these addresses in place of the file's.
+    pub fn apply_to(self, mut listeners: Listeners) -> Listeners {
+        if let Some(listen) = self.listen {
+            listeners.listen = listen;
+        }
+        if let Some(admin) = self.admin_listen {
+            listeners.admin_listen = Some(admin);
+        }
+        listeners
+    }
 }
 
 impl Config {
@@ -359,6 +398,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
             routes: Table::new(routes),
             upstreams: std::mem::take(&mut v.upstreams),
             digest: digest(text),
+            overrides: Overrides::default(),
             access_log,
             client_ids,
         }),

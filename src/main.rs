@@ -25,6 +25,14 @@ struct Flags {
     /// and say what answers; exit 1 if anything does not.
     #[arg(long, requires = "check")]
     connect: bool,
+    /// The proxy's listener, in place of the file's `[server] listen`: so
+    /// that instances on one host can share one configuration file.
+    #[arg(long, env = "FLOODGATE_LISTEN", value_name = "ADDRESS:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// The admin listener, in place of (or in addition to) the file's
+    /// `[server] admin_listen`.
+    #[arg(long, env = "FLOODGATE_ADMIN_LISTEN", value_name = "ADDRESS:PORT")]
+    admin_listen: Option<std::net::SocketAddr>,
     /// Log format: "text" for people, "json" for log pipelines.
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -45,10 +53,14 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let flags = Flags::parse();
+    let overrides = floodgate::config::Overrides {
+        listen: flags.listen,
+        admin_listen: flags.admin_listen,
+    };
     if let Some(url) = &flags.probe {
         return match url {
             Some(url) => probe(url),
-            None => probe_configured(&flags.config),
+            None => probe_configured(&flags.config, overrides),
         };
     }
     let (filter, bad_filter) = match log_filter() {
@@ -69,7 +81,7 @@ fn main() -> ExitCode {
     }
 
     let config = match floodgate::config::load(&flags.config) {
-        Ok(config) => config,
+        Ok(config) => overrides.apply(config),
         Err(e) if flags.check => {
             eprintln!("{e}");
             return ExitCode::FAILURE;
@@ -227,9 +239,9 @@ fn probe(url: &str) -> ExitCode {
 /// `path` names it, or a connection to the proxy listener when there is no
 /// admin listener. An unspecified address (`0.0.0.0`, `[::]`) is probed on
 /// loopback.
-fn probe_configured(path: &std::path::Path) -> ExitCode {
+fn probe_configured(path: &std::path::Path, overrides: floodgate::config::Overrides) -> ExitCode {
     let listeners = match floodgate::config::listeners(path) {
-        Ok(listeners) => listeners,
+        Ok(listeners) => overrides.apply_to(listeners),
         Err(problem) => {
             eprintln!("cannot tell where to probe: {problem}");
             return ExitCode::FAILURE;

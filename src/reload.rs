@@ -36,6 +36,7 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
         watched: baseline.files,
         digest: running.digest.clone(),
         on_change: running.server.reload_on_change,
+        overrides: running.overrides,
     };
     let spawned = std::thread::Builder::new()
         .name("floodgate-reload".to_owned())
@@ -85,6 +86,8 @@ struct Reader {
     /// The digest of the configuration file in force when watching began.
     digest: String,
     on_change: bool,
+    /// Listener addresses from the command line, applied to each load.
+    overrides: config::Overrides,
 }
 
 impl Reader {
@@ -128,7 +131,7 @@ impl Reader {
                 tracing::info!(path = %self.path.display(), "configuration or certificate files changed");
             }
             last_seen = now;
-            let new = config::load(&self.path);
+            let new = config::load(&self.path).map(|new| self.overrides.apply(new));
             if let Ok(new) = &new {
                 // The new file may name other certificate files.
                 self.watched = new.files();

@@ -67,9 +67,34 @@ pub struct Route {
     /// The route's cost is what its upstream reports: reserved, then
     /// settled.
     pub usage: Option<Arc<crate::usage::settings::Settings>>,
+    /// A leading path taken off before forwarding (`/api` sends `/api/v1/x`
+    /// upstream as `/v1/x`), at a segment boundary only.
+    pub strip_prefix: Option<Box<str>>,
 }
 
 impl Route {
+    /// `path` as this route forwards it: without its `strip_prefix` when
+    /// the path starts with it at a segment boundary (compared without
+    /// case on an `ignore_case` route), `/` when nothing is left; `None`
+    /// when nothing is stripped.
+    pub fn stripped<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let prefix = self.strip_prefix.as_deref()?;
+        let head = path.get(..prefix.len())?;
+        let same = if self.matcher.ignore_case {
+            head.eq_ignore_ascii_case(prefix)
+        } else {
+            head == prefix
+        };
+        if !same {
+            return None;
+        }
+        match &path[prefix.len()..] {
+            "" => Some("/"),
+            rest if rest.starts_with('/') => Some(rest),
+            _ => None,
+        }
+    }
+
     /// The limits `client`'s request falls under: the first override that
     /// applies, else the route's own.
     pub fn policy_for(&self, client: &ClientId, headers: &http::HeaderMap) -> &Policy {

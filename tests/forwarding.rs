@@ -254,3 +254,54 @@ async fn a_trusted_proxys_claims_about_the_client_are_passed_on() {
         );
     }
 }
+
+/// `strip_prefix` takes a leading path off before forwarding, at a
+/// segment boundary, keeping the query; the limit still counts the path
+/// as the client sent it.
+#[tokio::test]
+async fn strip_prefix_forwards_the_rest_of_the_path() {
+    let upstream = Upstream::start().await;
+    let toml = Config::new()
+        .route(
+            Route::new("api")
+                .matching(r#"path_prefix = "/api""#)
+                .upstream(&upstream.url())
+                .line(r#"strip_prefix = "/api""#)
+                .limit("fixed_window", 100, "1h"),
+        )
+        .route(Route::new("rest").upstream(&upstream.url()))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    for (sent, seen) in [
+        ("/api/v1/x", "/v1/x"),
+        ("/api/v1/x?page=2&q=a%20b", "/v1/x?page=2&q=a%20b"),
+        ("/api", "/"),
+        ("/api/", "/"),
+        ("/api?x=1", "/?x=1"),
+        ("/apiary/v1", "/apiary/v1"),
+        ("/other/api/v1", "/other/api/v1"),
+    ] {
+        let answer = client.get(&gate.url(sent), &[]).await;
+        assert_eq!(answer.status, 200, "{sent}");
+        assert_eq!(answer.json()["uri"], seen, "{sent}");
+    }
+}
+
+/// A `strip_prefix` that some of the route's requests would not start
+/// with is refused at load.
+#[test]
+fn a_strip_prefix_the_route_does_not_begin_with_is_refused() {
+    let toml = Config::new()
+        .route(
+            Route::new("api")
+                .matching(r#"path_prefix = "/api""#)
+                .upstream("http://127.0.0.1:9")
+                .line(r#"strip_prefix = "/v1""#),
+        )
+        .toml();
+    let e = floodgate::config::parse(std::path::Path::new("t.toml"), &toml)
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("strip_prefix \"/v1\""), "{e}");
+}

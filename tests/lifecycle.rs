@@ -254,3 +254,42 @@ async fn a_second_sigterm_during_a_drain_stops_at_once() {
     assert!(text.contains("second stop signal"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--listen` and `--admin-listen` replace the file's addresses, so two
+/// instances on one host share one file, and report the same digest.
+#[tokio::test]
+async fn two_instances_share_one_file_with_listen_flags() {
+    let dir = temp_dir("listen-flags");
+    let config = dir.join("floodgate.toml");
+    std::fs::write(
+        &config,
+        "[server]\nlisten = \"127.0.0.1:1\"\n\n[[routes]]\nname = \"all\"\nrespond = { status = 200, body = \"ok\" }\n",
+    )
+    .expect("write config");
+    let mut digests = Vec::new();
+    let mut processes = Vec::new();
+    for n in 0..2 {
+        let (port, admin) = (free_port(), free_port());
+        let log = dir.join(format!("{n}.log"));
+        let (listen, admin_listen) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{admin}"));
+        let env = [("FLOODGATE_ADMIN_LISTEN", admin_listen.as_str())];
+        let process =
+            FloodgateProcess::spawn_logging(&config, port, &env, &["--listen", &listen], &log)
+                .await;
+        let client = TestClient::http1();
+        assert_eq!(client.get(&process.url("/"), &[]).await.text(), "ok");
+        let metrics = client
+            .get(&format!("http://{admin_listen}/metrics"), &[])
+            .await
+            .text();
+        let digest = metrics
+            .lines()
+            .find(|l| l.starts_with("floodgate_config_info"))
+            .unwrap_or_else(|| panic!("no config info:\n{metrics}"))
+            .to_owned();
+        digests.push(digest);
+        processes.push(process);
+    }
+    assert_eq!(digests[0], digests[1]);
+    let _ = std::fs::remove_dir_all(dir);
+}

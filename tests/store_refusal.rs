@@ -352,3 +352,77 @@ async fn a_password_changed_at_run_time_fails_readiness_and_is_logged_again_and_
     drop(redis);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The password need not be in the file: `password_file` (as a Kubernetes
+/// Secret mounts it) or `${ENV}` in the URL; either counts in Redis.
+#[tokio::test]
+async fn the_password_comes_from_a_file_or_the_environment() {
+    let (redis, port) = redis_with_password().await;
+    let dir = temp_dir("password-sources");
+    std::fs::write(dir.join("redis-password"), "secret\n").expect("write the secret");
+    for (how, store, env) in [
+        (
+            "file",
+            format!("url = \"redis://127.0.0.1:{port}\"\npassword_file = \"redis-password\""),
+            ("FLOODGATE_TEST_UNUSED", ""),
+        ),
+        (
+            "environment",
+            format!("url = \"redis://:${{REDIS_PASSWORD}}@127.0.0.1:{port}\""),
+            ("REDIS_PASSWORD", "secret"),
+        ),
+    ] {
+        let listen = free_port();
+        let prefix = unique_prefix(&format!("password-{how}"));
+        let path = dir.join(format!("{how}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{listen}\"\n\n[store]\nbackend = \"redis\"\n{store}\nkey_prefix = \"{prefix}\"\n\n[[routes]]\nname = \"api\"\nrespond = {{ status = 200 }}\nlimits = [{{ algorithm = \"fixed_window\", limit = 2, window = \"1h\" }}]\n"
+            ),
+        )
+        .expect("write config");
+        let log = dir.join(format!("{how}.log"));
+        let process = FloodgateProcess::spawn_logging(&path, listen, &[env], &[], &log).await;
+        let client = TestClient::http1();
+        let mut seen = [0u16; 3];
+        for status in &mut seen {
+            *status = client.get(&process.url("/"), &[]).await.status.as_u16();
+        }
+        assert_eq!(seen, [200, 200, 429], "password from the {how}");
+        let mut conn = redis::Client::open(format!("redis://:secret@127.0.0.1:{port}"))
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query_async(&mut conn)
+            .await
+            .expect("keys");
+        assert!(!keys.is_empty(), "nothing counted in Redis ({how})");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !text.contains("secret"),
+            "the password is in the log:\n{text}"
+        );
+        drop(process);
+    }
+    // An unset variable is named at load.
+    let path = dir.join("unset.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[store]\nbackend = \"redis\"\nurl = \"redis://:${{FLOODGATE_TEST_NOT_SET}}@127.0.0.1:{port}\"\n\n[[routes]]\nname = \"api\"\nrespond = {{ status = 200 }}\n"
+        ),
+    )
+    .expect("write config");
+    let (code, text) = run(&path, &["--check"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("FLOODGATE_TEST_NOT_SET") && text.contains("unset.toml:"),
+        "{text}"
+    );
+    drop(redis);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -40,6 +40,7 @@ pub(super) struct RouteModel {
     exempt_keys: overrides::ExemptKeysModel,
     concurrency: Option<Spanned<concurrency::ConcurrencyModel>>,
     usage: Option<Spanned<super::usage::UsageModel>>,
+    strip_prefix: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -234,7 +235,9 @@ impl Validator<'_> {
             None => Some(defaults.max_request_body),
             Some(size) => self.size(size, "max_request_body").map(Some),
         };
+        let strip_prefix = self.strip_prefix(m, matcher.as_ref());
         Some(Route {
+            strip_prefix: strip_prefix?,
             max_request_body: max_request_body?,
             name: name.as_str().into(),
             matcher: matcher?,
@@ -251,6 +254,48 @@ impl Validator<'_> {
             concurrency: concurrency?,
             usage: usage?,
         })
+    }
+
+    /// A route's `strip_prefix`: a path of whole segments (`/api`), on a
+    /// route that forwards, which its `path_prefix` (if any) begins with,
+    /// so that it applies to every request the route matches.
+    fn strip_prefix(
+        &mut self,
+        m: &RouteModel,
+        matcher: Option<&Match>,
+    ) -> Option<Option<Box<str>>> {
+        let Some(prefix) = &m.strip_prefix else {
+            return Some(None);
+        };
+        let text = prefix.get_ref();
+        if !text.starts_with('/') || text.len() < 2 || text.ends_with('/') || text.contains("//") {
+            self.problem(
+                prefix.span(),
+                format!("strip_prefix {text:?} must be a path of whole segments, like \"/api\" or \"/api/v1\" (starting with '/', not ending with one)"),
+            );
+            return None;
+        }
+        if m.upstream.is_none() {
+            self.problem(
+                prefix.span(),
+                "strip_prefix applies only to a route with an upstream",
+            );
+            return None;
+        }
+        if let Some(path_prefix) = matcher.and_then(|m| m.path_prefix.as_deref()) {
+            let covered = path_prefix
+                .get(..text.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(text))
+                && matches!(path_prefix.as_bytes().get(text.len()), None | Some(b'/'));
+            if !covered {
+                self.problem(
+                    prefix.span(),
+                    format!("strip_prefix {text:?} is not where the route's path_prefix {path_prefix:?} begins, so some requests would keep it; use a prefix of the path_prefix"),
+                );
+                return None;
+            }
+        }
+        Some(Some(text.as_str().into()))
     }
 
     /// A metered request costs up to its largest reservation: that must

@@ -24,6 +24,7 @@ pub(super) struct StoreModel {
     tls_cert_file: Option<Spanned<String>>,
     tls_key_file: Option<Spanned<String>>,
     master_name: Option<Spanned<String>>,
+    password_file: Option<Spanned<String>>,
 }
 
 impl Validator<'_> {
@@ -116,9 +117,26 @@ impl Validator<'_> {
                         "master_name is only used with backend = \"redis_sentinel\"",
                     );
                 }
+                let password = self.password_file(m.password_file.as_ref());
                 let check = |v: &mut Self, url: &str, span: Range<usize>| -> Option<String> {
+                    let url = match expand_env(url) {
+                        Ok(url) => url,
+                        Err(problem) => {
+                            v.problem(span, problem);
+                            return None;
+                        }
+                    };
                     if url.starts_with("redis://") || url.starts_with("rediss://") {
-                        Some(url.to_owned())
+                        match &password {
+                            Some(Some(password)) => match with_password(&url, password) {
+                                Ok(url) => Some(url),
+                                Err(problem) => {
+                                    v.problem(span, problem);
+                                    None
+                                }
+                            },
+                            _ => Some(url),
+                        }
                     } else {
                         v.problem(
                             span,
@@ -170,6 +188,7 @@ impl Validator<'_> {
                 {
                     self.problem(key.span(), "TLS files apply only to rediss:// URLs");
                 }
+                password?;
                 Some(Store::Redis(RedisStore {
                     endpoint: endpoint?,
                     key_prefix: key_prefix?,
@@ -185,6 +204,37 @@ impl Validator<'_> {
                     format!(
                         "backend {other:?} is not one of \"memory\", \"redis\", \"redis_cluster\", \"redis_sentinel\""
                     ),
+                );
+                None
+            }
+        }
+    }
+
+    /// The password in `password_file` (its first line), if one is named:
+    /// `Some(None)` when none is, `None` when the file is a problem.
+    fn password_file(&mut self, file: Option<&Spanned<String>>) -> Option<Option<String>> {
+        let Some(file) = file else {
+            return Some(None);
+        };
+        let resolved = self.path.parent().map_or_else(
+            || PathBuf::from(file.get_ref()),
+            |dir| dir.join(file.get_ref()),
+        );
+        match std::fs::read_to_string(&resolved) {
+            Ok(text) => match text.lines().next().map(str::trim_end) {
+                Some(password) if !password.is_empty() => Some(Some(password.to_owned())),
+                _ => {
+                    self.problem(
+                        file.span(),
+                        format!("password_file {} is empty", resolved.display()),
+                    );
+                    None
+                }
+            },
+            Err(e) => {
+                self.problem(
+                    file.span(),
+                    format!("cannot read password_file {}: {e}", resolved.display()),
                 );
                 None
             }
@@ -235,5 +285,95 @@ impl Validator<'_> {
             }
         };
         Some(Tls { ca: ca?, client })
+    }
+}
+
+/// `text` with each `${NAME}` replaced by the environment variable `NAME`,
+/// so that a secret (a Redis password in a URL) need not be in the file.
+/// The value goes in as it is: a password with `@`, `:` or `/` in it must
+/// be percent-encoded where it is set, or given in `password_file`.
+fn expand_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(
+                "\"${\" without a closing \"}\": write ${NAME} for the environment variable NAME"
+                    .to_owned(),
+            );
+        };
+        let name = &after[..end];
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!(
+                "${{{name}}} is not an environment variable's name (letters, digits and '_')"
+            ));
+        }
+        match std::env::var(name) {
+            Ok(value) => out.push_str(&value),
+            Err(_) => {
+                return Err(format!(
+                    "the environment variable {name} (named as ${{{name}}}) is not set"
+                ));
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `url` with `password` (percent-encoded) as its password, after the user
+/// name if it has one.
+fn with_password(url: &str, password: &str) -> Result<String, String> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (user, host) = match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => {
+            return Err(
+                "this URL has a password and password_file gives another: keep one".to_owned(),
+            );
+        }
+        Some((user, _)) => (user, &rest[user.len() + 1..]),
+        None => ("", rest),
+    };
+    let mut encoded = String::with_capacity(password.len());
+    for byte in password.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Ok(format!("{scheme}://{user}:{encoded}@{host}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_goes_after_the_user_percent_encoded() {
+        assert_eq!(
+            with_password("redis://10.0.0.1:6379/2", "p@ss:w/rd").as_deref(),
+            Ok("redis://:p%40ss%3Aw%2Frd@10.0.0.1:6379/2")
+        );
+        assert_eq!(
+            with_password("rediss://app@redis.internal", "s3cret").as_deref(),
+            Ok("rediss://app:s3cret@redis.internal")
+        );
+        assert!(with_password("redis://app:old@h", "new").is_err());
+    }
+
+    #[test]
+    fn environment_variables_are_expanded_and_unset_ones_named() {
+        let path = std::env::var("PATH").unwrap_or_default();
+        assert_eq!(expand_env("a${PATH}b"), Ok(format!("a{path}b")));
+        assert_eq!(expand_env("no variables"), Ok("no variables".to_owned()));
+        let unset = expand_env("redis://:${FLOODGATE_TEST_SURELY_UNSET}@h").unwrap_err();
+        assert!(unset.contains("FLOODGATE_TEST_SURELY_UNSET"), "{unset}");
+        assert!(expand_env("${a-b}").is_err());
+        assert!(expand_env("${OPEN").is_err());
     }
 }

@@ -148,6 +148,10 @@ async fn answer<H: Send + 'static>(
     let mut response = match &found.route.action {
         Action::Respond(r) => response::respond(r),
         Action::Upstream(upstream) => {
+            let forward_path = match found.route.stripped(&forward_path) {
+                Some(rest) => Cow::Owned(rest.to_owned()),
+                None => forward_path,
+            };
             let target = forwarded_target(forward_path, &head.uri)?;
             let exchange = Exchange {
                 upstream,
