@@ -147,13 +147,21 @@ async fn a_killed_primary_is_replaced_and_limits_are_exact_again() {
     let after: Vec<String> = (0..24).map(|i| format!("after-{i}")).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let probe = http
-            .get(&gates[0].url("/token_bucket"), &[("x-client", "probe")])
-            .await;
-        let probe2 = http
-            .get(&gates[1].url("/token_bucket"), &[("x-client", "probe")])
-            .await;
-        if probe.status != 503 && probe2.status != 503 {
+        // Probe clients of their own, spread over the slots as the
+        // clients measured next are: every primary must decide again.
+        let mut answered = true;
+        for i in 0..24 {
+            for gate in &gates {
+                let probe = http
+                    .get(
+                        &gate.url("/token_bucket"),
+                        &[("x-client", &format!("probe-{i}"))],
+                    )
+                    .await;
+                answered &= probe.status != 503;
+            }
+        }
+        if answered {
             break;
         }
         assert!(
@@ -369,10 +377,15 @@ fn owners(cluster: &TestCluster, prefix: &str, clients: &[String]) -> Vec<u16> {
     let mut owner = vec![0u16; clients.len()];
     for port in cluster.primaries() {
         for key in cluster.keys(port, &format!("{prefix}:{{load:*")) {
-            if let Some(i) = clients
-                .iter()
-                .position(|c| key.contains(&format!(":h:{c}}}")))
-            {
+            if let Some(i) = clients.iter().position(|c| {
+                let mut tag = String::from(":");
+                floodgate::limit::redis::write_client(
+                    &mut tag,
+                    &floodgate::client::ClientId::header(c),
+                    &floodgate::limit::redis::IdKey::new(None),
+                );
+                key.contains(&format!("{tag}}}"))
+            }) {
                 owner[i] = port;
             }
         }

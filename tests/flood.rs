@@ -73,6 +73,7 @@ fn limiter_config(redis: &TestRedis, prefix: &str) -> Store {
         on_error: OnError::Deny,
         local_instances: 1,
         tls: Default::default(),
+        id_secret: None,
     })
 }
 

@@ -443,7 +443,7 @@ async fn keep_alive_connections_close_once_idle_for_the_head_timeout() {
 
 fn key_text(client: &ClientId) -> String {
     let mut s = String::new();
-    write_client(&mut s, client);
+    write_client(&mut s, client, &floodgate::limit::redis::IdKey::new(None));
     s
 }
 
@@ -543,4 +543,111 @@ async fn hostile_client_ids_get_their_own_buckets_in_redis() {
         assert_eq!(tag.matches('{').count(), 1, "{key}");
         assert_eq!(tag.matches('}').count(), 1, "{key}");
     }
+}
+
+// === client ids in the store ===
+
+/// floodgate counting `x-api-key` clients in `redis` under `prefix`, with
+/// `id_secret` if given, an admin listener, and ids shown hashed.
+fn keyed_in_redis(redis: &TestRedis, prefix: &str, id_secret: Option<&str>) -> String {
+    let mut config = Config::new()
+        .admin()
+        .redis(&redis.url, prefix)
+        .access_log(&[r#"format = "off""#, r#"client_id = "hash""#]);
+    if let Some(secret) = id_secret {
+        config = config.store(&format!("id_secret = \"{secret}\""));
+    }
+    config
+        .route(
+            Route::new("users-api")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "x-api-key""#)
+                .limit("fixed_window", 100, "1h"),
+        )
+        .toml()
+}
+
+/// Whoever can read the store cannot read an API key from it, and two
+/// instances sharing an id secret name a client alike on `/clients/top`.
+#[tokio::test]
+async fn api_keys_are_not_stored_in_clear_and_instances_name_a_client_alike() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("ids-in-keys");
+    let secret = "a shared secret of the instances";
+    let toml = keyed_in_redis(&redis, &prefix, Some(secret));
+    let (a, b) = (Floodgate::start(&toml).await, Floodgate::start(&toml).await);
+    let client = TestClient::http1();
+    for gate in [&a, &b] {
+        for _ in 0..3 {
+            let answer = client.get(&gate.url("/"), &[("x-api-key", "bob")]).await;
+            assert_eq!(answer.status, 200);
+        }
+    }
+    // Both counted in one bucket: six of a hundred.
+    let answer = client.get(&a.url("/"), &[("x-api-key", "bob")]).await;
+    assert!(
+        answer.header("ratelimit").unwrap_or("").contains("r=93"),
+        "{:?}",
+        answer.headers
+    );
+    let keys = redis.keys(&format!("{prefix}*")).await;
+    assert!(keys.len() >= 2, "{keys:?}");
+    for key in &keys {
+        assert!(!key.contains("bob"), "the API key is readable in {key}");
+    }
+    let mut conn = redis.connection().await;
+    for key in keys.iter().filter(|k| !k.ends_with("id-secret-marker")) {
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("type");
+        let dump: String = match kind.as_str() {
+            "string" => redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("get"),
+            "hash" => format!(
+                "{:?}",
+                redis::cmd("HGETALL")
+                    .arg(key)
+                    .query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .expect("hgetall")
+            ),
+            _ => String::new(),
+        };
+        assert!(!dump.contains("bob"), "the API key is in {key}'s value");
+    }
+    let name = |json: serde_json::Value| json["routes"][0]["clients"][0]["client"].clone();
+    let top_a = client.get(&a.admin_url("/clients/top"), &[]).await.json();
+    let top_b = client.get(&b.admin_url("/clients/top"), &[]).await.json();
+    assert!(name(top_a.clone()).is_string(), "{top_a}");
+    assert_ne!(name(top_a.clone()), "bob");
+    assert_eq!(name(top_a), name(top_b));
+}
+
+/// An instance whose id secret differs from the one the store's other
+/// instances use would count every client apart: it refuses to start,
+/// naming the setting.
+#[tokio::test]
+async fn an_instance_with_another_id_secret_refuses_to_start() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("ids-mismatch");
+    let first = Floodgate::start(&keyed_in_redis(
+        &redis,
+        &prefix,
+        Some("the first secret, long enough"),
+    ))
+    .await;
+    let answer = TestClient::http1()
+        .get(&first.url("/"), &[("x-api-key", "bob")])
+        .await;
+    assert_eq!(answer.status, 200);
+    for other in [Some("another secret, long enough too"), None] {
+        let e = Floodgate::start_refused(&keyed_in_redis(&redis, &prefix, other)).await;
+        assert!(e.contains("id_secret"), "{e}");
+    }
+    first.stop().await.expect("stop");
 }

@@ -45,6 +45,19 @@ fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
     Limit::new(algorithm, limit, window_ms)
 }
 
+/// The hash tag of route `r` and client `client` (a header value), as the
+/// store writes it: `{r:k:<digest>}`.
+fn tag(client: &str) -> String {
+    let mut tag = String::from("{r:");
+    floodgate::limit::redis::write_client(
+        &mut tag,
+        &ClientId::header(client),
+        &floodgate::limit::redis::IdKey::new(None),
+    );
+    tag.push('}');
+    tag
+}
+
 fn store(redis: &TestRedis, prefix: &str) -> RedisStore {
     RedisStore::new(&redis.url, prefix, Duration::from_secs(2)).expect("store")
 }
@@ -169,7 +182,7 @@ async fn sliding_log_counts_every_request_in_the_same_millisecond() {
     }
     assert_eq!(admitted, 50);
     let mut conn = redis.connection().await;
-    let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:60000");
+    let key = format!("{prefix}:{}:0:sliding_log:60000", tag("c"));
     let members: usize = redis::cmd("ZCARD")
         .arg(&key)
         .query_async(&mut conn)
@@ -228,7 +241,7 @@ async fn fixed_window_script_boundaries_are_exact() {
     );
 
     let mut conn = redis.connection().await;
-    let key = format!("{prefix}:{{r:h:c}}:0:fixed_window:1000");
+    let key = format!("{prefix}:{}:0:fixed_window:1000", tag("c"));
     assert_ttl_at_most_window_plus_slack(&mut conn, &key, 1_000).await;
 }
 
@@ -260,7 +273,7 @@ async fn sliding_log_script_boundaries_are_exact() {
     );
 
     let mut conn = redis.connection().await;
-    let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:1000");
+    let key = format!("{prefix}:{}:0:sliding_log:1000", tag("c"));
     assert_ttl_at_most_window_plus_slack(&mut conn, &key, 1_000).await;
 }
 
@@ -281,7 +294,7 @@ async fn a_denial_by_one_limit_writes_nothing_to_the_others() {
         assert_eq!(d.limit, 1, "the fixed window denied");
     }
     let mut conn = redis.connection().await;
-    let log = format!("{prefix}:{{r:h:c}}:0:sliding_log:60000");
+    let log = format!("{prefix}:{}:0:sliding_log:60000", tag("c"));
     let members: usize = redis::cmd("ZCARD")
         .arg(&log)
         .query_async(&mut conn)
@@ -337,7 +350,7 @@ async fn redis_time_decides_unless_a_test_passes_now() {
         .query_async(&mut conn)
         .await
         .expect("time");
-    let key = format!("{prefix}:{{r:h:c}}:0:sliding_log:60000");
+    let key = format!("{prefix}:{}:0:sliding_log:60000", tag("c"));
     let newest: Vec<(String, f64)> = redis::cmd("ZRANGE")
         .arg(&key)
         .arg(-1)
@@ -722,7 +735,10 @@ async fn a_call_reads_and_writes_each_key_once() {
         let expected = alone.decide_at(*charge, *now).await.expect("decision");
         assert_eq!(decisions[i], expected, "decision {i}");
     }
-    for key in ["{r:h:a}:0:fixed_window:60000", "{r:h:b}:0:gcra:60000"] {
+    for key in [
+        format!("{}:0:fixed_window:60000", tag("a")),
+        format!("{}:0:gcra:60000", tag("b")),
+    ] {
         let mut stored = Vec::new();
         for prefix in [&prefix, &alone_prefix] {
             let key = format!("{prefix}:{key}");
@@ -904,7 +920,7 @@ async fn a_key_of_another_shape_reads_as_empty_and_is_replaced() {
         (Algorithm::SlidingWindow, "text"),
     ] {
         let limits = [limit(algorithm, 2, 60_000)];
-        let key = format!("{prefix}:{{r:h:{client}}}:0:{}:60000", algorithm.name());
+        let key = format!("{prefix}:{}:0:{}:60000", tag(client), algorithm.name());
         if client == "hash" {
             let _: () = redis::cmd("HSET")
                 .arg(&key)

@@ -62,11 +62,13 @@ pub struct Ids {
 }
 
 impl Ids {
-    /// Ids shown as `mode` says, digests keyed as [`digest_key`] says.
-    pub fn new(mode: ShowId) -> Self {
+    /// Ids shown as `mode` says, digests keyed as [`digest_key`] says
+    /// (with the store's `id_secret`, when there is one: instances sharing
+    /// it name a client alike).
+    pub fn new(mode: ShowId, id_secret: Option<&[u8]>) -> Self {
         Self {
             mode,
-            key: digest_key(),
+            key: digest_key(id_secret),
         }
     }
 
@@ -205,12 +207,21 @@ fn now_secs() -> u64 {
 }
 
 /// The key of client digests: `FLOODGATE_ACCESS_LOG_KEY` (the same on every
-/// instance gives the same digests everywhere), else the process's own.
-fn digest_key() -> [u8; 32] {
+/// instance gives the same digests everywhere), else one derived from the
+/// store's `id_secret` (shared by the instances sharing the store, and
+/// apart from the key of the store's own digests), else the process's own.
+fn digest_key(id_secret: Option<&[u8]>) -> [u8; 32] {
     if let Ok(key) = std::env::var("FLOODGATE_ACCESS_LOG_KEY")
         && !key.is_empty()
     {
         return Sha256::digest(key.as_bytes()).into();
+    }
+    if let Some(secret) = id_secret {
+        return Sha256::new()
+            .chain_update(b"floodgate: client ids as operators see them\0")
+            .chain_update(secret)
+            .finalize()
+            .into();
     }
     *process_key()
 }

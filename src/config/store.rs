@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use super::{
     DEFAULT_STORE_TIMEOUT, Endpoint, OnError, RedisStore, Store, Tls, Validator, valid_name,
 };
+use crate::limit::settings::IdSecret;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +26,8 @@ pub(super) struct StoreModel {
     tls_key_file: Option<Spanned<String>>,
     master_name: Option<Spanned<String>>,
     password_file: Option<Spanned<String>>,
+    id_secret: Option<Spanned<String>>,
+    id_secret_file: Option<Spanned<String>>,
 }
 
 impl Validator<'_> {
@@ -78,6 +81,12 @@ impl Validator<'_> {
                 for (key, present) in [
                     ("url", m.url.as_ref().map(Spanned::span)),
                     ("urls", m.urls.as_ref().map(Spanned::span)),
+                    ("password_file", m.password_file.as_ref().map(Spanned::span)),
+                    ("id_secret", m.id_secret.as_ref().map(Spanned::span)),
+                    (
+                        "id_secret_file",
+                        m.id_secret_file.as_ref().map(Spanned::span),
+                    ),
                 ] {
                     if let Some(span) = present {
                         self.problem(
@@ -189,7 +198,9 @@ impl Validator<'_> {
                     self.problem(key.span(), "TLS files apply only to rediss:// URLs");
                 }
                 password?;
+                let id_secret = self.id_secret(m);
                 Some(Store::Redis(RedisStore {
+                    id_secret: id_secret?,
                     endpoint: endpoint?,
                     key_prefix: key_prefix?,
                     timeout: timeout?,
@@ -208,6 +219,57 @@ impl Validator<'_> {
                 None
             }
         }
+    }
+
+    /// The secret client ids are digested with: `id_secret` (with
+    /// `${NAME}` expanded) or the first line of `id_secret_file`, at least
+    /// 16 bytes.
+    fn id_secret(&mut self, m: &StoreModel) -> Option<Option<IdSecret>> {
+        let (text, span) = match (&m.id_secret, &m.id_secret_file) {
+            (None, None) => return Some(None),
+            (Some(a), Some(b)) => {
+                self.problem(
+                    b.span(),
+                    "id_secret and id_secret_file both give the secret; keep one",
+                );
+                let _ = a;
+                return None;
+            }
+            (Some(secret), None) => match expand_env(secret.get_ref()) {
+                Ok(text) => (text, secret.span()),
+                Err(problem) => {
+                    self.problem(secret.span(), problem);
+                    return None;
+                }
+            },
+            (None, Some(file)) => {
+                let resolved = self.path.parent().map_or_else(
+                    || PathBuf::from(file.get_ref()),
+                    |dir| dir.join(file.get_ref()),
+                );
+                match std::fs::read_to_string(&resolved) {
+                    Ok(text) => (
+                        text.lines().next().unwrap_or("").trim_end().to_owned(),
+                        file.span(),
+                    ),
+                    Err(e) => {
+                        self.problem(
+                            file.span(),
+                            format!("cannot read id_secret_file {}: {e}", resolved.display()),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        if text.len() < 16 {
+            self.problem(
+                span,
+                "the id secret must be at least 16 bytes (32 random ones are best: openssl rand -hex 32)",
+            );
+            return None;
+        }
+        Some(Some(IdSecret(text.into_bytes().into_boxed_slice())))
     }
 
     /// The password in `password_file` (its first line), if one is named:

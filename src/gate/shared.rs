@@ -111,7 +111,11 @@ impl Shared {
             metrics.store(),
         )
         .await?;
-        let ids = Arc::new(Ids::new(config.client_ids));
+        let id_secret = match &config.store {
+            crate::limit::settings::Store::Redis(redis) => redis.id_secret.as_ref(),
+            crate::limit::settings::Store::Memory => None,
+        };
+        let ids = Arc::new(Ids::new(config.client_ids, id_secret.map(|s| &s.0[..])));
         let access_log = match &config.access_log {
             Some(settings) => Some(AccessLog::start(
                 settings.clone(),

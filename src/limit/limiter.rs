@@ -97,7 +97,8 @@ impl Limiter {
             &settings.key_prefix,
             settings.timeout,
             metrics.redis_calls.clone(),
-        )?;
+        )?
+        .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..]));
         match store.load_script().await {
             Err(refused @ StoreError::Refused(_)) => return Err(refused),
             Ok(()) => tracing::info!(
@@ -146,7 +147,8 @@ impl Limiter {
             &settings.key_prefix,
             settings.timeout,
             prometheus_client::metrics::counter::Counter::default(),
-        )?;
+        )?
+        .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..]));
         store.load_script().await
     }
 

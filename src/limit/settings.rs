@@ -49,6 +49,22 @@ pub struct RedisStore {
     pub local_instances: u64,
     /// Certificates for `rediss://` beyond the system's trusted roots.
     pub tls: Tls,
+    /// The secret client ids are digested with in keys (`id_secret`,
+    /// `id_secret_file`); `None`: a fixed key, public, the same for every
+    /// instance.
+    pub id_secret: Option<IdSecret>,
+}
+
+/// The secret that keys the digests client ids are stored under, so that
+/// whoever reads the store cannot confirm a guessed id. Instances sharing
+/// a store must share it. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdSecret(pub Box<[u8]>);
+
+impl fmt::Debug for IdSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IdSecret(..)")
+    }
 }
 
 /// TLS material for `rediss://`, read from files at load.

@@ -320,6 +320,28 @@ impl Floodgate {
         Self::serve(config).await
     }
 
+    /// Tries to start floodgate with `toml` (valid), expecting it to
+    /// refuse: the reason it gives.
+    pub async fn start_refused(toml: &str) -> String {
+        let config = floodgate::config::parse(Path::new("test.toml"), toml)
+            .unwrap_or_else(|e| panic!("test config is invalid:\n{e}"));
+        let listeners = floodgate::Listeners {
+            proxy: TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+            admin: None,
+        };
+        let run = floodgate::run(
+            config,
+            listeners,
+            std::future::pending(),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        match tokio::time::timeout(Duration::from_secs(30), run).await {
+            Ok(Err(e)) => e.to_string(),
+            Ok(Ok(())) => panic!("floodgate started and stopped"),
+            Err(_) => panic!("floodgate started instead of refusing"),
+        }
+    }
+
     async fn serve(config: floodgate::config::Config) -> Self {
         show_logs();
         let listener = TcpListener::bind("127.0.0.1:0")

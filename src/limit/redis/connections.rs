@@ -125,7 +125,7 @@ pub(super) fn refusal(error: &RedisError) -> Option<&'static str> {
                 || text.contains("received fatal alert")) =>
         {
             Some(
-                "the TLS handshake with Redis failed: check the rediss:// address's host name and [store.tls] ca, cert and key",
+                "the TLS handshake with Redis failed: check the rediss:// address's host name and [store] tls_ca_file, tls_cert_file and tls_key_file",
             )
         }
         _ => None,

@@ -11,9 +11,48 @@ use sha2::{Digest, Sha256};
 use crate::client::ClientId;
 use crate::limit::Limit;
 
-/// Header values up to this length made of safe characters appear in keys
-/// as they are; anything else is hashed.
-pub(super) const MAX_PLAIN_CLIENT: usize = 64;
+/// The key client ids are digested with in Redis keys: HMAC-SHA-256 with
+/// the configured `id_secret`, or with a fixed key when there is none.
+#[derive(Clone)]
+pub struct IdKey(ring::hmac::Key);
+
+impl std::fmt::Debug for IdKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdKey(..)")
+    }
+}
+
+/// The key used when no `id_secret` is configured: the digests still keep
+/// credentials out of the store, though not guessable ids.
+const DEFAULT_ID_SECRET: &[u8] = b"floodgate client id digest, v1";
+
+impl IdKey {
+    /// A key from `secret`, or the default one.
+    pub fn new(secret: Option<&[u8]>) -> Self {
+        Self(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            secret.unwrap_or(DEFAULT_ID_SECRET),
+        ))
+    }
+
+    /// The first 16 bytes of `value`'s HMAC, in hex.
+    fn digest(&self, value: &[u8]) -> [u8; 16] {
+        let tag = ring::hmac::sign(&self.0, value);
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&tag.as_ref()[..16]);
+        out
+    }
+
+    /// What the marker key holds for this key: instances that find
+    /// another value there digest ids with another secret.
+    pub(super) fn marker(&self) -> String {
+        let mut out = String::new();
+        for b in self.digest(b"floodgate id secret marker") {
+            let _ = write!(out, "{b:02x}");
+        }
+        out
+    }
+}
 
 /// A key: `{tag}:{index}:{algorithm}:{window_ms}`, written straight into
 /// the command, without a buffer of its own.
@@ -54,12 +93,13 @@ pub(super) fn decimal(n: u64, digits: &mut [u8; 20]) -> &[u8] {
 }
 
 /// Writes a client id so that it cannot break the hash tag or the key's
-/// structure, and two different ids never write the same text: addresses as
-/// `a:<ip>`, short header values of safe characters as `h:<value>`, any
-/// other header value as `s:<sha-256 hex>` (fixed length, whatever its size;
-/// a value kept only as its digest writes the same), and composite ids as
-/// `c:<part>|<part>…`.
-pub fn write_client(out: &mut String, client: &ClientId) {
+/// structure, two different ids never write the same text, and no
+/// credential can be read from it: addresses as `a:<ip>`, a value read
+/// from the request (a header, a claim, a path parameter) as `k:` and the
+/// first 16 bytes in hex of the HMAC, keyed with `key`, of its SHA-256
+/// (fixed length, whatever its size; a value kept only as its SHA-256
+/// writes the same), and composite ids as `c:<part>|<part>…`.
+pub fn write_client(out: &mut String, client: &ClientId, key: &IdKey) {
     match client {
         ClientId::Addr(IpAddr::V4(ip)) => {
             // The common case, written without the formatting machinery:
@@ -81,21 +121,9 @@ pub fn write_client(out: &mut String, client: &ClientId) {
         ClientId::Addr(ip) => {
             let _ = write!(out, "a:{ip}");
         }
-        ClientId::Header(bytes) => {
-            let plain = bytes.len() <= MAX_PLAIN_CLIENT
-                && bytes.iter().all(|&b| {
-                    b.is_ascii_alphanumeric()
-                        || matches!(b, b'-' | b'.' | b'_' | b'~' | b'+' | b'/' | b'=' | b'@')
-                });
-            if plain {
-                out.push_str("h:");
-                out.extend(bytes.iter().map(|&b| char::from(b)));
-            } else {
-                write_digest(out, &Sha256::digest(bytes).into());
-            }
-        }
+        ClientId::Header(bytes) => write_digest(out, &Sha256::digest(bytes).into(), key),
         // The same text as the long value it stands for would write.
-        ClientId::Digest(digest) => write_digest(out, digest),
+        ClientId::Digest(digest) => write_digest(out, digest, key),
         // One bucket for the whole route.
         ClientId::Global => out.push('g'),
         ClientId::Composite(parts) => {
@@ -105,17 +133,19 @@ pub fn write_client(out: &mut String, client: &ClientId) {
                 if i > 0 {
                     out.push('|');
                 }
-                write_client(out, part);
+                write_client(out, part, key);
             }
         }
     }
 }
 
-/// `s:` and a SHA-256 in hex.
-pub(super) fn write_digest(out: &mut String, digest: &[u8; 32]) {
-    out.push_str("s:");
-    for b in digest {
-        let _ = write!(out, "{b:02x}");
+/// `k:` and the keyed digest of a SHA-256, in hex.
+fn write_digest(out: &mut String, sha256: &[u8; 32], key: &IdKey) {
+    out.push_str("k:");
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in key.digest(sha256) {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
     }
 }
 
@@ -125,18 +155,27 @@ mod tests {
 
     fn written(client: &ClientId) -> String {
         let mut s = String::new();
-        write_client(&mut s, client);
+        write_client(&mut s, client, &IdKey::new(None));
         s
     }
 
     #[test]
-    fn addresses_and_plain_header_values_are_readable_in_keys() {
+    fn addresses_are_readable_in_keys_and_header_values_are_not() {
         assert_eq!(
             written(&ClientId::Addr([192, 0, 2, 1].into())),
             "a:192.0.2.1"
         );
-        let key = ClientId::header("key-123");
-        assert_eq!(written(&key), "h:key-123");
+        let key = written(&ClientId::header("key-123"));
+        assert!(key.starts_with("k:") && key.len() == 34, "{key}");
+        assert!(!key.contains("key-123"), "{key}");
+        assert_eq!(key, written(&ClientId::digest_of("key-123")));
+        let mut other = String::new();
+        write_client(
+            &mut other,
+            &ClientId::header("key-123"),
+            &IdKey::new(Some(b"another secret of 32 bytes or so")),
+        );
+        assert_ne!(key, other, "the secret keys the digest");
     }
 
     #[test]

@@ -66,6 +66,7 @@ use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
 use code::{FUNCTIONS_UNKNOWN, Library, code_missing};
 use connections::{Lane, Lanes, retires, store_error};
+pub use keys::IdKey;
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
 use replies::{decision_from_reply, next_decision, verdict_values};
@@ -87,6 +88,8 @@ pub struct RedisStore {
     /// the first decision, which starts the tasks that send the calls.
     queue: ArcSwapOption<mpsc::UnboundedSender<Pending>>,
     key_prefix: String,
+    /// The key client ids are digested with in keys.
+    id_key: IdKey,
     /// The breaker of a store that is not a cluster (a cluster's primaries
     /// each have their own).
     single: Arc<Node>,
@@ -228,8 +231,16 @@ impl RedisStore {
             }),
             queue: ArcSwapOption::empty(),
             key_prefix: key_prefix.to_owned(),
+            id_key: IdKey::new(None),
             single: Arc::new(Node::single(endpoint.to_string())),
         })
+    }
+
+    /// This store with client ids digested with `secret` in keys (see
+    /// [`write_client`]) instead of the default key.
+    pub fn with_id_secret(mut self, secret: Option<&[u8]>) -> Self {
+        self.id_key = IdKey::new(secret);
+        self
     }
 
     /// Retires every connection this store sends on; the next call opens a
@@ -285,17 +296,74 @@ impl RedisStore {
             for node in cluster.nodes() {
                 self.load_on(&node).await?;
             }
-            return Ok(());
+            let marker = self.marker_key();
+            let node = cluster.node(slot_of(&marker)).ok_or_else(no_primary)?;
+            let work = async {
+                let mut conn = node
+                    .connection(&cluster.config)
+                    .await
+                    .map_err(|e| store_error(&e, &node.addr))?;
+                self.check_marker(&mut conn, &marker).await
+            };
+            return tokio::time::timeout(limit, work)
+                .await
+                .map_err(|_| StoreError::Timeout(limit))?;
         }
         let work = async {
             let lane = link.lane().await?;
             let mut conn = lane.conn.clone();
             let loaded = link.load_code(&mut conn).await;
-            loaded.map_err(|e| lane.failed(e))
+            loaded.map_err(|e| lane.failed(e))?;
+            self.check_marker(&mut conn, &self.marker_key()).await
         };
         tokio::time::timeout(limit, work)
             .await
             .map_err(|_| StoreError::Timeout(link.timeout))?
+    }
+
+    /// The key that says which id secret the instances using this store
+    /// digest client ids with.
+    fn marker_key(&self) -> String {
+        format!("{}.id-secret-marker", self.key_prefix)
+    }
+
+    /// Writes this instance's id secret marker where none is, and checks
+    /// one that is: an instance digesting client ids with another secret
+    /// would count every client apart from the others. The marker lives
+    /// for 30 days past the last start or probe that found it.
+    async fn check_marker(
+        &self,
+        conn: &mut connections::Conn,
+        key: &str,
+    ) -> Result<(), StoreError> {
+        const MARKER_TTL_SECS: u64 = 30 * 24 * 3600;
+        let ours = self.id_key.marker();
+        let (_, found): (Value, Option<String>) = redis::pipe()
+            .cmd("SET")
+            .arg(key)
+            .arg(&ours)
+            .arg("NX")
+            .arg("EX")
+            .arg(MARKER_TTL_SECS)
+            .cmd("GET")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .map_err(|e| store_error(&e, "cannot check the id secret marker"))?;
+        match found {
+            Some(theirs) if theirs != ours => Err(StoreError::Refused(format!(
+                "the instances already counting under key_prefix {:?} digest client ids with another secret; give every instance sharing this store the same [store] id_secret (or id_secret_file), or another key_prefix",
+                self.key_prefix
+            ))),
+            _ => {
+                let _: Result<Value, _> = redis::cmd("EXPIRE")
+                    .arg(key)
+                    .arg(MARKER_TTL_SECS)
+                    .query_async(conn)
+                    .await;
+                Ok(())
+            }
+        }
     }
 
     /// Asks `node` whether it answers again, for its breaker's probe: gives
@@ -512,7 +580,7 @@ impl RedisStore {
         tag.push_str(":{");
         tag.push_str(route);
         tag.push(':');
-        write_client(&mut tag, client);
+        write_client(&mut tag, client, &self.id_key);
         tag.push('}');
         tag
     }
