@@ -428,12 +428,16 @@ impl Validator<'_> {
             return;
         }
         let (line, column) = line_column(self.text, span.start);
-        self.problems.push(Problem {
+        let problem = Problem {
             path: self.path.to_owned(),
             line,
             column,
             message: message.into(),
-        });
+        };
+        // The same problem found twice (a table read again) is said once.
+        if !self.problems.contains(&problem) {
+            self.problems.push(problem);
+        }
     }
 
     /// The problems found, in the order of the file.
@@ -478,10 +482,13 @@ impl Validator<'_> {
             .find(|(name, _)| *name == value.get_ref().as_str());
         if found.is_none() {
             let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
+            let hint = problems::closest(value.get_ref(), choices.iter().map(|&(n, _)| n))
+                .map(|near| format!("; did you mean {near:?}?"))
+                .unwrap_or_default();
             self.problem(
                 value.span(),
                 format!(
-                    "{key} {:?} is not one of {}",
+                    "{key} {:?} is not one of {}{hint}",
                     value.get_ref(),
                     names.join(", ")
                 ),

@@ -76,10 +76,13 @@ impl Validator<'_> {
             };
             let at = e.span().unwrap_or(0..0);
             let message = e.message().trim_end();
-            if !removed.explains_missing(message, &at) {
-                self.problem(at.clone(), message.to_owned());
+            let explained = removed.explains_missing(message, &at);
+            let taken = remove_at(&mut table, &at);
+            if !explained {
+                let key = taken.as_ref().and_then(|(_, _, key)| key.as_deref());
+                self.problem(at.clone(), super::problems::in_plain_words(message, key));
             }
-            match remove_at(&mut table, &at) {
+            match taken {
                 Some((gone, mut holders, key)) => {
                     holders.push(span.clone());
                     removed.0.push((gone, holders, key));

@@ -88,37 +88,49 @@ impl Validator<'_> {
         let long_ids = server.map_or((DEFAULT_MAX_CLIENT_ID, TooLong::Reject), |s| {
             (s.max_client_id, s.on_long_client_id)
         });
+        // Every route's name and matcher, even those of routes with other
+        // problems: a duplicate name or a route that can never match is
+        // reported in the same run as the rest.
+        let mut matchers: Vec<(String, Match)> = Vec::new();
         for model in models {
             let span = model.span();
-            let route = self.route(
+            let name = model.get_ref().name.get_ref();
+            let duplicate = !names.insert(name.clone());
+            if duplicate {
+                self.problem(
+                    model.get_ref().name.span(),
+                    format!("route name {name:?} is used twice; names must be unique"),
+                );
+            }
+            let (route, matcher) = self.route(
                 model.get_ref(),
                 span.clone(),
                 (upstreams, defaults),
                 server_exempt,
                 long_ids,
             );
-            let Some(route) = route else {
-                continue;
-            };
-            if !names.insert(route.name.clone()) {
-                self.problem(
-                    model.get_ref().name.span(),
-                    format!(
-                        "route name {:?} is used twice; names must be unique",
-                        route.name
-                    ),
-                );
-                continue;
+            if let Some(matcher) = matcher.filter(|_| !duplicate) {
+                let earlier = matchers.iter().find(|(_, m)| m.covers(&matcher));
+                if let Some((earlier, _)) = earlier {
+                    let message = format!(
+                        "route {name:?} can never match: route {earlier:?} above it matches every request it would; move it above {earlier:?} or narrow {earlier:?}"
+                    );
+                    self.problem(span.clone(), message);
+                    continue;
+                }
+                matchers.push((name.clone(), matcher));
             }
-            if let Some(earlier) = routes.iter().find(|r| r.matcher.covers(&route.matcher)) {
-                let message = format!(
-                    "route {:?} can never match: route {:?} above it matches every request it would; move it above {:?} or narrow {:?}",
-                    route.name, earlier.name, earlier.name, earlier.name
-                );
-                self.problem(span.clone(), message);
-                continue;
+            if let Some(route) = route
+                && !duplicate
+            {
+                routes.push(route);
             }
-            routes.push(route);
+        }
+        if models.is_empty() {
+            self.problem(
+                0..0,
+                "there are no routes, so every request would be answered 404: add a [[routes]] table (see config/example.toml)",
+            );
         }
         routes
     }
@@ -127,6 +139,31 @@ impl Validator<'_> {
         &mut self,
         m: &RouteModel,
         span: Range<usize>,
+        (upstreams, defaults): (
+            &HashMap<String, Option<crate::proxy::settings::Upstream>>,
+            Defaults,
+        ),
+        server_exempt: (&[IpNet], &[crate::routes::KeyExemption]),
+        long_ids: (usize, TooLong),
+    ) -> (Option<Route>, Option<Match>) {
+        let matcher = self.matcher(m.matcher.as_ref());
+        let route = self.route_matching(
+            m,
+            span,
+            matcher.clone(),
+            (upstreams, defaults),
+            server_exempt,
+            long_ids,
+        );
+        (route, matcher)
+    }
+
+    /// [`Self::route`] once its matcher is known.
+    fn route_matching(
+        &mut self,
+        m: &RouteModel,
+        span: Range<usize>,
+        matcher: Option<Match>,
         (upstreams, defaults): (
             &HashMap<String, Option<crate::proxy::settings::Upstream>>,
             Defaults,
@@ -144,7 +181,6 @@ impl Validator<'_> {
                 ),
             );
         }
-        let matcher = self.matcher(m.matcher.as_ref());
         let timeout = self.optional_duration(
             m.upstream_timeout.as_ref(),
             "upstream_timeout",

@@ -417,10 +417,17 @@ impl Validator<'_> {
                     } else {
                         format!("the named ones are {}", names.join(", "))
                     };
+                    let hint = if text.parse::<Authority>().is_ok_and(|a| a.port().is_some()) {
+                        format!("; did you mean \"http://{text}\"?")
+                    } else {
+                        super::problems::closest(text, names.iter().copied())
+                            .map(|near| format!("; did you mean {near:?}?"))
+                            .unwrap_or_default()
+                    };
                     self.problem(
                         u.span(),
                         format!(
-                            "upstream {text:?} is neither a URL such as \"http://host:port\" nor a named upstream ({known})"
+                            "upstream {text:?} is neither a URL such as \"http://host:port\" nor a named upstream ({known}){hint}"
                         ),
                     );
                     return None;
