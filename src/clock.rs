@@ -9,3 +9,15 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// Whether a second has passed since `last` (ms) at `now` (ms), taking the
+/// turn if so: how a line that could repeat on every request is written at
+/// most once a second, whatever the number of threads asking.
+pub fn once_a_second(last: &std::sync::atomic::AtomicU64, now: u64) -> bool {
+    use std::sync::atomic::Ordering;
+    let seen = last.load(Ordering::Relaxed);
+    now.saturating_sub(seen) >= 1_000
+        && last
+            .compare_exchange(seen, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}

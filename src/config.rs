@@ -545,6 +545,36 @@ fn parse_cidr(s: &str) -> Option<IpNet> {
         .map(|n| n.trunc())
 }
 
+impl Config {
+    /// First 16 hex digits of the SHA-256 of what decides the counts in a
+    /// shared store: each route's name, cost, limits and overrides, in
+    /// order. Instances whose files differ elsewhere (listeners, logs)
+    /// share it; instances that count the same keys differently do not.
+    pub fn rules_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for route in self.routes.iter() {
+            let overrides: Vec<_> = route
+                .overrides
+                .iter()
+                .map(|o| (format!("{:?}", o.clients), &o.policy.limits))
+                .collect();
+            hash.update(
+                format!(
+                    "{}|{}|{:?}|{:?}|{}\n",
+                    route.name,
+                    route.cost,
+                    route.policy.limits,
+                    overrides,
+                    route.usage.is_some()
+                )
+                .as_bytes(),
+            );
+        }
+        crate::client::hex(&hash.finalize()[..8])
+    }
+}
+
 /// The digest a configuration's text is known by: the first 16 hex digits
 /// of its SHA-256 (`floodgate_config_info`, the startup and reload lines).
 pub fn digest(text: &str) -> String {

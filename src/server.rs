@@ -425,12 +425,17 @@ async fn sweep(shared: Arc<Shared>) {
 }
 
 /// Checks a store that is considered down twice a second, so that it is
-/// used again as soon as it answers, with or without requests.
+/// used again as soon as it answers, with or without requests; and every
+/// 10 s (first at start) tells the other instances sharing it which rules
+/// this one counts by.
 async fn recover(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    for n in 0u64.. {
         tick.tick().await;
         shared.recover().await;
+        if n % 20 == 0 {
+            shared.announce_rules().await;
+        }
     }
 }

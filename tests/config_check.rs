@@ -130,3 +130,57 @@ fn one_check_run_lists_every_mistake_once() {
     assert_eq!(positions, sorted);
     assert_eq!(positions.len(), expected);
 }
+
+/// Every key the README's tables document (the first column of each
+/// `| key | default | meaning |` table) appears in `config/example.toml`,
+/// set or in a comment, as `key =` or as a `[….key]` table: the example
+/// shows every key, as the README says.
+#[test]
+fn the_example_file_shows_every_documented_key() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let example = std::fs::read_to_string(root.join("config/example.toml")).expect("example");
+    let mut documented = Vec::new();
+    let mut in_table = false;
+    for line in readme.lines() {
+        if line.starts_with("| key | default | meaning |") {
+            in_table = true;
+            continue;
+        }
+        if !line.starts_with('|') {
+            in_table = false;
+        }
+        if !in_table || line.starts_with("|---") {
+            continue;
+        }
+        let first = line.split('|').nth(1).unwrap_or("");
+        for key in first.split('`').skip(1).step_by(2) {
+            if key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                documented.push(key.to_owned());
+            }
+        }
+    }
+    assert!(
+        documented.len() > 80,
+        "the README's key tables: {documented:?}"
+    );
+    let shown = |key: &str| {
+        example.lines().any(|line| {
+            let line = line.trim_start_matches(['#', ' ']);
+            line.ends_with(&format!(".{key}]"))
+                || line.match_indices(key).any(|(at, _)| {
+                    let before = line[..at].chars().next_back();
+                    let after = line[at + key.len()..].trim_start();
+                    matches!(before, None | Some(' ' | '{' | ',')) && after.starts_with('=')
+                })
+        })
+    };
+    let missing: Vec<&String> = documented.iter().filter(|k| !shown(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "config/example.toml does not show {missing:?}"
+    );
+}

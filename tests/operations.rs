@@ -622,3 +622,61 @@ async fn the_probe_without_a_url_follows_the_configuration() {
         "{said}"
     );
 }
+
+/// Instances sharing a store announce the rules they count by: one that
+/// runs other limits for the same route is noticed (a warning, and
+/// `floodgate_store_rule_sets` above 1); instances whose files differ only
+/// elsewhere are not.
+#[tokio::test]
+async fn instances_with_different_limits_on_one_store_are_noticed() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("rule-sets");
+    let with = |limit: u64, extra: &str| {
+        let mut config = Config::new().admin().redis(&redis.url, &prefix);
+        if !extra.is_empty() {
+            config = config.server(extra);
+        }
+        config
+            .route(
+                Route::new("api")
+                    .respond("status = 200")
+                    .limit("fixed_window", limit, "1h"),
+            )
+            .toml()
+    };
+    let client = TestClient::http1();
+    let sets = |gate: &Floodgate| {
+        let url = gate.admin_url("/metrics");
+        let client = client.clone();
+        async move {
+            let text = client.get(&url, &[]).await.text();
+            value(&scrape(&text), "floodgate_store_rule_sets{}")
+        }
+    };
+    let first = Floodgate::start(&with(100, "")).await;
+    // The same limits, another listener setting: one rule set.
+    let same = Floodgate::start(&with(100, r#"drain_delay = "1s""#)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = sets(&same).await;
+        if now == 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the same rules counted as {now} sets"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let other = Floodgate::start(&with(7, "")).await;
+    while sets(&other).await != 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "other limits on the same route were not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for gate in [first, same, other] {
+        gate.stop().await.expect("stop");
+    }
+}

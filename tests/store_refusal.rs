@@ -29,6 +29,15 @@ async fn redis_with_password() -> (TestRedis, u16) {
     (redis, port)
 }
 
+/// A connection to that Redis, with its password.
+async fn with_password(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://:secret@127.0.0.1:{port}"))
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect with the password")
+}
+
 /// One limited route counted in the Redis at `url`, floodgate on `listen`
 /// and its admin listener on `admin` (0: any free port).
 fn config(url: &str, prefix: &str, listen: u16, admin: u16) -> String {
@@ -274,11 +283,7 @@ async fn a_password_changed_at_run_time_fails_readiness_and_is_logged_again_and_
 
     // The password changes on the server and its connections are cut, as
     // a restart with a new password would.
-    let mut conn = redis::Client::open(format!("redis://:secret@127.0.0.1:{port}"))
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect with the password");
+    let mut conn = with_password(port).await;
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("requirepass")
@@ -390,11 +395,7 @@ async fn the_password_comes_from_a_file_or_the_environment() {
             *status = client.get(&process.url("/"), &[]).await.status.as_u16();
         }
         assert_eq!(seen, [200, 200, 429], "password from the {how}");
-        let mut conn = redis::Client::open(format!("redis://:secret@127.0.0.1:{port}"))
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
+        let mut conn = with_password(port).await;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{prefix}*"))
             .query_async(&mut conn)

@@ -227,12 +227,11 @@ impl Validator<'_> {
     fn id_secret(&mut self, m: &StoreModel) -> Option<Option<IdSecret>> {
         let (text, span) = match (&m.id_secret, &m.id_secret_file) {
             (None, None) => return Some(None),
-            (Some(a), Some(b)) => {
+            (Some(_), Some(file)) => {
                 self.problem(
-                    b.span(),
+                    file.span(),
                     "id_secret and id_secret_file both give the secret; keep one",
                 );
-                let _ = a;
                 return None;
             }
             (Some(secret), None) => match expand_env(secret.get_ref()) {
@@ -242,25 +241,7 @@ impl Validator<'_> {
                     return None;
                 }
             },
-            (None, Some(file)) => {
-                let resolved = self.path.parent().map_or_else(
-                    || PathBuf::from(file.get_ref()),
-                    |dir| dir.join(file.get_ref()),
-                );
-                match std::fs::read_to_string(&resolved) {
-                    Ok(text) => (
-                        text.lines().next().unwrap_or("").trim_end().to_owned(),
-                        file.span(),
-                    ),
-                    Err(e) => {
-                        self.problem(
-                            file.span(),
-                            format!("cannot read id_secret_file {}: {e}", resolved.display()),
-                        );
-                        return None;
-                    }
-                }
-            }
+            (None, Some(file)) => (self.first_line(file, "id_secret_file")?, file.span()),
         };
         if text.len() < 16 {
             self.problem(
@@ -275,20 +256,27 @@ impl Validator<'_> {
     /// The password in `password_file` (its first line), if one is named:
     /// `Some(None)` when none is, `None` when the file is a problem.
     fn password_file(&mut self, file: Option<&Spanned<String>>) -> Option<Option<String>> {
-        let Some(file) = file else {
-            return Some(None);
-        };
+        match file {
+            None => Some(None),
+            Some(file) => self.first_line(file, "password_file").map(Some),
+        }
+    }
+
+    /// The first line of the file `file` names (relative to the
+    /// configuration file), without its line end: a secret kept out of the
+    /// configuration, as a mounted Kubernetes Secret holds it.
+    fn first_line(&mut self, file: &Spanned<String>, key: &str) -> Option<String> {
         let resolved = self.path.parent().map_or_else(
             || PathBuf::from(file.get_ref()),
             |dir| dir.join(file.get_ref()),
         );
         match std::fs::read_to_string(&resolved) {
             Ok(text) => match text.lines().next().map(str::trim_end) {
-                Some(password) if !password.is_empty() => Some(Some(password.to_owned())),
+                Some(line) if !line.is_empty() => Some(line.to_owned()),
                 _ => {
                     self.problem(
                         file.span(),
-                        format!("password_file {} is empty", resolved.display()),
+                        format!("{key} {} is empty", resolved.display()),
                     );
                     None
                 }
@@ -296,7 +284,7 @@ impl Validator<'_> {
             Err(e) => {
                 self.problem(
                     file.span(),
-                    format!("cannot read password_file {}: {e}", resolved.display()),
+                    format!("cannot read {key} {}: {e}", resolved.display()),
                 );
                 None
             }

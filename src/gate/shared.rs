@@ -51,6 +51,11 @@ pub struct Shared {
     shadow_logged: AtomicU64,
     /// Which denials were logged and which folded since.
     pub(super) denials: super::denials::DenialLog,
+    /// The digest of the rules in force that decide counts in the store
+    /// (`Config::rules_digest`), announced to the other instances.
+    rules_digest: arc_swap::ArcSwap<String>,
+    /// How many rule sets the store named at the last announcement.
+    rule_sets: std::sync::atomic::AtomicUsize,
     /// The access log, if on.
     pub(super) access_log: Option<Arc<AccessLog>>,
     /// How client ids are shown.
@@ -136,6 +141,8 @@ impl Shared {
             metrics,
             shadow_logged: AtomicU64::new(0),
             denials: super::denials::DenialLog::new(config.server.denial_log_interval),
+            rules_digest: arc_swap::ArcSwap::from_pointee(config.rules_digest()),
+            rule_sets: std::sync::atomic::AtomicUsize::new(1),
             access_log,
             ids,
             draining: AtomicBool::new(false),
@@ -203,6 +210,31 @@ impl Shared {
             at_ms: crate::clock::now_ms(),
             problem,
         });
+    }
+
+    /// Tells the instances sharing the store which rules this one counts
+    /// by, and notices when they do not all count by the same: each would
+    /// enforce its own limits on the same keys. A warning when that starts
+    /// (and whenever the number of rule sets changes), a line when it
+    /// ends, and `floodgate_store_rule_sets` meanwhile.
+    pub async fn announce_rules(&self) {
+        let digest = self.rules_digest.load_full();
+        let Some(sets) = self.limiter.announce_rules(&digest).await else {
+            return;
+        };
+        self.metrics
+            .store_rule_sets
+            .set(i64::try_from(sets).unwrap_or(i64::MAX));
+        let before = self.rule_sets.swap(sets, Ordering::Relaxed);
+        if sets > 1 && sets != before {
+            tracing::warn!(
+                rule_sets = sets,
+                ours = %digest,
+                "instances sharing the rate limit store run different limits (rule sets differ); each enforces its own on the same keys until their files agree"
+            );
+        } else if sets <= 1 && before > 1 {
+            tracing::info!(ours = %digest, "instances sharing the rate limit store run the same limits again");
+        }
     }
 
     /// Asks a store considered down whether it answers again.
@@ -297,6 +329,7 @@ impl Shared {
         self.tls
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();
+        self.rules_digest.store(Arc::new(new.rules_digest()));
         self.metrics.reloaded(true, &new.digest);
         self.reloaded(None);
         tracing::info!(
@@ -323,14 +356,7 @@ impl Shared {
 
     /// Logs a shadow denial, at most once a second at info (the rest at debug).
     pub(super) fn log_shadow(&self, route: &str, client: &ClientId) {
-        let now = crate::clock::now_ms();
-        let last = self.shadow_logged.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 1_000
-            && self
-                .shadow_logged
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if crate::clock::once_a_second(&self.shadow_logged, crate::clock::now_ms()) {
             tracing::info!(
                 route,
                 %client,

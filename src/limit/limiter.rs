@@ -152,6 +152,22 @@ impl Limiter {
         store.load_script().await
     }
 
+    /// Announces the rules digest this instance counts by, and returns
+    /// how many different ones the instances sharing the store announced
+    /// lately (`None` for the memory store, or when the store did not
+    /// answer).
+    pub async fn announce_rules(&self, digest: &str) -> Option<usize> {
+        match self {
+            Self::Memory(..) => None,
+            Self::Redis(shared) => shared
+                .store
+                .announce_rules(digest)
+                .await
+                .ok()
+                .map(|d| d.len()),
+        }
+    }
+
     /// Decides one request.
     pub async fn decide(&self, charge: Charge<'_>) -> Answer {
         match self {
@@ -493,14 +509,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.clone());
         self.is_refused.store(true, Ordering::Relaxed);
-        let now = now_ms();
-        let last = self.refusal_logged.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 1_000
-            && self
-                .refusal_logged
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if crate::clock::once_a_second(&self.refusal_logged, now_ms()) {
             tracing::error!(
                 error = %why,
                 on_error = %self.on_error,
@@ -512,13 +521,8 @@ impl Shared {
     fn fallback(&self, charge: Charge<'_>, error: &StoreError) -> Answer {
         self.note_refusal(error);
         let now = now_ms();
-        let last = self.last_logged.load(Ordering::Relaxed);
         if !matches!(error, StoreError::CircuitOpen | StoreError::Refused(_))
-            && now.saturating_sub(last) >= 1_000
-            && self
-                .last_logged
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+            && crate::clock::once_a_second(&self.last_logged, now)
         {
             tracing::warn!(%error, on_error = %self.on_error, "rate limit store failed");
         }

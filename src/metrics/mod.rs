@@ -144,6 +144,8 @@ pub struct Metrics {
     pub node_circuit_open: Family<NodeLabel, Gauge>,
     /// Calls sent to Redis to decide requests.
     pub redis_calls: Counter,
+    /// Distinct rule sets the instances sharing the store ran lately.
+    pub store_rule_sets: Gauge,
     /// Access log lines dropped because the writer fell behind.
     pub access_log_dropped: Counter,
     /// Access log lines for denials held back by the caps.
@@ -219,6 +221,12 @@ impl Metrics {
             "floodgate_store_errors",
             "Store decisions that failed, by kind (timeout, backend, circuit_open, refused: the store refuses floodgate's settings)",
             store_errors.clone(),
+        );
+        let store_rule_sets = Gauge::default();
+        registry.register(
+            "floodgate_store_rule_sets",
+            "Distinct sets of limits (digests of the routes' names, costs and limits) the instances sharing the store announced in the last 30 s; above 1, instances enforce different limits on the same keys",
+            store_rule_sets.clone(),
         );
         let circuit_open = Gauge::default();
         registry.register(
@@ -371,6 +379,7 @@ impl Metrics {
             no_route,
             open_connections,
             circuit_open,
+            store_rule_sets,
             node_circuit_open,
             redis_calls,
             access_log_dropped,

@@ -42,6 +42,14 @@ impl TestRedis {
     /// A Redis of this test's own (container or process), for tests that
     /// read server-wide statistics; `REDIS_URL` only when neither is possible.
     pub async fn start_private() -> Self {
+        // CI's container job runs the store tests through testcontainers
+        // and says so: then a Redis of another origin is a failure.
+        let container_wanted =
+            std::env::var("FLOODGATE_TEST_REDIS_FROM").as_deref() == Ok("container");
+        assert!(
+            !container_wanted || docker_has_redis(),
+            "FLOODGATE_TEST_REDIS_FROM=container, but no Docker daemon answers with the {IMAGE} image"
+        );
         if docker_has_redis() {
             let container = Redis::default()
                 .with_tag("7.2")

@@ -321,6 +321,62 @@ impl RedisStore {
             .map_err(|_| StoreError::Timeout(link.timeout))?
     }
 
+    /// Announces that this instance counts by the rules `digest` (see
+    /// `Config::rules_digest`) and returns every digest announced in the
+    /// last 30 s, this one included: one call of a sorted set under the
+    /// key prefix, each member scored by when it was last announced, the
+    /// key kept a minute past the last announcement.
+    pub async fn announce_rules(&self, digest: &str) -> Result<Vec<String>, StoreError> {
+        const KEPT_MS: u64 = 30_000;
+        let key = format!("{}.rule-sets", self.key_prefix);
+        let now = crate::clock::now_ms();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&key)
+            .arg(now)
+            .arg(digest)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(now.saturating_sub(KEPT_MS))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(2 * KEPT_MS)
+            .ignore()
+            .cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1);
+        let limit = self.link.timeout.max(Duration::from_secs(1));
+        let work = async {
+            let (digests,): (Vec<String>,) = match &self.link.cluster {
+                Some(cluster) => {
+                    let node = cluster.node(slot_of(&key)).ok_or_else(no_primary)?;
+                    let mut conn = node
+                        .connection(&cluster.config)
+                        .await
+                        .map_err(|e| store_error(&e, &node.addr))?;
+                    pipe.query_async(&mut conn)
+                        .await
+                        .map_err(|e| store_error(&e, &node.addr))?
+                }
+                None => {
+                    let lane = self.link.lane().await?;
+                    let mut conn = lane.conn.clone();
+                    pipe.query_async(&mut conn)
+                        .await
+                        .map_err(|e| lane.failed(e))?
+                }
+            };
+            Ok(digests)
+        };
+        tokio::time::timeout(limit, work)
+            .await
+            .map_err(|_| StoreError::Timeout(limit))?
+    }
+
     /// The key that says which id secret the instances using this store
     /// digest client ids with.
     fn marker_key(&self) -> String {
