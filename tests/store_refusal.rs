@@ -427,3 +427,30 @@ async fn the_password_comes_from_a_file_or_the_environment() {
     drop(redis);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A Redis user that may not run floodgate's code (an ACL without
+/// `FUNCTION`, `FCALL`, `SCRIPT` and `EVALSHA`) is a configuration error too.
+#[tokio::test]
+async fn a_user_without_the_permissions_floodgate_needs_refuses_to_start() {
+    let redis = TestRedis::start_process().await;
+    let port = redis.addr().await.port();
+    let mut conn = redis.connection().await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("reader")
+        .arg("on")
+        .arg(">readerpass")
+        .arg("~*")
+        .arg("+@read")
+        .arg("+ping")
+        .arg("+hello")
+        .arg("+client")
+        .query_async(&mut conn)
+        .await
+        .expect("make a read-only user");
+    start_is_refused(
+        "no-permission",
+        &format!("redis://reader:readerpass@127.0.0.1:{port}"),
+        &["permission", "ACL SETUSER"],
+    );
+}
