@@ -740,3 +740,69 @@ async fn a_stop_waits_for_the_settlements_still_in_flight() {
     gate.stop().await.expect("stopped cleanly");
     assert_eq!(charged(&redis, &prefix, "held").await, 7);
 }
+
+/// A remembered denial refuses only requests needing as many units as the
+/// one refused, and is forgotten when this instance gives units back: a
+/// smaller reservation that fits is admitted, and units a settlement gave
+/// back are admitted at once (Redis, where denials are remembered).
+#[tokio::test]
+async fn a_remembered_denial_admits_smaller_reservations_and_refunds() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-deny-cache");
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .route(metered(
+            "budget",
+            "/",
+            &api.url,
+            10,
+            r#"reserve = 1, reserve_header = "x-max-units", max_reserve = 8, report = "json", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    // A reserves 8 and is held upstream.
+    let url = gate.url("/held?in=0&out=1");
+    let held = tokio::spawn(async move {
+        TestClient::http1()
+            .get(&url, &[("x-max-units", "8")])
+            .await
+            .status
+    });
+    for _ in 0..600 {
+        if api.arrived.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        api.arrived.load(Ordering::SeqCst),
+        1,
+        "A never reached the upstream"
+    );
+    let ask = |units: &'static str| {
+        let (client, url) = (client.clone(), gate.url("/json?in=0&out=1"));
+        async move {
+            client
+                .get(&url, &[("x-max-units", units)])
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    // 2 left: 5 is refused, and remembered; 1 still fits.
+    assert_eq!(ask("5").await, 429);
+    assert_eq!(ask("5").await, 429);
+    assert_eq!(
+        ask("1").await,
+        200,
+        "a smaller reservation that fits was refused"
+    );
+    assert_eq!(settled(&redis, &prefix, "budget", 9).await, 9);
+    // A settles to 1 of its 8: 7 units come back, and 5 fit at once.
+    api.release.add_permits(1);
+    assert_eq!(held.await.expect("A"), 200);
+    assert_eq!(settled(&redis, &prefix, "budget", 2).await, 2);
+    assert_eq!(ask("5").await, 200, "units given back were still refused");
+}

@@ -3,11 +3,15 @@
 //! request.
 //!
 //! This is exact, not an approximation: a denied request consumes nothing,
-//! and until the retry-after the store told has passed, nothing can make the
-//! same request fit (other instances only consume more). The deadline is
-//! counted from when the request was sent to Redis, which is no later than
-//! the moment Redis decided, so the cache never denies for longer than Redis
-//! would.
+//! and until the retry-after the store told has passed, nothing can make a
+//! request needing as many units fit (other instances only consume more).
+//! A request needing fewer units than the one refused may fit, so it is
+//! not refused here but asked of the store; and when this instance gives
+//! units back (a usage settlement below its reservation), the denial is
+//! forgotten. (Units another instance gives back are seen once the denial
+//! runs out.) The deadline is counted from when the request was sent to
+//! Redis, which is no later than the moment Redis decided, so the cache
+//! never denies for longer than Redis would.
 //!
 //! The cache holds at most its capacity of denials; one that finds no room
 //! is simply not remembered, which costs a Redis call per request of that
@@ -33,6 +37,8 @@ pub struct DenyCache {
 #[derive(Debug)]
 struct Entry {
     decision: Decision,
+    /// Units the refused request needed.
+    cost: u64,
     sent: Instant,
     until: Instant,
 }
@@ -61,13 +67,21 @@ impl DenyCache {
         }
     }
 
-    /// The denial in force for `route` and `client` at `now`, with its
-    /// retry-after and reset shortened by the time that has passed.
-    pub fn get(&self, route: &Arc<str>, client: &ClientId, now: Instant) -> Option<Decision> {
+    /// The denial in force for a request of `cost` units from `client` on
+    /// `route` at `now`, with its retry-after and reset shortened by the
+    /// time that has passed: only when the request needs at least the
+    /// units of the one refused.
+    pub fn get(
+        &self,
+        route: &Arc<str>,
+        client: &ClientId,
+        cost: u64,
+        now: Instant,
+    ) -> Option<Decision> {
         let (map, hash) = self.shards.lock(route, client);
         let slot = map.get(&hash)?;
         let entry = &slot.value;
-        if now >= entry.until || !slot.holds(route, client) {
+        if now >= entry.until || cost < entry.cost || !slot.holds(route, client) {
             return None;
         }
         let passed = now.duration_since(entry.sent).as_millis() as u64;
@@ -79,8 +93,16 @@ impl DenyCache {
         })
     }
 
-    /// Remembers a denial decided for a request sent to the store at `sent`.
-    pub fn insert(&self, route: &Arc<str>, client: &ClientId, sent: Instant, decision: Decision) {
+    /// Remembers a denial decided for a request of `cost` units sent to the
+    /// store at `sent`.
+    pub fn insert(
+        &self,
+        route: &Arc<str>,
+        client: &ClientId,
+        cost: u64,
+        sent: Instant,
+        decision: Decision,
+    ) {
         if decision.allowed || decision.retry_after_ms == 0 {
             return;
         }
@@ -92,10 +114,19 @@ impl DenyCache {
         }
         let entry = Entry {
             decision,
+            cost,
             sent,
             until,
         };
         map.insert(hash, Slot::new(route, client, entry));
+    }
+
+    /// Forgets the denial of `client` on `route`: units were given back.
+    pub fn forget(&self, route: &Arc<str>, client: &ClientId) {
+        let (mut map, hash) = self.shards.lock(route, client);
+        if map.get(&hash).is_some_and(|slot| slot.holds(route, client)) {
+            map.remove(&hash);
+        }
     }
 
     /// Forgets denials that have run out.
@@ -140,17 +171,42 @@ mod tests {
             limit: 0,
             ..Decision::default()
         };
-        cache.insert(&route, &client, sent, denial);
-        let d = cache.get(&route, &client, sent + Duration::from_millis(100));
+        cache.insert(&route, &client, 5, sent, denial);
+        let d = cache.get(&route, &client, 5, sent + Duration::from_millis(100));
         assert_eq!(d.map(|d| (d.retry_after_ms, d.next_ms)), Some((200, 800)));
-        assert!(cache.get(&route, &other, sent).is_none());
-        assert!(cache.get(&"s".into(), &client, sent).is_none());
+        assert!(cache.get(&route, &other, 5, sent).is_none());
+        assert!(cache.get(&"s".into(), &client, 5, sent).is_none());
         assert!(
             cache
-                .get(&route, &client, sent + Duration::from_millis(300))
+                .get(&route, &client, 5, sent + Duration::from_millis(300))
                 .is_none()
         );
         cache.sweep(sent + Duration::from_millis(300));
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_request_needing_fewer_units_or_after_a_refund_is_not_refused() {
+        let cache = DenyCache::new();
+        let route: Arc<str> = "r".into();
+        let client = ClientId::header("k");
+        let sent = Instant::now();
+        let denial = Decision {
+            allowed: false,
+            retry_after_ms: 60_000,
+            ..Decision::default()
+        };
+        cache.insert(&route, &client, 5, sent, denial);
+        assert!(
+            cache.get(&route, &client, 4, sent).is_none(),
+            "4 units may fit"
+        );
+        assert!(cache.get(&route, &client, 5, sent).is_some());
+        assert!(cache.get(&route, &client, 50, sent).is_some());
+        cache.forget(&route, &client);
+        assert!(
+            cache.get(&route, &client, 50, sent).is_none(),
+            "units came back"
+        );
     }
 }

@@ -196,7 +196,12 @@ impl Limiter {
                     return Ok(shared.decide_locally(charge, now));
                 }
                 let target = shared.store.target(charge.route, charge.client)?;
-                shared.through_breaker(target, charge, now).await
+                let settled = shared.through_breaker(target, charge, now).await;
+                if settled.is_ok() && charge.settle.is_some_and(|s| s.reserved > charge.cost) {
+                    // Units came back: a remembered denial may not hold.
+                    shared.denials.forget(charge.route, charge.client);
+                }
+                settled
             }
         }
     }
@@ -349,7 +354,10 @@ impl Limiter {
 impl Shared {
     async fn decide(&self, charge: Charge<'_>) -> Answer {
         let started = Instant::now();
-        if let Some(denial) = self.denials.get(charge.route, charge.client, started) {
+        if let Some(denial) = self
+            .denials
+            .get(charge.route, charge.client, charge.cost, started)
+        {
             self.metrics.decided(StoreKind::Cache, started.elapsed());
             return Answer::Decided(denial);
         }
@@ -363,7 +371,7 @@ impl Shared {
                 self.accepted();
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
                 self.denials
-                    .insert(charge.route, charge.client, started, decision);
+                    .insert(charge.route, charge.client, charge.cost, started, decision);
                 Answer::Decided(decision)
             }
             Err(e) => {
