@@ -18,15 +18,19 @@ use support::{Floodgate, FloodgateProcess, TestClient, Upstream, free_port, temp
 async fn redis_with_password() -> (TestRedis, u16) {
     let redis = TestRedis::start_process().await;
     let port = redis.addr().await.port();
-    let mut conn = redis.connection().await;
+    require_password(&mut redis.connection().await, "secret").await;
+    (redis, port)
+}
+
+/// Makes the Redis on `conn` want `password` from new connections.
+async fn require_password(conn: &mut redis::aio::MultiplexedConnection, password: &str) {
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("requirepass")
-        .arg("secret")
-        .query_async(&mut conn)
+        .arg(password)
+        .query_async(conn)
         .await
-        .expect("set a password");
-    (redis, port)
+        .expect("set the password");
 }
 
 /// A connection to that Redis, with its password.
@@ -284,13 +288,7 @@ async fn a_password_changed_at_run_time_fails_readiness_and_is_logged_again_and_
     // The password changes on the server and its connections are cut, as
     // a restart with a new password would.
     let mut conn = with_password(port).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg("changed")
-        .query_async(&mut conn)
-        .await
-        .expect("change the password");
+    require_password(&mut conn, "changed").await;
     let _: redis::Value = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -340,13 +338,7 @@ async fn a_password_changed_at_run_time_fails_readiness_and_is_logged_again_and_
     );
 
     // The password is put back: ready again.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("requirepass")
-        .arg("secret")
-        .query_async(&mut conn)
-        .await
-        .expect("put the password back");
+    require_password(&mut conn, "secret").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while client.get(&readyz, &[]).await.status != 200 {
         assert!(Instant::now() < deadline, "/readyz did not recover");

@@ -91,14 +91,7 @@ impl Limiter {
             }
             StoreConfig::Redis(settings) => settings,
         };
-        let store = RedisStore::connect(
-            &settings.endpoint,
-            &settings.tls,
-            &settings.key_prefix,
-            settings.timeout,
-            metrics.redis_calls.clone(),
-        )?
-        .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..]));
+        let store = redis_store(settings, metrics.redis_calls.clone())?;
         match store.load_script().await {
             Err(refused @ StoreError::Refused(_)) => return Err(refused),
             Ok(()) => tracing::info!(
@@ -141,15 +134,12 @@ impl Limiter {
         let StoreConfig::Redis(settings) = config else {
             return Ok(());
         };
-        let store = RedisStore::connect(
-            &settings.endpoint,
-            &settings.tls,
-            &settings.key_prefix,
-            settings.timeout,
+        redis_store(
+            settings,
             prometheus_client::metrics::counter::Counter::default(),
         )?
-        .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..]));
-        store.load_script().await
+        .load_script()
+        .await
     }
 
     /// Announces the rules digest this instance counts by, and returns
@@ -349,6 +339,22 @@ impl Limiter {
             shared.denials.clear();
         }
     }
+}
+
+/// The Redis store `settings` describe, counting its calls in `calls`;
+/// connects lazily.
+fn redis_store(
+    settings: &super::settings::RedisStore,
+    calls: prometheus_client::metrics::counter::Counter,
+) -> Result<RedisStore, StoreError> {
+    Ok(RedisStore::connect(
+        &settings.endpoint,
+        &settings.tls,
+        &settings.key_prefix,
+        settings.timeout,
+        calls,
+    )?
+    .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..])))
 }
 
 impl Shared {

@@ -31,7 +31,9 @@
 //! primary itself.
 //!
 //! The module answers one question per file: [`keys`] (what a decision's
-//! keys are called), [`code`] (the Lua code and getting it loaded),
+//! keys are called), [`agreement`] (do the instances sharing the store
+//! agree: the id secret they digest client ids with, the limits they
+//! count by), [`code`] (the Lua code and getting it loaded),
 //! [`batch`] (decisions queued and sent together), [`replies`] (reading
 //! the verdicts back), [`connections`] (the pool) and [`cluster`] (a
 //! cluster's slots and primaries).
@@ -53,6 +55,7 @@ use super::settings::{Endpoint, Tls};
 use super::{Charge, Decision, Store, StoreError};
 use crate::client::ClientId;
 
+mod agreement;
 mod batch;
 mod cluster;
 mod code;
@@ -296,130 +299,18 @@ impl RedisStore {
             for node in cluster.nodes() {
                 self.load_on(&node).await?;
             }
-            let marker = self.marker_key();
-            let node = cluster.node(slot_of(&marker)).ok_or_else(no_primary)?;
-            let work = async {
-                let mut conn = node
-                    .connection(&cluster.config)
-                    .await
-                    .map_err(|e| store_error(&e, &node.addr))?;
-                self.check_marker(&mut conn, &marker).await
-            };
-            return tokio::time::timeout(limit, work)
-                .await
-                .map_err(|_| StoreError::Timeout(limit))?;
+            return self.check_marker().await;
         }
         let work = async {
             let lane = link.lane().await?;
             let mut conn = lane.conn.clone();
             let loaded = link.load_code(&mut conn).await;
-            loaded.map_err(|e| lane.failed(e))?;
-            self.check_marker(&mut conn, &self.marker_key()).await
+            loaded.map_err(|e| lane.failed(e))
         };
         tokio::time::timeout(limit, work)
             .await
-            .map_err(|_| StoreError::Timeout(link.timeout))?
-    }
-
-    /// Announces that this instance counts by the rules `digest` (see
-    /// `Config::rules_digest`) and returns every digest announced in the
-    /// last 30 s, this one included: one call of a sorted set under the
-    /// key prefix, each member scored by when it was last announced, the
-    /// key kept a minute past the last announcement.
-    pub async fn announce_rules(&self, digest: &str) -> Result<Vec<String>, StoreError> {
-        const KEPT_MS: u64 = 30_000;
-        let key = format!("{}.rule-sets", self.key_prefix);
-        let now = crate::clock::now_ms();
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(&key)
-            .arg(now)
-            .arg(digest)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&key)
-            .arg("-inf")
-            .arg(now.saturating_sub(KEPT_MS))
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(2 * KEPT_MS)
-            .ignore()
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(-1);
-        let limit = self.link.timeout.max(Duration::from_secs(1));
-        let work = async {
-            let (digests,): (Vec<String>,) = match &self.link.cluster {
-                Some(cluster) => {
-                    let node = cluster.node(slot_of(&key)).ok_or_else(no_primary)?;
-                    let mut conn = node
-                        .connection(&cluster.config)
-                        .await
-                        .map_err(|e| store_error(&e, &node.addr))?;
-                    pipe.query_async(&mut conn)
-                        .await
-                        .map_err(|e| store_error(&e, &node.addr))?
-                }
-                None => {
-                    let lane = self.link.lane().await?;
-                    let mut conn = lane.conn.clone();
-                    pipe.query_async(&mut conn)
-                        .await
-                        .map_err(|e| lane.failed(e))?
-                }
-            };
-            Ok(digests)
-        };
-        tokio::time::timeout(limit, work)
-            .await
-            .map_err(|_| StoreError::Timeout(limit))?
-    }
-
-    /// The key that says which id secret the instances using this store
-    /// digest client ids with.
-    fn marker_key(&self) -> String {
-        format!("{}.id-secret-marker", self.key_prefix)
-    }
-
-    /// Writes this instance's id secret marker where none is, and checks
-    /// one that is: an instance digesting client ids with another secret
-    /// would count every client apart from the others. The marker lives
-    /// for 30 days past the last start or probe that found it.
-    async fn check_marker(
-        &self,
-        conn: &mut connections::Conn,
-        key: &str,
-    ) -> Result<(), StoreError> {
-        const MARKER_TTL_SECS: u64 = 30 * 24 * 3600;
-        let ours = self.id_key.marker();
-        let (_, found): (Value, Option<String>) = redis::pipe()
-            .cmd("SET")
-            .arg(key)
-            .arg(&ours)
-            .arg("NX")
-            .arg("EX")
-            .arg(MARKER_TTL_SECS)
-            .cmd("GET")
-            .arg(key)
-            .query_async(conn)
-            .await
-            .map_err(|e| store_error(&e, "cannot check the id secret marker"))?;
-        match found {
-            Some(theirs) if theirs != ours => Err(StoreError::Refused(format!(
-                "the instances already counting under key_prefix {:?} digest client ids with another secret; give every instance sharing this store the same [store] id_secret (or id_secret_file), or another key_prefix",
-                self.key_prefix
-            ))),
-            _ => {
-                let _: Result<Value, _> = redis::cmd("EXPIRE")
-                    .arg(key)
-                    .arg(MARKER_TTL_SECS)
-                    .query_async(conn)
-                    .await;
-                Ok(())
-            }
-        }
+            .map_err(|_| StoreError::Timeout(link.timeout))??;
+        self.check_marker().await
     }
 
     /// Asks `node` whether it answers again, for its breaker's probe: gives
