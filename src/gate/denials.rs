@@ -195,7 +195,7 @@ mod tests {
     }
 
     #[test]
-    fn the_table_and_the_lines_stay_bounded() {
+    fn a_second_holds_at_most_its_lines_and_a_denial_nobody_logs_is_not_kept() {
         let log = DenialLog::new(Duration::from_secs(10));
         let mut state = State::default();
         for ms in 0..100 {
