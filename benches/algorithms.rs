@@ -40,6 +40,7 @@ fn memory_ns_per_decision(limit: Limit) -> f64 {
             route: &route,
             client: &clients[(i % 1_000) as usize],
             limits: &limits,
+            keys: &[],
             cost: 1,
             settle: None,
         };
@@ -105,6 +106,7 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
                         route: &route,
                         client: &id,
                         limits: &limits,
+                        keys: &[],
                         cost: 1,
                         settle: None,
                     };
@@ -134,6 +136,7 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
             route: &route,
             client: &id,
             limits: &limits,
+            keys: &[],
             cost: 1,
             settle: None,
         };

@@ -39,6 +39,7 @@ mod document;
 mod durations;
 mod matching;
 mod overrides;
+mod plans;
 mod problems;
 mod routes;
 mod server;
@@ -52,6 +53,7 @@ pub use crate::limit::settings::{
     DEFAULT_MAX_CLIENT_ENTRIES, Endpoint, OnError, RedisStore, Store, Tls,
 };
 pub use durations::{parse_duration, parse_size};
+pub use plans::{PlanTableFile, load_plan_table};
 use problems::line_column;
 pub use problems::{LoadError, Problem};
 use routes::{LimitModel, RouteModel, valid_name};
@@ -164,6 +166,19 @@ impl Config {
         files.sort();
         files.dedup();
         files
+    }
+
+    /// The client → plan table file, when plans are chosen by one: its
+    /// path, the plans it may name, and the table in force, which a
+    /// change of the file alone replaces without reading the rest again.
+    pub fn plan_table(&self) -> Option<PlanTableFile> {
+        let selection = self.routes.plan_selection.as_ref()?;
+        match &selection.by {
+            crate::routes::PlanSource::Table { path, table, .. } => {
+                Some((path.clone(), selection.names.clone(), Arc::clone(table)))
+            }
+            _ => None,
+        }
     }
 
     /// The settings that differ between `self` and `new` and cannot change
@@ -299,6 +314,11 @@ struct FileModel {
     #[serde(default)]
     routes: Vec<Spanned<RouteModel>>,
     access_log: Option<Spanned<access_log::AccessLogModel>>,
+    #[serde(default)]
+    budgets: BTreeMap<Spanned<String>, Spanned<plans::BudgetModel>>,
+    #[serde(default)]
+    plans: BTreeMap<Spanned<String>, Spanned<plans::PlanModel>>,
+    plan_selection: Option<Spanned<plans::PlanSelectionModel>>,
 }
 
 // === loading ===
@@ -385,7 +405,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     let store = v.store(model.store.as_ref());
     let defaults = Defaults::of(server.as_ref());
     let upstreams = v.upstreams(&model.upstreams, defaults);
-    let routes = v.routes(&model.routes, server.as_ref(), &upstreams);
+    let mut catalog = v.catalog(&model.budgets, &model.plans, model.plan_selection.as_ref());
+    let routes = v.routes(&model.routes, server.as_ref(), &upstreams, &catalog);
+    let selection = catalog.selection.take();
     let access_log = match &model.access_log {
         Some(m) => v.access_log(m.get_ref()),
         None => Some((None, crate::access_log::ShowId::Hash)),
@@ -395,7 +417,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
             path: path.to_owned(),
             server,
             store,
-            routes: Table::new(routes),
+            routes: Table::new(routes).with_plans(selection),
             upstreams: std::mem::take(&mut v.upstreams),
             digest: digest(text),
             overrides: Overrides::default(),

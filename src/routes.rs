@@ -17,17 +17,24 @@ use ipnet::IpNet;
 use crate::client::{ClientId, ClientRule};
 
 mod path;
+mod plans;
 mod policy;
 mod template;
 
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
-pub use policy::{ClientSet, DenyAnswer, HeaderMode, KeyExemption, Override, Policy};
+pub use plans::{PlanSelection, PlanSource, PlanTable};
+pub use policy::{
+    ClaimedLimit, ClientSet, Counting, DenyAnswer, HeaderMode, KeyExemption, KeySource, Override,
+    Policy,
+};
 pub use template::{Segment, Template};
 
 /// The compiled routes of one configuration, in file order.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
     routes: Vec<Arc<Route>>,
+    /// How a request's plan is chosen, when the file defines plans.
+    pub plan_selection: Option<Arc<PlanSelection>>,
 }
 
 /// One `[[routes]]` entry, compiled.
@@ -50,6 +57,10 @@ pub struct Route {
     pub policy: Policy,
     /// Other limits for some clients, tried in order before `policy`.
     pub overrides: Vec<Override>,
+    /// The limits of each plan this route refers to, by the plan's index
+    /// (`None`: the route does not refer to it, and its clients get the
+    /// route's own limits).
+    pub plans: Vec<Option<Policy>>,
     /// Which rate-limit fields responses carry.
     pub rate_limit_headers: HeaderMode,
     /// The answer to a denied request, when not the default 429.
@@ -95,16 +106,30 @@ impl Route {
         }
     }
 
+    /// Whether anything limits this route's requests: its own limits (a
+    /// budget's among them), or a plan's.
+    pub fn limited(&self) -> bool {
+        !self.policy.limits.is_empty() || self.plans.iter().any(Option::is_some)
+    }
+
     /// The limits `client`'s request falls under: the first override that
-    /// applies, else the route's own.
-    pub fn policy_for(&self, client: &ClientId, headers: &http::HeaderMap) -> &Policy {
+    /// applies, else those of its `plan` when the route refers to it, else
+    /// the route's own.
+    pub fn policy_for(
+        &self,
+        client: &ClientId,
+        headers: &http::HeaderMap,
+        plan: Option<usize>,
+    ) -> &Policy {
         self.overrides
             .iter()
             .find(|o| {
                 o.clients.as_ref().is_none_or(|set| set.contains(client))
                     && o.headers.iter().all(|h| h.holds(headers))
             })
-            .map_or(&self.policy, |o| &o.policy)
+            .map(|o| &o.policy)
+            .or_else(|| plan.and_then(|p| self.plans.get(p)?.as_ref()))
+            .unwrap_or(&self.policy)
     }
 }
 
@@ -240,7 +265,14 @@ impl Table {
     pub fn new(routes: Vec<Route>) -> Self {
         Self {
             routes: routes.into_iter().map(Arc::new).collect(),
+            plan_selection: None,
         }
+    }
+
+    /// This table with plans chosen by `selection`.
+    pub fn with_plans(mut self, selection: Option<PlanSelection>) -> Self {
+        self.plan_selection = selection.map(Arc::new);
+        self
     }
 
     /// The route a request belongs to, if any, and its position.

@@ -42,6 +42,7 @@ impl Both {
             route: &self.route,
             client: &client,
             limits,
+            keys: &[],
             cost,
             settle: None,
         };
@@ -175,6 +176,7 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
                         route: &both.route,
                         client: id,
                         limits: &limits,
+                        keys: &[],
                         cost: match settle {
                             Some(_) => used.unwrap_or(cost),
                             None => cost,

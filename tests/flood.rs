@@ -109,6 +109,7 @@ async fn a_remembered_denial_never_outlives_the_one_redis_gave() {
             route: &route,
             client: &client,
             limits: &limits,
+            keys: &[],
             cost: 1,
             settle: None,
         };

@@ -77,6 +77,7 @@ async fn decide(
                 route: &route,
                 client: &client,
                 limits,
+                keys: &[],
                 cost,
                 settle: None,
             },
@@ -334,6 +335,7 @@ async fn redis_time_decides_unless_a_test_passes_now() {
         route: &route,
         client: &client,
         limits: &limits,
+        keys: &[],
         cost: 1,
         settle: None,
     };
@@ -511,6 +513,7 @@ async fn redis_without_functions_decides_through_evalsha() {
                 route: &route,
                 client: &client,
                 limits: &limits,
+                keys: &[],
                 cost: 0,
                 settle: Some(Settlement {
                     at_ms: t,
@@ -706,6 +709,7 @@ async fn a_call_reads_and_writes_each_key_once() {
                 route: &route,
                 client,
                 limits,
+                keys: &[],
                 cost: 1,
                 settle: None,
             };
@@ -787,6 +791,7 @@ async fn a_call_with_more_verdicts_than_one_pack_is_read_whole() {
                 route: &route,
                 client: &client,
                 limits: &limits,
+                keys: &[],
                 cost: 1,
                 settle: None,
             };

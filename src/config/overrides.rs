@@ -42,19 +42,26 @@ fn written(text: &str) -> Option<Value> {
     Some(Value::Digest(out))
 }
 
+impl OverrideModel {
+    /// Its limits, as written.
+    pub(super) fn limits(&self) -> &Spanned<Vec<Spanned<LimitModel>>> {
+        &self.limits
+    }
+}
+
 impl Validator<'_> {
     /// A route's overrides; `client` is how the route identifies clients,
-    /// which says what a `clients` entry is.
+    /// which says what a `clients` entry is. `policies` are their limits,
+    /// compiled (`None` where they have problems, already reported).
     pub(super) fn overrides(
         &mut self,
-        route: &str,
         models: &[Spanned<OverrideModel>],
         client: Option<&ClientRule>,
-        cost: u64,
+        policies: Vec<Option<Policy>>,
     ) -> Option<Vec<Override>> {
         let mut out = Vec::with_capacity(models.len());
         let mut ok = true;
-        for model in models {
+        for (model, policy) in models.iter().zip(policies) {
             let m = model.get_ref();
             let clients = match &m.clients {
                 None => Some(None),
@@ -69,15 +76,13 @@ impl Validator<'_> {
                 ok = false;
                 continue;
             }
-            let limits = self.limits(Some(&m.limits), cost);
-            match (clients, headers, limits) {
-                (Some(clients), Some(headers), Some(limits)) if !limits.is_empty() => {
-                    out.push(Override {
+            match (clients, headers, policy) {
+                (Some(clients), Some(headers), Some(policy)) if !policy.limits.is_empty() => out
+                    .push(Override {
                         clients,
                         headers,
-                        policy: Policy::new(route, limits),
-                    })
-                }
+                        policy,
+                    }),
                 _ => ok = false,
             }
         }

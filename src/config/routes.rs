@@ -15,6 +15,9 @@ use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
 use crate::limit::{Algorithm, Limit};
 use crate::routes::{Action, Match, Respond, Route};
 
+/// The server's exempt networks and keys, which every route adds to.
+type Exempt<'a> = (&'a [IpNet], &'a [crate::routes::KeyExemption]);
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RouteModel {
@@ -41,6 +44,8 @@ pub(super) struct RouteModel {
     concurrency: Option<Spanned<concurrency::ConcurrencyModel>>,
     usage: Option<Spanned<super::usage::UsageModel>>,
     strip_prefix: Option<Spanned<String>>,
+    budgets: Option<Spanned<Vec<Spanned<String>>>>,
+    plans: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -69,9 +74,13 @@ pub(super) struct RespondModel {
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitModel {
     algorithm: Spanned<String>,
-    limit: Spanned<i64>,
+    limit: Option<Spanned<i64>>,
     window: Spanned<String>,
     burst: Option<Spanned<i64>>,
+    /// Whose count it is (default: the route's client).
+    pub(super) key: Option<Spanned<super::clients::ClientModel>>,
+    /// Its number from a verified token claim.
+    pub(super) limit_from: Option<Spanned<super::plans::ClaimLimitModel>>,
 }
 
 impl Validator<'_> {
@@ -80,7 +89,9 @@ impl Validator<'_> {
         models: &[Spanned<RouteModel>],
         server: Option<&Server>,
         upstreams: &HashMap<String, Option<crate::proxy::settings::Upstream>>,
+        catalog: &super::plans::Catalog<'_>,
     ) -> Vec<Route> {
+        let mut used = Vec::new();
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
         let defaults = Defaults::of(server);
@@ -102,12 +113,20 @@ impl Validator<'_> {
                     format!("route name {name:?} is used twice; names must be unique"),
                 );
             }
+            for (budget, list) in [
+                (true, &model.get_ref().budgets),
+                (false, &model.get_ref().plans),
+            ] {
+                for entry in list.iter().flat_map(|l| l.get_ref()) {
+                    used.push((budget, entry.span(), entry.get_ref().clone()));
+                }
+            }
             let (route, matcher) = self.route(
                 model.get_ref(),
                 span.clone(),
                 (upstreams, defaults),
-                server_exempt,
-                long_ids,
+                (server_exempt, long_ids),
+                catalog,
             );
             if let Some(matcher) = matcher.filter(|_| !duplicate) {
                 let earlier = matchers.iter().find(|(_, m)| m.covers(&matcher));
@@ -126,6 +145,7 @@ impl Validator<'_> {
                 routes.push(route);
             }
         }
+        self.unused(catalog, &used);
         if models.is_empty() {
             self.problem(
                 0..0,
@@ -143,8 +163,8 @@ impl Validator<'_> {
             &HashMap<String, Option<crate::proxy::settings::Upstream>>,
             Defaults,
         ),
-        server_exempt: (&[IpNet], &[crate::routes::KeyExemption]),
-        long_ids: (usize, TooLong),
+        (server_exempt, long_ids): (Exempt<'_>, (usize, TooLong)),
+        catalog: &super::plans::Catalog<'_>,
     ) -> (Option<Route>, Option<Match>) {
         let matcher = self.matcher(m.matcher.as_ref());
         let route = self.route_matching(
@@ -152,8 +172,8 @@ impl Validator<'_> {
             span,
             matcher.clone(),
             (upstreams, defaults),
-            server_exempt,
-            long_ids,
+            (server_exempt, long_ids),
+            catalog,
         );
         (route, matcher)
     }
@@ -168,8 +188,8 @@ impl Validator<'_> {
             &HashMap<String, Option<crate::proxy::settings::Upstream>>,
             Defaults,
         ),
-        server_exempt: (&[IpNet], &[crate::routes::KeyExemption]),
-        long_ids: (usize, TooLong),
+        (server_exempt, long_ids): (Exempt<'_>, (usize, TooLong)),
+        catalog: &super::plans::Catalog<'_>,
     ) -> Option<Route> {
         let name = m.name.get_ref();
         let name_ok = valid_name(name);
@@ -213,16 +233,14 @@ impl Validator<'_> {
                 None
             }
         };
-        let client = self.client(
-            m.client.as_ref(),
-            &clients::Context {
-                template: matcher
-                    .as_ref()
-                    .and_then(|m| m.template.as_ref().map(|(t, _)| t)),
-                ignore_case: matcher.as_ref().is_some_and(|m| m.ignore_case),
-                long_ids,
-            },
-        );
+        let cx = clients::Context {
+            template: matcher
+                .as_ref()
+                .and_then(|m| m.template.as_ref().map(|(t, _)| t)),
+            ignore_case: matcher.as_ref().is_some_and(|m| m.ignore_case),
+            long_ids,
+        };
+        let client = self.client(m.client.as_ref(), &cx);
         let cost = match &m.cost {
             None => Some(1),
             Some(c) if *c.get_ref() < 1 => {
@@ -235,15 +253,48 @@ impl Validator<'_> {
             None => Some(None),
             Some(u) => self.route_usage(m, u).map(Some),
         };
-        let limits = self.limits(m.limits.as_ref(), cost.unwrap_or(1));
-        let overrides = self.overrides(name, &m.overrides, client.as_ref(), cost.unwrap_or(1));
-        if let (Some(Some(u)), Some(limits), Some(overrides), Some(model)) =
-            (&usage, &limits, &overrides, &m.usage)
+        let draws = super::plans::Draws {
+            budgets: m.budgets.as_ref(),
+            plans: m.plans.as_ref(),
+        };
+        let cost_or_one = cost.unwrap_or(1);
+        let policies = self.route_policies(
+            name,
+            m.limits.as_ref(),
+            cost_or_one,
+            client.as_ref(),
+            &cx,
+            &draws,
+            catalog,
+        );
+        let override_policies: Vec<Option<crate::routes::Policy>> = m
+            .overrides
+            .iter()
+            .map(|o| {
+                self.route_policies(
+                    name,
+                    Some(o.get_ref().limits()),
+                    cost_or_one,
+                    client.as_ref(),
+                    &cx,
+                    &super::plans::Draws {
+                        budgets: m.budgets.as_ref(),
+                        plans: None,
+                    },
+                    catalog,
+                )
+                .map(|(p, _)| p)
+            })
+            .collect();
+        let overrides = self.overrides(&m.overrides, client.as_ref(), override_policies);
+        if let (Some(Some(u)), Some((policy, plans)), Some(overrides), Some(model)) =
+            (&usage, &policies, &overrides, &m.usage)
         {
-            self.reservations_fit(u, model.span(), limits, overrides);
+            let all = plans.iter().flatten().chain(std::iter::once(policy));
+            self.reservations_fit(u, model.span(), all, overrides);
         }
-        if let (Some(first), Some(limits)) = (m.overrides.first(), &limits)
-            && limits.is_empty()
+        if let Some(first) = m.overrides.first()
+            && m.limits.as_ref().is_none_or(|l| l.get_ref().is_empty())
         {
             self.problem(
                 first.span(),
@@ -281,7 +332,8 @@ impl Validator<'_> {
             client: client?,
             cost: cost?,
             shadow: m.shadow,
-            policy: crate::routes::Policy::new(name, limits?),
+            policy: policies.as_ref()?.0.clone(),
+            plans: policies?.1,
             overrides: overrides?,
             rate_limit_headers: rate_limit_headers?,
             deny: deny?,
@@ -336,15 +388,15 @@ impl Validator<'_> {
 
     /// A metered request costs up to its largest reservation: that must
     /// fit every limit of the route and of its overrides.
-    fn reservations_fit(
+    fn reservations_fit<'p>(
         &mut self,
         usage: &crate::usage::settings::Settings,
         span: Range<usize>,
-        limits: &[Limit],
+        policies: impl Iterator<Item = &'p crate::routes::Policy>,
         overrides: &[crate::routes::Override],
     ) {
-        let capacities = limits
-            .iter()
+        let capacities = policies
+            .flat_map(|p| p.limits.iter())
             .chain(overrides.iter().flat_map(|o| o.policy.limits.iter()))
             .map(Limit::capacity);
         if let Some(least) = capacities.min()
@@ -372,8 +424,13 @@ impl Validator<'_> {
             Some("a route with usage takes its cost from its upstream's reports; remove cost")
         } else if m.respond.is_some() {
             Some("usage is reported by an upstream, and this route answers itself; remove usage")
-        } else if m.limits.as_ref().is_none_or(|l| l.get_ref().is_empty()) {
-            Some("usage is counted against limits, and this route has none; give it limits")
+        } else if m.limits.as_ref().is_none_or(|l| l.get_ref().is_empty())
+            && m.budgets.as_ref().is_none_or(|b| b.get_ref().is_empty())
+            && m.plans.as_ref().is_none_or(|p| p.get_ref().is_empty())
+        {
+            Some(
+                "usage is counted against limits, and this route has none; give it limits or budgets",
+            )
         } else {
             None
         };
@@ -563,7 +620,28 @@ impl Validator<'_> {
     pub(super) fn limit(&mut self, item: &Spanned<LimitModel>, cost: u64) -> Option<Limit> {
         let m = item.get_ref();
         let algorithm = self.choice(Some(&m.algorithm), "algorithm", &Algorithm::NAMES);
-        let limit = self.count(&m.limit, "limit");
+        let limit = match (&m.limit, &m.limit_from) {
+            (Some(l), None) => self.count(l, "limit"),
+            (None, Some(from)) => self.count(&from.get_ref().max, "max"),
+            (Some(l), Some(_)) => {
+                self.problem(
+                    l.span(),
+                    "a limit has limit = N or limit_from = { claim = … }, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.problem(
+                    item.span(),
+                    "a limit needs limit = N (or limit_from = { claim = \"…\", default = N, max = N })",
+                );
+                None
+            }
+        };
+        let limit_span = m.limit.as_ref().map_or_else(
+            || m.limit_from.as_ref().map_or(item.span(), Spanned::span),
+            Spanned::span,
+        );
         let burst = match (&m.burst, algorithm) {
             (None, _) => limit,
             (Some(b), Some(Algorithm::TokenBucket | Algorithm::Gcra)) => self.count(b, "burst"),
@@ -594,7 +672,7 @@ impl Validator<'_> {
         if cost > limit.capacity() {
             let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
                 (Some(b), true) => (b.span(), "burst"),
-                _ => (m.limit.span(), "limit"),
+                _ => (limit_span, "limit"),
             };
             self.problem(
                 span,

@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use crate::client::ClientId;
 use crate::clock::now_ms;
 use crate::in_flight;
-use crate::limit::{Charge, Decision, Limit, Limiter, Settlement};
+use crate::limit::{Charge, CountKey, Decision, Limit, Limiter, Settlement};
 use crate::metrics::UsageMetrics;
 use crate::proxy::request_body::{RequestBody, Sent};
 use crate::proxy::{ClientSide, Forwarder};
@@ -84,6 +84,7 @@ pub(super) struct Reservation {
     route: Arc<str>,
     client: ClientId,
     limits: Box<[Limit]>,
+    keys: Box<[CountKey]>,
 }
 
 impl Reservation {
@@ -107,6 +108,7 @@ impl Reservation {
             route: Arc::clone(charge.route),
             client: charge.client.clone(),
             limits: charge.limits.into(),
+            keys: charge.keys.into(),
         }
     }
 
@@ -183,6 +185,7 @@ impl Reservation {
             route: &self.route,
             client: &self.client,
             limits: &self.limits,
+            keys: &self.keys,
             cost: units,
             settle: Some(self.settlement),
         };

@@ -23,13 +23,13 @@ use super::shared::Shared;
 use crate::access_log::{Logged, Record};
 use crate::client::{ClientId, client_address, is_in};
 use crate::concurrency::{Per, Slot};
-use crate::limit::{Answer, Charge, Decision};
+use crate::limit::{Answer, Charge, CountKey, Decision};
 use crate::metrics::Outcome;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
-use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
+use crate::routes::{Action, KeySource, Policy, RequestFacts, Route, Upstream, request_paths};
 use crate::usage::{BodyRead, Unreported};
 
 /// Longest request target (path and query) accepted; past it 414.
@@ -58,11 +58,18 @@ struct Found<'r> {
 }
 
 /// Who the request is from, as far as the limits care.
-struct Identity {
+struct Identity<'r> {
     /// The route's `exempt` or `exempt_keys` let it pass unlimited.
     exempt: bool,
     /// The client id, when the limits or a per-client cap need one.
     client: Option<ClientId>,
+    /// The limits the request falls under (an override's, its plan's or
+    /// the route's own, numbers carried by its token in place), when the
+    /// route limits it.
+    policy: Option<Cow<'r, Policy>>,
+    /// Whose count each of those limits is, when not every limit counts
+    /// the client on the route (see [`Policy::counting`]).
+    keys: Vec<CountKey>,
 }
 
 /// Where an allowed request goes, and the slot it holds on the way.
@@ -74,7 +81,7 @@ struct Exchange<'a> {
 }
 
 /// What the decide phase concluded for a request that goes on.
-type Allowed<'r> = Option<(Decision, &'r Policy)>;
+type Allowed<'r> = Option<(Decision, Cow<'r, Policy>)>;
 
 /// One request from `peer`: every phase in order, then the log. Every
 /// answer floodgate makes itself is counted by status and fault. An
@@ -141,7 +148,7 @@ async fn answer<H: Send + 'static>(
         }
         None => (ClientBody::Arrived(body), None),
     };
-    let allowed = match cx.decide(&rules, &found, &who, &head.headers, read).await? {
+    let allowed = match cx.decide(&rules, &found, who, &head.headers, read).await? {
         Ok(allowed) => allowed,
         Err(denial) => return Ok(denial),
     };
@@ -172,7 +179,7 @@ async fn answer<H: Send + 'static>(
     };
     if let Some((d, policy)) = &allowed {
         let d = settled.as_ref().unwrap_or(d);
-        response::annotate(response.headers_mut(), found.route, policy, d);
+        response::annotate(response.headers_mut(), found.route, policy.as_ref(), d);
     }
     // The answer's body holds the slot until it is sent (an upgraded
     // connection's tunnel holds a clone); refusals and denials drop it
@@ -223,7 +230,7 @@ fn admit_body(route: &Route, body: &Incoming) -> Result<(), Refusal> {
 async fn reserve(
     rules: &Rules,
     found: &Found<'_>,
-    who: &Identity,
+    who: &Identity<'_>,
 ) -> Result<Option<Slot>, Refusal> {
     let Some(capacity) = rules.capacity.get(found.index).and_then(Option::as_ref) else {
         return Ok(None);
@@ -314,16 +321,17 @@ impl Context<'_> {
 
     // --- identify ---
 
-    /// Whether the client is exempt, and its id when anything counts per
-    /// client. Exempt clients skip identification too: a health checker
-    /// need not send the API key header that limits everyone else.
-    fn identify(
+    /// Whether the client is exempt, its id when anything counts per
+    /// client, the limits it falls under and whose count each is. Exempt
+    /// clients skip identification too: a health checker need not send
+    /// the API key header that limits everyone else.
+    fn identify<'r>(
         &self,
         rules: &Rules,
-        found: &Found<'_>,
+        found: &Found<'r>,
         headers: &mut http::HeaderMap,
         matched_path: &str,
-    ) -> Result<Identity, Refusal> {
+    ) -> Result<Identity<'r>, Refusal> {
         let route = found.route;
         let exempt = (!route.exempt.is_empty()
             && is_in(
@@ -336,7 +344,8 @@ impl Context<'_> {
             .get(found.index)
             .and_then(Option::as_ref)
             .is_some_and(|c| c.settings().per == Per::Client);
-        let client = if !exempt && (!route.policy.limits.is_empty() || per_client) {
+        let limited = route.limited();
+        let client = if !exempt && (limited || per_client) {
             Some(route.client.identify_forwarded(
                 headers,
                 matched_path,
@@ -346,7 +355,69 @@ impl Context<'_> {
         } else {
             None
         };
-        Ok(Identity { exempt, client })
+        let (policy, keys) = match &client {
+            Some(client) if limited => {
+                let plan = match &rules.routes.plan_selection {
+                    Some(selection) if !route.plans.is_empty() => selection.plan(
+                        headers,
+                        matched_path,
+                        self.peer.addr.ip(),
+                        &rules.trusted_proxies,
+                    ),
+                    _ => None,
+                };
+                let policy = route.policy_for(client, headers, plan);
+                let keys = self.keys(rules, policy, client, headers, matched_path)?;
+                let policy = if policy.claimed.is_empty() {
+                    Cow::Borrowed(policy)
+                } else {
+                    Cow::Owned(policy.claimed_for(headers))
+                };
+                (Some(policy), keys)
+            }
+            _ => (None, Vec::new()),
+        };
+        Ok(Identity {
+            exempt,
+            client,
+            policy,
+            keys,
+        })
+    }
+
+    /// Whose count each of `policy`'s limits is, when not every one counts
+    /// `client` on the route: the identity each limit names, derived from
+    /// the request as the route's client is (a header it names missing or
+    /// repeated is refused the same way).
+    fn keys(
+        &self,
+        rules: &Rules,
+        policy: &Policy,
+        client: &ClientId,
+        headers: &mut http::HeaderMap,
+        matched_path: &str,
+    ) -> Result<Vec<CountKey>, Refusal> {
+        policy
+            .counting
+            .iter()
+            .map(|counting| {
+                let id = match &counting.key {
+                    KeySource::Client => client.clone(),
+                    KeySource::Rule(rule) => rule.identify_forwarded(
+                        headers,
+                        matched_path,
+                        self.peer.addr.ip(),
+                        &rules.trusted_proxies,
+                    )?,
+                };
+                Ok(CountKey::new(
+                    &counting.scope,
+                    &counting.entry,
+                    counting.index,
+                    id,
+                ))
+            })
+            .collect()
     }
 
     // --- decide ---
@@ -359,21 +430,21 @@ impl Context<'_> {
         &mut self,
         rules: &Rules,
         found: &Found<'r>,
-        who: &Identity,
+        who: Identity<'r>,
         headers: &http::HeaderMap,
         read: Option<BodyRead>,
     ) -> Result<Result<Allowed<'r>, Response<Body>>, Refusal> {
         let route = found.route;
         let counts = &rules.metrics[found.index];
-        let client = match (&who.client, who.exempt) {
-            (_, true) => return Ok(Ok(self.unlimited(rules, found, Outcome::Exempt))),
-            _ if route.policy.limits.is_empty() => {
-                return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
-            }
-            (Some(client), false) => client,
-            (None, false) => return Ok(Ok(None)),
+        if who.exempt {
+            return Ok(Ok(self.unlimited(rules, found, Outcome::Exempt)));
+        }
+        let (Some(client), Some(policy)) = (&who.client, who.policy) else {
+            return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
         };
-        let policy = route.policy_for(client, headers);
+        if policy.limits.is_empty() {
+            return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
+        }
         let cost = match &route.usage {
             None => route.cost,
             Some(usage) => crate::usage::reservation(usage, headers, read)
@@ -383,11 +454,12 @@ impl Context<'_> {
             route: &route.name,
             client,
             limits: &policy.limits,
+            keys: &who.keys,
             cost,
             settle: None,
         };
         let answer = self.shared.limiter.decide(charge).await;
-        self.log_decision(rules, found, client, policy, &answer);
+        self.log_decision(rules, found, client, &policy, &answer);
         match answer {
             Answer::Decided(d) if d.allowed => {
                 counts.count(Outcome::Allowed);
@@ -406,9 +478,9 @@ impl Context<'_> {
                     .denials
                     .denied(&route.name, client, quota, crate::clock::now_ms());
                 Ok(Err(if self.grpc {
-                    response::grpc_too_many_requests(route, policy, &d)
+                    response::grpc_too_many_requests(route, &policy, &d)
                 } else {
-                    response::too_many_requests(route, policy, &d)
+                    response::too_many_requests(route, &policy, &d)
                 }))
             }
             Answer::Unavailable {

@@ -188,6 +188,22 @@ fn base64url(text: &[u8]) -> Result<Vec<u8>, TokenError> {
 }
 
 impl ClaimRule {
+    /// A rule reading `claim` from tokens this rule verifies: the same
+    /// algorithm, keys, issuer, audience and leeway, its own memory of
+    /// verified tokens.
+    pub fn for_claim(&self, claim: &str) -> Self {
+        Self {
+            claim: claim.into(),
+            algorithm: self.algorithm,
+            keys: self.keys.clone(),
+            issuer: self.issuer.clone(),
+            audience: self.audience.clone(),
+            leeway: self.leeway,
+            source: self.source.clone(),
+            verified: Verified::default(),
+        }
+    }
+
     /// The verified claim of the request's bearer token.
     pub fn claim(&self, headers: &HeaderMap) -> Result<Vec<u8>, TokenError> {
         let now = std::time::SystemTime::now()

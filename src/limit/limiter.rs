@@ -14,6 +14,8 @@ use super::{Charge, Decision, Limit, StoreError};
 use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
+mod spread;
+
 /// `Retry-After` for a 503 while the store is down.
 const STORE_RETRY_AFTER_MS: u64 = 1_000;
 
@@ -185,8 +187,7 @@ impl Limiter {
                 if charge.settle.is_some_and(|s| s.local) {
                     return Ok(shared.decide_locally(charge, now));
                 }
-                let target = shared.store.target(charge.route, charge.client)?;
-                let settled = shared.through_breaker(target, charge, now).await;
+                let settled = shared.ask_store(charge, now).await;
                 if settled.is_ok() && charge.settle.is_some_and(|s| s.reserved > charge.cost) {
                     // Units came back: a remembered denial may not hold.
                     shared.denials.forget(charge.route, charge.client);
@@ -368,11 +369,7 @@ impl Shared {
             return Answer::Decided(denial);
         }
         let now = now_ms();
-        let result = match self.store.target(charge.route, charge.client) {
-            Ok(target) => self.through_breaker(target, charge, now).await,
-            Err(e) => Err(e),
-        };
-        match result {
+        match self.ask_store(charge, now).await {
             Ok(decision) => {
                 self.accepted();
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
@@ -390,6 +387,20 @@ impl Shared {
                 self.fallback(charge, &e)
             }
         }
+    }
+
+    /// Asks the store to decide (or settle) `charge`: in one call, or on a
+    /// cluster where its keys lie in several slots, in one call per slot
+    /// (see [`spread`]).
+    async fn ask_store(&self, charge: Charge<'_>, now: u64) -> Result<Decision, StoreError> {
+        if !charge.keys.is_empty() && self.store.is_cluster() {
+            let groups = self.store.slot_groups(charge.keys);
+            if groups.len() > 1 {
+                return Box::pin(self.decide_spread(charge, groups, now)).await;
+            }
+        }
+        let target = self.store.target(&charge)?;
+        self.through_breaker(target, charge, now).await
     }
 
     /// Asks the store at `target` if its node's breaker lets the decision

@@ -35,8 +35,8 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Entry {
-    /// The limits the states were made for; a reload that changes them
-    /// starts the client afresh.
+    /// The limits the states count for; limits that count in other states
+    /// (another algorithm or window) start the client afresh.
     limits: Box<[Limit]>,
     states: Box<[State]>,
     expires_at: u64,
@@ -70,6 +70,9 @@ impl MemoryStore {
     /// Decides `charge` at time `now` (milliseconds): all of its limits allow
     /// and are consumed, or none is.
     pub fn decide_at(&self, charge: Charge<'_>, now: u64) -> Decision {
+        if !charge.keys.is_empty() && charge.keys.len() == charge.limits.len() {
+            return self.decide_keyed(charge, now);
+        }
         let (route, client) = (charge.route, charge.client);
         let (mut map, hash) = self.shards.lock(route, client);
         if !self.shards.has_room(&map, hash) {
@@ -88,6 +91,88 @@ impl MemoryStore {
             *slot = Slot::new(route, client, Entry::new(charge.limits));
         }
         slot.value.decide(charge, now)
+    }
+
+    /// Decides (or settles) a charge whose limits count different keys:
+    /// each limit is an entry of its own, keyed by its [`CountKey`]. The
+    /// shards holding them are locked together, in shard order (so two
+    /// decisions never wait on each other in a circle), every limit is
+    /// checked, and all are consumed only if all allow.
+    fn decide_keyed(&self, charge: Charge<'_>, now: u64) -> Decision {
+        let keys = charge.keys;
+        let places: Vec<(usize, u64)> = keys
+            .iter()
+            .map(|k| self.shards.place(&k.entry, &k.client))
+            .collect();
+        let mut order: Vec<usize> = places.iter().map(|&(shard, _)| shard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<_> = order.iter().map(|&i| self.shards.lock_shard(i)).collect();
+        let mut overflow = None;
+        // Each limit's entry: in its shard, or its scope's overflow bucket.
+        let mut in_overflow = vec![false; keys.len()];
+        for (i, (key, &(shard, hash))) in keys.iter().zip(&places).enumerate() {
+            let limit = std::slice::from_ref(&charge.limits[i]);
+            let map = &mut guards[order.partition_point(|&s| s < shard)];
+            if !self.shards.has_room(map, hash) {
+                self.metrics.full.inc();
+                in_overflow[i] = true;
+                let bucket = overflow
+                    .get_or_insert_with(|| {
+                        self.overflow.lock().unwrap_or_else(PoisonError::into_inner)
+                    })
+                    .entry(Arc::clone(&key.entry))
+                    .or_insert_with(|| Entry::new(limit));
+                bucket.adopt(limit);
+                continue;
+            }
+            let slot = map
+                .entry(hash)
+                .or_insert_with(|| Slot::new(&key.entry, &key.client, Entry::new(limit)));
+            if slot.holds(&key.entry, &key.client) {
+                slot.value.adopt(limit);
+            } else {
+                *slot = Slot::new(&key.entry, &key.client, Entry::new(limit));
+            }
+        }
+        let mut held = Held {
+            guards,
+            overflow,
+            order,
+        };
+        let mut decision = match charge.settle {
+            Some(settle) => Decision::combine((0..keys.len()).map(|i| {
+                let limit = &charge.limits[i];
+                let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
+                e.states[0].settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                e.expires_at = e.states[0].expires_at(limit);
+                Verdict {
+                    allowed: true,
+                    retry_after_ms: 0,
+                    ..e.states[0].check(limit, now, 0)
+                }
+            })),
+            None => {
+                let verdicts: Vec<Verdict> = (0..keys.len())
+                    .map(|i| {
+                        held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i])
+                            .states[0]
+                            .check(&charge.limits[i], now, charge.cost)
+                    })
+                    .collect();
+                let decision = Decision::combine(verdicts);
+                if decision.allowed {
+                    for (i, limit) in charge.limits.iter().enumerate() {
+                        let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
+                        e.states[0].consume(limit, now, charge.cost);
+                        e.expires_at = e.states[0].expires_at(limit);
+                    }
+                }
+                decision
+            }
+        };
+        decision.at_ms = now;
+        decision
     }
 
     /// Forgets every client whose state has expired by `now`; returns how
@@ -113,7 +198,66 @@ impl MemoryStore {
     }
 }
 
+/// The shards (and overflow buckets) a keyed decision holds locked.
+struct Held<'a> {
+    guards: Vec<std::sync::MutexGuard<'a, super::shards::Map<Entry>>>,
+    overflow: Option<std::sync::MutexGuard<'a, HashMap<Arc<str>, Entry>>>,
+    /// The locked shards' indices, ascending, one per guard.
+    order: Vec<usize>,
+}
+
+impl Held<'_> {
+    /// The entry of `key`, at `place` in its shard or in its overflow
+    /// bucket; made before this is asked.
+    fn entry(
+        &mut self,
+        key: &super::CountKey,
+        limit: &Limit,
+        place: (usize, u64),
+        overflowed: bool,
+    ) -> &mut Entry {
+        if overflowed
+            && let Some(entry) = self.overflow.as_mut().and_then(|o| o.get_mut(&key.entry))
+        {
+            return entry;
+        }
+        let (shard, hash) = place;
+        let map = &mut self.guards[self.order.partition_point(|&s| s < shard)];
+        &mut map
+            .entry(hash)
+            .or_insert_with(|| {
+                Slot::new(
+                    &key.entry,
+                    &key.client,
+                    Entry::new(std::slice::from_ref(limit)),
+                )
+            })
+            .value
+    }
+}
+
+/// Whether two lists of limits count in the same states: the same
+/// algorithms over the same windows, as a Redis key names them. Their
+/// numbers may differ (a plan changed, a claim carries another number, a
+/// reload raised a limit): the count so far still holds.
+fn same_states(a: &[Limit], b: &[Limit]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.algorithm == y.algorithm && x.window_ms == y.window_ms)
+}
+
 impl Entry {
+    /// Counts by `limits` from now on: starts afresh when they count in
+    /// other states, else keeps the count and takes their numbers.
+    fn adopt(&mut self, limits: &[Limit]) {
+        if !same_states(&self.limits, limits) {
+            *self = Entry::new(limits);
+        } else if *self.limits != *limits {
+            self.limits = limits.into();
+        }
+    }
+
     fn new(limits: &[Limit]) -> Self {
         Self {
             limits: limits.into(),
@@ -124,9 +268,7 @@ impl Entry {
 
     /// Decides (or settles) `charge` at `now` against this entry's states.
     fn decide(&mut self, charge: Charge<'_>, now: u64) -> Decision {
-        if *self.limits != *charge.limits {
-            *self = Entry::new(charge.limits);
-        }
+        self.adopt(charge.limits);
         let mut decision = match charge.settle {
             None => self.check_and_consume(charge, now),
             Some(settle) => {
@@ -198,6 +340,7 @@ mod tests {
             route,
             client,
             limits,
+            keys: &[],
             cost: 1,
             settle: None,
         }

@@ -198,12 +198,46 @@ pub struct Charge<'a> {
     pub client: &'a ClientId,
     /// The route's limits; all must allow.
     pub limits: &'a [Limit],
+    /// Whose count each limit is, one per limit, when not every limit
+    /// counts `client` on `route` at its own position (a limit keyed by
+    /// another identity, the whole API, a budget shared by routes); empty
+    /// otherwise, the common case.
+    pub keys: &'a [CountKey],
     /// Units this request consumes; for a settlement, the units the
     /// answer reported.
     pub cost: u64,
     /// `None` to decide; `Some` to settle an earlier reservation to `cost`
     /// units instead (see [`Settlement`]).
     pub settle: Option<Settlement>,
+}
+
+/// Whose count one limit is: a scope (a route's name, or a budget's,
+/// which routes share), the id counted in it, and the limit's place among
+/// the scope's limits. Two limits count together exactly when their keys,
+/// algorithms and windows are equal.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CountKey {
+    /// A route's name, or `@` and a budget's name.
+    pub scope: Arc<str>,
+    /// `scope` and `index` in one name, for the in-process tables.
+    pub entry: Arc<str>,
+    /// The id counted: the route's client, another identity, or
+    /// [`ClientId::Global`].
+    pub client: ClientId,
+    /// The limit's place among its scope's limits.
+    pub index: usize,
+}
+
+impl CountKey {
+    /// The key of limit `index` of `scope`, counting `client`.
+    pub fn new(scope: &Arc<str>, entry: &Arc<str>, index: usize, client: ClientId) -> Self {
+        Self {
+            scope: Arc::clone(scope),
+            entry: Arc::clone(entry),
+            client,
+            index,
+        }
+    }
 }
 
 /// A reservation being settled: a decision at `at_ms` took `reserved`

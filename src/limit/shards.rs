@@ -97,6 +97,20 @@ impl<V> Shards<V> {
         (shard.lock().unwrap_or_else(PoisonError::into_inner), hash)
     }
 
+    /// The shard of (`route`, `client`) and the key's hash, without
+    /// locking: for a caller that locks several shards at once, in order.
+    pub fn place(&self, route: &str, client: &ClientId) -> (usize, u64) {
+        let hash = self.hash(route, client);
+        (hash as usize % self.shards.len(), hash)
+    }
+
+    /// Locks shard `index` (from [`Shards::place`]).
+    pub fn lock_shard(&self, index: usize) -> MutexGuard<'_, Map<V>> {
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Keeps only the values `keep` says to; returns how many remain.
     pub fn retain(&self, mut keep: impl FnMut(&V) -> bool) -> usize {
         let mut remaining = 0;

@@ -144,6 +144,8 @@ pub struct Metrics {
     pub node_circuit_open: Family<NodeLabel, Gauge>,
     /// Calls sent to Redis to decide requests.
     pub redis_calls: Counter,
+    /// Parts of refused requests given back in other cluster slots.
+    pub given_back: Counter,
     /// Distinct rule sets the instances sharing the store ran lately.
     pub store_rule_sets: Gauge,
     /// Access log lines dropped because the writer fell behind.
@@ -173,6 +175,8 @@ pub struct StoreMetrics {
     /// Calls sent to Redis to decide requests; one carries one or more
     /// decisions.
     pub redis_calls: Counter,
+    /// Parts of refused requests given back in other cluster slots.
+    pub given_back: Counter,
     /// The in-process tables: the memory store, the local fallback, the
     /// remembered denials.
     pub tables: [TableMetrics; 3],
@@ -245,6 +249,12 @@ impl Metrics {
             "floodgate_redis_calls",
             "Calls sent to Redis to decide requests; under load one call carries several decisions",
             redis_calls.clone(),
+        );
+        let given_back = Counter::default();
+        registry.register(
+            "floodgate_store_given_back",
+            "Units a request held in one Redis Cluster slot and gave back because a limit in another slot refused it (a limit keyed by another identity, or a budget, hashed elsewhere); each is a moment where a concurrent request could have been refused for units later given back",
+            given_back.clone(),
         );
         let upstream_responses = Family::default();
         registry.register(
@@ -382,6 +392,7 @@ impl Metrics {
             store_rule_sets,
             node_circuit_open,
             redis_calls,
+            given_back,
             access_log_dropped,
             access_log_suppressed,
             usage,
@@ -505,6 +516,7 @@ impl Metrics {
             circuit_open: self.circuit_open.clone(),
             node_circuit_open: self.node_circuit_open.clone(),
             redis_calls: self.redis_calls.clone(),
+            given_back: self.given_back.clone(),
             tables: ["memory", "local", "denials"].map(|table| {
                 let label = TableLabel {
                     table: table.into(),

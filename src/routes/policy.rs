@@ -11,8 +11,10 @@ use http::header::HeaderName;
 use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 
+use std::sync::Arc;
+
 use super::HeaderCondition;
-use crate::client::{ClientId, sha256};
+use crate::client::{ClientId, ClientRule, sha256};
 use crate::limit::Limit;
 
 /// A route's limits and what the rate-limit headers call them.
@@ -26,12 +28,24 @@ pub struct Policy {
     pub header: Option<HeaderValue>,
     /// Each limit's quota `q` as an `X-RateLimit-Limit` value.
     pub quotas: Vec<HeaderValue>,
+    /// Whose count each limit is, one per limit; empty when every limit
+    /// counts the route's client in the route's own scope (the common
+    /// case, which needs nothing more per request).
+    pub counting: Vec<Counting>,
+    /// Limits whose number a verified claim carries, by position.
+    pub claimed: Vec<(usize, Arc<ClaimedLimit>)>,
 }
 
 impl Policy {
     /// `limits` of the route `route`, named for its headers.
     pub fn new(route: &str, limits: Vec<Limit>) -> Self {
         let names = policy_names(route, limits.len());
+        Self::named(names, limits, Vec::new())
+    }
+
+    /// `limits` called `names` in headers, each counted as `counting` says
+    /// (empty, or one per limit).
+    pub fn named(names: Vec<String>, limits: Vec<Limit>, counting: Vec<Counting>) -> Self {
         let header = policy_header(&names, &limits);
         let quotas = limits
             .iter()
@@ -42,7 +56,108 @@ impl Policy {
             names,
             header,
             quotas,
+            counting,
+            claimed: Vec::new(),
         }
+    }
+
+    /// This policy for a request with `headers`: each limit whose number a
+    /// claim carries set from the request's verified token (see
+    /// [`Self::with_claimed`]); a token that is missing, invalid or
+    /// without the claim gets the default.
+    pub fn claimed_for(&self, headers: &http::HeaderMap) -> Self {
+        let values: Vec<Option<u64>> = self
+            .claimed
+            .iter()
+            .map(|(_, claimed)| {
+                let value = claimed.rule.claim(headers).ok()?;
+                std::str::from_utf8(&value).ok()?.trim().parse::<u64>().ok()
+            })
+            .collect();
+        let (limits, header) = self.with_claimed(&values);
+        Self {
+            quotas: limits
+                .iter()
+                .map(|l| HeaderValue::from(l.capacity()))
+                .collect(),
+            limits,
+            header,
+            names: self.names.clone(),
+            counting: self.counting.clone(),
+            claimed: Vec::new(),
+        }
+    }
+
+    /// This policy's limits for a request whose verified token carries
+    /// `values` for the claims of [`Self::claimed`] (in that order; `None`
+    /// where absent): the default in place of a missing value, the ceiling
+    /// in place of one above it. Also returns the `RateLimit-Policy` value
+    /// for those numbers.
+    pub fn with_claimed(&self, values: &[Option<u64>]) -> (Vec<Limit>, Option<HeaderValue>) {
+        let mut limits = self.limits.clone();
+        for ((position, claimed), value) in self.claimed.iter().zip(values) {
+            if let Some(limit) = limits.get_mut(*position) {
+                let n = value.map_or(claimed.default, |v| v.clamp(1, claimed.ceiling));
+                let burst_follows = limit.burst == limit.limit;
+                limit.limit = n;
+                if burst_follows {
+                    limit.burst = n;
+                }
+            }
+        }
+        let header = policy_header(&self.names, &limits);
+        (limits, header)
+    }
+}
+
+/// A limit whose number a verified token claim carries (a per-key number
+/// set by whoever issues the tokens), with a default for tokens without
+/// it and a ceiling no token can claim past.
+#[derive(Debug)]
+pub struct ClaimedLimit {
+    /// The rule reading (and verifying) the claim.
+    pub rule: Arc<crate::jwt::ClaimRule>,
+    /// The number when the token lacks the claim.
+    pub default: u64,
+    /// The most a token may claim; more is clamped to this.
+    pub ceiling: u64,
+}
+
+/// Whose count one limit is: its scope (the route, or a budget routes
+/// share), its place among the scope's limits, and the identity counted.
+#[derive(Debug, Clone)]
+pub struct Counting {
+    /// The route's name, or `@` and the budget's name.
+    pub scope: Arc<str>,
+    /// `scope` and `index` in one name, for the in-process tables.
+    pub entry: Arc<str>,
+    /// The limit's place among its scope's limits.
+    pub index: usize,
+    /// The identity counted.
+    pub key: KeySource,
+    /// The identity as operators read it (`client`, `global`,
+    /// `header X-Org`, …).
+    pub shown: Box<str>,
+    /// The budget the limit belongs to, if any.
+    pub budget: Option<Arc<str>>,
+}
+
+/// The identity a limit counts.
+#[derive(Debug, Clone)]
+pub enum KeySource {
+    /// The route's client (`client = { … }`), the default.
+    Client,
+    /// An identity of its own, derived from the request as a route's
+    /// client is (a header, a verified claim, the address, a path
+    /// parameter, several of them, or the whole API).
+    Rule(Box<ClientRule>),
+}
+
+impl Counting {
+    /// Whether this limit counts the route's client at its own place in
+    /// the route's scope, as a policy without `counting` does.
+    pub fn is_plain(&self, route: &str, position: usize) -> bool {
+        matches!(self.key, KeySource::Client) && &*self.scope == route && self.index == position
     }
 }
 

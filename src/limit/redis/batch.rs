@@ -16,11 +16,55 @@ use super::keys::{Key, decimal};
 use super::replies::{next_decision, verdict_values};
 use super::{Link, MAX_BATCH};
 
+/// The hash tags of a decision's keys: one for all (a route's client),
+/// or one per limit with the limit's place in its scope.
+#[derive(Clone, Copy)]
+pub(super) enum Tags<'a> {
+    One(&'a str),
+    Each(&'a [(String, usize)]),
+}
+
+impl<'a> Tags<'a> {
+    /// The tag and index of the key of the limit at `position`.
+    pub(super) fn get(self, position: usize) -> (&'a str, usize) {
+        match self {
+            Self::One(tag) => (tag, position),
+            Self::Each(each) => each
+                .get(position)
+                .map_or(("", position), |(tag, index)| (tag.as_str(), *index)),
+        }
+    }
+}
+
+/// [`Tags`], owned while a decision waits.
+#[derive(Debug)]
+pub(super) enum OwnedTags {
+    One(String),
+    Each(Box<[(String, usize)]>),
+}
+
+impl OwnedTags {
+    pub(super) fn borrow(&self) -> Tags<'_> {
+        match self {
+            Self::One(tag) => Tags::One(tag),
+            Self::Each(each) => Tags::Each(each),
+        }
+    }
+
+    /// The first key's tag: where a cluster sends the decision.
+    pub(super) fn first(&self) -> &str {
+        match self {
+            Self::One(tag) => tag,
+            Self::Each(each) => each.first().map_or("", |(tag, _)| tag),
+        }
+    }
+}
+
 /// One decision as a call carries it.
 #[derive(Clone, Copy)]
 pub(super) struct Ask<'a> {
-    /// The hash tag of its keys.
-    pub(super) tag: &'a str,
+    /// The hash tags of its keys.
+    pub(super) tags: Tags<'a>,
     pub(super) limits: &'a [Limit],
     pub(super) cost: u64,
     /// Settles a reservation instead of deciding.
@@ -31,7 +75,7 @@ pub(super) struct Ask<'a> {
 
 /// A decision waiting for a call, and where its answer goes.
 pub(super) struct Pending {
-    pub(super) tag: String,
+    pub(super) tags: OwnedTags,
     pub(super) limits: Limits,
     pub(super) cost: u64,
     pub(super) settle: Option<Settlement>,
@@ -45,7 +89,7 @@ pub(super) struct Pending {
 impl Pending {
     pub(super) fn ask(&self) -> Ask<'_> {
         Ask {
-            tag: &self.tag,
+            tags: self.tags.borrow(),
             limits: self.limits.as_slice(),
             cost: self.cost,
             settle: self.settle,
@@ -183,12 +227,9 @@ impl Link {
         }
         command.arg(asks.clone().map(|a| a.limits.len()).sum::<usize>());
         for ask in asks.clone() {
-            for (index, limit) in ask.limits.iter().enumerate() {
-                command.arg(Key {
-                    tag: ask.tag,
-                    index,
-                    limit,
-                });
+            for (position, limit) in ask.limits.iter().enumerate() {
+                let (tag, index) = ask.tags.get(position);
+                command.arg(Key { tag, index, limit });
             }
         }
         for ask in asks {
@@ -223,21 +264,21 @@ mod tests {
         ];
         let asks = [
             Ask {
-                tag: "t1",
+                tags: Tags::One("t1"),
                 limits: &one,
                 cost: 1,
                 settle: None,
                 now: None,
             },
             Ask {
-                tag: "t2",
+                tags: Tags::One("t2"),
                 limits: &two,
                 cost: 4,
                 settle: None,
                 now: Some(1_700_000_000_123),
             },
             Ask {
-                tag: "t1",
+                tags: Tags::One("t1"),
                 limits: &one,
                 cost: 3,
                 settle: Some(Settlement {

@@ -130,7 +130,7 @@ impl Link {
         // once per doubling of its buffers: a key and about 40 bytes of
         // limits per limit, six more arguments.
         let n = first.limits.len();
-        let mut command = Cmd::with_capacity(6 + n, 64 + n * (first.tag.len() + 72));
+        let mut command = Cmd::with_capacity(6 + n, 64 + n * (first.tags.get(0).0.len() + 72));
         self.command(&mut command, asks.clone());
         let (least, most) = cluster_retry_waits(self.timeout);
         let (mut asking, mut loaded, mut redirected) = (false, false, 0);

@@ -52,7 +52,7 @@ use redis::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::settings::{Endpoint, Tls};
-use super::{Charge, Decision, Store, StoreError};
+use super::{Charge, CountKey, Decision, Store, StoreError};
 use crate::client::ClientId;
 
 mod agreement;
@@ -63,7 +63,7 @@ mod connections;
 mod keys;
 mod replies;
 
-use batch::{Ask, Limits, Pending, send_calls};
+use batch::{Ask, Limits, OwnedTags, Pending, send_calls};
 pub use cluster::Node;
 use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
@@ -352,16 +352,27 @@ impl RedisStore {
         }
     }
 
-    /// Where the decisions for `route` and `client` go: their keys' hash
-    /// tag, and the one Redis or the cluster primary holding their slot.
-    /// An error while the cluster's slot table names no primary for it
-    /// (not read yet, or the slot is not served); a read of the table
-    /// follows.
-    pub fn target(&self, route: &str, client: &ClientId) -> Result<Target, StoreError> {
-        let tag = self.hash_tag(route, client);
+    /// Where the decision `charge` goes: its keys' hash tags, and the one
+    /// Redis or the cluster primary holding their slot (a charge whose
+    /// keys lie in several slots goes in parts: see [`Self::slot_groups`];
+    /// given one anyway, it goes to its first key's). An error while the
+    /// cluster's slot table names no primary for it (not read yet, or the
+    /// slot is not served); a read of the table follows.
+    pub fn target(&self, charge: &Charge<'_>) -> Result<Target, StoreError> {
+        let tags = if charge.keys.is_empty() {
+            OwnedTags::One(self.hash_tag(charge.route, charge.client))
+        } else {
+            OwnedTags::Each(
+                charge
+                    .keys
+                    .iter()
+                    .map(|k| (self.hash_tag(&k.scope, &k.client), k.index))
+                    .collect(),
+            )
+        };
         let node = match &self.link.cluster {
             None => Arc::clone(&self.single),
-            Some(cluster) => match cluster.node(slot_of(&tag)) {
+            Some(cluster) => match cluster.node(slot_of(tags.first())) {
                 Some(node) => node,
                 None => {
                     cluster.refresh_soon();
@@ -369,7 +380,32 @@ impl RedisStore {
                 }
             },
         };
-        Ok(Target { node, tag })
+        Ok(Target { node, tags })
+    }
+
+    /// On a cluster, the positions of `keys` grouped by the slot of their
+    /// hash tags, the groups in slot order: what one call each can decide.
+    /// One group on one Redis, or when every key shares a slot.
+    pub fn slot_groups(&self, keys: &[CountKey]) -> Vec<Vec<usize>> {
+        if self.link.cluster.is_none() {
+            return vec![(0..keys.len()).collect()];
+        }
+        let mut slots: Vec<(u16, usize)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (slot_of(&self.hash_tag(&k.scope, &k.client)), i))
+            .collect();
+        slots.sort_unstable();
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut last = None;
+        for (slot, i) in slots {
+            match groups.last_mut() {
+                Some(group) if last == Some(slot) => group.push(i),
+                _ => groups.push(vec![i]),
+            }
+            last = Some(slot);
+        }
+        groups
     }
 
     /// Every node decisions go to: the one Redis, or the cluster's
@@ -406,7 +442,7 @@ impl RedisStore {
         charge: Charge<'_>,
         now: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        let target = self.target(charge.route, charge.client)?;
+        let target = self.target(&charge)?;
         self.decide_on(target, charge, now).await
     }
 
@@ -419,10 +455,10 @@ impl RedisStore {
         now: Option<u64>,
     ) -> Result<Decision, StoreError> {
         let timeout = self.link.timeout;
-        let Target { node, tag } = target;
+        let Target { node, tags } = target;
         if let Some(cluster) = &self.link.cluster {
             let ask = Ask {
-                tag: &tag,
+                tags: tags.borrow(),
                 limits: charge.limits,
                 cost: charge.cost,
                 settle: charge.settle,
@@ -443,7 +479,7 @@ impl RedisStore {
         // deadline (see `send_calls`).
         let (reply, decided) = oneshot::channel();
         self.enqueue(Pending {
-            tag,
+            tags,
             limits: Limits::new(charge.limits),
             cost: charge.cost,
             settle: charge.settle,
@@ -473,7 +509,7 @@ impl RedisStore {
             .map(|(charge, _)| self.hash_tag(charge.route, charge.client))
             .collect();
         let asks = charges.iter().zip(&tags).map(|((charge, now), tag)| Ask {
-            tag,
+            tags: batch::Tags::One(tag),
             limits: charge.limits,
             cost: charge.cost,
             settle: charge.settle,
@@ -536,10 +572,10 @@ impl RedisStore {
 /// Where one decision goes: its keys' hash tag and the node holding them.
 #[derive(Debug)]
 pub struct Target {
-    /// The one Redis, or the cluster primary holding the tag's slot: whose
+    /// The one Redis, or the cluster primary holding the tags' slot: whose
     /// breaker the decision passes.
     pub node: Arc<Node>,
-    tag: String,
+    tags: OwnedTags,
 }
 
 /// A cluster slot no primary is known for.

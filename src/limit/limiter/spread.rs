@@ -1,0 +1,135 @@
+//! A decision whose keys lie in several Redis Cluster slots: a user's, an
+//! organisation's and the whole API's count hash to different slots, often
+//! on different primaries, and one call can only touch one slot.
+//!
+//! The parts are taken one slot after another, in slot order, each in one
+//! atomic call that consumes from its limits only if all of them allow.
+//! When a part refuses (or its primary cannot answer), the parts already
+//! taken are given back, settled to nothing where the units still count,
+//! so a refused request consumes nothing anywhere and no limit ever counts
+//! past its number. What this costs, and all it costs, is that between a
+//! part being taken and given back, a concurrent request may find those
+//! units held and be refused although, decided at another moment, it
+//! would have fitted: a false refusal, never an admission past a limit.
+//! A single Redis or a Sentinel group decides every key in one call and
+//! has none.
+
+use super::Shared;
+use crate::limit::{Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict};
+
+/// The limits of one slot: their positions in the charge, and their own
+/// copies, for a charge of their own.
+struct Part {
+    positions: Vec<usize>,
+    limits: Vec<Limit>,
+    keys: Vec<CountKey>,
+}
+
+impl Part {
+    fn of(charge: &Charge<'_>, positions: Vec<usize>) -> Self {
+        Self {
+            limits: positions.iter().map(|&i| charge.limits[i]).collect(),
+            keys: positions.iter().map(|&i| charge.keys[i].clone()).collect(),
+            positions,
+        }
+    }
+
+    fn charge<'a>(&'a self, whole: &Charge<'a>) -> Charge<'a> {
+        Charge {
+            limits: &self.limits,
+            keys: &self.keys,
+            ..*whole
+        }
+    }
+}
+
+impl Shared {
+    /// Decides (or settles) `charge` in the parts `groups` name (positions
+    /// of its limits, one group per slot, in slot order).
+    pub(super) async fn decide_spread(
+        &self,
+        charge: Charge<'_>,
+        groups: Vec<Vec<usize>>,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut taken: Vec<(Part, Decision)> = Vec::with_capacity(groups.len());
+        let mut failed = None;
+        for positions in groups {
+            let part = Part::of(&charge, positions);
+            let result = match self.store.target(&part.charge(&charge)) {
+                Ok(target) => {
+                    self.through_breaker(target, part.charge(&charge), now)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(d) if d.allowed || charge.settle.is_some() => taken.push((part, d)),
+                Ok(refused) => {
+                    self.give_back(&charge, &taken, now).await;
+                    taken.push((part, refused));
+                    return Ok(combined(&taken));
+                }
+                // A settlement goes on with the other parts: each is owed.
+                Err(e) if charge.settle.is_some() => failed = Some(e),
+                Err(e) => {
+                    self.give_back(&charge, &taken, now).await;
+                    return Err(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(combined(&taken)),
+        }
+    }
+
+    /// Settles the parts `taken` of a refused `charge` to nothing. A part
+    /// that cannot be given back (its primary went away meanwhile) stays
+    /// consumed: counted too much, never too little.
+    async fn give_back(&self, charge: &Charge<'_>, taken: &[(Part, Decision)], now: u64) {
+        for (part, decision) in taken {
+            let back = Charge {
+                cost: 0,
+                settle: Some(Settlement {
+                    at_ms: decision.at_ms,
+                    reserved: charge.cost,
+                    local: false,
+                }),
+                ..part.charge(charge)
+            };
+            let given = match self.store.target(&back) {
+                Ok(target) => self.through_breaker(target, back, now).await,
+                Err(e) => Err(e),
+            };
+            match given {
+                Ok(_) => {
+                    self.metrics.given_back.inc();
+                }
+                Err(error) => {
+                    if crate::clock::once_a_second(&self.last_logged, now) {
+                        tracing::warn!(%error, route = %charge.route, "cannot give back the units a refused request held in another Redis Cluster slot; they stay counted until their window passes");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The parts' decisions as one: allowed when every part allowed, naming
+/// the most constrained limit (or the longest wait) by its position in the
+/// whole charge, at the first part's time.
+fn combined(parts: &[(Part, Decision)]) -> Decision {
+    let verdicts = parts.iter().map(|(_, d)| Verdict {
+        allowed: d.allowed,
+        remaining: d.remaining,
+        next_ms: d.next_ms,
+        retry_after_ms: d.retry_after_ms,
+    });
+    let mut decision = Decision::combine(verdicts);
+    if let Some((part, d)) = parts.get(decision.limit) {
+        decision.limit = part.positions.get(d.limit).copied().unwrap_or(0);
+    }
+    decision.at_ms = parts.first().map_or(0, |(_, d)| d.at_ms);
+    decision
+}

@@ -1,0 +1,194 @@
+//! Plans defined once: which plan a request is on. A plan is a named set
+//! of limits that routes refer to (each route keeps its own counts under
+//! it); the request's plan is read from a verified token claim, from a
+//! header only trusted proxies may set, or from a table of client → plan
+//! read from a file of its own, which is replaced live, whole, when the
+//! file changes.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::HeaderMap;
+use http::header::HeaderName;
+use ipnet::IpNet;
+
+use crate::client::{ClientId, ClientRule, sha256};
+
+/// How a request's plan is chosen (`[plan_selection]`), and the plans'
+/// names.
+#[derive(Debug)]
+pub struct PlanSelection {
+    /// Every plan's name, by index.
+    pub names: Vec<Arc<str>>,
+    /// Where the plan is read.
+    pub by: PlanSource,
+    /// The plan of a request none is read for; `None`: the route's own
+    /// limits.
+    pub default: Option<usize>,
+}
+
+/// Where a request's plan is read.
+#[derive(Debug)]
+pub enum PlanSource {
+    /// A claim of the request's bearer token, once verified, names it.
+    Claim(Arc<crate::jwt::ClaimRule>),
+    /// A header names it; believed only when the peer is one of
+    /// `trusted_proxies` (from anyone else it is ignored).
+    Header(HeaderName),
+    /// A table lists each client's plan.
+    Table {
+        /// Identifies the client the table is looked up by.
+        client: Box<ClientRule>,
+        /// The file the table is read from.
+        path: PathBuf,
+        /// The table in force: replaced whole when the file changes.
+        table: Arc<ArcSwap<PlanTable>>,
+    },
+}
+
+/// Clients and their plans, as a table file lists them: values (API
+/// keys, claims, addresses) as they are or by their SHA-256.
+#[derive(Debug, Default)]
+pub struct PlanTable {
+    /// Values, byte for byte.
+    pub values: HashMap<Box<[u8]>, u16>,
+    /// SHA-256 digests of values.
+    pub digests: HashMap<[u8; 32], u16>,
+}
+
+impl PlanTable {
+    /// Reads a table: one `<client> <plan>` per line (`#` starts a
+    /// comment), a client written as it is or as `sha256:<64 hex digits>`,
+    /// a plan one of `names`. Every line that is not understood is
+    /// returned with its number (from 1) and what is wrong.
+    pub fn parse(text: &str, names: &[Arc<str>]) -> Result<Self, Vec<(usize, String)>> {
+        let mut table = Self::default();
+        let mut problems = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(client), Some(plan), None) = (words.next(), words.next(), words.next())
+            else {
+                problems.push((i + 1, "expected \"<client> <plan>\"".to_owned()));
+                continue;
+            };
+            let Some(index) = names.iter().position(|n| &**n == plan) else {
+                problems.push((
+                    i + 1,
+                    format!(
+                        "no plan is called {plan:?}; the plans are {}",
+                        names.join(", ")
+                    ),
+                ));
+                continue;
+            };
+            let index = u16::try_from(index).unwrap_or(u16::MAX);
+            match client.strip_prefix("sha256:") {
+                Some(hex) => match digest_from_hex(hex) {
+                    Some(digest) => {
+                        table.digests.insert(digest, index);
+                    }
+                    None => {
+                        problems.push((i + 1, "a sha256: client needs 64 hex digits".to_owned()))
+                    }
+                },
+                None => {
+                    table.values.insert(client.as_bytes().into(), index);
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(table)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The plan the table lists for `client`.
+    pub fn plan_of(&self, client: &ClientId) -> Option<usize> {
+        let found = match client {
+            ClientId::Header(value) => self
+                .values
+                .get(&**value)
+                .or_else(|| self.digests.get(&sha256(value))),
+            ClientId::Digest(digest) => self.digests.get(&**digest),
+            ClientId::Addr(ip) => {
+                let text = ip.to_string();
+                self.values
+                    .get(text.as_bytes())
+                    .or_else(|| self.digests.get(&sha256(text.as_bytes())))
+            }
+            ClientId::Composite(_) | ClientId::Global => None,
+        };
+        found.map(|&i| usize::from(i))
+    }
+
+    /// How many clients it lists.
+    pub fn len(&self) -> usize {
+        self.values.len() + self.digests.len()
+    }
+
+    /// Whether it lists none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn digest_from_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl PlanSelection {
+    /// The plan of a request with `headers`, from the peer `peer` (whose
+    /// address is in `trusted` or not), whose matched path is `path`:
+    /// what its source reads, else the default. A claim or table entry
+    /// that names no plan counts as none; so does a header from a peer
+    /// that is not a trusted proxy.
+    pub fn plan(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        peer: IpAddr,
+        trusted: &[IpNet],
+    ) -> Option<usize> {
+        let read = match &self.by {
+            PlanSource::Claim(rule) => rule
+                .claim(headers)
+                .ok()
+                .and_then(|name| self.index_of(&name)),
+            PlanSource::Header(name) => {
+                if crate::client::is_in(peer.to_canonical(), trusted) {
+                    let mut values = headers.get_all(name).iter();
+                    match (values.next(), values.next()) {
+                        (Some(value), None) => self.index_of(value.as_bytes()),
+                        _ => None,
+                    }
+                } else {
+                    None
+                }
+            }
+            PlanSource::Table { client, table, .. } => client
+                .identify(headers, path, peer, trusted)
+                .ok()
+                .and_then(|id| table.load().plan_of(&id)),
+        };
+        read.or(self.default)
+    }
+
+    fn index_of(&self, name: &[u8]) -> Option<usize> {
+        self.names.iter().position(|n| n.as_bytes() == name)
+    }
+}
