@@ -44,6 +44,7 @@ mod problems;
 mod routes;
 mod server;
 mod store;
+mod summary;
 mod upstreams;
 mod usage;
 

@@ -97,6 +97,7 @@ fn main() -> ExitCode {
             flags.config.display(),
             config.routes.len()
         );
+        print!("{}", config.summary());
         if flags.connect && !check_connections(&config) {
             return ExitCode::FAILURE;
         }

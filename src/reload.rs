@@ -37,6 +37,8 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
         digest: running.digest.clone(),
         on_change: running.server.reload_on_change,
         overrides: running.overrides,
+        table_file: running.plan_table(),
+        table: None,
     };
     let spawned = std::thread::Builder::new()
         .name("floodgate-reload".to_owned())
@@ -88,7 +90,59 @@ struct Reader {
     on_change: bool,
     /// Listener addresses from the command line, applied to each load.
     overrides: config::Overrides,
+    /// The client → plan table file in force at the start, until the
+    /// thread reads it.
+    table_file: Option<config::PlanTableFile>,
+    /// The client → plan table file, watched on its own.
+    table: Option<TableWatch>,
 }
+
+/// A client → plan table file and the table in force it replaces.
+struct TableWatch {
+    file: config::PlanTableFile,
+    /// The contents the table in force was read from.
+    last: Option<Vec<u8>>,
+}
+
+impl TableWatch {
+    fn new(file: config::PlanTableFile) -> Self {
+        let last = std::fs::read(&file.0).ok();
+        Self { file, last }
+    }
+
+    /// Reads the table again when its file changed, and puts it in force
+    /// once read whole: only contents that read the same twice, a moment
+    /// apart (a file being written in place is not taken half-written),
+    /// and that parse, every line. A table with a problem is refused,
+    /// loudly, and the one in force stays.
+    fn check(&mut self) {
+        let (path, names, live) = &self.file;
+        let now = std::fs::read(path).ok();
+        if now.is_none() || now == self.last {
+            return;
+        }
+        std::thread::sleep(SETTLE);
+        if std::fs::read(path).ok() != now {
+            return;
+        }
+        self.last.clone_from(&now);
+        match config::load_plan_table(path, names) {
+            Ok(table) => {
+                tracing::info!(path = %path.display(), clients = table.len(), "plan table reloaded");
+                live.store(Arc::new(table));
+            }
+            Err(error) => tracing::error!(
+                path = %path.display(),
+                %error,
+                clients = live.load().len(),
+                "plan table refused; the table in force stays"
+            ),
+        }
+    }
+}
+
+/// How long a changed plan table must stay the same before it is read.
+const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reader {
     /// Reads and loads the file when asked (`asked`) or, once a second,
@@ -101,6 +155,7 @@ impl Reader {
         asked: &Receiver<()>,
         loaded: &mpsc::Sender<Result<Config, LoadError>>,
     ) {
+        self.table = self.table_file.take().map(TableWatch::new);
         // The file may have changed between its load and the baseline: if
         // it is not the text in force, the first comparison says changed.
         if let Some(i) = self.watched.iter().position(|f| *f == self.path) {
@@ -120,6 +175,9 @@ impl Reader {
             if !asked && !self.on_change {
                 continue;
             }
+            if let Some(table) = self.table.as_mut() {
+                table.check();
+            }
             let now = contents(&self.watched);
             // A file missing now (mid-replace) is looked at again next time.
             if !asked && (now.iter().any(Option::is_none) || now == last_seen) {
@@ -133,9 +191,11 @@ impl Reader {
             last_seen = now;
             let new = config::load(&self.path).map(|new| self.overrides.apply(new));
             if let Ok(new) = &new {
-                // The new file may name other certificate files.
+                // The new file may name other certificate files, and
+                // another plan table.
                 self.watched = new.files();
                 last_seen = contents(&self.watched);
+                self.table = new.plan_table().map(TableWatch::new);
             }
             if loaded.blocking_send(new).is_err() {
                 return;

@@ -176,6 +176,24 @@ impl ClientRule {
         }
     }
 
+    /// The rule as operators read it: `remote_addr`, `header X-Org`,
+    /// `jwt sub`, `path id`, `global`, parts joined with ` + `.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::RemoteAddr => "remote_addr".to_owned(),
+                Part::ForwardedFor => "forwarded_for".to_owned(),
+                Part::Header(name) => format!("header {name}"),
+                Part::PathParam { name, .. } => format!("path {name}"),
+                Part::Claim(rule) => format!("jwt {}", rule.claim),
+                Part::Global => "global".to_owned(),
+            })
+            .collect();
+        parts.join(" + ")
+    }
+
     /// Makes sure each header this rule reads holds one value, so that the
     /// value counted is the value forwarded: a header sent in several lines
     /// or as a comma list is refused, or (`first`, `last`) replaced by the

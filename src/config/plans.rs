@@ -343,7 +343,7 @@ impl Validator<'_> {
                 let key = match &m.key {
                     None => Some((KeySource::Client, "client".to_owned())),
                     Some(k) => self.client(Some(k), cx).map(|rule| {
-                        let shown = shown(&rule);
+                        let shown = rule.describe();
                         (KeySource::Rule(Box::new(rule)), shown)
                     }),
                 };
@@ -461,23 +461,6 @@ fn known<'a>(names: impl Iterator<Item = &'a Spanned<String>>) -> String {
     } else {
         format!("; defined: {}", all.join(", "))
     }
-}
-
-/// A limit's key as operators read it.
-pub(crate) fn shown(rule: &ClientRule) -> String {
-    let parts: Vec<String> = rule
-        .parts
-        .iter()
-        .map(|p| match p {
-            IdPart::RemoteAddr => "remote_addr".to_owned(),
-            IdPart::ForwardedFor => "forwarded_for".to_owned(),
-            IdPart::Header(name) => format!("header {name}"),
-            IdPart::PathParam { name, .. } => format!("path {name}"),
-            IdPart::Claim(rule) => format!("jwt {}", rule.claim),
-            IdPart::Global => "global".to_owned(),
-        })
-        .collect();
-    parts.join(" + ")
 }
 
 /// Reads a client → plan table from `path`, for plans `names`: the whole

@@ -16,6 +16,7 @@ pub struct Config {
     upstreams: Vec<(String, Vec<String>)>,
     routes: Vec<Route>,
     access_log: Vec<String>,
+    tables: Vec<String>,
 }
 
 /// One `[[routes]]` entry.
@@ -35,7 +36,15 @@ impl Config {
             upstreams: Vec::new(),
             routes: Vec::new(),
             access_log: Vec::new(),
+            tables: Vec::new(),
         }
+    }
+
+    /// Adds tables written out after the routes, such as `[budgets.tokens]`
+    /// or `[plans.free]` with their keys.
+    pub fn tables(mut self, text: &str) -> Self {
+        self.tables.push(text.to_owned());
+        self
     }
 
     /// Turns the access log on, with these `[access_log]` lines.
@@ -168,6 +177,11 @@ impl Config {
             if !route.limits.is_empty() {
                 out.push_str(&format!("limits = [{}]\n", route.limits.join(", ")));
             }
+        }
+        for table in &self.tables {
+            out.push('\n');
+            out.push_str(table);
+            out.push('\n');
         }
         out
     }
