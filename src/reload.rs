@@ -31,7 +31,9 @@ const POLL: Duration = Duration::from_secs(1);
 pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, baseline: Baseline) {
     let (ask, asked) = std::sync::mpsc::channel();
     let (send, mut loaded) = mpsc::channel(1);
+    let table_changed = Arc::new(Notify::new());
     let reader = Reader {
+        table_changed: Arc::clone(&table_changed),
         path: running.path.clone(),
         watched: baseline.files,
         digest: running.digest.clone(),
@@ -54,6 +56,7 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
                     return;
                 }
             }
+            () = table_changed.notified() => shared.plans_changed(),
             new = loaded.recv() => match new {
                 Some(Ok(new)) => shared.reload(&running, new).await,
                 Some(Err(e)) => shared.reload_refused(&e),
@@ -95,6 +98,8 @@ struct Reader {
     table_file: Option<config::PlanTableFile>,
     /// The client → plan table file, watched on its own.
     table: Option<TableWatch>,
+    /// Told when a new table is put in force.
+    table_changed: Arc<Notify>,
 }
 
 /// A client → plan table file and the table in force it replaces.
@@ -115,28 +120,33 @@ impl TableWatch {
     /// apart (a file being written in place is not taken half-written),
     /// and that parse, every line. A table with a problem is refused,
     /// loudly, and the one in force stays.
-    fn check(&mut self) {
+    /// True when a new table was put in force.
+    fn check(&mut self) -> bool {
         let (path, names, live) = &self.file;
         let now = std::fs::read(path).ok();
         if now.is_none() || now == self.last {
-            return;
+            return false;
         }
         std::thread::sleep(SETTLE);
         if std::fs::read(path).ok() != now {
-            return;
+            return false;
         }
         self.last.clone_from(&now);
         match config::load_plan_table(path, names) {
             Ok(table) => {
                 tracing::info!(path = %path.display(), clients = table.len(), "plan table reloaded");
                 live.store(Arc::new(table));
+                true
             }
-            Err(error) => tracing::error!(
-                path = %path.display(),
-                %error,
-                clients = live.load().len(),
-                "plan table refused; the table in force stays"
-            ),
+            Err(error) => {
+                tracing::error!(
+                    path = %path.display(),
+                    %error,
+                    clients = live.load().len(),
+                    "plan table refused; the table in force stays"
+                );
+                false
+            }
         }
     }
 }
@@ -175,8 +185,10 @@ impl Reader {
             if !asked && !self.on_change {
                 continue;
             }
-            if let Some(table) = self.table.as_mut() {
-                table.check();
+            if let Some(table) = self.table.as_mut()
+                && table.check()
+            {
+                self.table_changed.notify_one();
             }
             let now = contents(&self.watched);
             // A file missing now (mid-replace) is looked at again next time.

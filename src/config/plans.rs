@@ -212,7 +212,8 @@ impl Validator<'_> {
         catalog: &Catalog<'_>,
     ) -> Option<(Policy, Vec<Option<Policy>>)> {
         let jwt = self.token_rule(client, catalog);
-        let budgets = self.drawn_budgets(draws.budgets, catalog)?;
+        let drawn = self.drawn_budgets(draws.budgets, catalog);
+        let budgets = drawn.clone().unwrap_or_default();
         let scope: Arc<str> = route.into();
         let build = |v: &mut Self, items: Option<&Spanned<Vec<Spanned<LimitModel>>>>| {
             let mut parts = Vec::new();
@@ -250,7 +251,7 @@ impl Validator<'_> {
                         format!(
                             "no plan is called {:?}{}",
                             name.get_ref(),
-                            known(catalog.plans.keys())
+                            known(name.get_ref(), catalog.plans.keys())
                         ),
                     );
                     ok = false;
@@ -261,7 +262,7 @@ impl Validator<'_> {
             ok = false;
         }
         let policy = policy?;
-        ok.then_some((policy, plans))
+        (ok && drawn.is_some()).then_some((policy, plans))
     }
 
     /// The budgets a route names, each once.
@@ -286,7 +287,7 @@ impl Validator<'_> {
                         name.span(),
                         format!(
                             "no budget is called {text:?}{}",
-                            known(catalog.budgets.keys())
+                            known(text, catalog.budgets.keys())
                         ),
                     );
                     ok = false;
@@ -453,13 +454,16 @@ impl Validator<'_> {
     }
 }
 
-/// "; the budgets are a, b" or "" when there are none.
-fn known<'a>(names: impl Iterator<Item = &'a Spanned<String>>) -> String {
+/// What is defined instead of `word`: the closest name first, when one
+/// is close; "(none is defined)" when nothing is.
+fn known<'a>(word: &str, names: impl Iterator<Item = &'a Spanned<String>>) -> String {
     let all: Vec<&str> = names.map(|n| n.get_ref().as_str()).collect();
     if all.is_empty() {
-        " (none is defined)".to_owned()
-    } else {
-        format!("; defined: {}", all.join(", "))
+        return " (none is defined)".to_owned();
+    }
+    match super::problems::closest(word, all.iter().copied()) {
+        Some(near) => format!("; did you mean {near:?}? (defined: {})", all.join(", ")),
+        None => format!("; defined: {}", all.join(", ")),
     }
 }
 

@@ -304,6 +304,12 @@ impl Shared {
         &self.metrics
     }
 
+    /// A client → plan table was replaced: denials remembered under the
+    /// plans clients were on may no longer hold.
+    pub fn plans_changed(&self) {
+        self.limiter.rules_changed();
+    }
+
     /// Applies a newly loaded configuration: its upstreams are started,
     /// then its rules go live; parts that cannot change while running are
     /// reported and keep their old values.

@@ -192,3 +192,40 @@ impl PlanSelection {
         self.names.iter().position(|n| n.as_bytes() == name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<Arc<str>> {
+        vec!["free".into(), "pro".into()]
+    }
+
+    #[test]
+    fn a_table_lists_values_and_digests_and_skips_comments() {
+        let digest = crate::client::hex(&sha256(b"secret-key"));
+        let text = format!(
+            "# client plan\nkey-1 pro  # a comment\n\n  key-2\tfree\nsha256:{digest} pro\n10.0.0.7 pro\n"
+        );
+        let table = PlanTable::parse(&text, &names()).expect("a valid table");
+        assert_eq!(table.len(), 4);
+        assert_eq!(table.plan_of(&ClientId::header("key-1")), Some(1));
+        assert_eq!(table.plan_of(&ClientId::header("key-2")), Some(0));
+        assert_eq!(table.plan_of(&ClientId::header("secret-key")), Some(1));
+        assert_eq!(table.plan_of(&ClientId::digest_of("secret-key")), Some(1));
+        assert_eq!(
+            table.plan_of(&ClientId::Addr([10, 0, 0, 7].into())),
+            Some(1)
+        );
+        assert_eq!(table.plan_of(&ClientId::header("key-3")), None);
+    }
+
+    #[test]
+    fn every_wrong_line_of_a_table_is_named() {
+        let text = "key-1 pro\nkey-2 gold\nkey-3\nsha256:abc free\nkey-4 pro extra\n";
+        let problems = PlanTable::parse(text, &names()).expect_err("an invalid table");
+        let lines: Vec<usize> = problems.iter().map(|(line, _)| *line).collect();
+        assert_eq!(lines, [2, 3, 4, 5]);
+        assert!(problems[0].1.contains("\"gold\""), "{}", problems[0].1);
+    }
+}
