@@ -157,10 +157,29 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
                 .limit("fixed_window", 100, "1m"),
         )
         .route(
+            Route::new("catalog")
+                .matching(r#"path_prefix = "/catalog""#)
+                .respond("status = 200")
+                .client(r#"from = "header", name = "x-client""#)
+                .line(r#"plans = ["pro"]"#)
+                .line(r#"budgets = ["calls"]"#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 7, window = "1m", key = { from = "remote_addr" } }"#),
+        )
+        .route(
             Route::new("api")
                 .respond("status = 200")
                 .line("concurrency = { max_in_flight = 4 }")
                 .limit("token_bucket", 1000, "1s"),
+        )
+        .tables(
+            r#"[budgets.calls]
+limits = [{ algorithm = "fixed_window", limit = 900, window = "1h", key = { from = "global" } }]
+
+[plan_selection]
+by = { from = "header", name = "x-plan" }
+
+[plans.pro]
+limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         )
         .toml();
     let gate = Floodgate::start(&toml).await;
@@ -191,7 +210,7 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
         return;
     };
     let rows: Vec<&str> = dom.split("<tr data-route=").skip(1).collect();
-    assert_eq!(rows.len(), 4, "{dom}");
+    assert_eq!(rows.len(), 5, "{dom}");
     assert!(rows[0].starts_with("\"bulk\""), "{dom}");
     let login = route_row(&dom, "login");
     assert!(login.contains("5/60s sliding_log"), "{login}");
@@ -214,6 +233,29 @@ async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
     );
     let api = route_row(&dom, "api");
     assert!(api.contains("1000/1s token_bucket"), "{api}");
+    // Whose count each limit is, the budget it belongs to, each plan's
+    // limits, and the budgets and plans with the routes that use them.
+    let catalog = route_row(&dom, "catalog");
+    assert!(
+        catalog.contains(
+            "7/60s sliding_log per remote_addr, budget calls: 900/3600s fixed_window per global"
+        ),
+        "{catalog}"
+    );
+    assert!(
+        catalog.contains("plan pro: </span><code>70/60s sliding_log, budget calls: 900/3600s fixed_window per global</code>"),
+        "{catalog}"
+    );
+    assert!(
+        dom.contains(
+            r#"<tr data-budget="calls"><th>budget calls</th><td>drawn from by catalog</td></tr>"#
+        ),
+        "{dom}"
+    );
+    assert!(
+        dom.contains(r#"<tr data-plan-routes="pro"><th>plan pro</th><td>on catalog</td></tr>"#),
+        "{dom}"
+    );
     // In flight: none capped on login; api's cap of 4.
     assert!(login.ends_with(r#"<td class="n">–</td>"#), "{login}");
     let in_flight = &api[api.rfind("<td").unwrap_or(0)..];

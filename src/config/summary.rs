@@ -106,11 +106,26 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 .and_then(|c| c.budget.as_deref())
                 .map_or(String::new(), |b| format!("budget {b}: "));
             format!(
-                "{budget}{number} per {}ms {} {whose}",
-                limit.window_ms,
+                "{budget}{number} per {} {} {whose}",
+                window(limit.window_ms),
                 limit.algorithm.name()
             )
         })
         .collect();
     parts.join("; ")
+}
+
+/// A window as the file would write it: `"1m"`, `"1d"`, `"250ms"`.
+fn window(ms: u64) -> String {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
 }

@@ -14,13 +14,16 @@
 //! - `denials`: denials in the log, one line per route and client per
 //!   interval with the count folded into it, and a bounded number a second;
 //! - [`metering`]: routes whose cost is what their upstream reports: the
-//!   reservation charged with the decision, settled to the report.
+//!   reservation charged with the decision, settled to the report;
+//! - [`shown`]: the limits, budgets and plans as `/status.json` shows
+//!   them to operators.
 
 mod denials;
 pub mod metering;
 mod phases;
 pub mod rules;
 pub mod shared;
+pub mod shown;
 
 pub use phases::handle;
 pub use rules::{Rules, start_upstreams};

@@ -1,0 +1,133 @@
+//! How the limits a request may fall under look to operators on
+//! `/status.json`: whose count each limit is, the budget it belongs to,
+//! the number a claim carries, the budgets with the routes that draw from
+//! them, and how plans are chosen. The admin listener writes these
+//! without learning how rules are compiled.
+
+use crate::access_log::json_string;
+
+/// A policy's limits in `/status.json`: each with whose count it is
+/// (`client`: the route's; else the identity it names) and the budget it
+/// belongs to, if any.
+pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
+    use std::fmt::Write;
+    out.push('[');
+    for (j, (limit, name)) in policy.limits.iter().zip(&policy.names).enumerate() {
+        if j > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"policy\":");
+        json_string(out, name);
+        let counting = policy.counting.get(j);
+        out.push_str(",\"key\":");
+        json_string(out, counting.map_or("client", |c| &c.shown));
+        out.push_str(",\"budget\":");
+        match counting.and_then(|c| c.budget.as_deref()) {
+            Some(budget) => json_string(out, budget),
+            None => out.push_str("null"),
+        }
+        let claimed = policy.claimed.iter().find(|(at, _)| *at == j);
+        out.push_str(",\"limit_from\":");
+        match claimed {
+            Some((_, c)) => {
+                out.push_str("{\"claim\":");
+                json_string(out, &c.rule.claim);
+                let _ = write!(out, ",\"default\":{},\"max\":{}}}", c.default, c.ceiling);
+            }
+            None => out.push_str("null"),
+        }
+        let _ = write!(
+            out,
+            ",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
+            limit.algorithm.name(),
+            limit.limit,
+            limit.window_ms as f64 / 1000.0,
+            limit.burst
+        );
+    }
+    out.push(']');
+}
+
+/// The budgets in `/status.json`: each by name with the routes that draw
+/// from it.
+pub fn budgets_json(out: &mut String, table: &crate::routes::Table) {
+    let mut budgets: Vec<(&str, Vec<&str>)> = Vec::new();
+    for route in table.iter() {
+        let drawn = std::iter::once(&route.policy)
+            .chain(route.plans.iter().flatten())
+            .flat_map(|p| p.counting.iter())
+            .filter_map(|c| c.budget.as_deref());
+        for budget in drawn {
+            match budgets.iter_mut().find(|(b, _)| *b == budget) {
+                Some((_, routes)) if routes.contains(&&*route.name) => {}
+                Some((_, routes)) => routes.push(&route.name),
+                None => budgets.push((budget, vec![&route.name])),
+            }
+        }
+    }
+    out.push('{');
+    for (i, (budget, routes)) in budgets.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_string(out, budget);
+        out.push_str(":{\"routes\":");
+        names_json(out, routes.iter().copied());
+        out.push('}');
+    }
+    out.push('}');
+}
+
+/// The plans in `/status.json`: how a request's plan is chosen, the
+/// default, and each plan with the routes that refer to it.
+pub fn plans_json(out: &mut String, table: &crate::routes::Table) {
+    use crate::routes::PlanSource;
+    use std::fmt::Write;
+    let Some(selection) = &table.plan_selection else {
+        out.push_str("null");
+        return;
+    };
+    out.push_str("{\"by\":");
+    let by = match &selection.by {
+        PlanSource::Claim(rule) => format!("jwt claim {}", rule.claim),
+        PlanSource::Header(name) => format!("header {name} from trusted proxies"),
+        PlanSource::Table { client, path, .. } => {
+            format!("table {} by {}", path.display(), client.describe())
+        }
+    };
+    json_string(out, &by);
+    if let PlanSource::Table { table, .. } = &selection.by {
+        let _ = write!(out, ",\"table_clients\":{}", table.load().len());
+    }
+    out.push_str(",\"default\":");
+    match selection.default.and_then(|d| selection.names.get(d)) {
+        Some(name) => json_string(out, name),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"plans\":{");
+    for (i, name) in selection.names.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_string(out, name);
+        out.push_str(":{\"routes\":");
+        let routes = table
+            .iter()
+            .filter(|r| r.plans.get(i).is_some_and(Option::is_some))
+            .map(|r| &*r.name);
+        names_json(out, routes);
+        out.push('}');
+    }
+    out.push_str("}}");
+}
+
+fn names_json<'a>(out: &mut String, names: impl Iterator<Item = &'a str>) {
+    out.push('[');
+    for (i, name) in names.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_string(out, name);
+    }
+    out.push(']');
+}
