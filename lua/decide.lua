@@ -15,8 +15,11 @@
 --              reservation, "<used> <at> <reserved>": `reserved` units
 --              were taken by a decision at time `at` and the answer
 --              reported `used` (see each algorithm's settle)
---            the route's limits, "<algorithm> <limit> <window ms> <burst>"
---              for each, separated by spaces; one key per limit
+--            the route's limits, "<algorithm> <limit> <window ms> <burst>
+--              <per request>" for each, separated by spaces; one key per
+--              limit. <per request> is 1 for a limit that counts each
+--              request as one unit whatever its cost (a settlement leaves
+--              it as decided), else 0
 --
 -- Reply: per request, in order, four integers per limit (allowed (1/0),
 -- remaining, next_ms, retry_after_ms), then the time it was decided at
@@ -59,7 +62,7 @@ local function algorithm(name)
 end
 
 -- Routes' limits, parsed: the text of ARGV's third argument -> a list of
--- {check, commit, limit, window, burst, settle}. The same text comes with every
+-- {check, commit, limit, window, burst, settle, per_request}. The same text comes with every
 -- request of a route, so a function library parses it once, not per call.
 -- The texts come from floodgate's configuration, so they are few; the
 -- table starts over if it ever holds many.
@@ -72,12 +75,12 @@ local function limits_of(text)
     return limits
   end
   limits = {}
-  for name, limit, window, burst in gmatch(text, '(%S+) (%d+) (%d+) (%d+)') do
+  for name, limit, window, burst, per_request in gmatch(text, '(%S+) (%d+) (%d+) (%d+) ([01])') do
     local check, commit, settle = algorithm(name)
     if not check then
       return nil, name
     end
-    limits[#limits + 1] = {check, commit, tonumber(limit), tonumber(window), tonumber(burst), settle}
+    limits[#limits + 1] = {check, commit, tonumber(limit), tonumber(window), tonumber(burst), settle, per_request == '1'}
   end
   if parsed_count >= 1000 then
     parsed, parsed_count = {}, 0
@@ -94,9 +97,13 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   if n == 1 then
     local l, k = limits[1], KEYS[key]
     local limit, window, burst = l[3], l[4], l[5]
-    local ok, remaining, reset, retry, a, b, c = l[1](k, limit, window, now, cost, burst)
+    local units = cost
+    if l[7] then
+      units = 1
+    end
+    local ok, remaining, reset, retry, a, b, c = l[1](k, limit, window, now, units, burst)
     if ok == 1 then
-      l[2](k, limit, window, now, cost, burst, a, b, c)
+      l[2](k, limit, window, now, units, burst, a, b, c)
     end
     reply[out], reply[out + 1], reply[out + 2], reply[out + 3] = ok, remaining, reset, retry
     return
@@ -105,7 +112,11 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   local read_a, read_b, read_c, allowed = {}, {}, {}, true
   for i = 1, n do
     local l, o = limits[i], out + (i - 1) * 4
-    local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, cost, l[5])
+    local units = cost
+    if l[7] then
+      units = 1
+    end
+    local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, units, l[5])
     read_a[i], read_b[i], read_c[i] = a, b, c
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = ok, remaining, reset, retry
     if ok == 0 then
@@ -116,7 +127,11 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   if allowed then
     for i = 1, n do
       local l = limits[i]
-      l[2](KEYS[key + i - 1], l[3], l[4], now, cost, l[5], read_a[i], read_b[i], read_c[i])
+      local units = cost
+      if l[7] then
+        units = 1
+      end
+      l[2](KEYS[key + i - 1], l[3], l[4], now, units, l[5], read_a[i], read_b[i], read_c[i])
     end
   end
 end
@@ -127,7 +142,9 @@ end
 local function settle_one(KEYS, key, limits, now, at, reserved, used, reply, out)
   for i = 1, #limits do
     local l, o, k = limits[i], out + (i - 1) * 4, KEYS[key + i - 1]
-    l[6](k, l[3], l[4], now, l[5], at, reserved, used)
+    if not l[7] then
+      l[6](k, l[3], l[4], now, l[5], at, reserved, used)
+    end
     local _, remaining, reset = l[1](k, l[3], l[4], now, 0, l[5])
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0
   end

@@ -582,14 +582,28 @@ impl Config {
                 .iter()
                 .map(|o| (format!("{:?}", o.clients), &o.policy.limits))
                 .collect();
+            // Whose count each limit is, and each plan's limits, count too.
+            let keyed = |p: &crate::routes::Policy| {
+                p.counting
+                    .iter()
+                    .map(|c| format!("{}#{}:{}", c.scope, c.index, c.shown))
+                    .collect::<Vec<_>>()
+            };
+            let plans: Vec<_> = route
+                .plans
+                .iter()
+                .map(|p| p.as_ref().map(|p| (&p.limits, keyed(p))))
+                .collect();
             hash.update(
                 format!(
-                    "{}|{}|{:?}|{:?}|{}\n",
+                    "{}|{}|{:?}|{:?}|{}|{:?}|{:?}\n",
                     route.name,
                     route.cost,
                     route.policy.limits,
                     overrides,
-                    route.usage.is_some()
+                    route.usage.is_some(),
+                    keyed(&route.policy),
+                    plans
                 )
                 .as_bytes(),
             );

@@ -347,10 +347,13 @@ async fn a_flood_of_denials_writes_a_bounded_number_of_lines() {
             .iter()
             .filter(|l| l["target"] == "floodgate::denials")
             .count();
-        let seconds = started.elapsed().as_secs() + 1;
+        // At most 20 lines in each second of the clock (summaries
+        // included), and the time since `started` touches at most its
+        // whole seconds plus two partial ones.
+        let seconds = started.elapsed().as_secs() + 2;
         assert!(
-            written as u64 <= 21 * seconds,
-            "{written} denial lines in {seconds} s"
+            written as u64 <= 20 * seconds,
+            "{written} denial lines in {seconds} clock seconds"
         );
         if shown == 10_000 {
             assert!(written < 2_000, "{written} lines for 10 000 denials");

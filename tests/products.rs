@@ -160,6 +160,48 @@ async fn parallel_users_of_two_orgs_through_two_instances_admit_what_an_exact_mo
     assert_eq!(global, [50]);
 }
 
+#[tokio::test]
+async fn in_memory_parallel_users_of_two_orgs_admit_what_an_exact_model_admits() {
+    let gate = Floodgate::start(&Config::new().route(nested(5, 30, 50)).toml()).await;
+    assert_eq!(flood(std::slice::from_ref(&gate)).await, MODEL_ADMITS);
+    // Every limit full where the model says: the global refuses anyone.
+    let http = TestClient::http1();
+    assert_eq!(
+        ask(&http, &gate.url("/users/x"), "new", "new-org").await,
+        429
+    );
+}
+
+#[tokio::test]
+async fn a_denial_of_one_user_is_not_remembered_for_another_behind_the_same_address() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("nat");
+    let gate = Floodgate::start(
+        &Config::new()
+            .redis(&redis.url, &prefix)
+            .route(
+                Route::new("nat")
+                    .limits(
+                        r#"{ algorithm = "sliding_log", limit = 2, window = "1h", key = { from = "header", name = "X-User", missing = "reject" } }"#,
+                    )
+                    .limit("sliding_log", 100, "1h"),
+            )
+            .toml(),
+    )
+    .await;
+    let http = TestClient::http1();
+    let url = gate.url("/");
+    let status = |user: &'static str| {
+        let (http, url) = (http.clone(), url.clone());
+        async move { http.get(&url, &[("x-user", user)]).await.status.as_u16() }
+    };
+    assert_eq!((status("ann").await, status("ann").await), (200, 200));
+    // Refused, and refused again from this instance's memory of it.
+    assert_eq!((status("ann").await, status("ann").await), (429, 429));
+    // The route's client (the address) is the same; the user is not.
+    assert_eq!(status("bob").await, 200);
+}
+
 /// The units logged in every key matching `pattern` on the cluster's
 /// primaries.
 fn cluster_counts(cluster: &TestCluster, pattern: &str) -> Vec<u64> {

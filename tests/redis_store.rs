@@ -429,10 +429,10 @@ async fn a_malformed_call_decides_nothing() {
             &[
                 "",
                 "1",
-                "fixed_window 3 60000 3",
+                "fixed_window 3 60000 3 0",
                 "",
                 "1",
-                "leaky 3 60000 3",
+                "leaky 3 60000 3 0",
             ],
             "unknown algorithm leaky",
         ),
@@ -441,16 +441,16 @@ async fn a_malformed_call_decides_nothing() {
             &[
                 "",
                 "1",
-                "fixed_window 3 60000 3",
+                "fixed_window 3 60000 3 0",
                 "",
                 "1",
-                "fixed_window 3 60000 3",
+                "fixed_window 3 60000 3 0",
             ],
             "1 keys for 2 limits",
         ),
         (
             &[&first, &second],
-            &["", "1", "fixed_window 3 60000 3"],
+            &["", "1", "fixed_window 3 60000 3 0"],
             "2 keys for 1 limits",
         ),
     ];

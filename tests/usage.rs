@@ -52,7 +52,10 @@ impl Body for Chunks {
 /// - `/sse`: in the last of several `text/event-stream` events (an earlier
 ///   one carries other numbers);
 /// - `/held`: as `/json`, once the test lets it answer (`release`);
-/// - `/sse/held`: one event, then the rest once released.
+/// - `/sse/held`: one event, then the rest once released;
+/// - `/sse/done-held`: the usage event and `data: [DONE]`, then the
+///   stream's end once released (as a server whose stream outlives its
+///   last event).
 struct Metered {
     url: String,
     /// Requests that arrived, held or not.
@@ -126,6 +129,21 @@ async fn answer(
             vec![a.into(), b.into()]
         }
         "/json/none" => vec![r#"{"id":"r1","text":"no usage here"}"#.into()],
+        "/sse/done-held" => {
+            response = response.header("content-type", "text/event-stream");
+            let events = format!(
+                "data: {{\"delta\":\"Hi\"}}\n\ndata: {{\"choices\":[],{usage}}}\n\ndata: [DONE]\n\n"
+            );
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(Bytes::from(events)).await;
+                if let Ok(permit) = gate.acquire().await {
+                    permit.forget();
+                }
+                // The body ends when `tx` goes.
+            });
+            Vec::new()
+        }
         "/sse" | "/sse/held" => {
             response = response.header("content-type", "text/event-stream");
             let first =
@@ -558,6 +576,131 @@ async fn a_client_that_leaves_mid_stream_is_charged_its_reservation_once() {
         1,
         "counted once: {scrape}"
     );
+}
+
+#[tokio::test]
+async fn requests_and_units_on_one_route_each_refuse_at_their_own_bound() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-requests");
+    let api = Metered::start().await;
+    let route = Route::new("both")
+        .upstream(&api.url)
+        .matching(r#"path_prefix = "/header""#)
+        .client(r#"from = "header", name = "X-Key""#)
+        .limits(r#"{ algorithm = "sliding_log", limit = 10, window = "1h", counts = "requests" }"#)
+        .limits(r#"{ algorithm = "sliding_log", limit = 2000, window = "1h" }"#)
+        .line(r#"usage = { reserve = 500, report = "header", units = { "x-usage-input" = 1, "x-usage-output" = 1 } }"#);
+    let in_memory = Config::new().route(route.clone()).toml();
+    let in_redis = Config::new().redis(&redis.url, &prefix).route(route).toml();
+    for toml in [in_memory, in_redis] {
+        let gate = Floodgate::start(&toml).await;
+        let client = TestClient::http1();
+        // Small answers: the request limit refuses the eleventh.
+        for i in 0..10 {
+            let a = client
+                .get(&gate.url("/header?in=1&out=1"), &[("x-key", "chatty")])
+                .await;
+            assert_eq!(a.status, 200, "request {i}");
+        }
+        let refused = client
+            .get(&gate.url("/header?in=1&out=1"), &[("x-key", "chatty")])
+            .await;
+        assert_eq!(refused.status, 429);
+        assert_eq!(refused.header("ratelimit"), Some("\"both.1\";r=0;t=3600"));
+        // Large answers: 300 units each, reserved 500. Six settle to 1 800;
+        // the seventh's 500 do not fit the 2 000, with requests to spare.
+        for i in 0..6 {
+            let a = client
+                .get(&gate.url("/header?in=100&out=200"), &[("x-key", "wordy")])
+                .await;
+            assert_eq!(a.status, 200, "request {i}");
+        }
+        let refused = client
+            .get(&gate.url("/header?in=100&out=200"), &[("x-key", "wordy")])
+            .await;
+        assert_eq!(refused.status, 429);
+        assert_eq!(
+            refused
+                .header("ratelimit")
+                .map(|v| v.split(";t=").next().unwrap_or("").to_owned()),
+            Some("\"both.2\";r=200".to_owned())
+        );
+    }
+    // In Redis: 16 requests in the request logs, whatever the answers
+    // reported; 10 × 2 + 6 × 300 in the unit logs.
+    assert_eq!(
+        logged(&redis, &format!("{prefix}:{{both:*}}:0:sliding_log:*")).await,
+        16
+    );
+    assert_eq!(
+        logged(&redis, &format!("{prefix}:{{both:*}}:1:sliding_log:*")).await,
+        20 + 1_800
+    );
+}
+
+/// Units logged in every sliding-log key matching `pattern`.
+async fn logged(redis: &TestRedis, pattern: &str) -> u64 {
+    let mut conn = redis.connection().await;
+    let mut sum = 0;
+    for key in redis.keys(pattern).await {
+        let n: u64 = redis::cmd("ZCARD")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("ZCARD");
+        sum += n;
+    }
+    sum
+}
+
+#[tokio::test]
+async fn a_client_that_closes_at_done_after_the_usage_event_is_settled_to_its_report() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-done");
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .admin()
+        .route(metered(
+            "sse",
+            "/sse",
+            &api.url,
+            10_000,
+            r#"reserve = 400, report = "sse", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    // As the OpenAI SDK does: read to `data: [DONE]`, then close, before
+    // the stream's own end.
+    for _ in 0..3 {
+        let mut stream = tokio::net::TcpStream::connect(gate.addr)
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"GET /sse/done-held?in=100&out=55 HTTP/1.1\r\nhost: api\r\n\r\n")
+            .await
+            .expect("send");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("[DONE]") {
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "ended early: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        drop(stream);
+    }
+    // Each settled to its 155, not its reservation of 400.
+    assert_eq!(settled(&redis, &prefix, "sse", 465).await, 465);
+    let client = TestClient::http1();
+    let scrape = String::from_utf8_lossy(&client.get(&gate.admin_url("/metrics"), &[]).await.body)
+        .into_owned();
+    let left = r#"route="sse",reason="client_left""#;
+    assert_eq!(
+        series(&scrape, "floodgate_usage_unreported_total", left),
+        0,
+        "{scrape}"
+    );
+    api.release.add_permits(3);
 }
 
 #[tokio::test]

@@ -81,6 +81,8 @@ pub(super) struct LimitModel {
     pub(super) key: Option<Spanned<super::clients::ClientModel>>,
     /// Its number from a verified token claim.
     pub(super) limit_from: Option<Spanned<super::plans::ClaimLimitModel>>,
+    /// What it counts: the route's units (default) or requests.
+    counts: Option<Spanned<String>>,
 }
 
 impl Validator<'_> {
@@ -398,6 +400,7 @@ impl Validator<'_> {
         let capacities = policies
             .flat_map(|p| p.limits.iter())
             .chain(overrides.iter().flat_map(|o| o.policy.limits.iter()))
+            .filter(|l| !l.per_request)
             .map(Limit::capacity);
         if let Some(least) = capacities.min()
             && usage.max_reserve > least
@@ -668,7 +671,22 @@ impl Validator<'_> {
             Some(w) => Some(w.as_millis() as u64),
             None => None,
         };
-        let limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
+        let per_request = match m.counts.as_ref().map(|c| (c, c.get_ref().as_str())) {
+            None | Some((_, "units")) => Some(false),
+            Some((_, "requests")) => Some(true),
+            Some((c, other)) => {
+                self.problem(
+                    c.span(),
+                    format!("counts {other:?} is not \"units\" (the route's cost or usage, the default) or \"requests\" (one per request)"),
+                );
+                None
+            }
+        };
+        let mut limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
+        if per_request? {
+            limit = limit.per_request();
+        }
+        let cost = limit.cost_of(cost);
         if cost > limit.capacity() {
             let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
                 (Some(b), true) => (b.span(), "burst"),

@@ -102,6 +102,11 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 ),
                 None => limit.limit.to_string(),
             };
+            let number = if limit.per_request {
+                format!("{number} requests")
+            } else {
+                number
+            };
             let budget = counting
                 .and_then(|c| c.budget.as_deref())
                 .map_or(String::new(), |b| format!("budget {b}: "));

@@ -38,7 +38,12 @@ pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
         }
         let _ = write!(
             out,
-            ",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
+            ",\"counts\":\"{}\",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
+            if limit.per_request {
+                "requests"
+            } else {
+                "units"
+            },
             limit.algorithm.name(),
             limit.limit,
             limit.window_ms as f64 / 1000.0,

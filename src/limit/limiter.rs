@@ -11,6 +11,7 @@ use super::memory::MemoryStore;
 use super::redis::{Node, RedisStore, Target};
 use super::settings::{OnError, Store as StoreConfig};
 use super::{Charge, Decision, Limit, StoreError};
+use crate::client::ClientId;
 use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
@@ -190,7 +191,7 @@ impl Limiter {
                 let settled = shared.ask_store(charge, now).await;
                 if settled.is_ok() && charge.settle.is_some_and(|s| s.reserved > charge.cost) {
                     // Units came back: a remembered denial may not hold.
-                    shared.denials.forget(charge.route, charge.client);
+                    shared.denials.forget(charge.route, &remembered_as(&charge));
                 }
                 settled
             }
@@ -342,6 +343,19 @@ impl Limiter {
     }
 }
 
+/// Who a denial of `charge` is remembered for: its client, or, when its
+/// limits count other identities too (an organisation, an address, the
+/// whole API), all of them together, since a denial by one user's limit
+/// says nothing of another user sharing the route's client (an address).
+fn remembered_as<'c>(charge: &Charge<'c>) -> std::borrow::Cow<'c, ClientId> {
+    if charge.keys.is_empty() {
+        return std::borrow::Cow::Borrowed(charge.client);
+    }
+    std::borrow::Cow::Owned(ClientId::Composite(
+        charge.keys.iter().map(|k| k.client.clone()).collect(),
+    ))
+}
+
 /// The Redis store `settings` describe, counting its calls in `calls`;
 /// connects lazily.
 fn redis_store(
@@ -361,9 +375,10 @@ fn redis_store(
 impl Shared {
     async fn decide(&self, charge: Charge<'_>) -> Answer {
         let started = Instant::now();
+        let remembered = remembered_as(&charge);
         if let Some(denial) = self
             .denials
-            .get(charge.route, charge.client, charge.cost, started)
+            .get(charge.route, &remembered, charge.cost, started)
         {
             self.metrics.decided(StoreKind::Cache, started.elapsed());
             return Answer::Decided(denial);
@@ -374,7 +389,7 @@ impl Shared {
                 self.accepted();
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
                 self.denials
-                    .insert(charge.route, charge.client, charge.cost, started, decision);
+                    .insert(charge.route, &remembered, charge.cost, started, decision);
                 Answer::Decided(decision)
             }
             Err(e) => {

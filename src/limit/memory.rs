@@ -144,7 +144,9 @@ impl MemoryStore {
             Some(settle) => Decision::combine((0..keys.len()).map(|i| {
                 let limit = &charge.limits[i];
                 let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
-                e.states[0].settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                if !limit.per_request {
+                    e.states[0].settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                }
                 e.expires_at = e.states[0].expires_at(limit);
                 Verdict {
                     allowed: true,
@@ -157,14 +159,18 @@ impl MemoryStore {
                     .map(|i| {
                         held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i])
                             .states[0]
-                            .check(&charge.limits[i], now, charge.cost)
+                            .check(
+                                &charge.limits[i],
+                                now,
+                                charge.limits[i].cost_of(charge.cost),
+                            )
                     })
                     .collect();
                 let decision = Decision::combine(verdicts);
                 if decision.allowed {
                     for (i, limit) in charge.limits.iter().enumerate() {
                         let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
-                        e.states[0].consume(limit, now, charge.cost);
+                        e.states[0].consume(limit, now, limit.cost_of(charge.cost));
                         e.expires_at = e.states[0].expires_at(limit);
                     }
                 }
@@ -274,7 +280,9 @@ impl Entry {
             Some(settle) => {
                 let states = self.states.iter_mut().zip(charge.limits);
                 Decision::combine(states.map(|(state, limit)| {
-                    state.settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                    if !limit.per_request {
+                        state.settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                    }
                     Verdict {
                         allowed: true,
                         retry_after_ms: 0,
@@ -300,7 +308,7 @@ impl Entry {
         let mut verdicts = [Verdict::default(); 8];
         let decision = if charge.limits.len() <= verdicts.len() {
             for (i, (state, limit)) in self.states.iter_mut().zip(charge.limits).enumerate() {
-                verdicts[i] = state.check(limit, now, charge.cost);
+                verdicts[i] = state.check(limit, now, limit.cost_of(charge.cost));
             }
             Decision::combine(verdicts[..charge.limits.len()].iter().copied())
         } else {
@@ -308,13 +316,13 @@ impl Entry {
                 .states
                 .iter_mut()
                 .zip(charge.limits)
-                .map(|(state, limit)| state.check(limit, now, charge.cost))
+                .map(|(state, limit)| state.check(limit, now, limit.cost_of(charge.cost)))
                 .collect();
             Decision::combine(verdicts)
         };
         if decision.allowed {
             for (state, limit) in self.states.iter_mut().zip(charge.limits) {
-                state.consume(limit, now, charge.cost);
+                state.consume(limit, now, limit.cost_of(charge.cost));
             }
         }
         decision

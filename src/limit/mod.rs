@@ -73,6 +73,10 @@ pub struct Limit {
     /// Most units available at once (`token_bucket`, `gcra`); equals
     /// `limit` for the window algorithms.
     pub burst: u64,
+    /// Counts each request as one unit, whatever the route's `cost` or
+    /// `usage` (`counts = "requests"`): requests a minute beside tokens a
+    /// minute on one metered route. Settlements leave it as decided.
+    pub per_request: bool,
 }
 
 impl Limit {
@@ -83,7 +87,21 @@ impl Limit {
             limit,
             window_ms,
             burst: limit,
+            per_request: false,
         }
+    }
+
+    /// The same limit counting each request as one unit.
+    pub fn per_request(self) -> Self {
+        Self {
+            per_request: true,
+            ..self
+        }
+    }
+
+    /// The units a request of `cost` takes from this limit.
+    pub fn cost_of(&self, cost: u64) -> u64 {
+        if self.per_request { 1 } else { cost }
     }
 
     /// The same limit with another burst.

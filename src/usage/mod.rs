@@ -262,8 +262,19 @@ impl Meter {
 }
 
 impl Drop for Meter {
+    /// The answer was dropped before its end: the client left. A stream
+    /// whose report went out followed by `[DONE]` owes its settlement
+    /// whatever the client does next (the OpenAI SDK closes the answer at
+    /// `[DONE]`, often before the stream's own end); only a client that
+    /// leaves before that is `client_left`, charged its reservation.
     fn drop(&mut self) {
-        self.finish(Err(Unreported::ClientLeft));
+        let report = match &self.reading {
+            Reading::Sse(events) => events
+                .final_report()
+                .and_then(|found| units(&self.settings, found.iter().map(|&v| Some(v)))),
+            _ => None,
+        };
+        self.finish(report.ok_or(Unreported::ClientLeft));
     }
 }
 

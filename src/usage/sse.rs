@@ -38,7 +38,17 @@ pub struct Events {
     after_cr: bool,
     /// The numbers of the last event that carried every path.
     last: Option<Vec<f64>>,
+    /// The first bytes of the event's data, and how many it has: enough
+    /// to tell `[DONE]`.
+    head: Vec<u8>,
+    data_len: usize,
+    /// A `[DONE]` event followed the last report: the stream's report is
+    /// final (OpenAI-style streams end with it).
+    done: bool,
 }
+
+/// The data of the event that ends an OpenAI-style stream.
+const DONE: &[u8] = b"[DONE]";
 
 impl Events {
     /// A reader for the numbers at `paths`.
@@ -50,6 +60,9 @@ impl Events {
             has_data: false,
             after_cr: false,
             last: None,
+            head: Vec::with_capacity(DONE.len()),
+            data_len: 0,
+            done: false,
         }
     }
 
@@ -70,6 +83,9 @@ impl Events {
                         .position(|&c| c == b'\n' || c == b'\r')
                         .unwrap_or(value.len());
                     self.scanner.feed(&value[..end]);
+                    self.data_len += end;
+                    let room = DONE.len().saturating_sub(self.head.len());
+                    self.head.extend_from_slice(&value[..end.min(room)]);
                     self.line = Line::Data { first: false };
                     rest = &value[end..];
                     if let Some((&eol, tail)) = rest.split_first() {
@@ -107,6 +123,13 @@ impl Events {
         self.last.as_deref()
     }
 
+    /// The report, when a `[DONE]` event followed it: the stream said it
+    /// is over, so the report is final even if the stream is cut before
+    /// its end (the OpenAI SDK closes the answer at `[DONE]`).
+    pub fn final_report(&self) -> Option<&[f64]> {
+        self.last.as_deref().filter(|_| self.done)
+    }
+
     fn line_ended(&mut self, eol: u8) {
         self.after_cr = eol == b'\r';
         match self.line {
@@ -130,8 +153,13 @@ impl Events {
             let found = self.scanner.finish();
             if found.iter().all(Option::is_some) {
                 self.last = Some(found.iter().flatten().copied().collect());
+                self.done = false;
+            } else if self.data_len == DONE.len() && self.head == DONE {
+                self.done = self.last.is_some();
             }
         }
+        self.head.clear();
+        self.data_len = 0;
         self.scanner.reset();
     }
 }
@@ -176,5 +204,28 @@ mod tests {
             read(&[b"datum: {\"usage\":{\"in\":1,\"out\":2}}\n\n"]),
             None
         );
+    }
+
+    #[test]
+    fn a_report_followed_by_done_is_final_before_the_stream_ends() {
+        let paths = || crate::usage::json::tests::paths(&["usage.in", "usage.out"]);
+        let mut events = Events::new(paths());
+        events.feed(b"data: {\"usage\":{\"in\":7,\"out\":5}}\n\n");
+        assert_eq!(events.final_report(), None, "no [DONE] yet");
+        events.feed(b"data: [DO");
+        assert_eq!(events.final_report(), None, "[DONE] not ended");
+        events.feed(b"NE]\r\n\r\n");
+        assert_eq!(events.final_report(), Some(&[7.0, 5.0][..]));
+        // A later report is not final until another [DONE].
+        events.feed(b"data: {\"usage\":{\"in\":8,\"out\":5}}\n\n");
+        assert_eq!(events.final_report(), None);
+        // [DONE] before any report finalises nothing; neither does
+        // "[DONE]" inside longer data.
+        let mut early = Events::new(paths());
+        early.feed(b"data: [DONE]\n\ndata: {\"usage\":{\"in\":1,\"out\":1}}\n\n");
+        assert_eq!(early.final_report(), None);
+        let mut longer = Events::new(paths());
+        longer.feed(b"data: {\"usage\":{\"in\":1,\"out\":1}}\n\ndata: [DONE]!\n\n");
+        assert_eq!(longer.final_report(), None);
     }
 }

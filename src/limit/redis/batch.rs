@@ -186,8 +186,9 @@ pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError
 }
 
 /// A route's limits as the Lua code reads them: `<algorithm> <limit>
-/// <window_ms> <burst>` for each, separated by spaces. A route sends the
-/// same text with every decision, so Redis parses it once.
+/// <window_ms> <burst> <per request>` for each (the last 1 when the limit
+/// counts each request as one unit, else 0), separated by spaces. A route
+/// sends the same text with every decision, so Redis parses it once.
 pub(super) struct Spec<'a>(&'a [Limit]);
 
 impl ToRedisArgs for Spec<'_> {
@@ -204,6 +205,7 @@ impl ToRedisArgs for Spec<'_> {
                 let _ = spec.write_all(b" ");
                 let _ = spec.write_all(decimal(n, &mut digits));
             }
+            let _ = spec.write_all(if limit.per_request { b" 1" } else { b" 0" });
         }
     }
 }
@@ -260,7 +262,7 @@ mod tests {
         let one = [Limit::new(Algorithm::Gcra, 5, 1_000).with_burst(7)];
         let two = [
             Limit::new(Algorithm::FixedWindow, 3, 60_000),
-            Limit::new(Algorithm::SlidingLog, 10, 2_500),
+            Limit::new(Algorithm::SlidingLog, 10, 2_500).per_request(),
         ];
         let asks = [
             Ask {
@@ -308,13 +310,13 @@ mod tests {
                 "t1:0:gcra:1000",
                 "",
                 "1",
-                "gcra 5 1000 7",
+                "gcra 5 1000 7 0",
                 "1700000000123",
                 "4",
-                "fixed_window 3 60000 3 sliding_log 10 2500 10",
+                "fixed_window 3 60000 3 0 sliding_log 10 2500 10 1",
                 "",
                 "3 1700000000000 7",
-                "gcra 5 1000 7",
+                "gcra 5 1000 7 0",
             ]
         );
     }
