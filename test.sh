@@ -9,8 +9,8 @@
 #   their own.
 # - openssl (the TLS tests make their certificates), promtool (the metrics
 #   exposition is checked with it), Chromium (the dashboard is rendered
-#   headless), Python 3 with grpcio and websockets (the gRPC and WebSocket
-#   peers in tests/peers/).
+#   headless), Python 3 with grpcio, websockets and openai (the gRPC and
+#   WebSocket peers and the OpenAI SDK client in tests/peers/).
 #
 # What is missing is installed with apt-get and pip when this runs as root
 # (or FLOODGATE_TEST_INSTALL=1 with sudo); otherwise the script names
@@ -25,7 +25,7 @@ command -v openssl >/dev/null 2>&1 || packages+=(openssl)
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v python3 >/dev/null 2>&1 || packages+=(python3 python3-pip)
-python_ok() { python3 -c 'import grpc, websockets' >/dev/null 2>&1; }
+python_ok() { python3 -c 'import grpc, websockets, openai' >/dev/null 2>&1; }
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -34,7 +34,7 @@ if [ "$(id -u)" -ne 0 ]; then
   elif [ ${#packages[@]} -gt 0 ] || ! python_ok; then
     echo "test.sh: the tests need what is not installed here:" >&2
     [ ${#packages[@]} -gt 0 ] && echo "  apt-get install ${packages[*]}" >&2
-    python_ok || echo "  python3 -m pip install 'grpcio>=1.60' 'websockets>=14,<18'" >&2
+    python_ok || echo "  python3 -m pip install 'grpcio>=1.60' 'websockets>=14,<18' 'openai>=1.40,<3'" >&2
     echo "Install them (or run as root, or with FLOODGATE_TEST_INSTALL=1 to use sudo), then run ./test.sh again." >&2
     exit 2
   fi
@@ -49,7 +49,7 @@ if [ ${#packages[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 fi
 if ! python_ok; then
-  $sudo python3 -m pip install --quiet --disable-pip-version-check 'grpcio>=1.60' 'websockets>=14,<18'
+  $sudo python3 -m pip install --quiet --disable-pip-version-check 'grpcio>=1.60' 'websockets>=14,<18' 'openai>=1.40,<3'
 fi
 
 # Everything is here: the promtool and Chromium checks must run, not be

@@ -15,7 +15,7 @@ use crate::usage::settings::{Fields, JsonPath, SOURCES, Settings, Source};
 pub(super) struct UsageModel {
     reserve: Spanned<i64>,
     reserve_header: Option<Spanned<String>>,
-    reserve_json: Option<Spanned<String>>,
+    reserve_json: Option<Spanned<toml::Value>>,
     reserve_weight: Option<Spanned<toml::Value>>,
     reserve_add: Option<Spanned<i64>>,
     max_reserve: Option<Spanned<i64>>,
@@ -67,10 +67,10 @@ impl Validator<'_> {
         };
         let reserve_json = match &m.reserve_json {
             None => None,
-            Some(path) => {
-                let parsed = self.json_path(path);
+            Some(given) => {
+                let parsed = self.reserve_paths(given);
                 ok &= parsed.is_some();
-                parsed.map(|p| Arc::from([p]))
+                parsed
             }
         };
         let reserve_weight = match &m.reserve_weight {
@@ -100,6 +100,30 @@ impl Validator<'_> {
         ok.then(|| Arc::new(settings))
     }
 
+    /// `reserve_json`: one JSON path, or a list of them tried in order.
+    fn reserve_paths(&mut self, given: &Spanned<toml::Value>) -> Option<Arc<[JsonPath]>> {
+        let texts: Option<Vec<&str>> = match given.get_ref() {
+            toml::Value::String(path) => Some(vec![path.as_str()]),
+            toml::Value::Array(items) if !items.is_empty() => {
+                items.iter().map(toml::Value::as_str).collect()
+            }
+            _ => None,
+        };
+        let Some(texts) = texts else {
+            self.problem(
+                given.span(),
+                "reserve_json must be a JSON path (\"max_tokens\") or a list of them tried in order ([\"max_completion_tokens\", \"max_tokens\"])",
+            );
+            return None;
+        };
+        let mut paths = Vec::with_capacity(texts.len());
+        for text in texts {
+            let spanned = Spanned::new(given.span(), text.to_owned());
+            paths.push(self.json_path(&spanned)?);
+        }
+        Some(paths.into())
+    }
+
     /// Where the answer reports its units, or `None` after saying so.
     fn report_source(&mut self, report: &Spanned<String>) -> Option<Source> {
         let source = SOURCES
@@ -110,7 +134,7 @@ impl Validator<'_> {
             self.problem(
                 report.span(),
                 format!(
-                    "report must be one of \"header\", \"trailer\", \"json\" or \"sse\", not {:?}",
+                    "report must be one of \"header\", \"trailer\", \"json\", \"sse\" or \"json_or_sse\", not {:?}",
                     report.get_ref()
                 ),
             );
@@ -139,7 +163,9 @@ impl Validator<'_> {
             let weight = self.weight(weight);
             let named = match source {
                 Source::Header | Source::Trailer => self.header_name(name).map(|h| headers.push(h)),
-                Source::Json | Source::Sse => self.json_path(name).map(|p| paths.push(p)),
+                Source::Json | Source::Sse | Source::JsonOrSse => {
+                    self.json_path(name).map(|p| paths.push(p))
+                }
             };
             match (weight, named) {
                 (Some(w), Some(())) => weights.push(w),
@@ -148,7 +174,7 @@ impl Validator<'_> {
         }
         let fields = match source {
             Source::Header | Source::Trailer => Fields::Headers(headers.into()),
-            Source::Json | Source::Sse => Fields::Json(paths.into()),
+            Source::Json | Source::Sse | Source::JsonOrSse => Fields::Json(paths.into()),
         };
         ok.then(|| (fields, weights.into()))
     }

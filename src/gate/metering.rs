@@ -135,10 +135,13 @@ impl Reservation {
     /// The meter that reads the answer's body for the units it reports as
     /// it goes out; settled in a task of its own when it ends (or standing
     /// when it breaks off or the client leaves).
+    /// `event_stream`: the answer is a `text/event-stream` (what a
+    /// `json_or_sse` report reads).
     pub(super) fn meter(
         self,
         limiter: &Arc<Limiter>,
         settlements: &Arc<in_flight::Count>,
+        event_stream: bool,
     ) -> Box<Meter> {
         let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
         let limiter = Arc::clone(limiter);
@@ -156,7 +159,7 @@ impl Reservation {
                 Err(_) => self.stood(Unreported::StoreFailed),
             }
         });
-        Box::new(Meter::new(settings, tally, done))
+        Box::new(Meter::new(settings, tally, done, event_stream))
     }
 
     /// Settles the reservation to `report`'s units: the settled decision,
@@ -200,7 +203,7 @@ impl Reservation {
 
     /// Nothing was settled: the reservation is the charge.
     pub(super) fn stood(&self, why: Unreported) {
-        self.stood_because(why, "");
+        self.stood_because(why, why.explained());
     }
 
     fn stood_because(&self, why: Unreported, error: &str) {

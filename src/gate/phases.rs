@@ -259,6 +259,15 @@ async fn reserve(
     }
 }
 
+/// Whether an answer is a `text/event-stream`, by its `Content-Type`.
+fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
 /// The path and query sent upstream: the request's own when its path was
 /// already normal, else the normalised path with the original query.
 fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Result<PathAndQuery, Refusal> {
@@ -657,7 +666,10 @@ impl Context<'_> {
         let reservation = self.reservation.take();
         let limiter = &self.shared.limiter;
         let settlements = &self.shared.settlements;
-        let meter = reservation.map(|r| r.meter(limiter, settlements));
+        let meter = reservation.map(|r| {
+            let event_stream = is_event_stream(response.headers());
+            r.meter(limiter, settlements, event_stream)
+        });
         response.map(|body| Logged::new(body, record, log).holding(slot).metering(meter))
     }
 }

@@ -46,6 +46,16 @@ impl Unreported {
         Self::StoreFailed,
     ];
 
+    /// What happened, in words, for the log line.
+    pub fn explained(self) -> &'static str {
+        match self {
+            Self::Missing => "the answer did not report every usage field as a number",
+            Self::UpstreamFailed => "the upstream's answer failed or broke off before its report",
+            Self::ClientLeft => "the client left before the answer reported its usage",
+            Self::StoreFailed => "the store could not take the settlement",
+        }
+    }
+
     /// The reason as metrics and logs name it.
     pub fn name(self) -> &'static str {
         match self {
@@ -67,8 +77,10 @@ pub struct BodyRead {
     pub whole: bool,
 }
 
-/// The number at `settings`' `reserve_json` path in the body `read` so
-/// far (the last one, as most JSON readers take a key given twice).
+/// The number at the first of `settings`' `reserve_json` paths that the
+/// body `read` so far names (`max_completion_tokens`, else `max_tokens`);
+/// at a path given twice, the last (as most JSON readers take a key given
+/// twice).
 pub fn named_in_json<'a>(
     settings: &Settings,
     read: impl Iterator<Item = &'a Bytes>,
@@ -77,7 +89,7 @@ pub fn named_in_json<'a>(
     for bytes in read {
         scanner.feed(bytes);
     }
-    scanner.finish().first().copied().flatten()
+    scanner.finish().iter().copied().flatten().next()
 }
 
 /// What the request reserves: the number its `reserve_header` names, else
@@ -205,10 +217,20 @@ enum Reading {
 
 impl Meter {
     /// A meter for the units `settings` says the body reports (trailers, a
-    /// JSON body or an event stream); they also go into `tally`.
-    pub fn new(settings: Arc<Settings>, tally: Arc<Tally>, done: OnReport) -> Self {
+    /// JSON body or an event stream; with `json_or_sse`, an event stream
+    /// when `event_stream`, the answer's `Content-Type` says so); they also
+    /// go into `tally`.
+    pub fn new(
+        settings: Arc<Settings>,
+        tally: Arc<Tally>,
+        done: OnReport,
+        event_stream: bool,
+    ) -> Self {
         let reading = match (&settings.fields, settings.source) {
             (Fields::Json(paths), Source::Sse) => Reading::Sse(Events::new(Arc::clone(paths))),
+            (Fields::Json(paths), Source::JsonOrSse) if event_stream => {
+                Reading::Sse(Events::new(Arc::clone(paths)))
+            }
             (Fields::Json(paths), _) => Reading::Json(Scanner::new(Arc::clone(paths))),
             (Fields::Headers(_), _) => Reading::Trailer,
         };
@@ -338,6 +360,22 @@ mod tests {
         };
         headers.insert("x-max-units", "7".parse().expect("value"));
         assert_eq!(reservation(&s, &headers, None), Ok(28));
+    }
+
+    #[test]
+    fn the_first_of_several_reserve_paths_the_body_names_counts() {
+        let s = Settings {
+            reserve_json: Some(paths(&["max_completion_tokens", "max_tokens"])),
+            ..settings(&["x-used"], &[1.0])
+        };
+        let named = |text: &str| named_in_json(&s, std::iter::once(&Bytes::from(text.to_owned())));
+        assert_eq!(
+            named(r#"{"max_tokens":70,"max_completion_tokens":40}"#),
+            Some(40.0)
+        );
+        assert_eq!(named(r#"{"max_tokens":70}"#), Some(70.0));
+        assert_eq!(named(r#"{"max_completion_tokens":40}"#), Some(40.0));
+        assert_eq!(named(r#"{"n":1}"#), None);
     }
 
     #[test]

@@ -21,14 +21,18 @@ pub enum Source {
     /// Numbers at paths of the JSON in a `text/event-stream` answer's
     /// events: the last event that carries every field.
     Sse,
+    /// `Sse` for an answer whose `Content-Type` is `text/event-stream`,
+    /// else `Json`: one route for an API's streamed and whole answers.
+    JsonOrSse,
 }
 
 /// Every `report` of `[routes.usage]` by name.
-pub const SOURCES: [(&str, Source); 4] = [
+pub const SOURCES: [(&str, Source); 5] = [
     ("header", Source::Header),
     ("trailer", Source::Trailer),
     ("json", Source::Json),
     ("sse", Source::Sse),
+    ("json_or_sse", Source::JsonOrSse),
 ];
 
 /// A place in JSON, parsed once at load: keys separated by dots

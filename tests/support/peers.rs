@@ -1,6 +1,7 @@
 //! Real protocol peers written in Python: a gRPC server and client
-//! (grpcio) and a WebSocket server and client (websockets), from
-//! `tests/peers/`. `.ci/run` installs both libraries.
+//! (grpcio), a WebSocket server and client (websockets) and the official
+//! OpenAI SDK as a client (openai), from `tests/peers/`. `test.sh`
+//! installs the libraries.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -1,0 +1,273 @@
+//! In front of an LLM API, with the official `openai` Python SDK as the
+//! client (`tests/peers/openai_peer.py`) and an upstream that reports
+//! `usage` the way the OpenAI API does: a JSON `usage` object, or, when
+//! streaming with `stream_options.include_usage`, a last chunk with
+//! `choices: []` and the usage before `data: [DONE]`. Its streams stay
+//! open a moment after `[DONE]`, as streams do, so the SDK closes every
+//! answer before its end.
+
+mod support;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use hyper::body::{Body, Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use support::config::{Config, Route};
+use support::peers::client;
+use support::redis::{TestRedis, unique_prefix};
+use support::{Floodgate, TestClient};
+
+/// A body sent in the pieces a channel hands it.
+struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+/// Prompt tokens of every call.
+const PROMPT: u64 = 100;
+/// Completion tokens of every call (at most its `max_tokens`).
+const COMPLETION: u64 = 55;
+
+/// An OpenAI-compatible chat completions API: its URL (`…/v1`).
+async fn fake_openai() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = service_fn(answer);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> {
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let asked: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let max = asked["max_completion_tokens"]
+        .as_u64()
+        .or(asked["max_tokens"].as_u64())
+        .unwrap_or(u64::MAX);
+    let completion = COMPLETION.min(max);
+    let usage = serde_json::json!({
+        "prompt_tokens": PROMPT,
+        "completion_tokens": completion,
+        "total_tokens": PROMPT + completion,
+    });
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let streaming = asked["stream"].as_bool() == Some(true);
+    let content_type = if streaming {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    tokio::spawn(async move {
+        if !streaming {
+            let whole = serde_json::json!({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "fake-model",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+                "usage": usage,
+            });
+            let _ = tx.send(Bytes::from(whole.to_string())).await;
+            return;
+        }
+        let chunk = |delta: serde_json::Value, usage: serde_json::Value| {
+            let choices = if delta.is_null() {
+                serde_json::json!([])
+            } else {
+                serde_json::json!([{"index": 0, "delta": delta, "finish_reason": null}])
+            };
+            let event = serde_json::json!({
+                "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                "model": "fake-model", "choices": choices, "usage": usage,
+            });
+            Bytes::from(format!("data: {event}\n\n"))
+        };
+        for piece in ["Hel", "lo!"] {
+            let _ = tx
+                .send(chunk(
+                    serde_json::json!({"content": piece}),
+                    serde_json::Value::Null,
+                ))
+                .await;
+        }
+        let _ = tx.send(chunk(serde_json::Value::Null, usage)).await;
+        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        // The stream's own end comes a moment later; the SDK has closed
+        // the answer by then.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    });
+    Ok(Response::builder()
+        .header("content-type", content_type)
+        .body(Chunks(rx))
+        .expect("response"))
+}
+
+/// A route for the chat completions API at `api`, keyed by the
+/// `Authorization` header, `tokens` an hour in a sliding log (so Redis
+/// holds one member per token: its size is the charge), reserving
+/// `max_completion_tokens` or `max_tokens` plus 100 for the prompt, and
+/// settling to the usage the answer reports, JSON or event stream.
+fn chat(api: &str, tokens: u64) -> Route {
+    Route::new("chat")
+        .upstream(api.trim_end_matches("/v1"))
+        .matching(r#"path_prefix = "/v1/chat/completions""#)
+        .client(r#"from = "header", name = "Authorization""#)
+        .limit("sliding_log", tokens, "1h")
+        .line(r#"usage = { reserve = 1000, reserve_json = ["max_completion_tokens", "max_tokens"], reserve_add = 100, report = "json_or_sse", units = { "usage.prompt_tokens" = 1, "usage.completion_tokens" = 1 } }"#)
+}
+
+/// Units logged in the sliding-log keys of route `chat`.
+async fn charged(redis: &TestRedis, prefix: &str) -> u64 {
+    let mut conn = redis.connection().await;
+    let mut sum = 0;
+    for key in redis.keys(&format!("{prefix}:{{chat:*")).await {
+        let n: u64 = redis::cmd("ZCARD")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("ZCARD");
+        sum += n;
+    }
+    sum
+}
+
+/// The charge once it reaches `want` (settlements of event streams
+/// follow the answers), or what it is after 30 s.
+async fn settled(redis: &TestRedis, prefix: &str, want: u64) -> u64 {
+    let mut found = 0;
+    for _ in 0..600 {
+        found = charged(redis, prefix).await;
+        if found == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    found
+}
+
+/// `floodgate_usage_unreported_total{route="chat",reason=…}` of `gate`.
+async fn unreported(gate: &Floodgate, reason: &str) -> u64 {
+    let scrape = TestClient::http1()
+        .get(&gate.admin_url("/metrics"), &[])
+        .await
+        .text();
+    let labels = format!(r#"route="chat",reason="{reason}""#);
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("floodgate_usage_unreported_total{") && l.contains(&labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Runs the SDK: `rounds` rounds of `per_round` calls 0.15 s apart, a new
+/// client each round, alternating between `gates`.
+async fn sdk(
+    gates: &[Floodgate],
+    rounds: u32,
+    per_round: u32,
+    mode: &str,
+) -> Vec<serde_json::Value> {
+    let urls: Vec<String> = gates.iter().map(|g| g.url("/v1")).collect();
+    client(
+        "openai_peer.py",
+        &[
+            "calls".to_owned(),
+            urls.join(","),
+            "sk-test-key".to_owned(),
+            rounds.to_string(),
+            per_round.to_string(),
+            "0.15".to_owned(),
+            mode.to_owned(),
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_sdk_streams_closed_at_done_settle_to_the_usage_the_sdk_read() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-streams");
+    let api = fake_openai().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(chat(&api, 1_000_000))
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let calls = sdk(&gates, 10, 5, "stream").await;
+    assert_eq!(calls.len(), 50);
+    let mut read = 0;
+    for call in &calls {
+        assert_eq!(call["text"], "Hello!", "{call}");
+        read += call["read"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no usage read: {call}"));
+    }
+    assert_eq!(read, 50 * (PROMPT + COMPLETION));
+    assert_eq!(settled(&redis, &prefix, read).await, read);
+    for gate in &gates {
+        assert_eq!(unreported(gate, "client_left").await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_route_one_budget_for_streamed_and_whole_answers_through_the_sdk() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-both");
+    let api = fake_openai().await;
+    // 2 000 tokens an hour: with reservations of 400, calls are admitted
+    // while they fit, settled to 155 each, streamed or not.
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(chat(&api, 2_000))
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let calls = sdk(&gates, 4, 4, "both").await;
+    let ok: Vec<_> = calls.iter().filter(|c| c.get("read").is_some()).collect();
+    let refused = calls
+        .iter()
+        .filter(|c| c["error"] == "RateLimitError")
+        .count();
+    assert_eq!(ok.len() + refused, 16, "{calls:?}");
+    assert!(ok.iter().any(|c| c["stream"] == true) && ok.iter().any(|c| c["stream"] == false));
+    let read: u64 = ok.iter().filter_map(|c| c["read"].as_u64()).sum();
+    // Admitted while a reservation of 400 fits what the settled calls
+    // left: 155 × n + 400 ≤ 2 000 admits n + 1 = 11, then every call is
+    // refused (the SDK raises RateLimitError on the 429).
+    assert_eq!(ok.len(), 11, "{calls:?}");
+    assert_eq!(read, 11 * (PROMPT + COMPLETION));
+    assert_eq!(settled(&redis, &prefix, read).await, read);
+    for gate in &gates {
+        assert_eq!(unreported(gate, "client_left").await, 0);
+        assert_eq!(unreported(gate, "missing").await, 0);
+    }
+}

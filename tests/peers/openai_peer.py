@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The official `openai` Python SDK as floodgate's client, as a platform
+engineer's users would run it.
+
+    openai_peer.py calls BASE_URL[,BASE_URL...] KEY ROUNDS PER_ROUND GAP MODE
+
+Runs ROUNDS rounds of PER_ROUND chat completions, GAP seconds apart, each
+round with a new SDK client (its own connections), alternating between the
+base URLs round by round. MODE is "stream" (stream_options.include_usage:
+the usage arrives in a last chunk before `data: [DONE]`, where the SDK
+stops reading and closes the answer), "plain", or "both" (alternating).
+Prints one JSON line per call: the usage tokens the SDK read, or the error
+it raised.
+"""
+
+import json
+import sys
+import time
+
+import openai
+
+
+def one_call(client, stream, max_tokens):
+    messages = [{"role": "user", "content": "Say hello."}]
+    try:
+        if stream:
+            chunks = client.chat.completions.create(
+                model="fake-model",
+                messages=messages,
+                max_tokens=max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            read, text = None, ""
+            for chunk in chunks:
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+                if chunk.usage is not None:
+                    read = chunk.usage.total_tokens
+            return {"stream": True, "read": read, "text": text}
+        answer = client.chat.completions.create(
+            model="fake-model", messages=messages, max_tokens=max_tokens
+        )
+        return {
+            "stream": False,
+            "read": answer.usage.total_tokens,
+            "text": answer.choices[0].message.content,
+        }
+    except openai.RateLimitError as e:
+        return {"error": "RateLimitError", "status": e.status_code}
+    except openai.APIError as e:
+        return {"error": type(e).__name__, "detail": str(e)}
+
+
+def calls(urls, key, rounds, per_round, gap, mode):
+    for r in range(rounds):
+        client = openai.OpenAI(
+            base_url=urls[r % len(urls)], api_key=key, max_retries=0, timeout=30
+        )
+        for i in range(per_round):
+            stream = mode == "stream" or (mode == "both" and i % 2 == 0)
+            print(json.dumps(one_call(client, stream, 300)), flush=True)
+            time.sleep(gap)
+        client.close()
+
+
+def main():
+    if len(sys.argv) == 8 and sys.argv[1] == "calls":
+        urls = sys.argv[2].split(",")
+        calls(
+            urls,
+            sys.argv[3],
+            int(sys.argv[4]),
+            int(sys.argv[5]),
+            float(sys.argv[6]),
+            sys.argv[7],
+        )
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
