@@ -162,7 +162,8 @@ pub fn too_many_requests<U>(
 ) -> Response<Body<U>> {
     let mut response = match &route.deny {
         Some(deny) => {
-            let mut response = Response::new(Either::Right(Full::new(deny.body.clone())));
+            let wait = seconds(decision.retry_after_ms).max(1);
+            let mut response = Response::new(Either::Right(Full::new(deny.body_for(wait))));
             *response.status_mut() = deny.status;
             let headers = response.headers_mut();
             headers.insert(CONTENT_TYPE, deny.content_type.clone());

@@ -549,6 +549,38 @@ async fn the_deny_answer_and_every_header_mode() {
     }
 }
 
+#[tokio::test]
+async fn a_deny_body_can_say_how_long_to_wait() {
+    let (_redis, upstream, config) = setup("deny-wait").await;
+    let gate = Floodgate::start(
+        &config
+            .route(
+                on("wait", "/wait", &upstream)
+                    .line(
+                        r#"deny = { body = "{\"error\":{\"message\":\"Rate limit reached. Try again in {retry_after}s.\",\"type\":\"requests\"}}", content_type = "application/json" }"#,
+                    )
+                    .limit("sliding_log", 1, "1h"),
+            )
+            .toml(),
+    )
+    .await;
+    let client = TestClient::http1();
+    let url = gate.url("/wait");
+    assert_eq!(client.get(&url, &[]).await.status, 200);
+    let denied = client.get(&url, &[]).await;
+    assert_eq!(denied.status, 429);
+    let retry = denied.header("retry-after").unwrap_or_default().to_owned();
+    assert!(
+        retry.parse::<u64>().is_ok_and(|s| (1..=3600).contains(&s)),
+        "{retry}"
+    );
+    let body = denied.json();
+    assert_eq!(
+        body["error"]["message"],
+        format!("Rate limit reached. Try again in {retry}s.")
+    );
+}
+
 /// `(r, t)` of a `RateLimit` value `"name";r=R;t=T`.
 fn fields(a: &Answer) -> (u64, u64) {
     let value = a.header("ratelimit").unwrap_or_default();

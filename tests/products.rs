@@ -274,7 +274,14 @@ async fn on_a_cluster_keys_in_other_slots_are_given_back_and_no_limit_is_exceede
     let url = gates[0].url("/users/x");
     let mut extra = 0;
     loop {
-        match ask(&http, &url, &format!("late-{extra}"), &format!("org-{extra}")).await {
+        match ask(
+            &http,
+            &url,
+            &format!("late-{extra}"),
+            &format!("org-{extra}"),
+        )
+        .await
+        {
             200 => extra += 1,
             429 => break,
             other => panic!("unexpected status {other}"),

@@ -156,6 +156,9 @@ impl Validator<'_> {
         }
         Some(DenyAnswer {
             status: status?,
+            waits: body
+                .windows(DenyAnswer::RETRY_AFTER.len())
+                .any(|w| w == DenyAnswer::RETRY_AFTER.as_bytes()),
             body,
             content_type: content_type?,
             headers,

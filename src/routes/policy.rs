@@ -254,6 +254,20 @@ fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
     HeaderValue::from_str(&value).ok()
 }
 
+impl DenyAnswer {
+    /// The placeholder the body may hold for the wait.
+    pub const RETRY_AFTER: &'static str = "{retry_after}";
+
+    /// The body for a request that must wait `seconds`.
+    pub fn body_for(&self, seconds: u64) -> Bytes {
+        if !self.waits {
+            return self.body.clone();
+        }
+        let text = String::from_utf8_lossy(&self.body);
+        Bytes::from(text.replace(Self::RETRY_AFTER, &seconds.to_string()))
+    }
+}
+
 /// Which rate-limit fields a route's responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderMode {
@@ -303,8 +317,11 @@ impl HeaderMode {
 pub struct DenyAnswer {
     /// The status (4xx or 5xx).
     pub status: StatusCode,
-    /// The body, sent as it is.
+    /// The body, sent as it is, but for `{retry_after}`, replaced by the
+    /// request's wait in whole seconds (as `Retry-After` says).
     pub body: Bytes,
+    /// Whether the body holds `{retry_after}`.
+    pub waits: bool,
     /// Its `Content-Type`.
     pub content_type: HeaderValue,
     /// Further headers, in file order.
