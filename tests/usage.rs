@@ -129,6 +129,10 @@ async fn answer(
             vec![a.into(), b.into()]
         }
         "/json/none" => vec![r#"{"id":"r1","text":"no usage here"}"#.into()],
+        "/json/failed" => {
+            response = response.status(400);
+            vec![r#"{"error":{"message":"bad request"}}"#.into()]
+        }
         "/sse/done-held" => {
             response = response.header("content-type", "text/event-stream");
             let events = format!(
@@ -651,6 +655,42 @@ async fn logged(redis: &TestRedis, pattern: &str) -> u64 {
         sum += n;
     }
     sum
+}
+
+#[tokio::test]
+async fn a_failed_answer_without_usage_is_settled_to_the_failed_charge() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-failed");
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .admin()
+        .route(metered(
+            "json",
+            "/json",
+            &api.url,
+            10_000,
+            r#"reserve = 70, report = "json", units = { "usage.input_units" = 1 }, failed = { statuses = [400, 500], charge = 2 }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    // A 400 without usage: charged 2, not its 70.
+    assert_eq!(client.get(&gate.url("/json/failed"), &[]).await.status, 400);
+    assert_eq!(settled(&redis, &prefix, "json", 2).await, 2);
+    // A 200 without usage is not a failed answer: its 70 stand.
+    assert_eq!(client.get(&gate.url("/json/none"), &[]).await.status, 200);
+    assert_eq!(settled(&redis, &prefix, "json", 72).await, 72);
+    let scrape = String::from_utf8_lossy(&client.get(&gate.admin_url("/metrics"), &[]).await.body)
+        .into_owned();
+    for (reason, want) in [("failed_answer", 1), ("missing", 1)] {
+        let labels = format!(r#"route="json",reason="{reason}""#);
+        assert_eq!(
+            series(&scrape, "floodgate_usage_unreported_total", &labels),
+            want,
+            "{reason}: {scrape}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::usage::settings::{Fields, JsonPath, SOURCES, Settings, Source};
+use crate::usage::settings::{FailedAnswers, Fields, JsonPath, SOURCES, Settings, Source};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +21,16 @@ pub(super) struct UsageModel {
     max_reserve: Option<Spanned<i64>>,
     report: Spanned<String>,
     units: Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
+    failed: Option<Spanned<FailedModel>>,
+}
+
+/// `failed = { statuses = [400, 429, 500], charge = 0 }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FailedModel {
+    statuses: Spanned<Vec<Spanned<i64>>>,
+    #[serde(default)]
+    charge: Option<Spanned<i64>>,
 }
 
 impl Validator<'_> {
@@ -86,6 +96,11 @@ impl Validator<'_> {
         let source = self.report_source(&m.report);
         ok &= source.is_some();
         let (fields, weights) = self.usage_fields(&m.units, source.unwrap_or(Source::Json))?;
+        let failed = match &m.failed {
+            None => Some(None),
+            Some(f) => self.failed_answers(f).map(Some),
+        };
+        ok &= failed.is_some();
         let settings = Settings {
             reserve,
             reserve_header,
@@ -96,8 +111,46 @@ impl Validator<'_> {
             source: source?,
             fields,
             weights,
+            failed: failed?,
         };
         ok.then(|| Arc::new(settings))
+    }
+
+    /// `failed`: statuses from 100 to 599, at least one; a charge of 0 or
+    /// more (default 0).
+    fn failed_answers(&mut self, model: &Spanned<FailedModel>) -> Option<FailedAnswers> {
+        let m = model.get_ref();
+        if m.statuses.get_ref().is_empty() {
+            self.problem(
+                m.statuses.span(),
+                "statuses is empty; list the statuses of failed answers, like [400, 429, 500]",
+            );
+            return None;
+        }
+        let mut statuses = Vec::new();
+        for status in m.statuses.get_ref() {
+            match u16::try_from(*status.get_ref()) {
+                Ok(code @ 100..=599) => statuses.push(code),
+                _ => {
+                    self.problem(status.span(), "a status is a number from 100 to 599");
+                    return None;
+                }
+            }
+        }
+        let charge = match &m.charge {
+            None => 0,
+            Some(c) => match u64::try_from(*c.get_ref()) {
+                Ok(n) => n,
+                Err(_) => {
+                    self.problem(c.span(), "charge is a whole number of units, 0 or more");
+                    return None;
+                }
+            },
+        };
+        Some(FailedAnswers {
+            statuses: statuses.into(),
+            charge,
+        })
     }
 
     /// `reserve_json`: one JSON path, or a list of them tried in order.

@@ -85,6 +85,8 @@ pub(super) struct Reservation {
     client: ClientId,
     limits: Box<[Limit]>,
     keys: Box<[CountKey]>,
+    /// The answer's status, once known.
+    status: u16,
 }
 
 impl Reservation {
@@ -109,6 +111,7 @@ impl Reservation {
             client: charge.client.clone(),
             limits: charge.limits.into(),
             keys: charge.keys.into(),
+            status: 0,
         }
     }
 
@@ -117,14 +120,17 @@ impl Reservation {
         self.settings.source == Source::Header
     }
 
-    /// Settles to the units the answer's head `headers` reports: the
+    /// Settles to the units the answer's head `headers` (of an answer of
+    /// `status`) reports: the
     /// settled decision for its `RateLimit` fields, or `None` when the
     /// reservation stands.
     pub(super) async fn settle_from_head(
-        self,
+        mut self,
+        status: u16,
         limiter: &Limiter,
         headers: &HeaderMap,
     ) -> Option<Decision> {
+        self.status = status;
         let report = from_headers(&self.settings, headers).ok_or(Unreported::Missing);
         if let Ok(units) = report {
             self.tally.report(units);
@@ -136,13 +142,15 @@ impl Reservation {
     /// it goes out; settled in a task of its own when it ends (or standing
     /// when it breaks off or the client leaves).
     /// `event_stream`: the answer is a `text/event-stream` (what a
-    /// `json_or_sse` report reads).
+    /// `json_or_sse` report reads); `status`: the answer's.
     pub(super) fn meter(
-        self,
+        mut self,
         limiter: &Arc<Limiter>,
         settlements: &Arc<in_flight::Count>,
         event_stream: bool,
+        status: u16,
     ) -> Box<Meter> {
+        self.status = status;
         let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
         let limiter = Arc::clone(limiter);
         let settlements = Arc::clone(settlements);
@@ -169,15 +177,22 @@ impl Reservation {
         limiter: &Limiter,
         report: Result<u64, Unreported>,
     ) -> Option<Decision> {
-        let units = match report {
-            Ok(units) => units,
-            Err(why) => {
+        let metrics = &self.metering.metrics;
+        let units = match (report, &self.settings.failed) {
+            (Ok(units), _) => {
+                metrics.reported.inc_by(units);
+                units
+            }
+            (Err(Unreported::Missing), Some(failed)) if failed.statuses.contains(&self.status) => {
+                // Settled, not standing: counted, not warned about.
+                metrics.unreported(Unreported::FailedAnswer);
+                failed.charge
+            }
+            (Err(why), _) => {
                 self.stood(why);
                 return None;
             }
         };
-        let metrics = &self.metering.metrics;
-        metrics.reported.inc_by(units);
         let reserved = self.settlement.reserved;
         if units < reserved {
             metrics.refunded.inc_by(reserved - units);

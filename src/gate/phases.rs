@@ -173,7 +173,8 @@ async fn answer<H: Send + 'static>(
         Some(reservation) => {
             let limiter = &cx.shared.limiter;
             // Boxed, as the rare path.
-            Box::pin(reservation.settle_from_head(limiter, response.headers())).await
+            let status = response.status().as_u16();
+            Box::pin(reservation.settle_from_head(status, limiter, response.headers())).await
         }
         None => None,
     };
@@ -668,7 +669,12 @@ impl Context<'_> {
         let settlements = &self.shared.settlements;
         let meter = reservation.map(|r| {
             let event_stream = is_event_stream(response.headers());
-            r.meter(limiter, settlements, event_stream)
+            r.meter(
+                limiter,
+                settlements,
+                event_stream,
+                response.status().as_u16(),
+            )
         });
         response.map(|body| Logged::new(body, record, log).holding(slot).metering(meter))
     }

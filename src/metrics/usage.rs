@@ -43,7 +43,7 @@ pub struct UsageMetrics {
     pub refunded: Counter,
     /// Units reported beyond the reservation, charged when settled.
     pub charged_over: Counter,
-    unreported: [Counter; 4],
+    unreported: [Counter; 5],
 }
 
 impl UsageMetrics {
@@ -78,7 +78,7 @@ impl Families {
         );
         registry.register(
             "floodgate_usage_unreported",
-            "Requests whose reservation stood as the charge because nothing was settled, by route and reason (missing, upstream_failed, client_left, store_failed)",
+            "Requests whose answers reported no usage, by route and reason: their reservation stood as the charge (missing, upstream_failed, client_left, store_failed), or a failed answer was settled to the route's failed charge (failed_answer)",
             self.unreported.clone(),
         );
     }

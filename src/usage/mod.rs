@@ -35,15 +35,19 @@ pub enum Unreported {
     ClientLeft,
     /// The report was read but the store could not take the settlement.
     StoreFailed,
+    /// The answer's status is one of `failed.statuses` and it reported
+    /// nothing: settled to `failed.charge`, not left at its reservation.
+    FailedAnswer,
 }
 
 impl Unreported {
     /// Every reason, in declaration order.
-    pub const ALL: [Unreported; 4] = [
+    pub const ALL: [Unreported; 5] = [
         Self::Missing,
         Self::UpstreamFailed,
         Self::ClientLeft,
         Self::StoreFailed,
+        Self::FailedAnswer,
     ];
 
     /// What happened, in words, for the log line.
@@ -53,6 +57,9 @@ impl Unreported {
             Self::UpstreamFailed => "the upstream's answer failed or broke off before its report",
             Self::ClientLeft => "the client left before the answer reported its usage",
             Self::StoreFailed => "the store could not take the settlement",
+            Self::FailedAnswer => {
+                "a failed answer reported no usage and was settled to the route's failed charge"
+            }
         }
     }
 
@@ -63,6 +70,7 @@ impl Unreported {
             Self::UpstreamFailed => "upstream_failed",
             Self::ClientLeft => "client_left",
             Self::StoreFailed => "store_failed",
+            Self::FailedAnswer => "failed_answer",
         }
     }
 }
@@ -322,6 +330,7 @@ mod tests {
                     .collect(),
             ),
             weights: weights.into(),
+            failed: None,
         }
     }
 

@@ -97,8 +97,9 @@ pub struct Settings {
     /// A request header naming the units it may use at most.
     pub reserve_header: Option<HeaderName>,
     /// A JSON path in the request body naming the units it may use at most
-    /// (`max_tokens`; one path, in the list form the scanner reads); the
-    /// body's first [`READ_FIRST`] bytes are read before the decision.
+    /// (`max_tokens`), or several tried in order (the first the body
+    /// names counts); the body's first [`READ_FIRST`] bytes are read
+    /// before the decision.
     pub reserve_json: Option<Arc<[JsonPath]>>,
     /// What the request names counts this many units each (the weight of
     /// the reported field it bounds).
@@ -116,4 +117,17 @@ pub struct Settings {
     /// Each field's number counts this many units; the units are their
     /// sum, rounded up.
     pub weights: Box<[f64]>,
+    /// Answers of these statuses that report nothing are settled to this
+    /// charge instead of standing at their reservation (providers do not
+    /// bill a failed request).
+    pub failed: Option<FailedAnswers>,
+}
+
+/// `failed = { statuses = [400, 429, 500], charge = 0 }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedAnswers {
+    /// The statuses.
+    pub statuses: Box<[u16]>,
+    /// What such an answer is charged.
+    pub charge: u64,
 }
