@@ -92,12 +92,14 @@ fn main() -> ExitCode {
         }
     };
     if flags.check {
-        println!(
-            "{}: ok ({} routes)",
+        // A reader that stops early (`| head`) is not an error of the file.
+        let said = format!(
+            "{}: ok ({} routes)\n{}",
             flags.config.display(),
-            config.routes.len()
+            config.routes.len(),
+            config.summary()
         );
-        print!("{}", config.summary());
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), said.as_bytes());
         if flags.connect && !check_connections(&config) {
             return ExitCode::FAILURE;
         }

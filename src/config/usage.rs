@@ -18,6 +18,7 @@ pub(super) struct UsageModel {
     reserve_json: Option<Spanned<toml::Value>>,
     reserve_weight: Option<Spanned<toml::Value>>,
     reserve_add: Option<Spanned<i64>>,
+    reserve_per_kib: Option<Spanned<i64>>,
     max_reserve: Option<Spanned<i64>>,
     report: Spanned<String>,
     units: Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
@@ -96,6 +97,20 @@ impl Validator<'_> {
         let source = self.report_source(&m.report);
         ok &= source.is_some();
         let (fields, weights) = self.usage_fields(&m.units, source.unwrap_or(Source::Json))?;
+        let reserve_per_kib = match &m.reserve_per_kib {
+            None => 0,
+            Some(n) => match u64::try_from(*n.get_ref()) {
+                Ok(n) => n,
+                Err(_) => {
+                    self.problem(
+                        n.span(),
+                        "reserve_per_kib is a whole number of units, 0 or more",
+                    );
+                    ok = false;
+                    0
+                }
+            },
+        };
         let failed = match &m.failed {
             None => Some(None),
             Some(f) => self.failed_answers(f).map(Some),
@@ -107,6 +122,7 @@ impl Validator<'_> {
             reserve_json,
             reserve_weight,
             reserve_add,
+            reserve_per_kib,
             max_reserve,
             source: source?,
             fields,

@@ -49,6 +49,7 @@ pub(super) async fn read_first(
     let (mut read, sent) = RequestBody::new(body, &client);
     forwarder.read_first(&mut read, READ_FIRST).await?;
     let named = BodyRead {
+        len: read.read().map(|b| b.len() as u64).sum(),
         named: named_in_json(usage, read.read()),
         whole: read.read_whole(),
     };

@@ -83,6 +83,8 @@ pub struct BodyRead {
     /// The body was read whole (a larger one was not: what it names past
     /// the bytes read, the upstream may act on).
     pub whole: bool,
+    /// Bytes read.
+    pub len: u64,
 }
 
 /// The number at the first of `settings`' `reserve_json` paths that the
@@ -102,8 +104,9 @@ pub fn named_in_json<'a>(
 
 /// What the request reserves: the number its `reserve_header` names, else
 /// the number at its body's `reserve_json` path (times `reserve_weight`,
-/// plus `reserve_add`, either way), else `reserve`; at most
-/// `max_reserve`. A body too large to read first reserves `max_reserve`.
+/// plus `reserve_add`, either way), else `reserve`; plus
+/// `reserve_per_kib` for each KiB of its body (a prompt's tokens grow
+/// with it); at most `max_reserve`. A body too large to read first reserves `max_reserve`.
 /// A header that is not a whole number is the client's error.
 pub fn reservation(
     settings: &Settings,
@@ -127,12 +130,26 @@ pub fn reservation(
         (None, Some(BodyRead { named, .. })) => named.filter(|n| n.is_finite() && *n >= 0.0),
         (None, None) => None,
     };
-    Ok(match named {
+    let base = match named {
         Some(n) => ((n * settings.reserve_weight).ceil().min(MAX_UNITS as f64) as u64)
             .saturating_add(settings.reserve_add),
         None => settings.reserve,
+    };
+    if settings.reserve_per_kib == 0 {
+        return Ok(base.min(settings.max_reserve));
     }
-    .min(settings.max_reserve))
+    // The body's size: its declared length (the codec holds the body to
+    // it), else what was read of a body read whole; unknown, the most.
+    let size = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .or(body.filter(|b| b.whole).map(|b| b.len));
+    Ok(match size {
+        Some(size) => base
+            .saturating_add(settings.reserve_per_kib.saturating_mul(size.div_ceil(1024)))
+            .min(settings.max_reserve),
+        None => settings.max_reserve,
+    })
 }
 
 /// The units `values` report, one per field in order: each times its
@@ -331,6 +348,7 @@ mod tests {
             ),
             weights: weights.into(),
             failed: None,
+            reserve_per_kib: 0,
         }
     }
 
@@ -340,6 +358,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         assert_eq!(reservation(&s, &headers, None), Ok(100));
         let body = |text: &str, whole| BodyRead {
+            len: text.len() as u64,
             named: named_in_json(&s, std::iter::once(&Bytes::from(text.to_owned()))),
             whole,
         };
@@ -369,6 +388,29 @@ mod tests {
         };
         headers.insert("x-max-units", "7".parse().expect("value"));
         assert_eq!(reservation(&s, &headers, None), Ok(28));
+    }
+
+    #[test]
+    fn a_reservation_grows_with_the_size_of_the_body() {
+        let s = Settings {
+            reserve_per_kib: 250,
+            ..settings(&["x-used"], &[1.0])
+        };
+        let mut headers = HeaderMap::new();
+        // Unknown size (no length, not read whole): the most.
+        assert_eq!(reservation(&s, &headers, None), Ok(500));
+        headers.insert("content-length", "100".parse().expect("value"));
+        assert_eq!(reservation(&s, &headers, None), Ok(100 + 250));
+        headers.insert("content-length", "1025".parse().expect("value"));
+        assert_eq!(reservation(&s, &headers, None), Ok(500), "capped");
+        // A body read whole, without a declared length: its bytes.
+        headers.remove("content-length");
+        let read = BodyRead {
+            named: Some(20.0),
+            whole: true,
+            len: 10,
+        };
+        assert_eq!(reservation(&s, &headers, Some(read)), Ok(20 + 10 + 250));
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub struct Settings {
     /// Units added to what the request names (the part it cannot name,
     /// such as input units).
     pub reserve_add: u64,
+    /// Units added for each KiB of the request body (or its part: a
+    /// prompt's tokens grow with its size); 0: none.
+    pub reserve_per_kib: u64,
     /// Most units one request may reserve; what the request names is cut
     /// to it.
     pub max_reserve: u64,
