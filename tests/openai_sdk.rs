@@ -9,35 +9,18 @@
 mod support;
 
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use support::config::{Config, Route};
 use support::peers::client;
 use support::redis::{TestRedis, unique_prefix};
-use support::{Floodgate, TestClient};
-
-/// A body sent in the pieces a channel hands it.
-struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
-
-impl Body for Chunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
+use support::{Chunks, Floodgate, TestClient};
 
 /// Prompt tokens of every call.
 const PROMPT: u64 = 100;
@@ -146,17 +129,7 @@ fn chat(api: &str, tokens: u64) -> Route {
 
 /// Units logged in the sliding-log keys of route `chat`.
 async fn charged(redis: &TestRedis, prefix: &str) -> u64 {
-    let mut conn = redis.connection().await;
-    let mut sum = 0;
-    for key in redis.keys(&format!("{prefix}:{{chat:*")).await {
-        let n: u64 = redis::cmd("ZCARD")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("ZCARD");
-        sum += n;
-    }
-    sum
+    redis.logged(&format!("{prefix}:{{chat:*")).await
 }
 
 /// The charge once it reaches `want` (settlements of event streams

@@ -45,18 +45,7 @@ async fn ask(http: &TestClient, url: &str, user: &str, org: &str) -> u16 {
 
 /// The units logged in each key of `redis` matching `pattern`.
 async fn counts(redis: &TestRedis, pattern: &str) -> Vec<u64> {
-    let mut conn = redis.connection().await;
-    let mut out = Vec::new();
-    for key in redis.keys(pattern).await {
-        let n: u64 = redis::cmd("ZCARD")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("ZCARD");
-        out.push(n);
-    }
-    out.sort_unstable();
-    out
+    redis.logged_each(pattern).await
 }
 
 #[tokio::test]

@@ -8,40 +8,23 @@
 mod support;
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use support::config::{Config, Route};
 use support::peers::{PeerServer, client};
 use support::redis::{TestRedis, unique_prefix};
-use support::{Floodgate, FloodgateProcess, TestClient, free_port, text_body};
+use support::{Chunks, Floodgate, FloodgateProcess, TestClient, free_port, text_body};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-
-/// A body sent in the pieces a channel hands it.
-struct Chunks(tokio::sync::mpsc::Receiver<Bytes>);
-
-impl Body for Chunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
 
 /// A metered API: it reports the units it was asked to in the query
 /// (`?in=N&out=M`), the way its path says.
@@ -183,6 +166,49 @@ async fn answer(
         }
     });
     Ok(response.body(Chunks(rx)).expect("response"))
+}
+
+/// A floodgate on a fresh Redis prefix named for `test`, with an admin
+/// listener and route `sse` metering the `Metered` API's event streams,
+/// reserving `reserve`.
+async fn metered_stream(test: &str, reserve: u64) -> (TestRedis, String, Metered, Floodgate) {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix(test);
+    let api = Metered::start().await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .admin()
+        .route(metered(
+            "sse",
+            "/sse",
+            &api.url,
+            10_000,
+            &format!(r#"reserve = {reserve}, report = "sse", units = {{ "usage.input_units" = 1, "usage.output_units" = 1 }}"#),
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    (redis, prefix, api, gate)
+}
+
+/// Asks floodgate at `addr` for `target` on a raw connection, reads the
+/// answer until `seen` has passed, and goes away.
+async fn read_then_leave(addr: std::net::SocketAddr, target: &str, seen: &str) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {target} HTTP/1.1\r\nhost: api\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&read).contains(seen) {
+        let n = stream.read(&mut buf).await.expect("read");
+        assert!(
+            n > 0,
+            "the answer ended early: {}",
+            String::from_utf8_lossy(&read)
+        );
+        read.extend_from_slice(&buf[..n]);
+    }
 }
 
 /// A route for the paths under `path`, forwarding to `url`, counted in a
@@ -521,42 +547,10 @@ async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_s
 
 #[tokio::test]
 async fn a_client_that_leaves_mid_stream_is_charged_its_reservation_once() {
-    let redis = TestRedis::start().await;
-    let prefix = unique_prefix("usage-left");
-    let api = Metered::start().await;
-    let toml = Config::new()
-        .redis(&redis.url, &prefix)
-        .admin()
-        .route(metered(
-            "sse",
-            "/sse",
-            &api.url,
-            10_000,
-            r#"reserve = 70, report = "sse", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
-        ))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let (redis, prefix, api, gate) = metered_stream("usage-left", 70).await;
 
     // A raw connection that reads the first event and goes away.
-    let mut stream = tokio::net::TcpStream::connect(gate.addr)
-        .await
-        .expect("connect");
-    stream
-        .write_all(b"GET /sse/held?in=5&out=5 HTTP/1.1\r\nhost: api\r\n\r\n")
-        .await
-        .expect("send");
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("Hel") {
-        let n = stream.read(&mut buf).await.expect("read");
-        assert!(
-            n > 0,
-            "the stream ended early: {}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.extend_from_slice(&buf[..n]);
-    }
-    drop(stream);
+    read_then_leave(gate.addr, "/sse/held?in=5&out=5", "Hel").await;
 
     let client = TestClient::http1();
     let metrics = gate.admin_url("/metrics");
@@ -644,17 +638,7 @@ async fn requests_and_units_on_one_route_each_refuse_at_their_own_bound() {
 
 /// Units logged in every sliding-log key matching `pattern`.
 async fn logged(redis: &TestRedis, pattern: &str) -> u64 {
-    let mut conn = redis.connection().await;
-    let mut sum = 0;
-    for key in redis.keys(pattern).await {
-        let n: u64 = redis::cmd("ZCARD")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("ZCARD");
-        sum += n;
-    }
-    sum
+    redis.logged(pattern).await
 }
 
 #[tokio::test]
@@ -695,39 +679,11 @@ async fn a_failed_answer_without_usage_is_settled_to_the_failed_charge() {
 
 #[tokio::test]
 async fn a_client_that_closes_at_done_after_the_usage_event_is_settled_to_its_report() {
-    let redis = TestRedis::start().await;
-    let prefix = unique_prefix("usage-done");
-    let api = Metered::start().await;
-    let toml = Config::new()
-        .redis(&redis.url, &prefix)
-        .admin()
-        .route(metered(
-            "sse",
-            "/sse",
-            &api.url,
-            10_000,
-            r#"reserve = 400, report = "sse", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
-        ))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+    let (redis, prefix, api, gate) = metered_stream("usage-done", 400).await;
     // As the OpenAI SDK does: read to `data: [DONE]`, then close, before
     // the stream's own end.
     for _ in 0..3 {
-        let mut stream = tokio::net::TcpStream::connect(gate.addr)
-            .await
-            .expect("connect");
-        stream
-            .write_all(b"GET /sse/done-held?in=100&out=55 HTTP/1.1\r\nhost: api\r\n\r\n")
-            .await
-            .expect("send");
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&seen).contains("[DONE]") {
-            let n = stream.read(&mut buf).await.expect("read");
-            assert!(n > 0, "ended early: {}", String::from_utf8_lossy(&seen));
-            seen.extend_from_slice(&buf[..n]);
-        }
-        drop(stream);
+        read_then_leave(gate.addr, "/sse/done-held?in=100&out=55", "[DONE]").await;
     }
     // Each settled to its 155, not its reservation of 400.
     assert_eq!(settled(&redis, &prefix, "sse", 465).await, 465);

@@ -260,6 +260,22 @@ impl Generated {
     }
 }
 
+/// A body sent in the pieces a channel hands it, ending when the sender
+/// goes: an upstream that answers in its own time.
+pub struct Chunks(pub tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+    }
+}
+
 impl Body for Generated {
     type Data = Bytes;
     type Error = Infallible;

@@ -186,6 +186,28 @@ impl TestRedis {
             .expect("keys")
     }
 
+    /// The units logged in each sliding-log key matching `pattern` (one
+    /// member per unit), in ascending order.
+    pub async fn logged_each(&self, pattern: &str) -> Vec<u64> {
+        let mut conn = self.connection().await;
+        let mut out = Vec::new();
+        for key in self.keys(pattern).await {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("ZCARD");
+            out.push(n);
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// The units logged in all sliding-log keys matching `pattern`.
+    pub async fn logged(&self, pattern: &str) -> u64 {
+        self.logged_each(pattern).await.iter().sum()
+    }
+
     /// Stops this Redis for good (SIGKILL).
     pub fn kill(&mut self) {
         if let Origin::Process { child, .. } = &mut self.origin {
