@@ -66,6 +66,8 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> 
     });
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let streaming = asked["stream"].as_bool() == Some(true);
+    // As the OpenAI API: a stream reports its usage only when asked to.
+    let report = asked["stream_options"]["include_usage"].as_bool() == Some(true);
     let content_type = if streaming {
         "text/event-stream"
     } else {
@@ -101,7 +103,9 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> 
                 ))
                 .await;
         }
-        let _ = tx.send(chunk(serde_json::Value::Null, usage)).await;
+        if report {
+            let _ = tx.send(chunk(serde_json::Value::Null, usage)).await;
+        }
         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
         // The stream's own end comes a moment later; the SDK has closed
         // the answer by then.
@@ -119,17 +123,39 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> 
 /// `max_completion_tokens` or `max_tokens` plus 100 for the prompt, and
 /// settling to the usage the answer reports, JSON or event stream.
 fn chat(api: &str, tokens: u64) -> Route {
-    Route::new("chat")
+    chat_named("chat", api, tokens, "")
+}
+
+/// [`chat`] named `name` on `/{name}/v1/chat/completions` (the name taken
+/// off before forwarding) unless it is `chat`, with more `usage` keys
+/// (`extra`, starting with a comma).
+fn chat_named(name: &str, api: &str, tokens: u64, extra: &str) -> Route {
+    let prefix = if name == "chat" {
+        String::new()
+    } else {
+        format!("/{name}")
+    };
+    let route = Route::new(name)
         .upstream(api.trim_end_matches("/v1"))
-        .matching(r#"path_prefix = "/v1/chat/completions""#)
+        .matching(&format!(r#"path_prefix = "{prefix}/v1/chat/completions""#))
         .client(r#"from = "header", name = "Authorization""#)
         .limit("sliding_log", tokens, "1h")
-        .line(r#"usage = { reserve = 1000, reserve_json = ["max_completion_tokens", "max_tokens"], reserve_add = 100, report = "json_or_sse", units = { "usage.prompt_tokens" = 1, "usage.completion_tokens" = 1 } }"#)
+        .line(&format!(r#"usage = {{ reserve = 1000, reserve_json = ["max_completion_tokens", "max_tokens"], reserve_add = 100, report = "json_or_sse", units = {{ "usage.prompt_tokens" = 1, "usage.completion_tokens" = 1 }}{extra} }}"#));
+    if prefix.is_empty() {
+        route
+    } else {
+        route.line(&format!(r#"strip_prefix = "{prefix}""#))
+    }
 }
 
 /// Units logged in the sliding-log keys of route `chat`.
 async fn charged(redis: &TestRedis, prefix: &str) -> u64 {
-    redis.logged(&format!("{prefix}:{{chat:*")).await
+    charged_on(redis, prefix, "chat").await
+}
+
+/// Units logged in the sliding-log keys of route `route`.
+async fn charged_on(redis: &TestRedis, prefix: &str, route: &str) -> u64 {
+    redis.logged(&format!("{prefix}:{{{route}:*")).await
 }
 
 /// The charge once it reaches `want` (settlements of event streams
@@ -243,4 +269,73 @@ async fn one_route_one_budget_for_streamed_and_whole_answers_through_the_sdk() {
         assert_eq!(unreported(gate, "client_left").await, 0);
         assert_eq!(unreported(gate, "missing").await, 0);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_do_not_ask_for_usage_are_asked_on_a_route_that_says_so() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-ask");
+    let api = fake_openai().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(chat_named(
+            "asks",
+            &api,
+            1_000_000,
+            ", stream_include_usage = true",
+        ))
+        .route(chat_named("plain", &api, 1_000_000, ""))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let run = |path: &str| {
+        let args = [
+            "calls".to_owned(),
+            gate.url(path),
+            "sk-test-key".to_owned(),
+            "1".to_owned(),
+            "4".to_owned(),
+            "0.05".to_owned(),
+            "bare".to_owned(),
+        ];
+        async move { client("openai_peer.py", &args).await }
+    };
+    // Asked for by floodgate, the usage comes (the SDK reads it too) and
+    // is what each stream is charged.
+    let asked = run("/asks/v1").await;
+    assert_eq!(asked.len(), 4);
+    for call in &asked {
+        assert_eq!(call["read"], PROMPT + COMPLETION, "{call}");
+    }
+    let want = 4 * (PROMPT + COMPLETION);
+    let mut found = 0;
+    for _ in 0..600 {
+        found = charged_on(&redis, &prefix, "asks").await;
+        if found == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(found, want);
+    // Not asked, nothing is reported: each stands at its reservation of
+    // 300 + 100, counted as missing.
+    let bare = run("/plain/v1").await;
+    assert!(bare.iter().all(|c| c["read"].is_null()), "{bare:?}");
+    let mut found = 0;
+    for _ in 0..600 {
+        found = charged_on(&redis, &prefix, "plain").await;
+        if found == 4 * 400 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(found, 4 * 400);
+    let scrape = TestClient::http1()
+        .get(&gate.admin_url("/metrics"), &[])
+        .await
+        .text();
+    assert!(
+        scrape.contains(r#"floodgate_usage_unreported_total{route="plain",reason="missing"} 4"#),
+        "{scrape}"
+    );
 }

@@ -23,6 +23,7 @@ pub(super) struct UsageModel {
     report: Spanned<String>,
     units: Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     failed: Option<Spanned<FailedModel>>,
+    stream_include_usage: Option<Spanned<bool>>,
 }
 
 /// `failed = { statuses = [400, 429, 500], charge = 0 }`.
@@ -116,7 +117,22 @@ impl Validator<'_> {
             Some(f) => self.failed_answers(f).map(Some),
         };
         ok &= failed.is_some();
+        let stream_include_usage = match (&m.stream_include_usage, source) {
+            (Some(on), Some(Source::Sse | Source::JsonOrSse)) | (Some(on), None) => *on.get_ref(),
+            (Some(on), Some(_)) => {
+                if *on.get_ref() {
+                    self.problem(
+                        on.span(),
+                        "stream_include_usage asks an upstream to report a stream's usage in its events; it needs report = \"sse\" or \"json_or_sse\"",
+                    );
+                    ok = false;
+                }
+                false
+            }
+            (None, _) => false,
+        };
         let settings = Settings {
+            stream_include_usage,
             reserve,
             reserve_header,
             reserve_json,

@@ -40,14 +40,28 @@ pub(super) enum ClientBody {
 /// (`usage`), the body's first bytes, read before the decision under the
 /// client's limits `client` (its faults meanwhile are its refusals), and
 /// what they name.
+///
+/// With `stream_include_usage`, a streaming request read whole is asked to
+/// report its usage (see [`crate::usage::asking_for_usage`]), and its
+/// `Content-Length` in `headers` follows.
 pub(super) async fn read_first(
     forwarder: &Forwarder,
     client: ClientSide,
     usage: &Settings,
     body: Incoming,
+    headers: &mut HeaderMap,
 ) -> Result<(ClientBody, Option<BodyRead>), Refusal> {
     let (mut read, sent) = RequestBody::new(body, &client);
     forwarder.read_first(&mut read, READ_FIRST).await?;
+    if usage.stream_include_usage && read.read_whole() {
+        let whole: Vec<u8> = read.read().flat_map(|b| b.iter().copied()).collect();
+        if let Some(asking) = crate::usage::asking_for_usage(&whole) {
+            let length = http::HeaderValue::from(asking.len());
+            if read.replace_read(asking) && headers.contains_key(http::header::CONTENT_LENGTH) {
+                headers.insert(http::header::CONTENT_LENGTH, length);
+            }
+        }
+    }
     let named = BodyRead {
         len: read.read().map(|b| b.len() as u64).sum(),
         named: named_in_json(usage, read.read()),

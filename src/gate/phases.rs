@@ -137,14 +137,22 @@ async fn answer<H: Send + 'static>(
         .route
         .usage
         .as_ref()
-        .filter(|u| u.reserve_json.is_some())
+        .filter(|u| u.reserve_json.is_some() || u.stream_include_usage)
     {
         Some(usage) => {
             let client_side = ClientSide {
                 max_body: found.route.max_request_body,
                 ..rules.client_timeouts
             };
-            Box::pin(read_first(&cx.shared.forwarder, client_side, usage, body)).await?
+            let headers = &mut head.headers;
+            Box::pin(read_first(
+                &cx.shared.forwarder,
+                client_side,
+                usage,
+                body,
+                headers,
+            ))
+            .await?
         }
         None => (ClientBody::Arrived(body), None),
     };

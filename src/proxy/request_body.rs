@@ -121,6 +121,20 @@ impl RequestBody {
             .flat_map(|body| body.ahead.iter().filter_map(Frame::data_ref))
     }
 
+    /// Replaces the data read ahead of a body read whole with `bytes` (a
+    /// rewritten body); false, changing nothing, for one not read whole.
+    pub fn replace_read(&mut self, bytes: Bytes) -> bool {
+        if !self.read_whole() {
+            return false;
+        }
+        let Some(body) = self.0.as_deref_mut() else {
+            return false;
+        };
+        body.ahead.retain(|frame| !frame.is_data());
+        body.ahead.push_front(Frame::data(bytes));
+        true
+    }
+
     /// Whether everything the body carries has been read ahead (or it
     /// carries nothing).
     pub fn read_whole(&self) -> bool {

@@ -102,6 +102,48 @@ pub fn named_in_json<'a>(
     scanner.finish().iter().copied().flatten().next()
 }
 
+/// A streaming request's JSON `body` (`"stream": true` at its top) with
+/// `stream_options.include_usage` set, when it is not already: `None` when
+/// nothing is to change (not JSON, not an object, not streaming, already
+/// asking). Without `stream_options`, the member is added at the start of
+/// the object, and everything else is sent byte for byte; with other
+/// `stream_options`, the object is written again.
+pub fn asking_for_usage(body: &[u8]) -> Option<Bytes> {
+    let parsed: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = parsed.as_object()?;
+    if object.get("stream").and_then(serde_json::Value::as_bool) != Some(true) {
+        return None;
+    }
+    match object.get("stream_options") {
+        None => {
+            let open = body.iter().position(|&b| b == b'{')?;
+            let mut out = Vec::with_capacity(body.len() + 40);
+            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(br#""stream_options":{"include_usage":true},"#);
+            out.extend_from_slice(&body[open + 1..]);
+            Some(Bytes::from(out))
+        }
+        Some(options) => {
+            if options
+                .get("include_usage")
+                .and_then(serde_json::Value::as_bool)
+                == Some(true)
+            {
+                return None;
+            }
+            let mut parsed = parsed;
+            let options = parsed.get_mut("stream_options")?;
+            match options.as_object_mut() {
+                Some(map) => {
+                    map.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+                }
+                None => *options = serde_json::json!({ "include_usage": true }),
+            }
+            serde_json::to_vec(&parsed).ok().map(Bytes::from)
+        }
+    }
+}
+
 /// What the request reserves: the number its `reserve_header` names, else
 /// the number at its body's `reserve_json` path (times `reserve_weight`,
 /// plus `reserve_add`, either way), else `reserve`; plus
@@ -314,14 +356,20 @@ impl Drop for Meter {
     /// whatever the client does next (the OpenAI SDK closes the answer at
     /// `[DONE]`, often before the stream's own end); only a client that
     /// leaves before that is `client_left`, charged its reservation.
+    /// A stream that said `[DONE]` without a report is `missing`, as if
+    /// it had ended there.
     fn drop(&mut self) {
         let report = match &self.reading {
-            Reading::Sse(events) => events
-                .final_report()
-                .and_then(|found| units(&self.settings, found.iter().map(|&v| Some(v)))),
-            _ => None,
+            Reading::Sse(events) => match events.final_report() {
+                Some(found) => {
+                    units(&self.settings, found.iter().map(|&v| Some(v))).ok_or(Unreported::Missing)
+                }
+                None if events.said_done() => Err(Unreported::Missing),
+                None => Err(Unreported::ClientLeft),
+            },
+            _ => Err(Unreported::ClientLeft),
         };
-        self.finish(report.ok_or(Unreported::ClientLeft));
+        self.finish(report);
     }
 }
 
@@ -349,6 +397,7 @@ mod tests {
             weights: weights.into(),
             failed: None,
             reserve_per_kib: 0,
+            stream_include_usage: false,
         }
     }
 
@@ -388,6 +437,34 @@ mod tests {
         };
         headers.insert("x-max-units", "7".parse().expect("value"));
         assert_eq!(reservation(&s, &headers, None), Ok(28));
+    }
+
+    #[test]
+    fn a_streaming_request_is_asked_to_report_its_usage() {
+        let asked = |text: &str| {
+            asking_for_usage(text.as_bytes()).map(|b| String::from_utf8_lossy(&b).into_owned())
+        };
+        assert_eq!(
+            asked(r#" {"model":"m","stream":true,"max_tokens":1.50e2}"#).as_deref(),
+            Some(
+                r#" {"stream_options":{"include_usage":true},"model":"m","stream":true,"max_tokens":1.50e2}"#
+            )
+        );
+        let merged = asked(r#"{"stream":true,"stream_options":{"other":1}}"#).unwrap_or_default();
+        let merged: serde_json::Value = serde_json::from_str(&merged).unwrap_or_default();
+        assert_eq!(
+            merged["stream_options"],
+            serde_json::json!({"other": 1, "include_usage": true})
+        );
+        for unchanged in [
+            r#"{"stream":false}"#,
+            r#"{"model":"m"}"#,
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"[{"stream":true}]"#,
+            r#"{"stream":true"#,
+        ] {
+            assert_eq!(asked(unchanged), None, "{unchanged}");
+        }
     }
 
     #[test]

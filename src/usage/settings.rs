@@ -120,6 +120,10 @@ pub struct Settings {
     /// Each field's number counts this many units; the units are their
     /// sum, rounded up.
     pub weights: Box<[f64]>,
+    /// A streaming request's JSON body gets `stream_options.include_usage`
+    /// set, so that an OpenAI-compatible upstream reports a stream's usage
+    /// (read before the decision, as for `reserve_json`).
+    pub stream_include_usage: bool,
     /// Answers of these statuses that report nothing are settled to this
     /// charge instead of standing at their reservation (providers do not
     /// bill a failed request).

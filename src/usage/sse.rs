@@ -45,6 +45,9 @@ pub struct Events {
     /// A `[DONE]` event followed the last report: the stream's report is
     /// final (OpenAI-style streams end with it).
     done: bool,
+    /// A `[DONE]` event was seen, report or not: the stream said it is
+    /// over.
+    said_done: bool,
 }
 
 /// The data of the event that ends an OpenAI-style stream.
@@ -63,6 +66,7 @@ impl Events {
             head: Vec::with_capacity(DONE.len()),
             data_len: 0,
             done: false,
+            said_done: false,
         }
     }
 
@@ -130,6 +134,12 @@ impl Events {
         self.last.as_deref().filter(|_| self.done)
     }
 
+    /// Whether the stream sent `[DONE]`: it said it is over, whatever it
+    /// reported.
+    pub fn said_done(&self) -> bool {
+        self.said_done
+    }
+
     fn line_ended(&mut self, eol: u8) {
         self.after_cr = eol == b'\r';
         match self.line {
@@ -156,6 +166,7 @@ impl Events {
                 self.done = false;
             } else if self.data_len == DONE.len() && self.head == DONE {
                 self.done = self.last.is_some();
+                self.said_done = true;
             }
         }
         self.head.clear();

@@ -8,7 +8,8 @@ Runs ROUNDS rounds of PER_ROUND chat completions, GAP seconds apart, each
 round with a new SDK client (its own connections), alternating between the
 base URLs round by round. MODE is "stream" (stream_options.include_usage:
 the usage arrives in a last chunk before `data: [DONE]`, where the SDK
-stops reading and closes the answer), "plain", or "both" (alternating).
+stops reading and closes the answer), "bare" (streams that do not ask for
+their usage), "plain", or "both" (alternating stream and plain).
 Prints one JSON line per call: the usage tokens the SDK read, or the error
 it raised.
 """
@@ -20,16 +21,17 @@ import time
 import openai
 
 
-def one_call(client, stream, max_tokens):
+def one_call(client, stream, max_tokens, ask_usage=True):
     messages = [{"role": "user", "content": "Say hello."}]
     try:
         if stream:
+            extra = {"stream_options": {"include_usage": True}} if ask_usage else {}
             chunks = client.chat.completions.create(
                 model="fake-model",
                 messages=messages,
                 max_tokens=max_tokens,
                 stream=True,
-                stream_options={"include_usage": True},
+                **extra,
             )
             read, text = None, ""
             for chunk in chunks:
@@ -58,8 +60,8 @@ def calls(urls, key, rounds, per_round, gap, mode):
             base_url=urls[r % len(urls)], api_key=key, max_retries=0, timeout=30
         )
         for i in range(per_round):
-            stream = mode == "stream" or (mode == "both" and i % 2 == 0)
-            print(json.dumps(one_call(client, stream, 300)), flush=True)
+            stream = mode in ("stream", "bare") or (mode == "both" and i % 2 == 0)
+            print(json.dumps(one_call(client, stream, 300, mode != "bare")), flush=True)
             time.sleep(gap)
         client.close()
 
