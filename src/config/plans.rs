@@ -365,7 +365,10 @@ impl Validator<'_> {
                 });
                 counting.push(Counting {
                     scope: Arc::clone(scope),
-                    entry: format!("{scope}#{i}").into(),
+                    // As a Redis key names it: the same limit of the scope
+                    // under another plan counts on when it counts alike.
+                    entry: format!("{scope}#{i}:{}:{}", limit.algorithm.name(), limit.window_ms)
+                        .into(),
                     index: i,
                     key,
                     shown: shown.into(),

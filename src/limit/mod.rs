@@ -237,7 +237,8 @@ pub struct Charge<'a> {
 pub struct CountKey {
     /// A route's name, or `@` and a budget's name.
     pub scope: Arc<str>,
-    /// `scope` and `index` in one name, for the in-process tables.
+    /// `scope`, `index`, algorithm and window in one name, for the
+    /// in-process tables (what a Redis key names).
     pub entry: Arc<str>,
     /// The id counted: the route's client, another identity, or
     /// [`ClientId::Global`].

@@ -129,7 +129,8 @@ pub struct ClaimedLimit {
 pub struct Counting {
     /// The route's name, or `@` and the budget's name.
     pub scope: Arc<str>,
-    /// `scope` and `index` in one name, for the in-process tables.
+    /// `scope`, `index`, algorithm and window in one name, for the
+    /// in-process tables (what a Redis key names).
     pub entry: Arc<str>,
     /// The limit's place among its scope's limits.
     pub index: usize,
