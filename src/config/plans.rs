@@ -34,11 +34,13 @@ pub(super) struct BudgetModel {
 }
 
 /// `[plans.NAME]`: the limits of one plan, on every route that refers
-/// to it.
+/// to it, and the plan's own numbers for budgets (`[plans.NAME.budgets.B]`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PlanModel {
-    limits: Spanned<Vec<Spanned<LimitModel>>>,
+    limits: Option<Spanned<Vec<Spanned<LimitModel>>>>,
+    #[serde(default)]
+    budgets: BTreeMap<Spanned<String>, Spanned<BudgetModel>>,
 }
 
 /// `[plan_selection]`: how a request's plan is chosen.
@@ -102,6 +104,20 @@ impl Validator<'_> {
                         name.get_ref()
                     ),
                 );
+            }
+        }
+        for plan in plans.values() {
+            for name in plan.get_ref().budgets.keys() {
+                if !budgets.keys().any(|b| b.get_ref() == name.get_ref()) {
+                    self.problem(
+                        name.span(),
+                        format!(
+                            "no budget is called {:?}{}",
+                            name.get_ref(),
+                            known(name.get_ref(), budgets.keys())
+                        ),
+                    );
+                }
             }
         }
         let names: Vec<Arc<str>> = plans.keys().map(|n| n.get_ref().as_str().into()).collect();
@@ -215,21 +231,31 @@ impl Validator<'_> {
         let drawn = self.drawn_budgets(draws.budgets, catalog);
         let budgets = drawn.clone().unwrap_or_default();
         let scope: Arc<str> = route.into();
-        let build = |v: &mut Self, items: Option<&Spanned<Vec<Spanned<LimitModel>>>>| {
+        // A plan may give a budget its own numbers: the same keys, counted
+        // by the plan's limits.
+        let build = |v: &mut Self,
+                     items: Option<&Spanned<Vec<Spanned<LimitModel>>>>,
+                     plan: Option<&PlanModel>| {
             let mut parts = Vec::new();
             if let Some(items) = items {
                 parts.push((Arc::clone(&scope), None, items));
             }
             for (name, model) in &budgets {
+                let own = plan.and_then(|p| {
+                    p.budgets
+                        .iter()
+                        .find(|(n, _)| n.get_ref().as_str() == &**name)
+                        .map(|(_, b)| b)
+                });
                 parts.push((
                     format!("@{name}").into(),
                     Some(Arc::clone(name)),
-                    &model.get_ref().limits,
+                    &own.unwrap_or(model).get_ref().limits,
                 ));
             }
             v.policy(route, &parts, cost, cx, jwt.as_deref())
         };
-        let policy = build(self, own);
+        let policy = build(self, own, None);
         let mut plans = vec![None; catalog.plans.len()];
         let mut ok = true;
         for name in draws.plans.map_or(&[][..], |p| p.get_ref().as_slice()) {
@@ -239,8 +265,9 @@ impl Validator<'_> {
                 .position(|(n, _)| n.get_ref() == name.get_ref())
             {
                 Some(i) => {
-                    let model = catalog.plans.values().nth(i).map(|p| &p.get_ref().limits);
-                    match build(self, model) {
+                    let plan = catalog.plans.values().nth(i).map(Spanned::get_ref);
+                    let model = plan.and_then(|p| p.limits.as_ref());
+                    match build(self, model, plan) {
                         Some(p) => plans[i] = Some(p),
                         None => ok = false,
                     }
