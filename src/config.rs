@@ -8,10 +8,12 @@
 //! This file holds the loaded [`Config`], the file's top-level model and the
 //! validator's shared helpers; each section is read in its own module:
 //! `document` (the file into the model, every refusal reported), `server`,
-//! `store`, `upstreams`, `routes` (match, action, limits), with `matching`
-//! (header conditions), `clients`, `overrides` (per-client limits, exempt
-//! keys), `answers` (deny answers, header modes) and `access_log`;
-//! `durations` and `problems` serve them all. The settings other modules
+//! `store`, `upstreams`, `routes` (match, action), with `limits` (one
+//! limit entry), `matching` (header conditions), `clients`, `overrides`
+//! (per-client limits, exempt keys), `plans` (keys per limit, budgets,
+//! plans and their selection), `answers` (deny answers, header modes),
+//! `usage` and `access_log`; `summary` is what `--check` prints of a valid
+//! file; `durations` and `problems` serve them all. The settings other modules
 //! own are defined there and filled in here: the store's in
 //! [`crate::limit::settings`], and each enumeration's names (`NAMES`) beside
 //! the enumeration, so `config` depends on the rest and nothing on it but
@@ -37,6 +39,7 @@ mod clients;
 mod concurrency;
 mod document;
 mod durations;
+mod limits;
 mod matching;
 mod overrides;
 mod plans;
@@ -54,10 +57,11 @@ pub use crate::limit::settings::{
     DEFAULT_MAX_CLIENT_ENTRIES, Endpoint, OnError, RedisStore, Store, Tls,
 };
 pub use durations::{parse_duration, parse_size};
+use limits::LimitModel;
 pub use plans::{PlanTableFile, load_plan_table};
 use problems::line_column;
 pub use problems::{LoadError, Problem};
-use routes::{LimitModel, RouteModel, valid_name};
+use routes::{RouteModel, valid_name};
 use server::ServerModel;
 use store::StoreModel;
 

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::clients::{ClientModel, Context};
-use super::routes::LimitModel;
+use super::limits::LimitModel;
 use super::{LoadError, Problem, Validator};
 use crate::client::{ClientRule, Part as IdPart};
 use crate::jwt::ClaimRule;

@@ -3,8 +3,9 @@
 //! head → route → admit body → identify → reserve → decide → forward (or
 //! the route's own answer) → annotate → log.
 //!
-//! Each phase is a function of its own; what they learn of the request
-//! travels in one [`Context`]. A phase that ends the request early returns
+//! Each phase is a function of its own (identify, the longest, in
+//! `phases/identify.rs`); what they learn of the request travels in one
+//! [`Context`]. A phase that ends the request early returns
 //! the [`Refusal`] (or, for a denial, the 429) that answers it; every
 //! answer goes out through the access log's body wrapper, which also holds
 //! the request's concurrency slot until the answer is sent.
@@ -21,16 +22,20 @@ use super::metering::{ClientBody, Reservation, read_first};
 use super::rules::Rules;
 use super::shared::Shared;
 use crate::access_log::{Logged, Record};
-use crate::client::{ClientId, client_address, is_in};
+use crate::client::ClientId;
 use crate::concurrency::{Per, Slot};
-use crate::limit::{Answer, Charge, CountKey, Decision};
+use crate::limit::{Answer, Charge, Decision};
 use crate::metrics::Outcome;
 use crate::proxy::request_body::RequestBody;
 use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
-use crate::routes::{Action, KeySource, Policy, RequestFacts, Route, Upstream, request_paths};
+use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
 use crate::usage::{BodyRead, Unreported};
+
+mod identify;
+
+use identify::Identity;
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
@@ -55,21 +60,6 @@ struct Found<'r> {
     /// Its position in the table (and in the side tables).
     index: usize,
     route: &'r Route,
-}
-
-/// Who the request is from, as far as the limits care.
-struct Identity<'r> {
-    /// The route's `exempt` or `exempt_keys` let it pass unlimited.
-    exempt: bool,
-    /// The client id, when the limits or a per-client cap need one.
-    client: Option<ClientId>,
-    /// The limits the request falls under (an override's, its plan's or
-    /// the route's own, numbers carried by its token in place), when the
-    /// route limits it.
-    policy: Option<Cow<'r, Policy>>,
-    /// Whose count each of those limits is, when not every limit counts
-    /// the client on the route (see [`Policy::counting`]).
-    keys: Vec<CountKey>,
 }
 
 /// Where an allowed request goes, and the slot it holds on the way.
@@ -335,107 +325,6 @@ impl Context<'_> {
             r.route(&route.name);
         }
         Ok(Found { index, route })
-    }
-
-    // --- identify ---
-
-    /// Whether the client is exempt, its id when anything counts per
-    /// client, the limits it falls under and whose count each is. Exempt
-    /// clients skip identification too: a health checker need not send
-    /// the API key header that limits everyone else.
-    fn identify<'r>(
-        &self,
-        rules: &Rules,
-        found: &Found<'r>,
-        headers: &mut http::HeaderMap,
-        matched_path: &str,
-    ) -> Result<Identity<'r>, Refusal> {
-        let route = found.route;
-        let exempt = (!route.exempt.is_empty()
-            && is_in(
-                client_address(headers, self.peer.addr.ip(), &rules.trusted_proxies),
-                &route.exempt,
-            ))
-            || route.exempt_keys.iter().any(|keys| keys.exempts(headers));
-        let per_client = rules
-            .capacity
-            .get(found.index)
-            .and_then(Option::as_ref)
-            .is_some_and(|c| c.settings().per == Per::Client);
-        let limited = route.limited();
-        let client = if !exempt && (limited || per_client) {
-            Some(route.client.identify_forwarded(
-                headers,
-                matched_path,
-                self.peer.addr.ip(),
-                &rules.trusted_proxies,
-            )?)
-        } else {
-            None
-        };
-        let (policy, keys) = match &client {
-            Some(client) if limited => {
-                let plan = match &rules.routes.plan_selection {
-                    Some(selection) if !route.plans.is_empty() => selection.plan(
-                        headers,
-                        matched_path,
-                        self.peer.addr.ip(),
-                        &rules.trusted_proxies,
-                    ),
-                    _ => None,
-                };
-                let policy = route.policy_for(client, headers, plan);
-                let keys = self.keys(rules, policy, client, headers, matched_path)?;
-                let policy = if policy.claimed.is_empty() {
-                    Cow::Borrowed(policy)
-                } else {
-                    Cow::Owned(policy.claimed_for(headers))
-                };
-                (Some(policy), keys)
-            }
-            _ => (None, Vec::new()),
-        };
-        Ok(Identity {
-            exempt,
-            client,
-            policy,
-            keys,
-        })
-    }
-
-    /// Whose count each of `policy`'s limits is, when not every one counts
-    /// `client` on the route: the identity each limit names, derived from
-    /// the request as the route's client is (a header it names missing or
-    /// repeated is refused the same way).
-    fn keys(
-        &self,
-        rules: &Rules,
-        policy: &Policy,
-        client: &ClientId,
-        headers: &mut http::HeaderMap,
-        matched_path: &str,
-    ) -> Result<Vec<CountKey>, Refusal> {
-        policy
-            .counting
-            .iter()
-            .map(|counting| {
-                let id = match &counting.key {
-                    KeySource::Client => client.clone(),
-                    KeySource::Rule(rule) => rule.identify_forwarded(
-                        headers,
-                        matched_path,
-                        self.peer.addr.ip(),
-                        &rules.trusted_proxies,
-                    )?,
-                };
-                Ok(CountKey::new(
-                    &counting.scope,
-                    &counting.entry,
-                    counting.index,
-                    id,
-                ))
-            })
-            .collect()
     }
 
     // --- decide ---

@@ -1,0 +1,164 @@
+//! One limit entry (`{ algorithm, limit, window, burst, key, limit_from,
+//! counts }`): read and checked for any list of limits (a route's, an
+//! override's, a plan's, a budget's).
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{MAX_LIMIT, MAX_UNIT_MS, Validator};
+use crate::limit::{Algorithm, Limit};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitModel {
+    algorithm: Spanned<String>,
+    limit: Option<Spanned<i64>>,
+    window: Spanned<String>,
+    burst: Option<Spanned<i64>>,
+    /// Whose count it is (default: the route's client).
+    pub(super) key: Option<Spanned<super::clients::ClientModel>>,
+    /// Its number from a verified token claim.
+    pub(super) limit_from: Option<Spanned<super::plans::ClaimLimitModel>>,
+    /// What it counts: the route's units (default) or requests.
+    counts: Option<Spanned<String>>,
+}
+
+impl Validator<'_> {
+    pub(super) fn limits(
+        &mut self,
+        model: Option<&Spanned<Vec<Spanned<LimitModel>>>>,
+        cost: u64,
+    ) -> Option<Vec<Limit>> {
+        let Some(list) = model else {
+            return Some(Vec::new());
+        };
+        if list.get_ref().is_empty() {
+            self.problem(
+                list.span(),
+                "limits is empty; add a limit, or remove the key for a route without limits",
+            );
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut ok = true;
+        for item in list.get_ref() {
+            match self.limit(item, cost) {
+                Some(l) => out.push(l),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    pub(super) fn limit(&mut self, item: &Spanned<LimitModel>, cost: u64) -> Option<Limit> {
+        let m = item.get_ref();
+        let algorithm = self.choice(Some(&m.algorithm), "algorithm", &Algorithm::NAMES);
+        let limit = match (&m.limit, &m.limit_from) {
+            (Some(l), None) => self.count(l, "limit"),
+            (None, Some(from)) => self.count(&from.get_ref().max, "max"),
+            (Some(l), Some(_)) => {
+                self.problem(
+                    l.span(),
+                    "a limit has limit = N or limit_from = { claim = … }, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.problem(
+                    item.span(),
+                    "a limit needs limit = N (or limit_from = { claim = \"…\", default = N, max = N })",
+                );
+                None
+            }
+        };
+        let limit_span = m.limit.as_ref().map_or_else(
+            || m.limit_from.as_ref().map_or(item.span(), Spanned::span),
+            Spanned::span,
+        );
+        let burst = match (&m.burst, algorithm) {
+            (None, _) => limit,
+            (Some(b), Some(Algorithm::TokenBucket | Algorithm::Gcra)) => self.count(b, "burst"),
+            (Some(b), Some(other)) => {
+                self.problem(
+                    b.span(),
+                    format!(
+                        "burst applies only to \"token_bucket\" and \"gcra\", not {:?}",
+                        other.name()
+                    ),
+                );
+                None
+            }
+            (Some(_), None) => None,
+        };
+        let window_ms = match self.duration(&m.window, "window") {
+            Some(w) if w.subsec_nanos() % 1_000_000 != 0 => {
+                self.problem(
+                    m.window.span(),
+                    "window must be a whole number of milliseconds",
+                );
+                None
+            }
+            Some(w) => Some(w.as_millis() as u64),
+            None => None,
+        };
+        let per_request = match m.counts.as_ref().map(|c| (c, c.get_ref().as_str())) {
+            None | Some((_, "units")) => Some(false),
+            Some((_, "requests")) => Some(true),
+            Some((c, other)) => {
+                self.problem(
+                    c.span(),
+                    format!("counts {other:?} is not \"units\" (the route's cost or usage, the default) or \"requests\" (one per request)"),
+                );
+                None
+            }
+        };
+        let mut limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
+        if per_request? {
+            limit = limit.per_request();
+        }
+        let cost = limit.cost_of(cost);
+        if cost > limit.capacity() {
+            let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
+                (Some(b), true) => (b.span(), "burst"),
+                _ => (limit_span, "limit"),
+            };
+            self.problem(
+                span,
+                format!(
+                    "the route's cost {cost} exceeds {what} {}, so no request could ever pass; raise the {what} or lower the cost",
+                    limit.capacity()
+                ),
+            );
+            return None;
+        }
+        // The algorithms count in unit-milliseconds; Lua's numbers are exact
+        // integers only up to 2^53, so leave room below that.
+        if limit.limit.max(limit.burst).saturating_mul(limit.window_ms) > MAX_UNIT_MS {
+            self.problem(
+                item.span(),
+                format!(
+                    "limit × window is too large to count exactly (at most {MAX_UNIT_MS} unit-milliseconds); lower the limit or burst, or shorten the window"
+                ),
+            );
+            return None;
+        }
+        Some(limit)
+    }
+
+    pub(super) fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {
+        match *value.get_ref() {
+            n if n < 1 => {
+                self.problem(
+                    value.span(),
+                    format!("{what} must be a whole number of at least 1"),
+                );
+                None
+            }
+            n if n > MAX_LIMIT => {
+                self.problem(value.span(), format!("{what} must be at most {MAX_LIMIT}"));
+                None
+            }
+            n => Some(n as u64),
+        }
+    }
+}
