@@ -361,10 +361,17 @@ fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
         && !status.is_informational()
         && status != StatusCode::NO_CONTENT
         && status != StatusCode::NOT_MODIFIED
-        && !head
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"))
+        && !is_event_stream(&head.headers)
+}
+
+/// Whether an answer is a `text/event-stream`, by its `Content-Type` (the
+/// media type compared without case, its parameters aside).
+pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
 /// `send`'s outcome, unless the upstream's response head is later than

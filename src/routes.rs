@@ -59,7 +59,8 @@ pub struct Route {
     pub overrides: Vec<Override>,
     /// The limits of each plan this route refers to, by the plan's index
     /// (`None`: the route does not refer to it, and its clients get the
-    /// route's own limits).
+    /// route's own limits); empty when it refers to none, so that no plan
+    /// is read for its requests.
     pub plans: Vec<Option<Policy>>,
     /// Which rate-limit fields responses carry.
     pub rate_limit_headers: HeaderMode,
@@ -109,7 +110,7 @@ impl Route {
     /// Whether anything limits this route's requests: its own limits (a
     /// budget's among them), or a plan's.
     pub fn limited(&self) -> bool {
-        !self.policy.limits.is_empty() || self.plans.iter().any(Option::is_some)
+        !self.policy.limits.is_empty() || !self.plans.is_empty()
     }
 
     /// The limits `client`'s request falls under: the first override that
@@ -281,6 +282,34 @@ impl Table {
             .iter()
             .enumerate()
             .find(|(_, r)| r.matcher.matches(request))
+    }
+
+    /// Each budget routes draw from, in the order first drawn, with the
+    /// routes that draw from it (on their own limits or a plan's).
+    pub fn budgets(&self) -> Vec<(&str, Vec<&str>)> {
+        let mut budgets: Vec<(&str, Vec<&str>)> = Vec::new();
+        for route in &self.routes {
+            let drawn = std::iter::once(&route.policy)
+                .chain(route.plans.iter().flatten())
+                .flat_map(|p| &p.counting)
+                .filter_map(|c| c.budget.as_deref());
+            for budget in drawn {
+                match budgets.iter_mut().find(|(b, _)| *b == budget) {
+                    Some((_, routes)) if routes.contains(&&*route.name) => {}
+                    Some((_, routes)) => routes.push(&route.name),
+                    None => budgets.push((budget, vec![&route.name])),
+                }
+            }
+        }
+        budgets
+    }
+
+    /// The routes that refer to plan `index`, in order.
+    pub fn on_plan(&self, index: usize) -> impl Iterator<Item = &str> {
+        self.routes
+            .iter()
+            .filter(move |r| r.plans.get(index).is_some_and(Option::is_some))
+            .map(|r| &*r.name)
     }
 
     /// All routes, in order.

@@ -256,6 +256,10 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         dom.contains(r#"<tr data-plan-routes="pro"><th>plan pro</th><td>on catalog</td></tr>"#),
         "{dom}"
     );
+    assert!(
+        dom.contains("<th>plans chosen by</th><td>header x-plan from trusted proxies"),
+        "{dom}"
+    );
     // In flight: none capped on login; api's cap of 4.
     assert!(login.ends_with(r#"<td class="n">–</td>"#), "{login}");
     let in_flight = &api[api.rfind("<td").unwrap_or(0)..];

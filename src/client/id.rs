@@ -82,6 +82,19 @@ pub(crate) fn keyed_digest(key: &[u8; 32], value: &[u8]) -> String {
     hex(&digest[..8])
 }
 
+/// A SHA-256 written as 64 hex digits (how files name a credential
+/// without holding it: `sha256:<hex>`), or `None` when it is not one.
+pub fn sha256_from_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// `bytes` in lower-case hex.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;

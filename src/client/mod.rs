@@ -25,7 +25,7 @@ mod id;
 
 pub use address::{client_address, is_in};
 pub use failures::Failures;
-pub use id::{ClientId, sha256};
+pub use id::{ClientId, sha256, sha256_from_hex};
 pub(crate) use id::{hex, keyed_digest, process_key};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -32,14 +32,7 @@ fn written(text: &str) -> Option<Value> {
     let Some(hex) = text.strip_prefix("sha256:") else {
         return Some(Value::Raw(text.as_bytes().to_vec()));
     };
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(Value::Digest(out))
+    crate::client::sha256_from_hex(hex).map(Value::Digest)
 }
 
 impl OverrideModel {

@@ -289,6 +289,11 @@ impl Validator<'_> {
             ok = false;
         }
         let policy = policy?;
+        // A route that refers to no plan has none to choose from: the
+        // plan is then never read for its requests.
+        if plans.iter().all(Option::is_none) {
+            plans.clear();
+        }
         (ok && drawn.is_some()).then_some((policy, plans))
     }
 

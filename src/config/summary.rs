@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Config;
-use crate::routes::{PlanSource, Policy, Route};
+use crate::routes::{Policy, Route};
 
 impl Config {
     /// The file's limits in plain lines: one per route (its own limits),
@@ -17,7 +17,6 @@ impl Config {
             .plan_selection
             .as_ref()
             .map_or(&[][..], |s| s.names.as_slice());
-        let mut budgets: Vec<(String, Vec<String>)> = Vec::new();
         for route in self.routes.iter() {
             let _ = writeln!(
                 out,
@@ -30,48 +29,19 @@ impl Config {
                     let _ = writeln!(out, "  plan {name}: {}", limits(route, policy));
                 }
             }
-            let drawn = std::iter::once(&route.policy)
-                .chain(route.plans.iter().flatten())
-                .flat_map(|p| &p.counting)
-                .filter_map(|c| c.budget.as_deref());
-            for budget in drawn {
-                match budgets.iter_mut().find(|(b, _)| b == budget) {
-                    Some((_, routes)) if routes.iter().any(|r| **r == *route.name) => {}
-                    Some((_, routes)) => routes.push(route.name.to_string()),
-                    None => budgets.push((budget.to_owned(), vec![route.name.to_string()])),
-                }
-            }
         }
-        for (budget, routes) in &budgets {
+        for (budget, routes) in self.routes.budgets() {
             let _ = writeln!(out, "budget {budget}: drawn from by {}", routes.join(", "));
         }
         if let Some(selection) = &self.routes.plan_selection {
-            let by = match &selection.by {
-                PlanSource::Claim(rule) => format!("the verified claim {}", rule.claim),
-                PlanSource::Header(name) => format!("header {name} from trusted proxies"),
-                PlanSource::Table {
-                    client,
-                    path,
-                    table,
-                } => format!(
-                    "the table {} ({} clients) by {}",
-                    path.display(),
-                    table.load().len(),
-                    client.describe()
-                ),
-            };
+            let by = selection.by.describe();
             let default = selection
                 .default
                 .and_then(|d| selection.names.get(d))
                 .map_or("the route's own limits".to_owned(), |d| format!("plan {d}"));
             let _ = writeln!(out, "plans chosen by {by}; without one: {default}");
             for (i, name) in selection.names.iter().enumerate() {
-                let routes: Vec<&str> = self
-                    .routes
-                    .iter()
-                    .filter(|r| r.plans.get(i).is_some_and(Option::is_some))
-                    .map(|r| &*r.name)
-                    .collect();
+                let routes: Vec<&str> = self.routes.on_plan(i).collect();
                 let _ = writeln!(out, "plan {name}: on {}", routes.join(", "));
             }
         }

@@ -258,15 +258,6 @@ async fn reserve(
     }
 }
 
-/// Whether an answer is a `text/event-stream`, by its `Content-Type`.
-fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-}
-
 /// The path and query sent upstream: the request's own when its path was
 /// already normal, else the normalised path with the original query.
 fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Result<PathAndQuery, Refusal> {
@@ -346,12 +337,10 @@ impl Context<'_> {
         if who.exempt {
             return Ok(Ok(self.unlimited(rules, found, Outcome::Exempt)));
         }
-        let (Some(client), Some(policy)) = (&who.client, who.policy) else {
+        let policy = who.policy.filter(|p| !p.limits.is_empty());
+        let (Some(client), Some(policy)) = (&who.client, policy) else {
             return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
         };
-        if policy.limits.is_empty() {
-            return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
-        }
         let cost = match &route.usage {
             None => route.cost,
             Some(usage) => crate::usage::reservation(usage, headers, read)
@@ -565,7 +554,7 @@ impl Context<'_> {
         let limiter = &self.shared.limiter;
         let settlements = &self.shared.settlements;
         let meter = reservation.map(|r| {
-            let event_stream = is_event_stream(response.headers());
+            let event_stream = crate::proxy::is_event_stream(response.headers());
             r.meter(
                 limiter,
                 settlements,

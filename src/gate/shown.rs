@@ -56,20 +56,7 @@ pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
 /// The budgets in `/status.json`: each by name with the routes that draw
 /// from it.
 pub fn budgets_json(out: &mut String, table: &crate::routes::Table) {
-    let mut budgets: Vec<(&str, Vec<&str>)> = Vec::new();
-    for route in table.iter() {
-        let drawn = std::iter::once(&route.policy)
-            .chain(route.plans.iter().flatten())
-            .flat_map(|p| p.counting.iter())
-            .filter_map(|c| c.budget.as_deref());
-        for budget in drawn {
-            match budgets.iter_mut().find(|(b, _)| *b == budget) {
-                Some((_, routes)) if routes.contains(&&*route.name) => {}
-                Some((_, routes)) => routes.push(&route.name),
-                None => budgets.push((budget, vec![&route.name])),
-            }
-        }
-    }
+    let budgets = table.budgets();
     out.push('{');
     for (i, (budget, routes)) in budgets.iter().enumerate() {
         if i > 0 {
@@ -93,14 +80,7 @@ pub fn plans_json(out: &mut String, table: &crate::routes::Table) {
         return;
     };
     out.push_str("{\"by\":");
-    let by = match &selection.by {
-        PlanSource::Claim(rule) => format!("jwt claim {}", rule.claim),
-        PlanSource::Header(name) => format!("header {name} from trusted proxies"),
-        PlanSource::Table { client, path, .. } => {
-            format!("table {} by {}", path.display(), client.describe())
-        }
-    };
-    json_string(out, &by);
+    json_string(out, &selection.by.describe());
     if let PlanSource::Table { table, .. } = &selection.by {
         let _ = write!(out, ",\"table_clients\":{}", table.load().len());
     }
@@ -116,11 +96,7 @@ pub fn plans_json(out: &mut String, table: &crate::routes::Table) {
         }
         json_string(out, name);
         out.push_str(":{\"routes\":");
-        let routes = table
-            .iter()
-            .filter(|r| r.plans.get(i).is_some_and(Option::is_some))
-            .map(|r| &*r.name);
-        names_json(out, routes);
+        names_json(out, table.on_plan(i));
         out.push('}');
     }
     out.push_str("}}");

@@ -15,7 +15,7 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use ipnet::IpNet;
 
-use crate::client::{ClientId, ClientRule, sha256};
+use crate::client::{ClientId, ClientRule, sha256, sha256_from_hex};
 
 /// How a request's plan is chosen (`[plan_selection]`), and the plans'
 /// names.
@@ -90,7 +90,7 @@ impl PlanTable {
             };
             let index = u16::try_from(index).unwrap_or(u16::MAX);
             match client.strip_prefix("sha256:") {
-                Some(hex) => match digest_from_hex(hex) {
+                Some(hex) => match sha256_from_hex(hex) {
                     Some(digest) => {
                         table.digests.insert(digest, index);
                     }
@@ -140,15 +140,26 @@ impl PlanTable {
     }
 }
 
-fn digest_from_hex(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 {
-        return None;
+impl PlanSource {
+    /// Where the plan is read, as operators read it: `the verified claim
+    /// plan`, `header x-plan from trusted proxies`, `the table
+    /// /etc/plans.txt (3 clients) by header x-api-key`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Claim(rule) => format!("the verified claim {}", rule.claim),
+            Self::Header(name) => format!("header {name} from trusted proxies"),
+            Self::Table {
+                client,
+                path,
+                table,
+            } => format!(
+                "the table {} ({} clients) by {}",
+                path.display(),
+                table.load().len(),
+                client.describe()
+            ),
+        }
     }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 impl PlanSelection {
