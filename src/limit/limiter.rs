@@ -408,14 +408,8 @@ impl Shared {
     /// cluster where its keys lie in several slots, in one call per slot
     /// (see [`spread`]).
     async fn ask_store(&self, charge: Charge<'_>, now: u64) -> Result<Decision, StoreError> {
-        if !charge.keys.is_empty()
-            && charge.keys.len() == charge.limits.len()
-            && self.store.is_cluster()
-        {
-            let groups = self.store.slot_groups(charge.keys);
-            if groups.len() > 1 {
-                return Box::pin(self.decide_spread(charge, groups, now)).await;
-            }
+        if let Some(parts) = self.store.parts(&charge) {
+            return Box::pin(self.decide_spread(charge, parts, now)).await;
         }
         let target = self.store.target(&charge)?;
         self.through_breaker(target, charge, now).await

@@ -15,22 +15,26 @@
 //! has none.
 
 use super::Shared;
+use crate::limit::redis::{Part as SlotPart, Target};
 use crate::limit::{Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict};
 
-/// The limits of one slot: their positions in the charge, and their own
-/// copies, for a charge of their own.
+/// The limits of one slot: their positions in the charge, their own
+/// copies, for a charge of their own, and where they go (kept to give
+/// them back there).
 struct Part {
     positions: Vec<usize>,
     limits: Vec<Limit>,
     keys: Vec<CountKey>,
+    target: Target,
 }
 
 impl Part {
-    fn of(charge: &Charge<'_>, positions: Vec<usize>) -> Self {
+    fn of(charge: &Charge<'_>, positions: Vec<usize>, target: Target) -> Self {
         Self {
             limits: positions.iter().map(|&i| charge.limits[i]).collect(),
             keys: positions.iter().map(|&i| charge.keys[i].clone()).collect(),
             positions,
+            target,
         }
     }
 
@@ -44,28 +48,31 @@ impl Part {
 }
 
 impl Shared {
-    /// Decides (or settles) `charge` in the parts `groups` name (positions
-    /// of its limits, one group per slot, in slot order).
+    /// Decides (or settles) `charge` in `parts` (positions of its limits
+    /// and where they go, one part per slot, in slot order; see
+    /// [`crate::limit::redis::RedisStore::parts`]).
     pub(super) async fn decide_spread(
         &self,
         charge: Charge<'_>,
-        groups: Vec<Vec<usize>>,
+        parts: Vec<SlotPart>,
         now: u64,
     ) -> Result<Decision, StoreError> {
-        let mut taken: Vec<(Part, Decision)> = Vec::with_capacity(groups.len());
+        let mut taken: Vec<(Part, Decision)> = Vec::with_capacity(parts.len());
         let mut failed = None;
-        for positions in groups {
-            let part = Part::of(&charge, positions);
-            let result = match self.store.target(&part.charge(&charge)) {
+        for (positions, target) in parts {
+            let result = match target {
                 Ok(target) => {
-                    self.through_breaker(target, part.charge(&charge), now)
-                        .await
+                    let part = Part::of(&charge, positions, target);
+                    let decided = self
+                        .through_breaker(part.target.clone(), part.charge(&charge), now)
+                        .await;
+                    decided.map(|d| (part, d))
                 }
                 Err(e) => Err(e),
             };
             match result {
-                Ok(d) if d.allowed || charge.settle.is_some() => taken.push((part, d)),
-                Ok(refused) => {
+                Ok((part, d)) if d.allowed || charge.settle.is_some() => taken.push((part, d)),
+                Ok((part, refused)) => {
                     self.give_back(&charge, &taken, now).await;
                     taken.push((part, refused));
                     return Ok(combined(&taken));
@@ -98,11 +105,7 @@ impl Shared {
                 }),
                 ..part.charge(charge)
             };
-            let given = match self.store.target(&back) {
-                Ok(target) => self.through_breaker(target, back, now).await,
-                Err(e) => Err(e),
-            };
-            match given {
+            match self.through_breaker(part.target.clone(), back, now).await {
                 Ok(_) => {
                     self.metrics.given_back.inc();
                 }

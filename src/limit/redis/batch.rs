@@ -37,7 +37,7 @@ impl<'a> Tags<'a> {
 }
 
 /// [`Tags`], owned while a decision waits.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum OwnedTags {
     One(String),
     Each(Box<[(String, usize)]>),

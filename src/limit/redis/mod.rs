@@ -31,7 +31,9 @@
 //! primary itself.
 //!
 //! The module answers one question per file: [`keys`] (what a decision's
-//! keys are called), [`agreement`] (do the instances sharing the store
+//! keys are called), [`targets`] (where a decision goes: its hash tags and
+//! the node holding them, or its parts when its keys lie in several
+//! cluster slots), [`agreement`] (do the instances sharing the store
 //! agree: the id secret they digest client ids with, the limits they
 //! count by), [`code`] (the Lua code and getting it loaded),
 //! [`batch`] (decisions queued and sent together), [`replies`] (reading
@@ -52,8 +54,7 @@ use redis::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::settings::{Endpoint, Tls};
-use super::{Charge, CountKey, Decision, Store, StoreError};
-use crate::client::ClientId;
+use super::{Charge, Decision, Store, StoreError};
 
 mod agreement;
 mod batch;
@@ -62,8 +63,9 @@ mod code;
 mod connections;
 mod keys;
 mod replies;
+mod targets;
 
-use batch::{Ask, Limits, OwnedTags, Pending, send_calls};
+use batch::{Ask, Limits, Pending, send_calls};
 pub use cluster::Node;
 use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
@@ -73,6 +75,7 @@ pub use keys::IdKey;
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
 use replies::{decision_from_reply, next_decision, verdict_values};
+pub use targets::{Part, Target};
 
 /// Multiplexed connections in the pool; each carries many calls at once.
 const CONNECTIONS: usize = 4;
@@ -352,62 +355,6 @@ impl RedisStore {
         }
     }
 
-    /// Where the decision `charge` goes: its keys' hash tags, and the one
-    /// Redis or the cluster primary holding their slot (a charge whose
-    /// keys lie in several slots goes in parts: see [`Self::slot_groups`];
-    /// given one anyway, it goes to its first key's). An error while the
-    /// cluster's slot table names no primary for it (not read yet, or the
-    /// slot is not served); a read of the table follows.
-    pub fn target(&self, charge: &Charge<'_>) -> Result<Target, StoreError> {
-        let tags = if charge.keys.is_empty() {
-            OwnedTags::One(self.hash_tag(charge.route, charge.client))
-        } else {
-            OwnedTags::Each(
-                charge
-                    .keys
-                    .iter()
-                    .map(|k| (self.hash_tag(&k.scope, &k.client), k.index))
-                    .collect(),
-            )
-        };
-        let node = match &self.link.cluster {
-            None => Arc::clone(&self.single),
-            Some(cluster) => match cluster.node(slot_of(tags.first())) {
-                Some(node) => node,
-                None => {
-                    cluster.refresh_soon();
-                    return Err(no_primary());
-                }
-            },
-        };
-        Ok(Target { node, tags })
-    }
-
-    /// On a cluster, the positions of `keys` grouped by the slot of their
-    /// hash tags, the groups in slot order: what one call each can decide.
-    /// One group on one Redis, or when every key shares a slot.
-    pub fn slot_groups(&self, keys: &[CountKey]) -> Vec<Vec<usize>> {
-        if self.link.cluster.is_none() {
-            return vec![(0..keys.len()).collect()];
-        }
-        let mut slots: Vec<(u16, usize)> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (slot_of(&self.hash_tag(&k.scope, &k.client)), i))
-            .collect();
-        slots.sort_unstable();
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        let mut last = None;
-        for (slot, i) in slots {
-            match groups.last_mut() {
-                Some(group) if last == Some(slot) => group.push(i),
-                _ => groups.push(vec![i]),
-            }
-            last = Some(slot);
-        }
-        groups
-    }
-
     /// Every node decisions go to: the one Redis, or the cluster's
     /// primaries as its slot table last named them.
     pub fn nodes(&self) -> Vec<Arc<Node>> {
@@ -554,28 +501,6 @@ impl RedisStore {
         self.queue.store(Some(Arc::new(queue)));
         Ok(())
     }
-
-    /// `{prefix}:{route:client}`: the braces make one hash tag per route and
-    /// client, so Redis Cluster keeps all of a decision's keys in one slot.
-    pub fn hash_tag(&self, route: &str, client: &ClientId) -> String {
-        let mut tag = String::with_capacity(self.key_prefix.len() + route.len() + 80);
-        tag.push_str(&self.key_prefix);
-        tag.push_str(":{");
-        tag.push_str(route);
-        tag.push(':');
-        write_client(&mut tag, client, &self.id_key);
-        tag.push('}');
-        tag
-    }
-}
-
-/// Where one decision goes: its keys' hash tag and the node holding them.
-#[derive(Debug)]
-pub struct Target {
-    /// The one Redis, or the cluster primary holding the tags' slot: whose
-    /// breaker the decision passes.
-    pub node: Arc<Node>,
-    tags: OwnedTags,
 }
 
 /// A cluster slot no primary is known for.
