@@ -43,11 +43,6 @@ async fn ask(http: &TestClient, url: &str, user: &str, org: &str) -> u16 {
         .as_u16()
 }
 
-/// The units logged in each key of `redis` matching `pattern`.
-async fn counts(redis: &TestRedis, pattern: &str) -> Vec<u64> {
-    redis.logged_each(pattern).await
-}
-
 #[tokio::test]
 async fn a_request_refused_by_the_user_limit_leaves_the_org_and_global_counts_unchanged() {
     let redis = TestRedis::start().await;
@@ -78,14 +73,14 @@ async fn a_request_refused_by_the_user_limit_leaves_the_org_and_global_counts_un
     let user = format!("{prefix}:{{users:*}}:0:sliding_log:*");
     let org = format!("{prefix}:{{users:*}}:1:sliding_log:*");
     let global = format!("{prefix}:{{users:g}}:2:sliding_log:*");
-    assert_eq!(counts(&redis, &user).await, [10]);
-    assert_eq!(counts(&redis, &org).await, [10]);
-    assert_eq!(counts(&redis, &global).await, [10]);
+    assert_eq!(redis.logged_each(&user).await, [10]);
+    assert_eq!(redis.logged_each(&org).await, [10]);
+    assert_eq!(redis.logged_each(&global).await, [10]);
     // Another user of the organisation counts in its count and the global.
     assert_eq!(ask(&http, &url, "bob", "acme").await, 200);
-    assert_eq!(counts(&redis, &user).await, [1, 10]);
-    assert_eq!(counts(&redis, &org).await, [11]);
-    assert_eq!(counts(&redis, &global).await, [11]);
+    assert_eq!(redis.logged_each(&user).await, [1, 10]);
+    assert_eq!(redis.logged_each(&org).await, [11]);
+    assert_eq!(redis.logged_each(&global).await, [11]);
     // No key holds a client's value: users and organisations are digests.
     for key in redis.keys(&format!("{prefix}:*")).await {
         assert!(
@@ -139,9 +134,15 @@ async fn parallel_users_of_two_orgs_through_two_instances_admit_what_an_exact_mo
     let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
     let admitted = flood(&gates).await;
     assert_eq!(admitted, MODEL_ADMITS);
-    let users = counts(&redis, &format!("{prefix}:{{users:*}}:0:sliding_log:*")).await;
-    let orgs = counts(&redis, &format!("{prefix}:{{users:*}}:1:sliding_log:*")).await;
-    let global = counts(&redis, &format!("{prefix}:{{users:g}}:2:sliding_log:*")).await;
+    let users = redis
+        .logged_each(&format!("{prefix}:{{users:*}}:0:sliding_log:*"))
+        .await;
+    let orgs = redis
+        .logged_each(&format!("{prefix}:{{users:*}}:1:sliding_log:*"))
+        .await;
+    let global = redis
+        .logged_each(&format!("{prefix}:{{users:g}}:2:sliding_log:*"))
+        .await;
     assert!(users.iter().all(|&n| n <= 5), "users {users:?}");
     assert!(orgs.iter().all(|&n| n <= 30), "orgs {orgs:?}");
     assert_eq!(users.iter().sum::<u64>(), 50);
@@ -671,7 +672,9 @@ limits = [{ algorithm = "sliding_log", limit = 1000, window = "1h" }]"#,
         assert_eq!(a.status, 200);
     }
     let spent = 7 + 3 * 5 + 2 * 12;
-    let budget = counts(&redis, &format!("{prefix}:{{@tokens:*}}:0:sliding_log:*")).await;
+    let budget = redis
+        .logged_each(&format!("{prefix}:{{@tokens:*}}:0:sliding_log:*"))
+        .await;
     assert_eq!(budget, [spent]);
     let a = http.get(&gate.url("/chat"), &key).await;
     assert_eq!(

@@ -627,18 +627,17 @@ async fn requests_and_units_on_one_route_each_refuse_at_their_own_bound() {
     // In Redis: 16 requests in the request logs, whatever the answers
     // reported; 10 × 2 + 6 × 300 in the unit logs.
     assert_eq!(
-        logged(&redis, &format!("{prefix}:{{both:*}}:0:sliding_log:*")).await,
+        redis
+            .logged(&format!("{prefix}:{{both:*}}:0:sliding_log:*"))
+            .await,
         16
     );
     assert_eq!(
-        logged(&redis, &format!("{prefix}:{{both:*}}:1:sliding_log:*")).await,
+        redis
+            .logged(&format!("{prefix}:{{both:*}}:1:sliding_log:*"))
+            .await,
         20 + 1_800
     );
-}
-
-/// Units logged in every sliding-log key matching `pattern`.
-async fn logged(redis: &TestRedis, pattern: &str) -> u64 {
-    redis.logged(pattern).await
 }
 
 #[tokio::test]

@@ -11,9 +11,10 @@ use ipnet::IpNet;
 
 use super::upstreams::Defaults;
 use super::{LimitModel, Server, Validator, answers, clients, concurrency, overrides};
+use crate::client::ClientRule;
 use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
 use crate::limit::Limit;
-use crate::routes::{Action, Match, Respond, Route};
+use crate::routes::{Action, Match, Policy, Respond, Route};
 
 /// The server's exempt networks and keys, which every route adds to.
 type Exempt<'a> = (&'a [IpNet], &'a [crate::routes::KeyExemption]);
@@ -240,54 +241,13 @@ impl Validator<'_> {
             None => Some(None),
             Some(u) => self.route_usage(m, u).map(Some),
         };
-        let draws = super::plans::Draws {
-            budgets: m.budgets.as_ref(),
-            plans: m.plans.as_ref(),
-        };
-        let cost_or_one = cost.unwrap_or(1);
-        let policies = self.route_policies(
-            name,
-            m.limits.as_ref(),
-            cost_or_one,
-            client.as_ref(),
-            &cx,
-            &draws,
+        let limits = self.route_limits(
+            m,
+            (name, client.as_ref(), &cx),
+            cost.unwrap_or(1),
+            usage.as_ref(),
             catalog,
         );
-        let override_policies: Vec<Option<crate::routes::Policy>> = m
-            .overrides
-            .iter()
-            .map(|o| {
-                self.route_policies(
-                    name,
-                    Some(o.get_ref().limits()),
-                    cost_or_one,
-                    client.as_ref(),
-                    &cx,
-                    &super::plans::Draws {
-                        budgets: m.budgets.as_ref(),
-                        plans: None,
-                    },
-                    catalog,
-                )
-                .map(|(p, _)| p)
-            })
-            .collect();
-        let overrides = self.overrides(&m.overrides, client.as_ref(), override_policies);
-        if let (Some(Some(u)), Some((policy, plans)), Some(overrides), Some(model)) =
-            (&usage, &policies, &overrides, &m.usage)
-        {
-            let all = plans.iter().flatten().chain(std::iter::once(policy));
-            self.reservations_fit(u, model.span(), all, overrides);
-        }
-        if let Some(first) = m.overrides.first()
-            && m.limits.as_ref().is_none_or(|l| l.get_ref().is_empty())
-        {
-            self.problem(
-                first.span(),
-                "overrides change a route's limits, and this route has none; give it limits",
-            );
-        }
         let mut exempt = server_exempt.0.to_vec();
         exempt.extend(self.networks(&m.exempt, "exempt"));
         let mut exempt_keys = server_exempt.1.to_vec();
@@ -310,6 +270,7 @@ impl Validator<'_> {
             Some(size) => self.size(size, "max_request_body").map(Some),
         };
         let strip_prefix = self.strip_prefix(m, matcher.as_ref());
+        let (policy, plans, overrides) = limits?;
         Some(Route {
             strip_prefix: strip_prefix?,
             max_request_body: max_request_body?,
@@ -319,9 +280,9 @@ impl Validator<'_> {
             client: client?,
             cost: cost?,
             shadow: m.shadow,
-            policy: policies.as_ref()?.0.clone(),
-            plans: policies?.1,
-            overrides: overrides?,
+            policy,
+            plans,
+            overrides,
             rate_limit_headers: rate_limit_headers?,
             deny: deny?,
             exempt,
@@ -329,6 +290,62 @@ impl Validator<'_> {
             concurrency: concurrency?,
             usage: usage?,
         })
+    }
+
+    /// A route's limits: its own and each plan's (with the budgets it
+    /// draws from), and its overrides'; a metered route's reservations
+    /// must fit them all.
+    fn route_limits(
+        &mut self,
+        m: &RouteModel,
+        (name, client, cx): (&str, Option<&ClientRule>, &clients::Context<'_>),
+        cost: u64,
+        usage: Option<&Option<std::sync::Arc<crate::usage::settings::Settings>>>,
+        catalog: &super::plans::Catalog<'_>,
+    ) -> Option<(Policy, Vec<Option<Policy>>, Vec<crate::routes::Override>)> {
+        let draws = super::plans::Draws {
+            budgets: m.budgets.as_ref(),
+            plans: m.plans.as_ref(),
+        };
+        let policies =
+            self.route_policies(name, m.limits.as_ref(), cost, client, cx, &draws, catalog);
+        let budgets_only = super::plans::Draws {
+            budgets: m.budgets.as_ref(),
+            plans: None,
+        };
+        let override_policies: Vec<Option<Policy>> = m
+            .overrides
+            .iter()
+            .map(|o| {
+                self.route_policies(
+                    name,
+                    Some(o.get_ref().limits()),
+                    cost,
+                    client,
+                    cx,
+                    &budgets_only,
+                    catalog,
+                )
+                .map(|(p, _)| p)
+            })
+            .collect();
+        let overrides = self.overrides(&m.overrides, client, override_policies);
+        if let (Some(Some(u)), Some((policy, plans)), Some(overrides), Some(model)) =
+            (usage, &policies, &overrides, &m.usage)
+        {
+            let all = plans.iter().flatten().chain(std::iter::once(policy));
+            self.reservations_fit(u, model.span(), all, overrides);
+        }
+        if let Some(first) = m.overrides.first()
+            && m.limits.as_ref().is_none_or(|l| l.get_ref().is_empty())
+        {
+            self.problem(
+                first.span(),
+                "overrides change a route's limits, and this route has none; give it limits",
+            );
+        }
+        let (policy, plans) = policies?;
+        Some((policy, plans, overrides?))
     }
 
     /// A route's `strip_prefix`: a path of whole segments (`/api`), on a
