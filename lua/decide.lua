@@ -136,14 +136,36 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   end
 end
 
+-- Tells every floodgate instance sharing this store that units were given
+-- back under key `k`'s hash tag (`prefix:{route:client}`): a message with
+-- the tag on the channel `prefix:given-back`, so that an instance holding
+-- a remembered denial for that tag asks the store again. Each tag once per
+-- settlement (`told` holds those sent). PUBLISH by pcall: a Redis user
+-- without permission on the channel still settles (its instances cannot
+-- subscribe either, and then remember no denial).
+local function given_back(k, told)
+  local tag = match(k, '^(.*})')
+  if not tag or told[tag] then
+    return
+  end
+  told[tag] = true
+  redis_pcall('PUBLISH', match(tag, '^(.-):{') .. ':given-back', tag)
+end
+
 -- Settles one request's reservation against `limits`, whose keys start at
 -- KEYS[key], and writes what each limit holds afterwards into `reply` from
 -- reply[out] as an allowed verdict: the units remaining once settled.
+-- Settling below the reservation gives units back: see given_back.
 local function settle_one(KEYS, key, limits, now, at, reserved, used, reply, out)
+  local told = nil
   for i = 1, #limits do
     local l, o, k = limits[i], out + (i - 1) * 4, KEYS[key + i - 1]
     if not l[7] then
       l[6](k, l[3], l[4], now, l[5], at, reserved, used)
+      if used < reserved then
+        told = told or {}
+        given_back(k, told)
+      end
     end
     local _, remaining, reset = l[1](k, l[3], l[4], now, 0, l[5])
     reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0

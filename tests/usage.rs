@@ -944,3 +944,140 @@ async fn a_remembered_denial_admits_smaller_reservations_and_refunds() {
     assert_eq!(settled(&redis, &prefix, "budget", 2).await, 2);
     assert_eq!(ask("5").await, 200, "units given back were still refused");
 }
+
+/// The value of the unlabelled series `name` in a scrape, 0 when absent.
+fn plain_series(scrape: &str, name: &str) -> u64 {
+    scrape
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map_or(0, |v| v as u64)
+}
+
+/// Two instances, one store: a reservation held on the first leaves too
+/// little for 5 units, so both refuse 5 and remember it (a flood of 50 on
+/// the second costs it at most 2 store calls); once the reservation
+/// settles below what it held, the second hears of the units given back
+/// and admits 5 at once, and so does the first.
+async fn units_given_back_end_remembered_denials_on_every_instance(store: Config) {
+    let api = Metered::start().await;
+    let toml = store
+        .admin()
+        .route(metered(
+            "budget",
+            "/",
+            &api.url,
+            20,
+            r#"reserve = 1, reserve_header = "x-max-units", max_reserve = 16, report = "json", units = { "usage.input_units" = 1, "usage.output_units" = 1 }"#,
+        ))
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let client = TestClient::http1();
+    let scrape = |gate: usize| {
+        let (client, url) = (client.clone(), gates[gate].admin_url("/metrics"));
+        async move { String::from_utf8_lossy(&client.get(&url, &[]).await.body).into_owned() }
+    };
+    for gate in 0..2 {
+        assert_eq!(
+            plain_series(&scrape(gate).await, "floodgate_store_listening"),
+            1,
+            "instance {gate} does not listen for units given back"
+        );
+    }
+    // A reserves 16 on the first instance and is held upstream: 4 left.
+    let url = gates[0].url("/held?in=0&out=1");
+    let held = tokio::spawn(async move {
+        TestClient::http1()
+            .get(&url, &[("x-max-units", "16")])
+            .await
+            .status
+    });
+    for _ in 0..600 {
+        if api.arrived.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(api.arrived.load(Ordering::SeqCst), 1, "A never arrived");
+    let ask = |gate: usize| {
+        let (client, url) = (client.clone(), gates[gate].url("/json?in=0&out=5"));
+        async move {
+            client
+                .get(&url, &[("x-max-units", "5")])
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    assert_eq!(ask(0).await, 429);
+    let calls = |scrape: &str| plain_series(scrape, "floodgate_redis_calls_total");
+    let before = scrape(1).await;
+    for _ in 0..50 {
+        assert_eq!(ask(1).await, 429);
+    }
+    let after = scrape(1).await;
+    assert!(
+        calls(&after) - calls(&before) <= 2,
+        "a flood of 50 refused requests cost {} store calls",
+        calls(&after) - calls(&before)
+    );
+    let heard = plain_series(&after, "floodgate_store_given_back_heard_total");
+    // A settles to 1 of its 16: 15 come back. The second instance hears
+    // of it (the message is part of the settlement's atomic call), and
+    // admits 5 at once; the first forgot its own denial when it settled.
+    api.release.add_permits(1);
+    assert_eq!(held.await.expect("A"), 200);
+    let mut heard_now = heard;
+    for _ in 0..600 {
+        heard_now = plain_series(&scrape(1).await, "floodgate_store_given_back_heard_total");
+        if heard_now > heard {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        heard_now > heard,
+        "the second instance heard of no units given back"
+    );
+    assert_eq!(
+        ask(1).await,
+        200,
+        "units given back were refused on the other instance"
+    );
+    assert_eq!(
+        ask(0).await,
+        200,
+        "units given back were refused on the instance that settled"
+    );
+    // 1 + 5 + 5 of 20 taken: 9 left, and 16 no longer fit.
+    let answer = client
+        .get(&gates[1].url("/json?in=0&out=1"), &[("x-max-units", "16")])
+        .await;
+    assert_eq!(answer.status, 429);
+}
+
+#[tokio::test]
+async fn units_given_back_end_remembered_denials_on_every_instance_on_one_redis() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-given-back");
+    units_given_back_end_remembered_denials_on_every_instance(
+        Config::new().redis(&redis.url, &prefix),
+    )
+    .await;
+    assert_eq!(settled(&redis, &prefix, "budget", 11).await, 11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_given_back_end_remembered_denials_on_every_instance_on_a_cluster() {
+    let cluster = support::cluster::TestCluster::start().await;
+    let prefix = unique_prefix("usage-given-back-cluster");
+    units_given_back_end_remembered_denials_on_every_instance(
+        Config::new().redis_cluster(&cluster.urls(), &prefix),
+    )
+    .await;
+}

@@ -3,22 +3,35 @@
 //! request.
 //!
 //! This is exact, not an approximation: a denied request consumes nothing,
-//! and until the retry-after the store told has passed, nothing can make a
-//! request needing as many units fit (other instances only consume more).
-//! A request needing fewer units than the one refused may fit, so it is
-//! not refused here but asked of the store; and when this instance gives
-//! units back (a usage settlement below its reservation), the denial is
-//! forgotten. (Units another instance gives back are seen once the denial
-//! runs out.) The deadline is counted from when the request was sent to
-//! Redis, which is no later than the moment Redis decided, so the cache
-//! never denies for longer than Redis would.
+//! and until the retry-after the store told has passed, nothing but units
+//! given back can make a request needing as many units fit (other requests
+//! only consume more). So:
+//! - a request needing fewer units than the one refused may fit: it is not
+//!   refused here but asked of the store;
+//! - units given back (a usage settlement below its reservation) by any
+//!   instance end the denials of the keys they came back to: the store
+//!   tells every instance, on the channel `{key_prefix}:given-back`, the
+//!   hash tag (route or budget, and client) of each key a settlement gave
+//!   units back to, as part of the same atomic call ([`GivenBack`]); this
+//!   instance's own settlements forget at once. A denial is remembered
+//!   only while this instance listens to that channel, and a denial whose
+//!   request was sent before a message for one of its keys arrived is not
+//!   held (the message may tell of a settlement Redis ran after it).
+//!
+//! The deadline is counted from when the request was sent to Redis, which
+//! is no later than the moment Redis decided, so the cache never denies for
+//! longer than Redis would.
 //!
 //! The cache holds at most its capacity of denials; one that finds no room
 //! is simply not remembered, which costs a Redis call per request of that
 //! client and changes no decision.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::Decision;
 use super::shards::{Shards, Slot};
@@ -41,6 +54,113 @@ struct Entry {
     cost: u64,
     sent: Instant,
     until: Instant,
+    /// What [`GivenBack::mark`] said when the request was sent.
+    mark: u64,
+    /// The [`GivenBack`] buckets of the request's keys' hash tags.
+    tags: Box<[u16]>,
+}
+
+/// Buckets hash tags fall into: a message for one tag ends the denials of
+/// every tag in its bucket (one more store call for those, no other harm).
+const BUCKETS: usize = 4096;
+
+/// Where units were given back lately, as the store's messages tell this
+/// instance: a sequence number per message, and for each bucket of hash
+/// tags the number of the last message that named one of them. A denial
+/// whose request was sent at mark `m` still holds while no bucket of its
+/// keys has a message numbered above `m`, and this instance has listened
+/// without a break since before `m`.
+#[derive(Debug)]
+pub struct GivenBack {
+    /// The last message's number (or restart's, see [`Self::listening`]).
+    seq: AtomicU64,
+    buckets: Box<[AtomicU64]>,
+    /// The number at which listening last (re)started: messages before it
+    /// may have been missed.
+    since: AtomicU64,
+    /// Whether this instance listens now.
+    live: AtomicBool,
+    /// Messages heard (`floodgate_store_given_back_heard_total`).
+    heard: Counter,
+    /// 1 while listening (`floodgate_store_listening`).
+    listening: Gauge,
+}
+
+impl Default for GivenBack {
+    fn default() -> Self {
+        Self::new(Counter::default(), Gauge::default())
+    }
+}
+
+impl GivenBack {
+    /// Not listening yet; counts the messages it hears in `heard` and
+    /// shows whether it listens in `listening`.
+    pub fn new(heard: Counter, listening: Gauge) -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            since: AtomicU64::new(0),
+            live: AtomicBool::new(false),
+            heard,
+            listening,
+        }
+    }
+
+    /// The bucket of hash tag `tag`.
+    pub fn bucket(tag: &[u8]) -> u16 {
+        // FNV-1a: cheap, and a collision costs only a store call.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in tag {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        (hash % BUCKETS as u64) as u16
+    }
+
+    /// Taken when a request is sent to the store: `None` while this
+    /// instance does not listen (then no denial is remembered).
+    pub fn mark(&self) -> Option<u64> {
+        if !self.live.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.seq.load(Ordering::SeqCst))
+    }
+
+    /// The store told that units were given back under hash tag `tag`.
+    pub fn note(&self, tag: &[u8]) {
+        let n = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        self.buckets[usize::from(Self::bucket(tag))].fetch_max(n, Ordering::SeqCst);
+        self.heard.inc();
+    }
+
+    /// Listening (again): messages sent before now may have been missed,
+    /// so the denials remembered so far no longer hold.
+    pub fn listening(&self) {
+        let n = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        self.since.store(n, Ordering::SeqCst);
+        self.live.store(true, Ordering::SeqCst);
+        self.listening.set(1);
+    }
+
+    /// Not listening: no denial holds, and none is remembered.
+    pub fn deaf(&self) {
+        self.live.store(false, Ordering::SeqCst);
+        self.listening.set(0);
+    }
+
+    /// Whether this instance listens now.
+    pub fn is_listening(&self) -> bool {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Whether a denial of a request sent at `mark`, for keys in `tags`,
+    /// still holds as far as units given back go.
+    fn holds(&self, mark: u64, tags: &[u16]) -> bool {
+        self.live.load(Ordering::SeqCst)
+            && self.since.load(Ordering::SeqCst) <= mark
+            && tags
+                .iter()
+                .all(|&b| self.buckets[usize::from(b)].load(Ordering::SeqCst) <= mark)
+    }
 }
 
 impl Default for DenyCache {
@@ -70,18 +190,24 @@ impl DenyCache {
     /// The denial in force for a request of `cost` units from `client` on
     /// `route` at `now`, with its retry-after and reset shortened by the
     /// time that has passed: only when the request needs at least the
-    /// units of the one refused.
+    /// units of the one refused, and no units were given back to its keys
+    /// since (as far as `given_back` knows).
     pub fn get(
         &self,
         route: &Arc<str>,
         client: &ClientId,
         cost: u64,
         now: Instant,
+        given_back: &GivenBack,
     ) -> Option<Decision> {
         let (map, hash) = self.shards.lock(route, client);
         let slot = map.get(&hash)?;
         let entry = &slot.value;
-        if now >= entry.until || cost < entry.cost || !slot.holds(route, client) {
+        if now >= entry.until
+            || cost < entry.cost
+            || !slot.holds(route, client)
+            || !given_back.holds(entry.mark, &entry.tags)
+        {
             return None;
         }
         let passed = now.duration_since(entry.sent).as_millis() as u64;
@@ -94,19 +220,26 @@ impl DenyCache {
     }
 
     /// Remembers a denial decided for a request of `cost` units sent to the
-    /// store at `sent`.
+    /// store at `sent`, when [`GivenBack::mark`] said `mark` (nothing is
+    /// remembered for `None`), whose keys' hash tags fall in the buckets
+    /// `tags` makes (called only for a denial).
     pub fn insert(
         &self,
         route: &Arc<str>,
         client: &ClientId,
         cost: u64,
-        sent: Instant,
+        (sent, mark): (Instant, Option<u64>),
         decision: Decision,
+        tags: impl FnOnce() -> Box<[u16]>,
     ) {
+        let Some(mark) = mark else {
+            return;
+        };
         if decision.allowed || decision.retry_after_ms == 0 {
             return;
         }
         let until = sent + std::time::Duration::from_millis(decision.retry_after_ms);
+        let tags = tags();
         let (mut map, hash) = self.shards.lock(route, client);
         if !self.shards.has_room(&map, hash) {
             self.metrics.full.inc();
@@ -117,6 +250,8 @@ impl DenyCache {
             cost,
             sent,
             until,
+            mark,
+            tags,
         };
         map.insert(hash, Slot::new(route, client, entry));
     }
@@ -156,9 +291,24 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    fn listening() -> GivenBack {
+        let given_back = GivenBack::default();
+        given_back.listening();
+        given_back
+    }
+
+    fn tags(names: &[&str]) -> impl FnOnce() -> Box<[u16]> {
+        let buckets: Box<[u16]> = names
+            .iter()
+            .map(|t| GivenBack::bucket(t.as_bytes()))
+            .collect();
+        move || buckets
+    }
+
     #[test]
     fn a_denial_holds_until_its_retry_after_and_no_longer() {
         let cache = DenyCache::new();
+        let given_back = listening();
         let route: Arc<str> = "r".into();
         let client = ClientId::Addr([192, 0, 2, 1].into());
         let other = ClientId::Addr([192, 0, 2, 2].into());
@@ -171,16 +321,14 @@ mod tests {
             limit: 0,
             ..Decision::default()
         };
-        cache.insert(&route, &client, 5, sent, denial);
-        let d = cache.get(&route, &client, 5, sent + Duration::from_millis(100));
+        let mark = given_back.mark();
+        cache.insert(&route, &client, 5, (sent, mark), denial, tags(&["t"]));
+        let get = |route: &Arc<str>, client, at| cache.get(route, client, 5, at, &given_back);
+        let d = get(&route, &client, sent + Duration::from_millis(100));
         assert_eq!(d.map(|d| (d.retry_after_ms, d.next_ms)), Some((200, 800)));
-        assert!(cache.get(&route, &other, 5, sent).is_none());
-        assert!(cache.get(&"s".into(), &client, 5, sent).is_none());
-        assert!(
-            cache
-                .get(&route, &client, 5, sent + Duration::from_millis(300))
-                .is_none()
-        );
+        assert!(get(&route, &other, sent).is_none());
+        assert!(get(&"s".into(), &client, sent).is_none());
+        assert!(get(&route, &client, sent + Duration::from_millis(300)).is_none());
         cache.sweep(sent + Duration::from_millis(300));
         assert!(cache.is_empty());
     }
@@ -188,6 +336,7 @@ mod tests {
     #[test]
     fn a_request_needing_fewer_units_or_after_a_refund_is_not_refused() {
         let cache = DenyCache::new();
+        let given_back = listening();
         let route: Arc<str> = "r".into();
         let client = ClientId::header("k");
         let sent = Instant::now();
@@ -196,17 +345,55 @@ mod tests {
             retry_after_ms: 60_000,
             ..Decision::default()
         };
-        cache.insert(&route, &client, 5, sent, denial);
-        assert!(
-            cache.get(&route, &client, 4, sent).is_none(),
-            "4 units may fit"
-        );
-        assert!(cache.get(&route, &client, 5, sent).is_some());
-        assert!(cache.get(&route, &client, 50, sent).is_some());
+        let mark = given_back.mark();
+        cache.insert(&route, &client, 5, (sent, mark), denial, tags(&["t"]));
+        let get = |cost| cache.get(&route, &client, cost, sent, &given_back);
+        assert!(get(4).is_none(), "4 units may fit");
+        assert!(get(5).is_some());
+        assert!(get(50).is_some());
         cache.forget(&route, &client);
-        assert!(
-            cache.get(&route, &client, 50, sent).is_none(),
-            "units came back"
-        );
+        assert!(get(50).is_none(), "units came back");
+    }
+
+    #[test]
+    fn units_given_back_by_any_instance_end_the_denials_of_their_keys() {
+        let cache = DenyCache::new();
+        let given_back = GivenBack::default();
+        let route: Arc<str> = "r".into();
+        let (a, b) = (ClientId::header("a"), ClientId::header("b"));
+        let sent = Instant::now();
+        let denial = Decision {
+            allowed: false,
+            retry_after_ms: 60_000,
+            ..Decision::default()
+        };
+        // Not listening: nothing is remembered.
+        let mark = given_back.mark();
+        assert_eq!(mark, None);
+        cache.insert(&route, &a, 5, (sent, mark), denial, tags(&["{r:a}"]));
+        assert!(cache.is_empty());
+
+        given_back.listening();
+        let mark = given_back.mark();
+        cache.insert(&route, &a, 5, (sent, mark), denial, tags(&["{r:a}", "{g}"]));
+        cache.insert(&route, &b, 5, (sent, mark), denial, tags(&["{r:b}"]));
+        let held = |client| cache.get(&route, client, 5, sent, &given_back).is_some();
+        assert!(held(&a) && held(&b));
+        // Units given back to a key of a's (the global one) end a's denial
+        // only.
+        given_back.note(b"{g}");
+        assert!(!held(&a) && held(&b));
+        // A message that arrived while b's request was on its way (after
+        // its mark) ends the denial remembered from its answer.
+        let mark = given_back.mark();
+        given_back.note(b"{r:a}");
+        cache.insert(&route, &a, 5, (sent, mark), denial, tags(&["{r:a}"]));
+        assert!(!held(&a));
+        // Listening broke: no denial holds, and once listening again the
+        // ones from before do not come back (messages may have been lost).
+        given_back.deaf();
+        assert!(!held(&b));
+        given_back.listening();
+        assert!(!held(&b));
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::breaker::{Change, Pass, Probe};
-use super::deny_cache::DenyCache;
+use super::deny_cache::{DenyCache, GivenBack};
 use super::memory::MemoryStore;
 use super::redis::{Node, RedisStore, Target};
 use super::settings::{OnError, Store as StoreConfig};
@@ -16,6 +16,8 @@ use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
 mod spread;
+
+const ONE_SECOND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `Retry-After` for a 503 while the store is down.
 const STORE_RETRY_AFTER_MS: u64 = 1_000;
@@ -94,14 +96,26 @@ impl Limiter {
             }
             StoreConfig::Redis(settings) => settings,
         };
-        let store = redis_store(settings, metrics.redis_calls.clone())?;
+        let store = redis_store(
+            settings,
+            metrics.redis_calls.clone(),
+            GivenBack::new(metrics.given_back_heard.clone(), metrics.listening.clone()),
+        )?;
         match store.load_script().await {
             Err(refused @ StoreError::Refused(_)) => return Err(refused),
-            Ok(()) => tracing::info!(
-                redis = %settings.endpoint,
-                key_prefix = %settings.key_prefix,
-                "Redis store ready"
-            ),
+            Ok(()) => {
+                // Denials are remembered only while listening: wait for
+                // it a little, so the first floods are remembered too.
+                let listening = store
+                    .listening_within(settings.timeout.max(ONE_SECOND))
+                    .await;
+                tracing::info!(
+                    redis = %settings.endpoint,
+                    key_prefix = %settings.key_prefix,
+                    listening,
+                    "Redis store ready"
+                );
+            }
             Err(e) => {
                 for node in store.nodes() {
                     node.breaker.open_now(now_ms());
@@ -140,6 +154,7 @@ impl Limiter {
         redis_store(
             settings,
             prometheus_client::metrics::counter::Counter::default(),
+            GivenBack::default(),
         )?
         .load_script()
         .await
@@ -356,11 +371,12 @@ fn remembered_as<'c>(charge: &Charge<'c>) -> std::borrow::Cow<'c, ClientId> {
     ))
 }
 
-/// The Redis store `settings` describe, counting its calls in `calls`;
-/// connects lazily.
+/// The Redis store `settings` describe, counting its calls in `calls` and
+/// noting units given back in `given_back`; connects lazily.
 fn redis_store(
     settings: &super::settings::RedisStore,
     calls: prometheus_client::metrics::counter::Counter,
+    given_back: GivenBack,
 ) -> Result<RedisStore, StoreError> {
     Ok(RedisStore::connect(
         &settings.endpoint,
@@ -368,6 +384,7 @@ fn redis_store(
         &settings.key_prefix,
         settings.timeout,
         calls,
+        given_back,
     )?
     .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..])))
 }
@@ -376,20 +393,28 @@ impl Shared {
     async fn decide(&self, charge: Charge<'_>) -> Answer {
         let started = Instant::now();
         let remembered = remembered_as(&charge);
-        if let Some(denial) = self
-            .denials
-            .get(charge.route, &remembered, charge.cost, started)
+        let given_back = self.store.given_back();
+        if let Some(denial) =
+            self.denials
+                .get(charge.route, &remembered, charge.cost, started, given_back)
         {
             self.metrics.decided(StoreKind::Cache, started.elapsed());
             return Answer::Decided(denial);
         }
+        let mark = given_back.mark();
         let now = now_ms();
         match self.ask_store(charge, now).await {
             Ok(decision) => {
                 self.accepted();
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
-                self.denials
-                    .insert(charge.route, &remembered, charge.cost, started, decision);
+                self.denials.insert(
+                    charge.route,
+                    &remembered,
+                    charge.cost,
+                    (started, mark),
+                    decision,
+                    || self.store.tag_buckets(&charge),
+                );
                 Answer::Decided(decision)
             }
             Err(e) => {

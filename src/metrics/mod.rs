@@ -146,6 +146,10 @@ pub struct Metrics {
     pub redis_calls: Counter,
     /// Parts of refused requests given back in other cluster slots.
     pub given_back: Counter,
+    /// Messages heard from the store: units given back (any instance).
+    pub given_back_heard: Counter,
+    /// 1 while this instance listens for units given back.
+    pub listening: Gauge,
     /// Distinct rule sets the instances sharing the store ran lately.
     pub store_rule_sets: Gauge,
     /// Access log lines dropped because the writer fell behind.
@@ -177,6 +181,10 @@ pub struct StoreMetrics {
     pub redis_calls: Counter,
     /// Parts of refused requests given back in other cluster slots.
     pub given_back: Counter,
+    /// Messages heard from the store: units given back (any instance).
+    pub given_back_heard: Counter,
+    /// 1 while this instance listens for units given back.
+    pub listening: Gauge,
     /// The in-process tables: the memory store, the local fallback, the
     /// remembered denials.
     pub tables: [TableMetrics; 3],
@@ -255,6 +263,18 @@ impl Metrics {
             "floodgate_store_given_back",
             "Units a request held in one Redis Cluster slot and gave back because a limit in another slot refused it (a limit keyed by another identity, or a budget, hashed elsewhere); each is a moment where a concurrent request could have been refused for units later given back",
             given_back.clone(),
+        );
+        let given_back_heard = Counter::default();
+        registry.register(
+            "floodgate_store_given_back_heard",
+            "Messages from the shared store that a settlement (on any instance) gave units back to a key; each ends this instance's remembered denials of that key",
+            given_back_heard.clone(),
+        );
+        let listening = Gauge::default();
+        registry.register(
+            "floodgate_store_listening",
+            "1 while this instance listens to the shared store for units given back; while 0, no denial is remembered (each refused request asks the store)",
+            listening.clone(),
         );
         let upstream_responses = Family::default();
         registry.register(
@@ -393,6 +413,8 @@ impl Metrics {
             node_circuit_open,
             redis_calls,
             given_back,
+            given_back_heard,
+            listening,
             access_log_dropped,
             access_log_suppressed,
             usage,
@@ -517,6 +539,8 @@ impl Metrics {
             node_circuit_open: self.node_circuit_open.clone(),
             redis_calls: self.redis_calls.clone(),
             given_back: self.given_back.clone(),
+            given_back_heard: self.given_back_heard.clone(),
+            listening: self.listening.clone(),
             tables: ["memory", "local", "denials"].map(|table| {
                 let label = TableLabel {
                     table: table.into(),

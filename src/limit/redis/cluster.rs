@@ -288,6 +288,19 @@ impl Cluster {
         self.table.load().nodes.clone()
     }
 
+    /// How to reach each node: the primaries of the current table, then
+    /// the seeds (for a connection any node will do, such as a
+    /// subscription: a cluster's messages reach every node).
+    pub(super) fn any_node(&self) -> Vec<ConnectionInfo> {
+        let mut infos: Vec<ConnectionInfo> = self
+            .nodes()
+            .iter()
+            .filter_map(|n| self.info_for(&n.addr))
+            .collect();
+        infos.extend(self.seeds.iter().cloned());
+        infos
+    }
+
     /// The node at `addr` (`host:port`): a known one, or a new one.
     fn node_at(&self, addr: &str) -> Option<Arc<Node>> {
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);

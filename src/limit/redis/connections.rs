@@ -96,7 +96,7 @@ pub(super) fn refusal(error: &RedisError) -> Option<&'static str> {
             "Redis refused the user name or password: check them in [store] url (redis://USER:PASSWORD@host) or password_file",
         ),
         ErrorKind::Server(ServerErrorKind::NoPerm) => Some(
-            "the Redis user lacks a permission floodgate needs (FUNCTION LOAD, FCALL, SCRIPT LOAD, EVALSHA and the keys under key_prefix): grant them with ACL SETUSER, or name another user in [store] url",
+            "the Redis user lacks a permission floodgate needs (FUNCTION LOAD, FCALL, SCRIPT LOAD, EVALSHA, the keys under key_prefix, and the channel key_prefix:given-back to publish and subscribe): grant them with ACL SETUSER, or name another user in [store] url",
         ),
         ErrorKind::MasterNameNotFoundBySentinel => {
             Some("the Sentinels know no primary by the name in [store] master")

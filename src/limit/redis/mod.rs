@@ -53,6 +53,7 @@ use redis::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use super::deny_cache::GivenBack;
 use super::settings::{Endpoint, Tls};
 use super::{Charge, Decision, Store, StoreError};
 
@@ -61,6 +62,7 @@ mod batch;
 mod cluster;
 mod code;
 mod connections;
+mod given_back;
 mod keys;
 mod replies;
 mod targets;
@@ -99,6 +101,10 @@ pub struct RedisStore {
     /// The breaker of a store that is not a cluster (a cluster's primaries
     /// each have their own).
     single: Arc<Node>,
+    /// Where units were given back lately, as the store tells.
+    given_back: Arc<GivenBack>,
+    /// Listens for units given back while the store lives.
+    listener: Option<given_back::Listener>,
 }
 
 /// What a store shares with the tasks that send its calls: the connections
@@ -142,18 +148,22 @@ impl RedisStore {
             key_prefix,
             timeout,
             Counter::default(),
+            GivenBack::default(),
         )
     }
 
     /// A store for `endpoint`: one Redis or a Redis Cluster, over TLS with
-    /// `tls` for `rediss://`, counting the calls it sends in `calls`.
-    /// Connects lazily.
+    /// `tls` for `rediss://`, counting the calls it sends in `calls` and
+    /// noting in `given_back` the units the store tells were given back.
+    /// Connects lazily; listens for units given back from the start, when
+    /// made on a Tokio runtime.
     pub fn connect(
         endpoint: &Endpoint,
         tls: &Tls,
         key_prefix: &str,
         timeout: Duration,
         calls: Counter,
+        given_back: GivenBack,
     ) -> Result<Self, StoreError> {
         let connect_timeout = timeout.max(Duration::from_millis(500));
         let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis settings: {e}"));
@@ -178,38 +188,41 @@ impl RedisStore {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
-        let (lanes, cluster) = match endpoint {
+        let sentinels = |urls: &[String], master: &str| {
+            redis::sentinel::SentinelClient::build(
+                urls.iter().map(String::as_str).collect(),
+                master,
+                Some(redis::sentinel::SentinelNodeConnectionInfo::default()),
+                redis::sentinel::SentinelServerType::Master,
+            )
+            .map_err(invalid)
+        };
+        let (lanes, cluster, source) = match endpoint {
             Endpoint::Single(url) => (
                 Some(Lanes::Single(
                     deadpool_redis::Manager::new_with_config(info(url)?, config)
                         .map_err(invalid)?,
                 )),
                 None,
+                given_back::Source::Single(info(url)?),
             ),
             Endpoint::Cluster(urls) => {
                 let seeds = urls
                     .iter()
                     .map(|url| info(url))
                     .collect::<Result<Vec<_>, _>>()?;
-                (
-                    None,
-                    Some(Arc::new(Cluster::new(seeds, config, connect_timeout))),
-                )
+                let cluster = Arc::new(Cluster::new(seeds, config, connect_timeout));
+                let source = given_back::Source::Cluster(Arc::clone(&cluster));
+                (None, Some(cluster), source)
             }
-            Endpoint::Sentinel { urls, master } => {
-                let nodes = redis::sentinel::SentinelNodeConnectionInfo::default();
-                let client = redis::sentinel::SentinelClient::build(
-                    urls.iter().map(String::as_str).collect(),
-                    master.as_str(),
-                    Some(nodes),
-                    redis::sentinel::SentinelServerType::Master,
-                )
-                .map_err(invalid)?;
-                (
-                    Some(Lanes::Sentinel(tokio::sync::Mutex::new(client), config)),
-                    None,
-                )
-            }
+            Endpoint::Sentinel { urls, master } => (
+                Some(Lanes::Sentinel(
+                    tokio::sync::Mutex::new(sentinels(urls, master)?),
+                    config,
+                )),
+                None,
+                given_back::Source::Sentinel(sentinels(urls, master)?),
+            ),
         };
         let pool = match lanes {
             Some(lanes) => Some(
@@ -223,6 +236,13 @@ impl RedisStore {
             ),
             None => None,
         };
+        let given_back = Arc::new(given_back);
+        let listener = given_back::listen(
+            source,
+            format!("{key_prefix}:given-back"),
+            Arc::clone(&given_back),
+            connect_timeout.max(Duration::from_secs(1)),
+        );
         Ok(Self {
             link: Arc::new(Link {
                 pool,
@@ -239,7 +259,42 @@ impl RedisStore {
             key_prefix: key_prefix.to_owned(),
             id_key: IdKey::new(None),
             single: Arc::new(Node::single(endpoint.to_string())),
+            given_back,
+            listener,
         })
+    }
+
+    /// Where units were given back lately, as the store tells this
+    /// instance (see `limit::deny_cache`).
+    pub fn given_back(&self) -> &GivenBack {
+        &self.given_back
+    }
+
+    /// Waits until this store listens for units given back, at most
+    /// `limit`: a started instance then remembers its first denials.
+    /// Whether it listens.
+    pub async fn listening_within(&self, limit: Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        while !self.given_back.is_listening() {
+            if self.listener.is_none() || tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    /// The [`GivenBack`] buckets of `charge`'s keys' hash tags.
+    pub fn tag_buckets(&self, charge: &Charge<'_>) -> Box<[u16]> {
+        if charge.keys.is_empty() {
+            let tag = self.hash_tag(charge.route, charge.client);
+            return Box::new([GivenBack::bucket(tag.as_bytes())]);
+        }
+        charge
+            .keys
+            .iter()
+            .map(|k| GivenBack::bucket(self.hash_tag(&k.scope, &k.client).as_bytes()))
+            .collect()
     }
 
     /// This store with client ids digested with `secret` in keys (see
