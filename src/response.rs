@@ -76,6 +76,10 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, limits: &Policy, decisio
         return;
     };
     let state = decision.allowed || !route.shadow;
+    if route.rate_limit_headers.openai() {
+        openai_fields(headers, route, limits, decision, state);
+        return;
+    }
     if route.rate_limit_headers.x_ratelimit() {
         if let Some(quota) = limits.quotas.get(decision.limit) {
             headers.insert(X_RATELIMIT_LIMIT.clone(), quota.clone());
@@ -124,6 +128,86 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, limits: &Policy, decisio
         return;
     };
     headers.insert(RATELIMIT.clone(), value);
+}
+
+/// OpenAI's names: `x-ratelimit-{limit,remaining,reset}-requests`, then
+/// the same for `-tokens`.
+static OPENAI: [[HeaderName; 3]; 2] = [
+    [
+        HeaderName::from_static("x-ratelimit-limit-requests"),
+        HeaderName::from_static("x-ratelimit-remaining-requests"),
+        HeaderName::from_static("x-ratelimit-reset-requests"),
+    ],
+    [
+        HeaderName::from_static("x-ratelimit-limit-tokens"),
+        HeaderName::from_static("x-ratelimit-remaining-tokens"),
+        HeaderName::from_static("x-ratelimit-reset-tokens"),
+    ],
+];
+
+/// OpenAI's fields (`rate_limit_headers = "openai"`): for the most
+/// constrained limit that counts requests and the most constrained that
+/// counts the route's units (tokens), its quota, what remains and the
+/// wait until it has at least one more unit, as a duration (`6m0s`). A
+/// route without usage or a `cost` counts requests with every limit.
+fn openai_fields(
+    headers: &mut HeaderMap,
+    route: &Route,
+    limits: &Policy,
+    decision: &Decision,
+    state: bool,
+) {
+    let units_are_requests = route.usage.is_none() && route.cost == 1;
+    let briefs = [
+        Some((decision.limit, decision.remaining, decision.next_ms)),
+        decision
+            .other
+            .map(|o| (usize::from(o.limit), o.remaining, o.next_ms)),
+    ];
+    for (limit, remaining, next_ms) in briefs.into_iter().flatten() {
+        let Some(counted) = limits.limits.get(limit) else {
+            continue;
+        };
+        let kind = usize::from(!(counted.per_request || units_are_requests));
+        let [quota, left, reset] = &OPENAI[kind];
+        if let Some(q) = limits.quotas.get(limit) {
+            headers.insert(quota.clone(), q.clone());
+        }
+        if state {
+            headers.insert(left.clone(), HeaderValue::from(remaining));
+            if let Some(value) = header_value(format_args!("{}", GoDuration(next_ms))) {
+                headers.insert(reset.clone(), value);
+            }
+        }
+    }
+}
+
+/// A wait as OpenAI writes its resets (Go's duration text): `20ms`, `1s`,
+/// `1.5s`, `6m0s`, `1h2m3s`; whole milliseconds.
+struct GoDuration(u64);
+
+impl std::fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0;
+        if ms == 0 {
+            return f.write_str("0s");
+        }
+        if ms < 1000 {
+            return write!(f, "{ms}ms");
+        }
+        let (hours, minutes) = (ms / 3_600_000, ms / 60_000 % 60);
+        let (secs, frac) = (ms / 1000 % 60, ms % 1000);
+        if hours > 0 {
+            write!(f, "{hours}h{minutes}m")?;
+        } else if minutes > 0 {
+            write!(f, "{minutes}m")?;
+        }
+        if frac == 0 {
+            return write!(f, "{secs}s");
+        }
+        let frac = format!("{frac:03}");
+        write!(f, "{secs}.{}s", frac.trim_end_matches('0'))
+    }
 }
 
 /// Size of the blocks `RateLimit` values are written into.
@@ -294,6 +378,20 @@ pub fn respond<U>(respond: &crate::routes::Respond) -> Response<Body<U>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_are_written_as_openai_writes_its_resets() {
+        let text = |ms| GoDuration(ms).to_string();
+        assert_eq!(text(0), "0s");
+        assert_eq!(text(20), "20ms");
+        assert_eq!(text(1000), "1s");
+        assert_eq!(text(1500), "1.5s");
+        assert_eq!(text(59_640), "59.64s");
+        assert_eq!(text(360_000), "6m0s");
+        assert_eq!(text(90_500), "1m30.5s");
+        assert_eq!(text(3_723_000), "1h2m3s");
+        assert_eq!(text(7_200_000), "2h0m0s");
+    }
 
     #[test]
     fn values_keep_their_bytes_across_blocks() {

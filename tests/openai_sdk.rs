@@ -339,3 +339,99 @@ async fn streams_that_do_not_ask_for_usage_are_asked_on_a_route_that_says_so() {
         "{scrape}"
     );
 }
+
+/// `rate_limit_headers = "openai"` through the SDK's raw responses: 10
+/// requests and 2 000 tokens an hour on one route, each reported on its
+/// own after every call, matching a model of both limits; the call past
+/// the requests' limit is refused by it (the tokens still fit), with its
+/// wait in the fields, in `Retry-After` and in the OpenAI-shaped body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_rate_limit_fields_report_each_limit_after_every_call() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-fields");
+    let api = fake_openai().await;
+    let route = chat(&api, 2_000)
+        .limits(r#"{ algorithm = "sliding_log", limit = 10, window = "1h", counts = "requests" }"#)
+        .line(r#"rate_limit_headers = "openai""#)
+        .line(r#"deny = { status = 429, content_type = "application/json", body = '{"error":{"message":"Rate limit reached; try again in {retry_after}s.","type":"requests","code":"rate_limit_exceeded"}}' }"#);
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(route)
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let calls = client(
+        "openai_peer.py",
+        &[
+            "calls".to_owned(),
+            gate.url("/v1"),
+            "sk-test-key".to_owned(),
+            "1".to_owned(),
+            "11".to_owned(),
+            "0.15".to_owned(),
+            "headers".to_owned(),
+        ],
+    )
+    .await;
+    assert_eq!(calls.len(), 11, "{calls:?}");
+    let field = |call: &serde_json::Value, name: &str| -> String {
+        call["headers"][name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {name}: {call}"))
+            .to_owned()
+    };
+    for (n, call) in calls[..10].iter().enumerate() {
+        let n = n as u64;
+        assert_eq!(call["read"], PROMPT + COMPLETION, "{call}");
+        assert_eq!(field(call, "x-ratelimit-limit-requests"), "10");
+        assert_eq!(
+            field(call, "x-ratelimit-remaining-requests"),
+            (9 - n).to_string(),
+            "{call}"
+        );
+        assert_eq!(field(call, "x-ratelimit-limit-tokens"), "2000");
+        // Each call reserves 300 + 100 before it is answered; the calls
+        // before it were settled to what they used.
+        let tokens = 2_000 - n * (PROMPT + COMPLETION) - 400;
+        assert_eq!(
+            field(call, "x-ratelimit-remaining-tokens"),
+            tokens.to_string(),
+            "{call}"
+        );
+        for reset in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+            let text = field(call, reset);
+            assert!(
+                text.ends_with('s') && text.len() > 1 && !text.contains(' '),
+                "{reset}: {text}"
+            );
+        }
+        assert!(call["headers"].get("retry-after").is_none(), "{call}");
+    }
+    // The 11th: the requests' limit refuses; the tokens would have fit.
+    let refused = &calls[10];
+    assert_eq!(refused["error"], "RateLimitError", "{refused}");
+    assert_eq!(field(refused, "x-ratelimit-remaining-requests"), "0");
+    assert_eq!(field(refused, "x-ratelimit-limit-requests"), "10");
+    let wait: u64 = field(refused, "retry-after")
+        .parse()
+        .expect("Retry-After seconds");
+    assert!(
+        wait > 3_000,
+        "an hour's log frees its first request in about an hour: {wait}"
+    );
+    let message = refused["body"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("try again in {wait}s")),
+        "{refused}"
+    );
+    // Its reset is the same wait, as a duration: about an hour.
+    let reset = field(refused, "x-ratelimit-reset-requests");
+    assert!(
+        reset.starts_with("59m") || reset.starts_with("1h0m"),
+        "{reset}"
+    );
+    // The route's logs: the tokens' holds what the ten calls used, the
+    // requests' one member per call; the refused call took nothing.
+    let logged = 10 * (PROMPT + COMPLETION) + 10;
+    assert_eq!(settled(&redis, &prefix, logged).await, logged);
+}

@@ -141,18 +141,19 @@ impl MemoryStore {
             order,
         };
         let mut decision = match charge.settle {
-            Some(settle) => Decision::combine((0..keys.len()).map(|i| {
+            Some(settle) => Decision::combine_kinds((0..keys.len()).map(|i| {
                 let limit = &charge.limits[i];
                 let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
                 if !limit.per_request {
                     e.states[0].settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
                 }
                 e.expires_at = e.states[0].expires_at(limit);
-                Verdict {
+                let verdict = Verdict {
                     allowed: true,
                     retry_after_ms: 0,
                     ..e.states[0].check(limit, now, 0)
-                }
+                };
+                (limit.per_request, verdict)
             })),
             None => {
                 let verdicts: Vec<Verdict> = (0..keys.len())
@@ -166,7 +167,8 @@ impl MemoryStore {
                             )
                     })
                     .collect();
-                let decision = Decision::combine(verdicts);
+                let kinds = charge.limits.iter().map(|l| l.per_request);
+                let decision = Decision::combine_kinds(kinds.zip(verdicts));
                 if decision.allowed {
                     for (i, limit) in charge.limits.iter().enumerate() {
                         let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
@@ -279,15 +281,16 @@ impl Entry {
             None => self.check_and_consume(charge, now),
             Some(settle) => {
                 let states = self.states.iter_mut().zip(charge.limits);
-                Decision::combine(states.map(|(state, limit)| {
+                Decision::combine_kinds(states.map(|(state, limit)| {
                     if !limit.per_request {
                         state.settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
                     }
-                    Verdict {
+                    let verdict = Verdict {
                         allowed: true,
                         retry_after_ms: 0,
                         ..state.check(limit, now, 0)
-                    }
+                    };
+                    (limit.per_request, verdict)
                 }))
             }
         };
@@ -310,7 +313,8 @@ impl Entry {
             for (i, (state, limit)) in self.states.iter_mut().zip(charge.limits).enumerate() {
                 verdicts[i] = state.check(limit, now, limit.cost_of(charge.cost));
             }
-            Decision::combine(verdicts[..charge.limits.len()].iter().copied())
+            let kinds = charge.limits.iter().map(|l| l.per_request);
+            Decision::combine_kinds(kinds.zip(verdicts[..charge.limits.len()].iter().copied()))
         } else {
             let verdicts: Vec<Verdict> = self
                 .states
@@ -318,7 +322,8 @@ impl Entry {
                 .zip(charge.limits)
                 .map(|(state, limit)| state.check(limit, now, limit.cost_of(charge.cost)))
                 .collect();
-            Decision::combine(verdicts)
+            let kinds = charge.limits.iter().map(|l| l.per_request);
+            Decision::combine_kinds(kinds.zip(verdicts))
         };
         if decision.allowed {
             for (state, limit) in self.states.iter_mut().zip(charge.limits) {

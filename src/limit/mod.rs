@@ -157,13 +157,44 @@ pub struct Decision {
     /// Decided in this instance's memory while the shared store was down
     /// (`on_error = "local"`): its settlement goes there too.
     pub local: bool,
+    /// The most constrained limit of the kind `limit` is not (limits that
+    /// count requests, limits that count the route's units), when the
+    /// route has both: see [`Self::combine_kinds`].
+    pub other: Option<Brief>,
+}
+
+/// One limit's standing in a [`Decision`], for fields that report each
+/// kind of limit on its own (`rate_limit_headers = "openai"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Brief {
+    /// Index in the route's limits.
+    pub limit: u16,
+    /// Units left in it.
+    pub remaining: u64,
+    /// Milliseconds until it makes at least one more unit available.
+    pub next_ms: u64,
 }
 
 impl Decision {
     /// Combines per-limit verdicts, in the route's limit order.
     pub fn combine(verdicts: impl IntoIterator<Item = Verdict>) -> Self {
+        Self::combine_kinds(verdicts.into_iter().map(|v| (false, v)))
+    }
+
+    /// Combines per-limit verdicts, in the route's limit order, each with
+    /// whether its limit counts requests (`counts = "requests"`) rather
+    /// than the route's units: the most constrained of all is reported,
+    /// and the most constrained of the other kind too ([`Self::other`]).
+    pub fn combine_kinds(verdicts: impl IntoIterator<Item = (bool, Verdict)>) -> Self {
         let mut out: Option<Decision> = None;
-        for (i, v) in verdicts.into_iter().enumerate() {
+        // The most constrained of each kind: (index, verdict).
+        let mut kinds: [Option<(usize, Verdict)>; 2] = [None, None];
+        let mut winner_kind = false;
+        for (i, (per_request, v)) in verdicts.into_iter().enumerate() {
+            let kind = &mut kinds[usize::from(per_request)];
+            if kind.is_none_or(|(_, best)| v.constrains_more_than(&best)) {
+                *kind = Some((i, v));
+            }
             let candidate = Decision {
                 allowed: v.allowed,
                 remaining: v.remaining,
@@ -172,20 +203,22 @@ impl Decision {
                 limit: i,
                 at_ms: 0,
                 local: false,
+                other: None,
             };
             out = Some(match out {
-                None => candidate,
+                None => {
+                    winner_kind = per_request;
+                    candidate
+                }
                 Some(best) => {
-                    let replace = match (best.allowed, v.allowed) {
-                        (true, false) => true,
-                        (false, true) => false,
-                        (false, false) => v.retry_after_ms > best.retry_after_ms,
-                        (true, true) => {
-                            v.remaining < best.remaining
-                                || (v.remaining == best.remaining && v.next_ms > best.next_ms)
-                        }
+                    let best_verdict = Verdict {
+                        allowed: best.allowed,
+                        remaining: best.remaining,
+                        next_ms: best.next_ms,
+                        retry_after_ms: best.retry_after_ms,
                     };
-                    if replace {
+                    if v.constrains_more_than(&best_verdict) {
+                        winner_kind = per_request;
                         Decision {
                             allowed: best.allowed && v.allowed,
                             ..candidate
@@ -199,10 +232,33 @@ impl Decision {
                 }
             });
         }
-        out.unwrap_or(Decision {
+        let mut decision = out.unwrap_or(Decision {
             allowed: true,
             ..Decision::default()
-        })
+        });
+        decision.other = kinds[usize::from(!winner_kind)].map(|(i, v)| Brief {
+            limit: u16::try_from(i).unwrap_or(u16::MAX),
+            remaining: v.remaining,
+            next_ms: v.next_ms,
+        });
+        decision
+    }
+}
+
+impl Verdict {
+    /// Whether this verdict is to be reported rather than `best`: a denial
+    /// over an allowance, the longer wait of two denials, the fewer units
+    /// left (then the longer wait for more) of two allowances.
+    fn constrains_more_than(&self, best: &Verdict) -> bool {
+        match (best.allowed, self.allowed) {
+            (true, false) => true,
+            (false, true) => false,
+            (false, false) => self.retry_after_ms > best.retry_after_ms,
+            (true, true) => {
+                self.remaining < best.remaining
+                    || (self.remaining == best.remaining && self.next_ms > best.next_ms)
+            }
+        }
     }
 }
 
@@ -349,6 +405,29 @@ mod tests {
             assert_eq!(algorithm.name(), name);
             assert_eq!(Algorithm::ALL[i], algorithm);
         }
+    }
+
+    #[test]
+    fn the_most_constrained_limit_of_the_other_kind_is_reported_too() {
+        // Units: 2 left (most constrained); requests: 7 and 3 left.
+        let d = Decision::combine_kinds([
+            (false, allowed(2, 900)),
+            (true, allowed(7, 100)),
+            (true, allowed(3, 400)),
+        ]);
+        assert_eq!((d.limit, d.remaining), (0, 2));
+        let other = d.other.expect("the requests' limit");
+        assert_eq!((other.limit, other.remaining, other.next_ms), (2, 3, 400));
+        // A requests' limit denies: it is reported, the units' beside it.
+        let d = Decision::combine_kinds([(false, allowed(2, 900)), (true, denied(300))]);
+        assert!(!d.allowed);
+        assert_eq!(d.limit, 1);
+        assert_eq!(d.other.map(|o| (o.limit, o.remaining)), Some((0, 2)));
+        // One kind only: nothing beside.
+        assert_eq!(
+            Decision::combine([allowed(1, 1), allowed(2, 2)]).other,
+            None
+        );
     }
 
     #[test]

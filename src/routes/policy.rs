@@ -279,16 +279,21 @@ pub enum HeaderMode {
     XRateLimit,
     /// Both sets.
     Both,
+    /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`:
+    /// the most constrained limit that counts requests, and the most
+    /// constrained that counts the route's units (tokens), each on its own.
+    OpenAi,
     /// None (a 429 still carries `Retry-After`).
     None,
 }
 
 impl HeaderMode {
     /// Every mode with its name in configuration files.
-    pub const NAMES: [(&'static str, HeaderMode); 4] = [
+    pub const NAMES: [(&'static str, HeaderMode); 5] = [
         ("ietf", HeaderMode::Ietf),
         ("x-ratelimit", HeaderMode::XRateLimit),
         ("both", HeaderMode::Both),
+        ("openai", HeaderMode::OpenAi),
         ("none", HeaderMode::None),
     ];
 
@@ -308,6 +313,12 @@ impl HeaderMode {
     /// Whether the `X-RateLimit-*` fields are sent.
     pub fn x_ratelimit(self) -> bool {
         matches!(self, Self::XRateLimit | Self::Both)
+    }
+
+    /// Whether OpenAI's `x-ratelimit-*-requests` and `-tokens` fields are
+    /// sent.
+    pub fn openai(self) -> bool {
+        self == Self::OpenAi
     }
 }
 

@@ -9,9 +9,12 @@ round with a new SDK client (its own connections), alternating between the
 base URLs round by round. MODE is "stream" (stream_options.include_usage:
 the usage arrives in a last chunk before `data: [DONE]`, where the SDK
 stops reading and closes the answer), "bare" (streams that do not ask for
-their usage), "plain", or "both" (alternating stream and plain).
+their usage), "plain", "both" (alternating stream and plain), or "headers"
+(plain calls through the SDK's raw-response interface, which hands the
+caller the answer's headers).
 Prints one JSON line per call: the usage tokens the SDK read, or the error
-it raised.
+it raised; in "headers" mode, with the answer's `x-ratelimit-*` and
+`retry-after` headers, and a refusal's body.
 """
 
 import json
@@ -54,12 +57,45 @@ def one_call(client, stream, max_tokens, ask_usage=True):
         return {"error": type(e).__name__, "detail": str(e)}
 
 
+def rate_limit_fields(headers):
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower().startswith("x-ratelimit-") or name.lower() == "retry-after"
+    }
+
+
+def call_with_headers(client, max_tokens):
+    messages = [{"role": "user", "content": "Say hello."}]
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model="fake-model", messages=messages, max_tokens=max_tokens
+        )
+        answer = raw.parse()
+        return {
+            "stream": False,
+            "read": answer.usage.total_tokens,
+            "headers": rate_limit_fields(raw.headers),
+        }
+    except openai.RateLimitError as e:
+        return {
+            "error": "RateLimitError",
+            "status": e.status_code,
+            "headers": rate_limit_fields(e.response.headers),
+            "body": e.body,
+        }
+
+
 def calls(urls, key, rounds, per_round, gap, mode):
     for r in range(rounds):
         client = openai.OpenAI(
             base_url=urls[r % len(urls)], api_key=key, max_retries=0, timeout=30
         )
         for i in range(per_round):
+            if mode == "headers":
+                print(json.dumps(call_with_headers(client, 300)), flush=True)
+                time.sleep(gap)
+                continue
             stream = mode in ("stream", "bare") or (mode == "both" and i % 2 == 0)
             print(json.dumps(one_call(client, stream, 300, mode != "bare")), flush=True)
             time.sleep(gap)

@@ -16,7 +16,7 @@
 
 use super::Shared;
 use crate::limit::redis::{Part as SlotPart, Target};
-use crate::limit::{Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict};
+use crate::limit::{Brief, Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict};
 
 /// The limits of one slot: their positions in the charge, their own
 /// copies, for a charge of their own, and where they go (kept to give
@@ -75,7 +75,7 @@ impl Shared {
                 Ok((part, refused)) => {
                     self.give_back(&charge, &taken, now).await;
                     taken.push((part, refused));
-                    return Ok(combined(&taken));
+                    return Ok(combined(&taken, charge.limits));
                 }
                 // A settlement goes on with the other parts: each is owed.
                 Err(e) if charge.settle.is_some() => failed = Some(e),
@@ -87,7 +87,7 @@ impl Shared {
         }
         match failed {
             Some(e) => Err(e),
-            None => Ok(combined(&taken)),
+            None => Ok(combined(&taken, charge.limits)),
         }
     }
 
@@ -121,8 +121,9 @@ impl Shared {
 
 /// The parts' decisions as one: allowed when every part allowed, naming
 /// the most constrained limit (or the longest wait) by its position in the
-/// whole charge, at the first part's time.
-fn combined(parts: &[(Part, Decision)]) -> Decision {
+/// whole charge, and the most constrained of the other kind of `limits`
+/// (see [`Decision::combine_kinds`]), at the first part's time.
+fn combined(parts: &[(Part, Decision)], limits: &[Limit]) -> Decision {
     let verdicts = parts.iter().map(|(_, d)| Verdict {
         allowed: d.allowed,
         remaining: d.remaining,
@@ -133,6 +134,29 @@ fn combined(parts: &[(Part, Decision)]) -> Decision {
     if let Some((part, d)) = parts.get(decision.limit) {
         decision.limit = part.positions.get(d.limit).copied().unwrap_or(0);
     }
+    let per_request = |at: u16| limits.get(usize::from(at)).is_some_and(|l| l.per_request);
+    let winner = limits.get(decision.limit).is_some_and(|l| l.per_request);
+    let global = |part: &Part, at: u16| {
+        let at = part.positions.get(usize::from(at)).copied().unwrap_or(0);
+        u16::try_from(at).unwrap_or(u16::MAX)
+    };
+    decision.other = parts
+        .iter()
+        .flat_map(|(part, d)| {
+            let main = Brief {
+                limit: global(part, u16::try_from(d.limit).unwrap_or(u16::MAX)),
+                remaining: d.remaining,
+                next_ms: d.next_ms,
+            };
+            let other = d.other.map(|o| Brief {
+                limit: global(part, o.limit),
+                ..o
+            });
+            [Some(main), other]
+        })
+        .flatten()
+        .filter(|b| per_request(b.limit) != winner)
+        .min_by_key(|b| (b.remaining, std::cmp::Reverse(b.next_ms)));
     decision.at_ms = parts.first().map_or(0, |(_, d)| d.at_ms);
     decision
 }

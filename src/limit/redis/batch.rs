@@ -172,7 +172,7 @@ pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError
         Ok(Ok(values)) => {
             let mut rest = values;
             for pending in batch.drain(..) {
-                let decision = next_decision(&mut rest, pending.limits.as_slice().len());
+                let decision = next_decision(&mut rest, pending.limits.as_slice());
                 let _ = pending.reply.send(Ok(decision));
             }
             return;

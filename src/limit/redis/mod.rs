@@ -471,7 +471,7 @@ impl RedisStore {
                     .link
                     .cluster_call(cluster, node, std::iter::once(ask))
                     .await?;
-                decision_from_reply(&reply, charge.limits.len())
+                decision_from_reply(&reply, charge.limits)
             };
             return tokio::time::timeout(timeout, work)
                 .await
@@ -526,9 +526,10 @@ impl RedisStore {
                 }
                 None => self.link.call(&mut Cmd::new(), asks).await?,
             };
-            let limits = charges.iter().map(|(charge, _)| charge.limits.len());
-            let mut rest = verdict_values(&reply, limits.clone().sum(), charges.len())?;
-            Ok(limits.map(|n| next_decision(&mut rest, n)).collect())
+            let limits = charges.iter().map(|(charge, _)| charge.limits);
+            let total = limits.clone().map(<[_]>::len).sum();
+            let mut rest = verdict_values(&reply, total, charges.len())?;
+            Ok(limits.map(|l| next_decision(&mut rest, l)).collect())
         };
         tokio::time::timeout(self.link.timeout, work)
             .await

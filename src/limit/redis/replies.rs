@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use crate::limit::{Decision, StoreError, Verdict};
+use crate::limit::{Decision, Limit, StoreError, Verdict};
 
 /// Bytes of one packed integer.
 const INT: usize = 8;
@@ -36,9 +36,9 @@ pub(super) fn verdict_values(
     }
 }
 
-/// One decision from its packed verdicts and time (already checked to hold
-/// whole verdicts).
-pub(super) fn decision_from_values(values: &[u8]) -> Decision {
+/// One decision on `limits` from its packed verdicts and time (already
+/// checked to hold whole verdicts).
+pub(super) fn decision_from_values(values: &[u8], limits: &[Limit]) -> Decision {
     let (verdicts, at) = values.split_at(values.len().saturating_sub(INT));
     let int = |at: &[u8]| {
         let mut bytes = [0u8; INT];
@@ -46,30 +46,32 @@ pub(super) fn decision_from_values(values: &[u8]) -> Decision {
         i64::from_le_bytes(bytes)
     };
     let whole = |at: &[u8]| u64::try_from(int(at)).unwrap_or(0);
-    let mut decision = Decision::combine(verdicts.chunks_exact(VERDICT).map(|v| Verdict {
+    let kinds = limits.iter().map(|l| l.per_request);
+    let verdicts = verdicts.chunks_exact(VERDICT).map(|v| Verdict {
         allowed: int(v) == 1,
         remaining: whole(&v[INT..]),
         next_ms: whole(&v[2 * INT..]),
         retry_after_ms: whole(&v[3 * INT..]),
-    }));
+    });
+    let mut decision = Decision::combine_kinds(kinds.zip(verdicts));
     if at.len() == INT {
         decision.at_ms = whole(at);
     }
     decision
 }
 
-/// The next decision of a call's verdicts, of `limits` limits, taken off
-/// the front of `rest` (already checked to hold the verdicts of every
+/// The next decision of a call's verdicts, on `limits`, taken off the
+/// front of `rest` (already checked to hold the verdicts of every
 /// decision).
-pub(super) fn next_decision(rest: &mut &[u8], limits: usize) -> Decision {
-    let (mine, others) = rest.split_at((limits * VERDICT + INT).min(rest.len()));
+pub(super) fn next_decision(rest: &mut &[u8], limits: &[Limit]) -> Decision {
+    let (mine, others) = rest.split_at((limits.len() * VERDICT + INT).min(rest.len()));
     *rest = others;
-    decision_from_values(mine)
+    decision_from_values(mine, limits)
 }
 
-/// The decision in the reply to a call that carried only it.
-pub(super) fn decision_from_reply(reply: &Value, limits: usize) -> Result<Decision, StoreError> {
-    verdict_values(reply, limits, 1).map(decision_from_values)
+/// The decision on `limits` in the reply to a call that carried only it.
+pub(super) fn decision_from_reply(reply: &Value, limits: &[Limit]) -> Result<Decision, StoreError> {
+    verdict_values(reply, limits.len(), 1).map(|values| decision_from_values(values, limits))
 }
 
 #[cfg(test)]
@@ -81,15 +83,28 @@ mod tests {
         let packed = |v: &[i64]| {
             Value::BulkString(v.iter().flat_map(|n| n.to_le_bytes()).collect::<Vec<u8>>())
         };
-        let d = decision_from_reply(&packed(&[1, 5, 1000, 0, 1_700_000_000_123]), 1)
+        let one = [Limit::new(crate::limit::Algorithm::FixedWindow, 10, 1000)];
+        let two = [
+            one[0],
+            Limit {
+                per_request: true,
+                ..one[0]
+            },
+        ];
+        let d = decision_from_reply(&packed(&[1, 5, 1000, 0, 1_700_000_000_123]), &one)
             .expect("one limit");
         assert!(d.allowed);
         assert_eq!((d.remaining, d.next_ms, d.retry_after_ms), (5, 1000, 0));
         assert_eq!(d.at_ms, 1_700_000_000_123);
-        let d = decision_from_reply(&packed(&[1, 9, 500, 0, 0, -3, 60000, 1 << 50, 7]), 2)
+        let d = decision_from_reply(&packed(&[1, 9, 500, 0, 0, -3, 60000, 1 << 50, 7]), &two)
             .expect("two limits");
         assert!(!d.allowed);
         assert_eq!((d.limit, d.remaining, d.retry_after_ms), (1, 0, 1 << 50));
+        // The limit of the other kind (units, beside requests) is read too.
+        assert_eq!(
+            d.other.map(|o| (o.limit, o.remaining, o.next_ms)),
+            Some((0, 9, 500))
+        );
         assert_eq!(d.at_ms, 7);
         for bad in [
             packed(&[1, 5, 1000, 0]),
@@ -104,7 +119,7 @@ mod tests {
             Value::Int(1),
             Value::Nil,
         ] {
-            assert!(decision_from_reply(&bad, 1).is_err(), "{bad:?}");
+            assert!(decision_from_reply(&bad, &one).is_err(), "{bad:?}");
         }
     }
 }
