@@ -17,7 +17,9 @@
 --              reported `used` (see each algorithm's settle)
 --            the route's limits, "<algorithm> <limit> <window ms> <burst>
 --              <per request>" for each, separated by spaces; one key per
---              limit. <per request> is 1 for a limit that counts each
+--              limit. A fixed window by the calendar has its four
+--              boundaries "<b0>,<b1>,<b2>,<b3>" (ms) in place of
+--              <window ms>: see span() in prelude.lua. <per request> is 1 for a limit that counts each
 --              request as one unit whatever its cost (a settlement leaves
 --              it as decided), else 0
 --
@@ -75,12 +77,23 @@ local function limits_of(text)
     return limits
   end
   limits = {}
-  for name, limit, window, burst, per_request in gmatch(text, '(%S+) (%d+) (%d+) (%d+) ([01])') do
+  for name, limit, window, burst, per_request in gmatch(text, '(%S+) (%d+) ([%d,]+) (%d+) ([01])') do
     local check, commit, settle = algorithm(name)
     if not check then
       return nil, name
     end
-    limits[#limits + 1] = {check, commit, tonumber(limit), tonumber(window), tonumber(burst), settle, per_request == '1'}
+    -- A window by the calendar: its four boundaries (see span).
+    local w = tonumber(window)
+    if not w then
+      w = {}
+      for b in gmatch(window, '%d+') do
+        w[#w + 1] = tonumber(b)
+      end
+      if #w ~= 4 then
+        return nil, name .. ' with a window of ' .. window
+      end
+    end
+    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1'}
   end
   if parsed_count >= 1000 then
     parsed, parsed_count = {}, 0

@@ -1,5 +1,6 @@
 -- floodgate: fixed window.
--- At most `limit` units in each window aligned to multiples of `window`.
+-- At most `limit` units in each window aligned to multiples of `window`,
+-- or, by the calendar, between the boundaries `window` lists (span()).
 -- Key: "<window start> <units counted in it>"; it expires when its window
 -- ends. A key left from an earlier window reads as empty; a `now` before
 -- the key's window (the clock stepped back) is read as that window's start,
@@ -13,21 +14,21 @@ local function fixed_window()
     if s and s > now then
       t = s
     end
-    local start = t - (t % window)
+    local start, len = span(t, window)
     local count = 0
     if s == start then
       count = c
     end
-    local reset = start + window - now
+    local reset = start + len - now
     if count + cost <= limit then
       -- More units come only with the next window: `t` is its start.
-      return 1, limit - count - cost, reset, 0, count, start
+      return 1, limit - count - cost, reset, 0, count, start, len
     end
-    return 0, limit - count, reset, reset, count, start
+    return 0, limit - count, reset, reset, count, start, len
   end
 
-  local function commit(key, limit, window, now, cost, burst, count, start)
-    save(key, start + window - now, start, count + cost)
+  local function commit(key, limit, window, now, cost, burst, count, start, len)
+    save(key, start + len - now, start, count + cost)
   end
 
   -- Settles a reservation of `reserved` units taken at `at` to `used`
@@ -41,19 +42,19 @@ local function fixed_window()
     if s and s > now then
       t = s
     end
-    local start = t - (t % window)
+    local start, len = span(t, window)
     local count = 0
     if s == start then
       count = c
     end
     if used > reserved then
       count = count + used - reserved
-    elseif used < reserved and start == at - (at % window) then
+    elseif used < reserved and start == span(at, window) then
       count = count - min(reserved - used, count)
     else
       return
     end
-    save(key, start + window - now, start, count)
+    save(key, start + len - now, start, count)
   end
 
   return check, commit, settle

@@ -60,6 +60,33 @@ local function bind()
   redis_call, redis_pcall = redis.call, redis.pcall
 end
 
+-- The window time `t` falls in: its start and length. `window` is a
+-- length (windows aligned to its multiples), or, for a fixed window by the
+-- calendar, four boundaries {b0, b1, b2, b3} that floodgate computed around
+-- its own clock (the previous window's start, the current one's, the
+-- next's and the one after); Redis TIME picks among them, so instances
+-- whose clocks disagree at a boundary count in the same window. Past the
+-- last boundary windows go on with the last one's length, before the
+-- first with the first one's. The twin is Limit::span in src/limit/mod.rs.
+local function span(t, window)
+  if type(window) == 'number' then
+    return t - (t % window), window
+  end
+  local b = window
+  if t >= b[4] then
+    local len = max(b[4] - b[3], 1)
+    return t - ((t - b[4]) % len), len
+  end
+  for i = 3, 1, -1 do
+    if t >= b[i] then
+      return b[i], b[i + 1] - b[i]
+    end
+  end
+  local len = max(b[2] - b[1], 1)
+  local back = floor((b[1] - t + len - 1) / len) * len
+  return max(b[1] - back, 0), len
+end
+
 -- Whole numbers as Redis arguments, never in exponent notation.
 local function int(n)
   return format('%d', n)

@@ -155,7 +155,19 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
     let seed = seed();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let redis = rt.block_on(TestRedis::start());
-    let strategy = limits.prop_flat_map(trace);
+    // A window by the calendar is generated with boundaries from 0: they
+    // are moved to lie around the trace's start.
+    let strategy = limits
+        .prop_flat_map(trace)
+        .prop_map(|(mut limits, start, steps)| {
+            for limit in &mut limits {
+                if let Some(b) = &mut limit.bounds {
+                    let shift = start - b[1];
+                    *b = b.map(|t| t + shift);
+                }
+            }
+            (limits, start, steps)
+        });
     let result = runner(seed, 160).run(&strategy, |(limits, start, steps)| {
         rt.block_on(async {
             let both = Both::new(&redis, name);
@@ -236,6 +248,19 @@ fn fixed_window_lua_agrees_with_rust() {
         "fixed_window",
         limit_of(Algorithm::FixedWindow).prop_map(|l| vec![l]),
     );
+}
+
+/// Fixed windows by the calendar: windows of uneven lengths between four
+/// boundaries (as months and DST days are), and times before and past them.
+#[test]
+fn calendar_fixed_window_lua_agrees_with_rust() {
+    let calendar =
+        (1u64..=12, 1u64..=3_000, 1u64..=3_000, 1u64..=3_000).prop_map(|(limit, a, b, c)| {
+            let mut l = Limit::new(Algorithm::FixedWindow, limit, a.max(b).max(c));
+            l.bounds = Some([0, a, a + b, a + b + c]);
+            vec![l]
+        });
+    lua_agrees_with_rust("calendar_window", calendar);
 }
 
 #[test]

@@ -93,8 +93,8 @@ impl State {
         let w = limit.window_ms;
         match self {
             Self::FixedWindow { start, count } => {
-                let (window_start, counted) = fixed_window_at(*start, *count, now, w);
-                let window_end = window_start + w - now;
+                let (window_start, counted, len) = fixed_window_at(*start, *count, now, limit);
+                let window_end = window_start + len - now;
                 let allowed = counted + cost <= limit.limit;
                 // Units settled after the fact may leave the count above the limit.
                 let remaining = limit
@@ -283,7 +283,7 @@ impl State {
     pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
         match self {
             Self::FixedWindow { start, count } => {
-                let (window_start, counted) = fixed_window_at(*start, *count, now, limit.window_ms);
+                let (window_start, counted, _) = fixed_window_at(*start, *count, now, limit);
                 (*start, *count) = (window_start, counted + cost);
             }
             Self::SlidingWindow {
@@ -323,7 +323,10 @@ impl State {
     /// When this state holds nothing that matters any more.
     pub fn expires_at(&self, limit: &Limit) -> u64 {
         match self {
-            Self::FixedWindow { start, .. } => start + limit.window_ms,
+            Self::FixedWindow { start, .. } => {
+                let (window_start, len) = limit.span(*start);
+                window_start + len
+            }
             Self::SlidingLog { entries, .. } => {
                 entries.back().map_or(0, |&(t, _)| t + limit.window_ms)
             }
@@ -337,13 +340,17 @@ impl State {
     }
 }
 
-/// A fixed window's start and count as seen at `now`: the window is chosen
+/// A fixed window's start, count and length as seen at `now`: the window is chosen
 /// at the later of `now` and the state's own window (a clock that stepped
 /// back never reopens a counted window), and an earlier window counts 0.
-fn fixed_window_at(start: u64, count: u64, now: u64, w: u64) -> (u64, u64) {
+fn fixed_window_at(start: u64, count: u64, now: u64, limit: &Limit) -> (u64, u64, u64) {
     let t = now.max(start);
-    let window_start = t - t % w;
-    (window_start, if start == window_start { count } else { 0 })
+    let (window_start, len) = limit.span(t);
+    (
+        window_start,
+        if start == window_start { count } else { 0 },
+        len,
+    )
 }
 
 /// The time the counts are read at (the later of `now` and the state's

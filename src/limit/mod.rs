@@ -7,6 +7,7 @@
 
 pub mod algorithms;
 pub mod breaker;
+pub mod calendar;
 pub mod deny_cache;
 mod limiter;
 pub mod memory;
@@ -77,6 +78,10 @@ pub struct Limit {
     /// `usage` (`counts = "requests"`): requests a minute beside tokens a
     /// minute on one metered route. Settlements leave it as decided.
     pub per_request: bool,
+    /// A `fixed_window` by the calendar: the boundaries around this
+    /// request's time (see [`calendar`]), set per request; `window_ms` is
+    /// then the calendar unit's usual length, naming the window only.
+    pub bounds: Option<calendar::Bounds>,
 }
 
 impl Limit {
@@ -88,7 +93,31 @@ impl Limit {
             window_ms,
             burst: limit,
             per_request: false,
+            bounds: None,
         }
+    }
+
+    /// The window `t` falls in: its start and length. Windows are aligned
+    /// to multiples of `window_ms`, or, by the calendar, lie between the
+    /// [`Self::bounds`]; past the last boundary they go on with the length
+    /// of the last window, and before the first with that of the first (a
+    /// store clock that far from floodgate's is not expected).
+    pub fn span(&self, t: u64) -> (u64, u64) {
+        let Some(b) = &self.bounds else {
+            return (t - t % self.window_ms, self.window_ms);
+        };
+        if t >= b[3] {
+            let len = (b[3] - b[2]).max(1);
+            return (t - (t - b[3]) % len, len);
+        }
+        for i in (0..3).rev() {
+            if t >= b[i] {
+                return (b[i], b[i + 1] - b[i]);
+            }
+        }
+        let len = (b[1] - b[0]).max(1);
+        let back = (b[0] - t).div_ceil(len) * len;
+        (b[0].saturating_sub(back), len)
     }
 
     /// The same limit counting each request as one unit.

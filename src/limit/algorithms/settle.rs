@@ -39,8 +39,8 @@ impl State {
         };
         match self {
             Self::FixedWindow { start, count } => {
-                let (window_start, counted) = fixed_window_at(*start, *count, now, w);
-                if window_start == at - at % w {
+                let (window_start, counted, _) = fixed_window_at(*start, *count, now, limit);
+                if window_start == limit.span(at).0 {
                     (*start, *count) = (window_start, counted - back.min(counted));
                 }
             }

@@ -187,8 +187,10 @@ pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError
 
 /// A route's limits as the Lua code reads them: `<algorithm> <limit>
 /// <window_ms> <burst> <per request>` for each (the last 1 when the limit
-/// counts each request as one unit, else 0), separated by spaces. A route
-/// sends the same text with every decision, so Redis parses it once.
+/// counts each request as one unit, else 0), separated by spaces; a window
+/// by the calendar is its four boundaries, `<b0>,<b1>,<b2>,<b3>`, in place
+/// of `<window_ms>`. A route sends the same text with every decision (a
+/// calendar route, the same within a window), so Redis parses it once.
 pub(super) struct Spec<'a>(&'a [Limit]);
 
 impl ToRedisArgs for Spec<'_> {
@@ -201,10 +203,24 @@ impl ToRedisArgs for Spec<'_> {
                 let _ = spec.write_all(b" ");
             }
             let _ = spec.write_all(limit.algorithm.name().as_bytes());
-            for n in [limit.limit, limit.window_ms, limit.burst] {
-                let _ = spec.write_all(b" ");
-                let _ = spec.write_all(decimal(n, &mut digits));
+            let _ = spec.write_all(b" ");
+            let _ = spec.write_all(decimal(limit.limit, &mut digits));
+            let _ = spec.write_all(b" ");
+            match &limit.bounds {
+                None => {
+                    let _ = spec.write_all(decimal(limit.window_ms, &mut digits));
+                }
+                Some(bounds) => {
+                    for (i, b) in bounds.iter().enumerate() {
+                        if i > 0 {
+                            let _ = spec.write_all(b",");
+                        }
+                        let _ = spec.write_all(decimal(*b, &mut digits));
+                    }
+                }
             }
+            let _ = spec.write_all(b" ");
+            let _ = spec.write_all(decimal(limit.burst, &mut digits));
             let _ = spec.write_all(if limit.per_request { b" 1" } else { b" 0" });
         }
     }
