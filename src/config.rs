@@ -35,6 +35,7 @@ use crate::routes::{EscapedSlashes, Table};
 
 mod access_log;
 mod answers;
+mod calendars;
 mod clients;
 mod concurrency;
 mod document;

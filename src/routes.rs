@@ -24,8 +24,8 @@ mod template;
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};
 pub use policy::{
-    ClaimedLimit, ClientSet, Counting, DenyAnswer, HeaderMode, KeyExemption, KeySource, Override,
-    Policy,
+    Anchor, CalendarLimit, ClaimedLimit, ClientSet, Counting, DenyAnswer, HeaderMode, KeyExemption,
+    KeySource, Override, Policy,
 };
 pub use template::{Segment, Template};
 

@@ -11,9 +11,10 @@ use crate::limit::{Algorithm, Limit};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitModel {
-    algorithm: Spanned<String>,
+    pub(super) algorithm: Spanned<String>,
     limit: Option<Spanned<i64>>,
-    window: Spanned<String>,
+    /// A duration, or a calendar unit (`day`, `week`, `month`, …).
+    pub(super) window: Spanned<String>,
     burst: Option<Spanned<i64>>,
     /// Whose count it is (default: the route's client).
     pub(super) key: Option<Spanned<super::clients::ClientModel>>,
@@ -21,6 +22,12 @@ pub(super) struct LimitModel {
     pub(super) limit_from: Option<Spanned<super::plans::ClaimLimitModel>>,
     /// What it counts: the route's units (default) or requests.
     counts: Option<Spanned<String>>,
+    /// A calendar window's zone (default UTC).
+    pub(super) time_zone: Option<Spanned<String>>,
+    /// A calendar week's first day (default Monday).
+    pub(super) week_starts: Option<Spanned<String>>,
+    /// The day a calendar month starts on (default 1).
+    pub(super) anchor: Option<Spanned<super::calendars::AnchorModel>>,
 }
 
 impl Validator<'_> {
@@ -90,16 +97,10 @@ impl Validator<'_> {
             }
             (Some(_), None) => None,
         };
-        let window_ms = match self.duration(&m.window, "window") {
-            Some(w) if w.subsec_nanos() % 1_000_000 != 0 => {
-                self.problem(
-                    m.window.span(),
-                    "window must be a whole number of milliseconds",
-                );
-                None
-            }
-            Some(w) => Some(w.as_millis() as u64),
-            None => None,
+        let calendar = crate::limit::calendar::Unit::parse(m.window.get_ref());
+        let window_ms = match calendar {
+            Some(unit) => Some(unit.nominal_ms()),
+            None => self.window(&m.window),
         };
         let per_request = match m.counts.as_ref().map(|c| (c, c.get_ref().as_str())) {
             None | Some((_, "units")) => Some(false),
@@ -131,9 +132,12 @@ impl Validator<'_> {
             );
             return None;
         }
-        // The algorithms count in unit-milliseconds; Lua's numbers are exact
-        // integers only up to 2^53, so leave room below that.
-        if limit.limit.max(limit.burst).saturating_mul(limit.window_ms) > MAX_UNIT_MS {
+        // The algorithms but the fixed window count in unit-milliseconds;
+        // Lua's numbers are exact integers only up to 2^53, so leave room
+        // below that.
+        if limit.algorithm != Algorithm::FixedWindow
+            && limit.limit.max(limit.burst).saturating_mul(limit.window_ms) > MAX_UNIT_MS
+        {
             self.problem(
                 item.span(),
                 format!(
@@ -143,6 +147,21 @@ impl Validator<'_> {
             return None;
         }
         Some(limit)
+    }
+
+    /// A limit's window as a duration, in whole milliseconds.
+    fn window(&mut self, window: &Spanned<String>) -> Option<u64> {
+        match self.duration(window, "window") {
+            Some(w) if w.subsec_nanos() % 1_000_000 != 0 => {
+                self.problem(
+                    window.span(),
+                    "window must be a whole number of milliseconds",
+                );
+                None
+            }
+            Some(w) => Some(w.as_millis() as u64),
+            None => None,
+        }
     }
 
     pub(super) fn count(&mut self, value: &Spanned<i64>, what: &str) -> Option<u64> {

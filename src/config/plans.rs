@@ -363,6 +363,7 @@ impl Validator<'_> {
         let mut names = Vec::new();
         let mut counting = Vec::new();
         let mut claimed = Vec::new();
+        let mut calendars = Vec::new();
         let mut ok = true;
         for (scope, budget, items) in parts {
             let Some(own) = self.limits(Some(items), cost) else {
@@ -385,6 +386,11 @@ impl Validator<'_> {
                         Some(c) => claimed.push((limits.len(), Arc::new(c))),
                         None => ok = false,
                     }
+                }
+                match self.calendar_of(m, jwt) {
+                    Some(Some(c)) => calendars.push((limits.len(), Arc::new(c))),
+                    Some(None) => {}
+                    None => ok = false,
                 }
                 let Some((key, shown)) = key else {
                     ok = false;
@@ -418,6 +424,7 @@ impl Validator<'_> {
             .all(|(position, c)| c.is_plain(route, position));
         let mut policy = Policy::named(names, limits, if plain { Vec::new() } else { counting });
         policy.claimed = claimed;
+        policy.calendars = calendars;
         Some(policy)
     }
 

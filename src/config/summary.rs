@@ -80,9 +80,12 @@ fn limits(route: &Route, policy: &Policy) -> String {
             let budget = counting
                 .and_then(|c| c.budget.as_deref())
                 .map_or(String::new(), |b| format!("budget {b}: "));
+            let per = match policy.calendars.iter().find(|(at, _)| *at == i) {
+                Some((_, c)) => format!("calendar {}", c.describe()),
+                None => window(limit.window_ms),
+            };
             format!(
-                "{budget}{number} per {} {} {whose}",
-                window(limit.window_ms),
+                "{budget}{number} per {per} {} {whose}",
                 limit.algorithm.name()
             )
         })

@@ -36,6 +36,11 @@ pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
             }
             None => out.push_str("null"),
         }
+        out.push_str(",\"calendar\":");
+        match policy.calendars.iter().find(|(at, _)| *at == j) {
+            Some((_, c)) => json_string(out, &c.describe()),
+            None => out.push_str("null"),
+        }
         let _ = write!(
             out,
             ",\"counts\":\"{}\",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",

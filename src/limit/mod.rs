@@ -97,6 +97,12 @@ impl Limit {
         }
     }
 
+    /// The current window's length: `window_ms`, or by the calendar, the
+    /// window between the boundaries the request is in.
+    pub fn window_now_ms(&self) -> u64 {
+        self.bounds.map_or(self.window_ms, |b| b[2] - b[1])
+    }
+
     /// The window `t` falls in: its start and length. Windows are aligned
     /// to multiples of `window_ms`, or, by the calendar, lie between the
     /// [`Self::bounds`]; past the last boundary they go on with the length

@@ -34,6 +34,8 @@ pub struct Policy {
     pub counting: Vec<Counting>,
     /// Limits whose number a verified claim carries, by position.
     pub claimed: Vec<(usize, Arc<ClaimedLimit>)>,
+    /// Limits whose windows follow the calendar, by position.
+    pub calendars: Vec<(usize, Arc<CalendarLimit>)>,
 }
 
 impl Policy {
@@ -58,7 +60,39 @@ impl Policy {
             quotas,
             counting,
             claimed: Vec::new(),
+            calendars: Vec::new(),
         }
+    }
+
+    /// Whether a request's limits differ from these (a number a claim
+    /// carries, windows by the calendar): see [`Self::for_request`].
+    pub fn per_request(&self) -> bool {
+        !self.claimed.is_empty() || !self.calendars.is_empty()
+    }
+
+    /// This policy for a request with `headers` at `now_ms` (this
+    /// instance's clock): numbers from claims ([`Self::claimed_for`]),
+    /// and each calendar window's boundaries around `now_ms` for the
+    /// client's anchor (a claim that is missing, invalid or not a day of
+    /// the month gets the default).
+    pub fn for_request(&self, headers: &http::HeaderMap, now_ms: u64) -> Self {
+        let mut policy = if self.claimed.is_empty() {
+            self.clone()
+        } else {
+            self.claimed_for(headers)
+        };
+        if self.calendars.is_empty() {
+            return policy;
+        }
+        for (position, calendar) in &self.calendars {
+            let anchor = calendar.anchor_for(headers);
+            if let Some(limit) = policy.limits.get_mut(*position) {
+                limit.bounds = calendar.calendar.bounds(now_ms, anchor);
+            }
+        }
+        policy.header = policy_header(&policy.names, &policy.limits);
+        policy.calendars = Vec::new();
+        policy
     }
 
     /// This policy for a request with `headers`: each limit whose number a
@@ -85,6 +119,7 @@ impl Policy {
             names: self.names.clone(),
             counting: self.counting.clone(),
             claimed: Vec::new(),
+            calendars: self.calendars.clone(),
         }
     }
 
@@ -121,6 +156,60 @@ pub struct ClaimedLimit {
     pub default: u64,
     /// The most a token may claim; more is clamped to this.
     pub ceiling: u64,
+}
+
+/// A limit whose windows follow the calendar, and the day of the month
+/// each client's months start on.
+#[derive(Debug)]
+pub struct CalendarLimit {
+    pub calendar: crate::limit::calendar::Calendar,
+    pub anchor: Anchor,
+}
+
+/// The day of the month a client's months start on.
+#[derive(Debug)]
+pub enum Anchor {
+    /// The same for every client (1: calendar months).
+    Day(u8),
+    /// A verified token claim (a billing day), this day without it.
+    Claim {
+        rule: Arc<crate::jwt::ClaimRule>,
+        default: u8,
+    },
+}
+
+impl CalendarLimit {
+    /// As operators read it: `month in Europe/Berlin from day 15`, `week
+    /// in UTC from Sunday`, `month in UTC from claim billing_day (default
+    /// 1)`.
+    pub fn describe(&self) -> String {
+        use crate::limit::calendar::Unit;
+        let c = &self.calendar;
+        let zone = c.zone.iana_name().unwrap_or("UTC");
+        let from = match (&self.anchor, c.unit) {
+            (Anchor::Day(day), Unit::Month) => format!(" from day {day}"),
+            (Anchor::Claim { rule, default }, Unit::Month) => {
+                format!(" from claim {} (default {default})", rule.claim)
+            }
+            (_, Unit::Week) => format!(" from {:?}", c.week_starts),
+            _ => String::new(),
+        };
+        format!("{} in {zone}{from}", c.unit.name())
+    }
+
+    /// The anchor day for a request with `headers`: a claim's value when
+    /// it is a whole number from 1 to 31, else the default.
+    pub fn anchor_for(&self, headers: &http::HeaderMap) -> u8 {
+        match &self.anchor {
+            Anchor::Day(day) => *day,
+            Anchor::Claim { rule, default } => rule
+                .claim(headers)
+                .ok()
+                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u8>().ok())
+                .filter(|d| (1..=31).contains(d))
+                .unwrap_or(*default),
+        }
+    }
 }
 
 /// Whose count one limit is: its scope (the route, or a budget routes
@@ -249,7 +338,7 @@ fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
             value,
             "\"{name}\";q={};w={}",
             limit.capacity(),
-            limit.window_ms.div_ceil(1000)
+            limit.window_now_ms().div_ceil(1000)
         );
     }
     HeaderValue::from_str(&value).ok()

@@ -75,10 +75,10 @@ impl Context<'_> {
                 };
                 let policy = route.policy_for(client, headers, plan);
                 let keys = self.keys(rules, policy, client, headers, matched_path)?;
-                let policy = if policy.claimed.is_empty() {
-                    Cow::Borrowed(policy)
+                let policy = if policy.per_request() {
+                    Cow::Owned(policy.for_request(headers, crate::clock::now_ms()))
                 } else {
-                    Cow::Owned(policy.claimed_for(headers))
+                    Cow::Borrowed(policy)
                 };
                 (Some(policy), keys)
             }

@@ -1,0 +1,232 @@
+//! Quotas by the calendar: fixed windows whose boundaries are calendar
+//! instants (a minute, a month from a client's billing day), counted in a
+//! real Redis (and a Redis Cluster) by two floodgate instances.
+
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use support::config::{Config, Route};
+use support::redis::{TestRedis, unique_prefix};
+use support::{Answer, Floodgate, TestClient, temp_dir};
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `r` and `t` of a `RateLimit` field.
+fn fields(answer: &Answer) -> (u64, u64) {
+    let field = answer.header("ratelimit").unwrap_or_default();
+    let part = |name: &str| {
+        field
+            .split(';')
+            .find_map(|p| p.strip_prefix(name)?.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    (part("r="), part("t="))
+}
+
+/// Whole seconds from `from` (ms) to `to` (ms), rounded up, as `t` and
+/// `Retry-After` are.
+fn seconds_between(from: u64, to: u64) -> u64 {
+    to.saturating_sub(from).div_ceil(1000)
+}
+
+/// Five requests a calendar minute from one client, on two instances: the
+/// five are admitted with `r` counting down and `t` the seconds to the
+/// minute's end, the sixth is refused on both with that wait, and once the
+/// minute has turned both admit again, counting from the limit.
+async fn a_minute_quota_resets_at_its_boundary_on_both_instances(store: Config) {
+    let toml = store
+        .route(
+            Route::new("quota")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Key""#)
+                .limits(r#"{ algorithm = "fixed_window", limit = 5, window = "minute", time_zone = "Europe/Berlin" }"#),
+        )
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let http = TestClient::http1();
+    for attempt in 0..3 {
+        // Start early in a minute, so the five fall in one window even on
+        // a slow machine; a round that straddles a boundary anyway is
+        // played again.
+        let second = now_ms() % 60_000;
+        if second > 40_000 || second < 1_000 {
+            tokio::time::sleep(Duration::from_millis(61_000 - second)).await;
+        }
+        let key = format!("client-{attempt}");
+        let headers = [("x-key", key.as_str())];
+        let before = now_ms();
+        let end = before - before % 60_000 + 60_000;
+        let mut answers = Vec::new();
+        for i in 0..5 {
+            answers.push(http.get(&gates[i % 2].url("/"), &headers).await);
+        }
+        let refused = [
+            http.get(&gates[0].url("/"), &headers).await,
+            http.get(&gates[1].url("/"), &headers).await,
+        ];
+        let after = now_ms();
+        if after + 1_000 >= end {
+            continue;
+        }
+        let (least, most) = (seconds_between(after, end), seconds_between(before, end));
+        for (i, answer) in answers.iter().enumerate() {
+            assert_eq!(answer.status, 200, "request {i}");
+            let (r, t) = fields(answer);
+            assert_eq!(r, 4 - i as u64, "request {i}");
+            assert!((least..=most).contains(&t), "t={t}, want {least}..={most}");
+            assert_eq!(
+                answer.header("ratelimit-policy"),
+                Some("\"quota\";q=5;w=60")
+            );
+        }
+        for answer in &refused {
+            assert_eq!(answer.status, 429);
+            let wait: u64 = answer
+                .header("retry-after")
+                .and_then(|v| v.parse().ok())
+                .expect("Retry-After");
+            assert!((least..=most).contains(&wait), "wait {wait}");
+        }
+        // The minute turns: both instances count afresh.
+        tokio::time::sleep(Duration::from_millis(end + 100 - now_ms())).await;
+        let first = http.get(&gates[1].url("/"), &headers).await;
+        assert_eq!((first.status.as_u16(), fields(&first).0), (200, 4));
+        let second = http.get(&gates[0].url("/"), &headers).await;
+        assert_eq!((second.status.as_u16(), fields(&second).0), (200, 3));
+        return;
+    }
+    panic!("three rounds straddled a minute's end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_quota_resets_at_its_boundary_on_both_instances_on_one_redis() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("quota-minute");
+    a_minute_quota_resets_at_its_boundary_on_both_instances(
+        Config::new().redis(&redis.url, &prefix),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minute_quota_resets_at_its_boundary_on_both_instances_on_a_cluster() {
+    let cluster = support::cluster::TestCluster::start().await;
+    let prefix = unique_prefix("quota-minute-cluster");
+    a_minute_quota_resets_at_its_boundary_on_both_instances(
+        Config::new().redis_cluster(&cluster.urls(), &prefix),
+    )
+    .await;
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// An HS256 token signed with `secret` carrying `claims` (JSON members
+/// beside `exp`).
+fn token(secret: &[u8], claims: &str) -> String {
+    let exp = now_ms() / 1000 + 3600;
+    let body = format!("{{{claims},\"exp\":{exp}}}");
+    let input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"HS256","typ":"JWT"}"#),
+        b64(body.as_bytes())
+    );
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let sig = ring::hmac::sign(&key, input.as_bytes());
+    format!("{input}.{}", b64(sig.as_ref()))
+}
+
+/// UTC midnight of `date`, in ms.
+fn midnight(date: jiff::civil::Date) -> u64 {
+    let zoned = date
+        .to_zoned_datetime(jiff::tz::TimeZone::UTC)
+        .expect("midnight");
+    zoned.timestamp().as_millisecond() as u64
+}
+
+/// A month quota from each client's billing day, read from a verified
+/// claim: a client whose day is tomorrow's has its window end at
+/// tomorrow's midnight, and one without the claim at the first of next
+/// month; `w` is each window's real length.
+#[tokio::test]
+async fn a_months_anchor_is_read_from_a_verified_claim() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("quota-anchor");
+    let dir = temp_dir("quota-anchor");
+    let secret = b"a billing secret of at least thirty-two bytes".to_vec();
+    std::fs::write(dir.join("secret"), &secret).expect("write secret");
+    let jwt = format!(
+        r#"from = "jwt", claim = "sub", algorithm = "HS256", secret_file = "{}", missing = "reject""#,
+        dir.join("secret").display()
+    );
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .route(
+            Route::new("calls")
+                .respond("status = 200")
+                .client(&jwt)
+                .limits(r#"{ algorithm = "fixed_window", limit = 10000, window = "month", anchor = { claim = "billing_day", default = 1 } }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let http = TestClient::http1();
+    let today = jiff::Timestamp::now()
+        .to_zoned_datetime(jiff::tz::TimeZone::UTC)
+        .date();
+    let tomorrow = today.tomorrow().expect("tomorrow");
+    let next_month = today
+        .first_of_month()
+        .checked_add(jiff::Span::new().months(1))
+        .expect("next month");
+    let day = tomorrow.day();
+    let cases = [
+        (
+            format!(r#""sub":"anchored","billing_day":{day}"#),
+            tomorrow,
+            tomorrow
+                .checked_sub(jiff::Span::new().months(1))
+                .expect("a month back"),
+        ),
+        (
+            r#""sub":"calendar""#.to_owned(),
+            next_month,
+            today.first_of_month(),
+        ),
+        // Not a day of the month: the default.
+        (
+            r#""sub":"odd","billing_day":45"#.to_owned(),
+            next_month,
+            today.first_of_month(),
+        ),
+    ];
+    for (claims, end, start) in cases {
+        let bearer = format!("Bearer {}", token(&secret, &claims));
+        let before = now_ms();
+        let answer = http
+            .get(&gate.url("/"), &[("authorization", &bearer)])
+            .await;
+        let after = now_ms();
+        assert_eq!(answer.status, 200, "{claims}");
+        let (r, t) = fields(&answer);
+        assert_eq!(r, 9_999, "{claims}");
+        let (end, start) = (midnight(end), midnight(start));
+        assert!(
+            (seconds_between(after, end)..=seconds_between(before, end)).contains(&t),
+            "{claims}: t={t}"
+        );
+        let policy = format!("\"calls\";q=10000;w={}", (end - start) / 1000);
+        assert_eq!(
+            answer.header("ratelimit-policy"),
+            Some(policy.as_str()),
+            "{claims}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
