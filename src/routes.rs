@@ -220,6 +220,9 @@ pub enum Action {
     Upstream(Upstream),
     /// Answer directly.
     Respond(Respond),
+    /// Answer the caller's standing on these routes (their limits, what
+    /// remains, when more comes back), consuming nothing.
+    Standing(Box<[Arc<str>]>),
 }
 
 /// Where a route forwards: one of the configuration's upstreams, with the

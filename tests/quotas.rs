@@ -230,3 +230,128 @@ async fn a_months_anchor_is_read_from_a_verified_claim() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Every key under `prefix`: its value (a string's, or a sorted set's
+/// members) and its time to live.
+async fn store_state(redis: &TestRedis, prefix: &str) -> Vec<(String, String, i64)> {
+    let mut conn = redis.connection().await;
+    let mut keys = redis.keys(&format!("{prefix}:*")).await;
+    keys.sort();
+    let mut out = Vec::new();
+    for key in keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("type");
+        let value = match kind.as_str() {
+            "string" => redis::cmd("GET")
+                .arg(&key)
+                .query_async::<String>(&mut conn)
+                .await
+                .expect("get"),
+            "zset" => redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .expect("zrange")
+                .join(" "),
+            other => other.to_owned(),
+        };
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        out.push((key, value, ttl));
+    }
+    out
+}
+
+/// The readout: a route that answers the caller's standing on another
+/// route, under the caller's own key, consuming nothing (every key keeps
+/// its value, and no time to live is renewed), and matching the next
+/// decision exactly.
+#[tokio::test]
+async fn a_client_reads_its_own_standing_and_it_costs_nothing() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("standing");
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .route(
+            Route::new("rate_limit")
+                .matching(r#"path = "/rate_limit""#)
+                .standing(&["chat"]),
+        )
+        .route(
+            Route::new("chat")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-Key", missing = "reject""#)
+                .limits(r#"{ algorithm = "fixed_window", limit = 10, window = "day" }"#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 4, window = "1h" }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let http = TestClient::http1();
+    let read = |key: &'static str| {
+        let (http, url) = (http.clone(), gate.url("/rate_limit"));
+        async move {
+            let answer = http.get(&url, &[("x-key", key)]).await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            assert_eq!(answer.header("cache-control"), Some("no-store"));
+            let json: serde_json::Value =
+                serde_json::from_str(&answer.text()).expect("a JSON readout");
+            json
+        }
+    };
+    let remaining = |json: &serde_json::Value| -> Vec<u64> {
+        json["routes"][0]["limits"]
+            .as_array()
+            .expect("limits")
+            .iter()
+            .map(|l| l["remaining"].as_u64().expect("remaining"))
+            .collect()
+    };
+    for _ in 0..3 {
+        let answer = http.get(&gate.url("/chat"), &[("x-key", "alice")]).await;
+        assert_eq!(answer.status, 200);
+    }
+    let before = store_state(&redis, &prefix).await;
+    let standing = read("alice").await;
+    let after = store_state(&redis, &prefix).await;
+    assert_eq!(before.len(), after.len(), "{before:?} {after:?}");
+    for ((key, value, ttl), (key2, value2, ttl2)) in before.iter().zip(&after) {
+        assert_eq!((key, value), (key2, value2), "the readout changed a key");
+        assert!(ttl2 <= ttl, "the readout renewed {key}'s time to live");
+    }
+    let route = &standing["routes"][0];
+    assert_eq!(route["route"], "chat");
+    assert_eq!(route["plan"], serde_json::Value::Null);
+    assert_eq!(remaining(&standing), [7, 1]);
+    let day = &route["limits"][0];
+    assert_eq!(
+        (day["limit"].as_u64(), day["counts"].as_str()),
+        (Some(10), Some("units"))
+    );
+    assert!(day["window_ends_at"].as_u64().is_some(), "{day}");
+    assert_eq!(route["limits"][1]["window_seconds"], 3600);
+    // Another key reads its own standing, whole; one without a key is
+    // refused, as on the route itself.
+    assert_eq!(remaining(&read("bob").await), [10, 4]);
+    let anonymous = http.get(&gate.url("/rate_limit"), &[]).await;
+    let on_the_route = http.get(&gate.url("/chat"), &[]).await;
+    assert_eq!(anonymous.status, 400, "{}", anonymous.text());
+    assert_eq!(anonymous.text(), on_the_route.text());
+    // The next request is decided as the readout said: one left in the
+    // hour, none after it.
+    let next = http.get(&gate.url("/chat"), &[("x-key", "alice")]).await;
+    assert_eq!(next.status, 200);
+    assert_eq!(fields(&next).0, 0);
+    assert_eq!(remaining(&read("alice").await), [6, 0]);
+    let refused = http.get(&gate.url("/chat"), &[("x-key", "alice")]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(remaining(&read("alice").await), [6, 0]);
+}

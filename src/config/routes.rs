@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -28,6 +29,8 @@ pub(super) struct RouteModel {
     upstream: Option<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
     respond: Option<Spanned<RespondModel>>,
+    /// Answers the caller's standing on these routes instead.
+    standing: Option<Spanned<Vec<Spanned<String>>>>,
     client: Option<Spanned<clients::ClientModel>>,
     cost: Option<Spanned<i64>>,
     #[serde(default)]
@@ -134,6 +137,19 @@ impl Validator<'_> {
             }
         }
         self.unused(catalog, &used);
+        for model in models {
+            for name in model.get_ref().standing.iter().flat_map(|l| l.get_ref()) {
+                if !names.contains(name.get_ref()) {
+                    self.problem(
+                        name.span(),
+                        format!(
+                            "standing names route {:?}, and there is no route by that name",
+                            name.get_ref()
+                        ),
+                    );
+                }
+            }
+        }
         if models.is_empty() {
             self.problem(
                 0..0,
@@ -194,29 +210,51 @@ impl Validator<'_> {
             "upstream_timeout",
             defaults.timeout,
         );
-        let action = match (&m.upstream, &m.respond) {
-            (Some(u), None) => self
+        let action = match (&m.upstream, &m.respond, &m.standing) {
+            (Some(u), None, None) => self
                 .route_upstream(u, upstreams, defaults, timeout?)
                 .map(Action::Upstream),
-            (None, Some(r)) => {
+            (None, Some(r), None) => {
                 if let Some(t) = &m.upstream_timeout {
                     self.problem(t.span(), "upstream_timeout has no meaning with respond");
                 }
                 self.respond(r).map(Action::Respond)
             }
-            (Some(u), Some(_)) => {
-                self.problem(
-                    u.span(),
-                    format!("route {name:?} has both upstream and respond; keep one"),
-                );
-                None
+            (None, None, Some(list)) => {
+                if list.get_ref().is_empty() {
+                    self.problem(
+                        list.span(),
+                        "standing lists the routes whose standing the caller reads; name at least one",
+                    );
+                    None
+                } else {
+                    Some(Action::Standing(
+                        list.get_ref()
+                            .iter()
+                            .map(|n| Arc::from(n.get_ref().as_str()))
+                            .collect(),
+                    ))
+                }
             }
-            (None, None) => {
+            (None, None, None) => {
                 self.problem(
                     span.clone(),
                     format!(
                         "route {name:?} needs upstream = \"http://host:port\" or respond = {{ status = 200 }}"
                     ),
+                );
+                None
+            }
+            (u, r, st) => {
+                let span = u
+                    .as_ref()
+                    .map(Spanned::span)
+                    .or(r.as_ref().map(Spanned::span))
+                    .or(st.as_ref().map(Spanned::span))
+                    .unwrap_or(span.clone());
+                self.problem(
+                    span,
+                    format!("route {name:?} has more than one of upstream, respond and standing; keep one"),
                 );
                 None
             }

@@ -34,6 +34,7 @@ use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths
 use crate::usage::{BodyRead, Unreported};
 
 mod identify;
+mod standing;
 
 use identify::Identity;
 
@@ -152,6 +153,10 @@ async fn answer<H: Send + 'static>(
     };
     let mut response = match &found.route.action {
         Action::Respond(r) => response::respond(r),
+        // Boxed, as the rare path.
+        Action::Standing(names) => {
+            Box::pin(cx.standing(&rules, names, &mut head.headers, &matched_path)).await?
+        }
         Action::Upstream(upstream) => {
             let forward_path = match found.route.stripped(&forward_path) {
                 Some(rest) => Cow::Owned(rest.to_owned()),

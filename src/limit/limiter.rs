@@ -190,6 +190,17 @@ impl Limiter {
         }
     }
 
+    /// What each of `charge`'s limits holds now, consuming nothing: for
+    /// a client's readout of its standing. The shared store is read (in
+    /// one call, or one per cluster slot its keys lie in); while it cannot
+    /// be, the error.
+    pub async fn standing(&self, charge: Charge<'_>) -> Result<Vec<super::Verdict>, StoreError> {
+        match self {
+            Self::Memory(memory) => Ok(memory.0.peek_at(charge, now_ms())),
+            Self::Redis(shared) => shared.standing(charge).await,
+        }
+    }
+
     /// Which store decides: `"memory"` or `"redis"`.
     /// Settles a reservation (`charge.settle` is set) where it was
     /// decided: the shared store, through its breaker, or this instance's
@@ -427,6 +438,38 @@ impl Shared {
                 self.fallback(charge, &e)
             }
         }
+    }
+
+    /// What each of `charge`'s limits holds in the store (see
+    /// [`Limiter::standing`]).
+    async fn standing(&self, charge: Charge<'_>) -> Result<Vec<super::Verdict>, StoreError> {
+        let Some(parts) = self.store.parts(&charge) else {
+            let target = self.store.target(&charge)?;
+            if target.node.breaker.is_open() {
+                return Err(StoreError::CircuitOpen);
+            }
+            return self.store.peek_on(target, charge).await;
+        };
+        let mut verdicts = vec![super::Verdict::default(); charge.limits.len()];
+        for (positions, target) in parts {
+            let target = target?;
+            if target.node.breaker.is_open() {
+                return Err(StoreError::CircuitOpen);
+            }
+            let limits: Vec<Limit> = positions.iter().map(|&i| charge.limits[i]).collect();
+            let keys: Vec<super::CountKey> =
+                positions.iter().map(|&i| charge.keys[i].clone()).collect();
+            let part = Charge {
+                limits: &limits,
+                keys: &keys,
+                ..charge
+            };
+            let read = self.store.peek_on(target, part).await?;
+            for (&i, verdict) in positions.iter().zip(read) {
+                verdicts[i] = verdict;
+            }
+        }
+        Ok(verdicts)
     }
 
     /// Asks the store to decide (or settle) `charge`: in one call, or on a

@@ -183,6 +183,45 @@ impl MemoryStore {
         decision
     }
 
+    /// What each of `charge`'s limits holds at `now`, consuming nothing
+    /// and making no entry: a client never seen holds every limit whole.
+    pub fn peek_at(&self, charge: Charge<'_>, now: u64) -> Vec<Verdict> {
+        let look = |entry: Option<&Entry>, at: usize, limit: &Limit| {
+            let mut state = entry
+                .and_then(|e| e.states.get(at).cloned())
+                .unwrap_or_else(|| State::new(limit.algorithm));
+            state.check(limit, now, 0)
+        };
+        if !charge.keys.is_empty() && charge.keys.len() == charge.limits.len() {
+            return charge
+                .keys
+                .iter()
+                .zip(charge.limits)
+                .map(|(key, limit)| {
+                    let (map, hash) = self.shards.lock(&key.entry, &key.client);
+                    let entry = map
+                        .get(&hash)
+                        .filter(|slot| slot.holds(&key.entry, &key.client))
+                        .map(|slot| &slot.value)
+                        .filter(|e| same_states(&e.limits, std::slice::from_ref(limit)));
+                    look(entry, 0, limit)
+                })
+                .collect();
+        }
+        let (map, hash) = self.shards.lock(charge.route, charge.client);
+        let entry = map
+            .get(&hash)
+            .filter(|slot| slot.holds(charge.route, charge.client))
+            .map(|slot| &slot.value)
+            .filter(|e| same_states(&e.limits, charge.limits));
+        charge
+            .limits
+            .iter()
+            .enumerate()
+            .map(|(i, limit)| look(entry, i, limit))
+            .collect()
+    }
+
     /// Forgets every client whose state has expired by `now`; returns how
     /// many entries remain.
     pub fn sweep(&self, now: u64) -> usize {
@@ -357,6 +396,35 @@ mod tests {
             cost: 1,
             settle: None,
         }
+    }
+
+    #[test]
+    fn a_peek_reads_each_limit_and_takes_nothing() {
+        let route: Arc<str> = "api".into();
+        let client = ClientId::Addr([192, 0, 2, 1].into());
+        let other = ClientId::Addr([192, 0, 2, 2].into());
+        let limits = [
+            Limit::new(Algorithm::FixedWindow, 10, 60_000),
+            Limit::new(Algorithm::SlidingLog, 4, 60_000),
+        ];
+        let store = MemoryStore::new();
+        let c = charge(&route, &client, &limits);
+        for t in 0..3 {
+            assert!(store.decide_at(c, t).allowed);
+        }
+        let remaining = |client| -> Vec<u64> {
+            store
+                .peek_at(charge(&route, client, &limits), 10)
+                .iter()
+                .map(|v| v.remaining)
+                .collect()
+        };
+        assert_eq!(remaining(&client), [7, 1]);
+        assert_eq!(remaining(&client), [7, 1], "a peek took something");
+        assert_eq!(remaining(&other), [10, 4]);
+        assert_eq!(store.len(), 1, "a peek made an entry");
+        let d = store.decide_at(c, 10);
+        assert_eq!((d.allowed, d.remaining), (true, 0));
     }
 
     #[test]

@@ -230,6 +230,16 @@ impl Route {
         self
     }
 
+    /// Answers the caller's standing on `routes` (`standing = [...]`)
+    /// instead.
+    pub fn standing(mut self, routes: &[&str]) -> Self {
+        self.lines
+            .retain(|l| !l.starts_with("respond") && !l.starts_with("upstream"));
+        let list: Vec<String> = routes.iter().map(|r| format!("\"{r}\"")).collect();
+        self.lines.push(format!("standing = [{}]", list.join(", ")));
+        self
+    }
+
     /// `match = { … }`, given the inside of the braces.
     pub fn matching(self, inside: &str) -> Self {
         self.line(&format!("match = {{ {inside} }}"))

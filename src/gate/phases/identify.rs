@@ -25,6 +25,9 @@ pub(super) struct Identity<'r> {
     /// Whose count each of those limits is, when not every limit counts
     /// the client on the route (see [`Policy::counting`]).
     pub(super) keys: Vec<CountKey>,
+    /// The plan read for the request, by its index, when the route refers
+    /// to plans.
+    pub(super) plan: Option<usize>,
 }
 
 impl Context<'_> {
@@ -62,6 +65,7 @@ impl Context<'_> {
         } else {
             None
         };
+        let mut chosen = None;
         let (policy, keys) = match &client {
             Some(client) if limited => {
                 let plan = match &rules.routes.plan_selection {
@@ -73,6 +77,7 @@ impl Context<'_> {
                     ),
                     _ => None,
                 };
+                chosen = plan;
                 let policy = route.policy_for(client, headers, plan);
                 let keys = self.keys(rules, policy, client, headers, matched_path)?;
                 let policy = if policy.per_request() {
@@ -89,6 +94,7 @@ impl Context<'_> {
             client,
             policy,
             keys,
+            plan: chosen,
         })
     }
 

@@ -76,7 +76,7 @@ use connections::{Lane, Lanes, retires, store_error};
 pub use keys::IdKey;
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
-use replies::{decision_from_reply, next_decision, verdict_values};
+use replies::{decision_from_reply, next_decision, verdict_values, verdicts_from_reply};
 pub use targets::{Part, Target};
 
 /// Multiplexed connections in the pool; each carries many calls at once.
@@ -494,6 +494,47 @@ impl RedisStore {
                 "the task sending calls to Redis stopped".to_owned(),
             ))
         })
+    }
+
+    /// What each of `charge`'s limits holds now, in one call to `target`
+    /// (see [`Self::target`]; a charge whose keys lie in several cluster
+    /// slots is read part by part), consuming nothing: a settlement of
+    /// nothing to nothing, which the code runs as a read.
+    pub async fn peek_on(
+        &self,
+        target: Target,
+        charge: Charge<'_>,
+    ) -> Result<Vec<crate::limit::Verdict>, StoreError> {
+        let Target { node, tags } = target;
+        let ask = Ask {
+            tags: tags.borrow(),
+            limits: charge.limits,
+            cost: 0,
+            settle: Some(crate::limit::Settlement {
+                at_ms: 0,
+                reserved: 0,
+                local: false,
+            }),
+            now: None,
+        };
+        let work = async {
+            let reply = match &self.link.cluster {
+                Some(cluster) => {
+                    self.link
+                        .cluster_call(cluster, node, std::iter::once(ask))
+                        .await?
+                }
+                None => {
+                    self.link
+                        .call(&mut Cmd::new(), std::iter::once(ask))
+                        .await?
+                }
+            };
+            verdicts_from_reply(&reply, charge.limits.len())
+        };
+        tokio::time::timeout(self.link.timeout, work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.link.timeout))?
     }
 
     /// Decides `charges` in one call, in order, each at its own `now` or at

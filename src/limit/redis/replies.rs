@@ -69,6 +69,29 @@ pub(super) fn next_decision(rest: &mut &[u8], limits: &[Limit]) -> Decision {
     decision_from_values(mine, limits)
 }
 
+/// Each limit's verdict in the reply to a call that carried one decision
+/// on `limits` limits.
+pub(super) fn verdicts_from_reply(
+    reply: &Value,
+    limits: usize,
+) -> Result<Vec<Verdict>, StoreError> {
+    let values = verdict_values(reply, limits, 1)?;
+    let int = |at: &[u8]| {
+        let mut bytes = [0u8; INT];
+        bytes.copy_from_slice(&at[..INT]);
+        u64::try_from(i64::from_le_bytes(bytes)).unwrap_or(0)
+    };
+    Ok(values[..limits * VERDICT]
+        .chunks_exact(VERDICT)
+        .map(|v| Verdict {
+            allowed: int(v) == 1,
+            remaining: int(&v[INT..]),
+            next_ms: int(&v[2 * INT..]),
+            retry_after_ms: int(&v[3 * INT..]),
+        })
+        .collect())
+}
+
 /// The decision on `limits` in the reply to a call that carried only it.
 pub(super) fn decision_from_reply(reply: &Value, limits: &[Limit]) -> Result<Decision, StoreError> {
     verdict_values(reply, limits.len(), 1).map(|values| decision_from_values(values, limits))

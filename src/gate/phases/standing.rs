@@ -1,0 +1,130 @@
+//! The standing readout: a route (`standing = ["chat", …]`) that answers
+//! the caller's own standing on the routes it names, as GitHub's
+//! `/rate_limit` does, instead of forwarding: for each route, the plan the
+//! caller is on and every limit that applies to it (its number, what
+//! remains, when more comes back, its window), consuming nothing. The
+//! caller is identified on each named route exactly as a request there
+//! would be (its key header, its token, its address), so it reads only its
+//! own counts; one store read per named route.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{HeaderValue, Response};
+use http_body_util::{Either, Full};
+
+use super::{Context, Found};
+use crate::access_log::json_string;
+use crate::gate::rules::Rules;
+use crate::limit::{Charge, Verdict};
+use crate::proxy::Body;
+use crate::refusal::Refusal;
+
+impl Context<'_> {
+    /// The caller's standing on the routes `names` (in that order), as a
+    /// JSON answer; a caller that cannot be identified on one of them is
+    /// refused as a request there would be.
+    pub(super) async fn standing(
+        &self,
+        rules: &Rules,
+        names: &[Arc<str>],
+        headers: &mut http::HeaderMap,
+        matched_path: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        let mut out = String::from("{\"routes\":[");
+        for (n, name) in names.iter().enumerate() {
+            let Some((index, route)) = rules
+                .routes
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.name == *name)
+            else {
+                continue;
+            };
+            let found = Found {
+                index,
+                route: route.as_ref(),
+            };
+            let who = self.identify(rules, &found, headers, matched_path)?;
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"route\":");
+            json_string(&mut out, name);
+            let _ = write!(out, ",\"exempt\":{}", who.exempt);
+            out.push_str(",\"plan\":");
+            let plan = who.plan.and_then(|p| {
+                let selection = rules.routes.plan_selection.as_ref()?;
+                selection.names.get(p).cloned()
+            });
+            match plan {
+                Some(plan) => json_string(&mut out, &plan),
+                None => out.push_str("null"),
+            }
+            out.push_str(",\"limits\":[");
+            if let (Some(client), Some(policy), false) = (&who.client, &who.policy, who.exempt) {
+                let charge = Charge {
+                    route: &route.name,
+                    client,
+                    limits: &policy.limits,
+                    keys: &who.keys,
+                    cost: 0,
+                    settle: None,
+                };
+                let verdicts = self
+                    .shared
+                    .limiter
+                    .standing(charge)
+                    .await
+                    .map_err(|_| Refusal::store(1_000))?;
+                limits_json(&mut out, policy, &verdicts);
+            }
+            out.push_str("]}");
+        }
+        out.push_str("]}");
+        let mut response = Response::new(Either::Right(Full::new(out.into())));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        Ok(response)
+    }
+}
+
+/// Each limit of `policy` with what `verdicts` say it holds.
+fn limits_json(out: &mut String, policy: &crate::routes::Policy, verdicts: &[Verdict]) {
+    for (i, (limit, verdict)) in policy.limits.iter().zip(verdicts).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"policy\":");
+        json_string(out, policy.names.get(i).map_or("", String::as_str));
+        let counting = policy.counting.get(i);
+        out.push_str(",\"key\":");
+        json_string(out, counting.map_or("client", |c| &c.shown));
+        out.push_str(",\"budget\":");
+        match counting.and_then(|c| c.budget.as_deref()) {
+            Some(budget) => json_string(out, budget),
+            None => out.push_str("null"),
+        }
+        let _ = write!(
+            out,
+            ",\"counts\":\"{}\",\"limit\":{},\"remaining\":{},\"reset_seconds\":{},\"window_seconds\":{}",
+            if limit.per_request {
+                "requests"
+            } else {
+                "units"
+            },
+            limit.capacity(),
+            verdict.remaining,
+            verdict.next_ms.div_ceil(1000),
+            limit.window_now_ms().div_ceil(1000),
+        );
+        match limit.bounds {
+            Some(b) => {
+                let _ = write!(out, ",\"window_ends_at\":{}}}", b[2] / 1000);
+            }
+            None => out.push('}'),
+        }
+    }
+}
