@@ -21,6 +21,8 @@ use tokio::net::TcpListener;
 use crate::gate::{Readiness, Shared};
 use crate::metrics::Outcome;
 
+mod operations;
+
 /// The dashboard: one page, its script polling `/status.json`,
 /// `/history.json` and `/clients/top`; no external assets.
 const DASHBOARD: &str = include_str!("admin/dashboard.html");
@@ -32,7 +34,13 @@ const MAX_ADMIN_CONNECTIONS: usize = 64;
 /// must send each request head within `head_timeout`, so a silent or
 /// dribbling connection cannot hold a slot, and at most 64 connections are
 /// open at once; more wait in the listen backlog.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, head_timeout: Duration) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    head_timeout: Duration,
+    token_file: Option<std::path::PathBuf>,
+) {
+    let token_file = token_file.map(Arc::new);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .timer(TokioTimer::new())
@@ -43,17 +51,29 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, head_timeout: Dur
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
             return;
         };
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let shared = Arc::clone(&shared);
         let http1 = Arc::clone(&http1);
+        let token_file = token_file.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let service = service_fn(move |request| {
+            let service = service_fn(move |request: Request<Incoming>| {
                 let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(answer(&shared, &request)) }
+                let token_file = token_file.clone();
+                async move {
+                    if request.method() == Method::POST
+                        && operations::is_operation(request.uri().path())
+                    {
+                        let file = token_file.as_deref().map(std::path::PathBuf::as_path);
+                        return Ok::<_, Infallible>(
+                            operations::answer(&shared, request, peer, file).await,
+                        );
+                    }
+                    Ok::<_, Infallible>(answer(&shared, &request))
+                }
             });
             let _ = http1.serve_connection(TokioIo::new(stream), service).await;
         });

@@ -239,6 +239,10 @@ pub struct Server {
     pub listen: SocketAddr,
     /// The admin listener (`/metrics`, `/healthz`, `/readyz`), if any.
     pub admin_listen: Option<SocketAddr>,
+    /// The file holding the bearer token operators' changes need
+    /// (`/clients/reset`, `/clients/credit`, `/clients/debit`); without
+    /// one, changes are refused.
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
     /// Clients that bypass every route's limits.

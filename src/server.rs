@@ -132,6 +132,7 @@ pub async fn run(
             listener,
             Arc::clone(&shared),
             config.server.header_read_timeout,
+            config.server.admin_token_file.clone(),
         ))
     });
     let listener = listeners.proxy;

@@ -355,3 +355,228 @@ async fn a_client_reads_its_own_standing_and_it_costs_nothing() {
     assert_eq!(refused.status, 429);
     assert_eq!(remaining(&read("alice").await), [6, 0]);
 }
+
+/// POSTs `body` (JSON) to `url` with `headers`.
+async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut request = http::Request::post(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(support::text_body(body)).expect("a request");
+    TestClient::http1().send(request).await
+}
+
+/// The `remaining` of each limit in one route's standing.
+fn standing_remaining(route: &serde_json::Value) -> Vec<u64> {
+    route["limits"]
+        .as_array()
+        .map(|limits| {
+            limits
+                .iter()
+                .filter_map(|l| l["remaining"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Operators on the admin listener: a change without the token is 401,
+/// with another 403, and refused where no token file is configured;
+/// reading a client's standing needs none. A credit, a debit and a reset
+/// change the next decision exactly on both instances (a denial the other
+/// instance remembered included), and each change writes an audit line
+/// with its reason and the standing before and after, without the
+/// client's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("operators");
+    let dir = temp_dir("operators");
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.join("admin-token"), format!("{token}\n")).expect("write token");
+    let chat = || {
+        Route::new("chat")
+            .respond("status = 200")
+            .client(r#"from = "header", name = "X-Key", missing = "reject""#)
+            .limits(r#"{ algorithm = "fixed_window", limit = 10, window = "day" }"#)
+            .limits(r#"{ algorithm = "sliding_window", limit = 6, window = "1h" }"#)
+    };
+    let mut gates = Vec::new();
+    let mut logs = Vec::new();
+    for i in 0..2 {
+        let (port, admin) = (support::free_port(), support::free_port());
+        let path = Config::new()
+            .redis(&redis.url, &prefix)
+            .listen_on(port)
+            .admin_on(admin)
+            .server(&format!(
+                r#"admin_token_file = "{}""#,
+                dir.join("admin-token").display()
+            ))
+            .route(chat())
+            .write(&format!("operators-{i}"));
+        let log = path.with_file_name("stderr.log");
+        let process = support::FloodgateProcess::spawn_logging(&path, port, &[], &[], &log).await;
+        gates.push((process, admin));
+        logs.push(log);
+    }
+    let http = TestClient::http1();
+    let ask = |gate: usize| {
+        let (http, url) = (http.clone(), gates[gate].0.url("/chat"));
+        async move { http.get(&url, &[("x-key", "alice")]).await }
+    };
+    let admin = |gate: usize, path: &str| format!("http://127.0.0.1:{}{path}", gates[gate].1);
+    let alice = r#""route": "chat", "client": { "headers": { "x-key": "alice" } }"#;
+    let bearer = format!("Bearer {token}");
+    let authorized = [("authorization", bearer.as_str()), ("x-operator", "dana")];
+
+    for i in 0..6 {
+        assert_eq!(ask(i % 2).await.status, 200, "request {i}");
+    }
+    // The hour's 6 are spent: both instances refuse (and remember it).
+    assert_eq!(ask(0).await.status, 429);
+    assert_eq!(ask(1).await.status, 429);
+
+    let change = format!(r#"{{ {alice}, "limit": "chat.2", "units": 3, "reason": "ticket 42" }}"#);
+    let no_token = post(&admin(0, "/clients/credit"), &[], &change).await;
+    assert_eq!(no_token.status, 401, "{}", no_token.text());
+    assert_eq!(no_token.header("www-authenticate"), Some("Bearer"));
+    let wrong = post(
+        &admin(0, "/clients/credit"),
+        &[("authorization", "Bearer not-the-token-at-all-no")],
+        &change,
+    )
+    .await;
+    assert_eq!(wrong.status, 403, "{}", wrong.text());
+    let unreasoned = post(
+        &admin(0, "/clients/credit"),
+        &authorized,
+        &format!(r#"{{ {alice}, "units": 3 }}"#),
+    )
+    .await;
+    assert_eq!(unreasoned.status, 400, "{}", unreasoned.text());
+
+    // Reading needs no token, and changes nothing.
+    let read = post(
+        &admin(1, "/clients/standing"),
+        &[],
+        &format!("{{ {alice} }}"),
+    )
+    .await;
+    assert_eq!(read.status, 200, "{}", read.text());
+    let standing: serde_json::Value = serde_json::from_str(&read.text()).expect("json");
+    assert_eq!(standing_remaining(&standing), [4, 0]);
+
+    // Credit 3 in the hour: the other instance admits at once, exactly 3.
+    let credited = post(&admin(0, "/clients/credit"), &authorized, &change).await;
+    assert_eq!(credited.status, 200, "{}", credited.text());
+    let both: serde_json::Value = serde_json::from_str(&credited.text()).expect("json");
+    assert_eq!(standing_remaining(&both["before"]), [4, 0]);
+    assert_eq!(standing_remaining(&both["after"]), [4, 3]);
+    let mut admitted = 0;
+    for i in 0..6 {
+        let answer = ask(1 - i % 2).await;
+        if answer.status == 200 {
+            admitted += 1;
+        } else {
+            assert_eq!(answer.status, 429);
+        }
+    }
+    assert_eq!(admitted, 3, "a credit of 3 admitted {admitted}");
+
+    // Debit 1 of the day's 1 left: none left on either instance.
+    let debited = post(
+        &admin(1, "/clients/debit"),
+        &authorized,
+        &format!(r#"{{ {alice}, "limit": "chat.1", "units": 1, "reason": "abuse" }}"#),
+    )
+    .await;
+    assert_eq!(debited.status, 200, "{}", debited.text());
+    let both: serde_json::Value = serde_json::from_str(&debited.text()).expect("json");
+    assert_eq!(standing_remaining(&both["after"]), [0, 0]);
+
+    // A reset of every limit: whole again on both.
+    let reset = post(
+        &admin(0, "/clients/reset"),
+        &authorized,
+        &format!(r#"{{ {alice}, "reason": "new contract" }}"#),
+    )
+    .await;
+    assert_eq!(reset.status, 200, "{}", reset.text());
+    let first = ask(1).await;
+    assert_eq!((first.status.as_u16(), fields(&first).0), (200, 5));
+    let second = ask(0).await;
+    assert_eq!((second.status.as_u16(), fields(&second).0), (200, 4));
+
+    // A sliding window of this kind can be credited; a client the route
+    // would refuse, or a limit it does not have, cannot be changed.
+    let nobody = post(
+        &admin(0, "/clients/reset"),
+        &authorized,
+        r#"{ "route": "chat", "reason": "r" }"#,
+    )
+    .await;
+    assert_eq!(nobody.status, 422, "{}", nobody.text());
+    let unknown = post(
+        &admin(0, "/clients/reset"),
+        &authorized,
+        &format!(r#"{{ {alice}, "limit": "chat.9", "reason": "r" }}"#),
+    )
+    .await;
+    assert_eq!(unknown.status, 422, "{}", unknown.text());
+
+    // The audit lines: who, what, why, before and after; never the key.
+    let audit: Vec<String> = logs
+        .iter()
+        .flat_map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    l.contains("floodgate::audit") || l.contains("changed a client's counts")
+                })
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(audit.len(), 3, "{audit:#?}");
+    for (line, (action, reason)) in audit
+        .iter()
+        .zip([("credit", "ticket 42"), ("reset", "new contract")])
+    {
+        assert!(line.contains(action) && line.contains(reason), "{line}");
+    }
+    assert!(
+        audit
+            .iter()
+            .any(|l| l.contains("debit") && l.contains("abuse"))
+    );
+    for line in &audit {
+        assert!(
+            line.contains("dana") && line.contains("before") && line.contains("after"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("alice"),
+            "the client's key is in the audit log: {line}"
+        );
+    }
+
+    // Where no token file is configured, changes are off.
+    let admin_port = support::free_port();
+    let port = support::free_port();
+    let path = Config::new()
+        .redis(&redis.url, &prefix)
+        .listen_on(port)
+        .admin_on(admin_port)
+        .route(chat())
+        .write("operators-off");
+    let _off = support::FloodgateProcess::spawn(&path, port).await;
+    let off = post(
+        &format!("http://127.0.0.1:{admin_port}/clients/reset"),
+        &authorized,
+        &format!(r#"{{ {alice}, "reason": "r" }}"#),
+    )
+    .await;
+    assert_eq!(off.status, 403, "{}", off.text());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -22,6 +22,8 @@ use crate::routes::EscapedSlashes;
 pub(super) struct ServerModel {
     listen: Spanned<String>,
     admin_listen: Option<Spanned<String>>,
+    /// Holds the bearer token operators' changes need.
+    admin_token_file: Option<Spanned<String>>,
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
     #[serde(default)]
@@ -220,9 +222,24 @@ impl Validator<'_> {
             m.rate_limit_headers.as_ref(),
             crate::routes::HeaderMode::default(),
         );
+        let admin_token_file = match &m.admin_token_file {
+            None => Some(None),
+            Some(file) => match self.first_line(file, "admin_token_file") {
+                Some(token) if token.trim().len() < 16 => {
+                    self.problem(
+                        file.span(),
+                        "the admin token must be at least 16 characters (e.g. 32 random bytes in hex)",
+                    );
+                    None
+                }
+                Some(_) => Some(Some(self.resolve(file))),
+                None => None,
+            },
+        };
         Some(Server {
             listen: listen?,
             admin_listen,
+            admin_token_file: admin_token_file?,
             trusted_proxies,
             exempt,
             upstream_timeout: upstream_timeout?,

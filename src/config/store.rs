@@ -265,11 +265,10 @@ impl Validator<'_> {
     /// The first line of the file `file` names (relative to the
     /// configuration file), without its line end: a secret kept out of the
     /// configuration, as a mounted Kubernetes Secret holds it.
-    fn first_line(&mut self, file: &Spanned<String>, key: &str) -> Option<String> {
-        let resolved = self.path.parent().map_or_else(
-            || PathBuf::from(file.get_ref()),
-            |dir| dir.join(file.get_ref()),
-        );
+    /// The first line of `file` (configuration key `key`), which must not
+    /// be empty.
+    pub(super) fn first_line(&mut self, file: &Spanned<String>, key: &str) -> Option<String> {
+        let resolved = self.resolve(file);
         match std::fs::read_to_string(&resolved) {
             Ok(text) => match text.lines().next().map(str::trim_end) {
                 Some(line) if !line.is_empty() => Some(line.to_owned()),

@@ -26,5 +26,6 @@ pub mod shared;
 pub mod shown;
 
 pub use phases::handle;
+pub use phases::operator::{Adjustment, Operation, OperationError, operate};
 pub use rules::{Rules, start_upstreams};
 pub use shared::{Readiness, Shared, StartError};

@@ -34,6 +34,7 @@ use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths
 use crate::usage::{BodyRead, Unreported};
 
 mod identify;
+pub mod operator;
 mod standing;
 
 use identify::Identity;

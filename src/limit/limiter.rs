@@ -201,6 +201,68 @@ impl Limiter {
         }
     }
 
+    /// Applies an operator's `adjustment` to `charge`'s limits (only the
+    /// one at `which`, when given) for its client, where they are counted,
+    /// and ends the denials remembered for them on every instance. Limits
+    /// that count requests are adjusted as the others are.
+    pub async fn adjust(
+        &self,
+        charge: Charge<'_>,
+        which: Option<usize>,
+        adjustment: super::Adjustment,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        let limits: Vec<Limit> = charge
+            .limits
+            .iter()
+            .map(|l| Limit {
+                per_request: false,
+                ..*l
+            })
+            .collect();
+        let charge = Charge {
+            limits: &limits,
+            ..charge
+        };
+        let shared = match self {
+            Self::Memory(memory) => {
+                memory.0.adjust_at(charge, which, adjustment, now);
+                return Ok(());
+            }
+            Self::Redis(shared) => shared,
+        };
+        shared.denials.forget(charge.route, &remembered_as(&charge));
+        let (reserved, used) = match adjustment {
+            super::Adjustment::Reset => return shared.store.reset(&charge, which).await,
+            super::Adjustment::Credit(units) => (units, 0),
+            super::Adjustment::Debit(units) => (0, units),
+        };
+        // A settlement of the chosen limits, each keyed as it is counted.
+        let chosen: Vec<usize> = (0..limits.len())
+            .filter(|i| which.is_none_or(|w| w == *i))
+            .collect();
+        let keys: Vec<super::CountKey> = chosen
+            .iter()
+            .map(|&i| match charge.keys.get(i) {
+                Some(k) if charge.keys.len() == limits.len() => k.clone(),
+                _ => super::CountKey::new(charge.route, charge.route, i, charge.client.clone()),
+            })
+            .collect();
+        let picked: Vec<Limit> = chosen.iter().map(|&i| limits[i]).collect();
+        let settlement = Charge {
+            limits: &picked,
+            keys: &keys,
+            cost: used,
+            settle: Some(super::Settlement {
+                at_ms: now,
+                reserved,
+                local: false,
+            }),
+            ..charge
+        };
+        shared.ask_store(settlement, now).await.map(|_| ())
+    }
+
     /// Which store decides: `"memory"` or `"redis"`.
     /// Settles a reservation (`charge.settle` is set) where it was
     /// decided: the shared store, through its breaker, or this instance's

@@ -222,6 +222,65 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Applies an operator's `adjustment` at `now` to `charge`'s limits
+    /// (only the one at `which`, when given) for its client.
+    pub fn adjust_at(
+        &self,
+        charge: Charge<'_>,
+        which: Option<usize>,
+        adjustment: super::Adjustment,
+        now: u64,
+    ) {
+        let apply = |state: &mut State, limit: &Limit| match adjustment {
+            super::Adjustment::Reset => *state = State::new(limit.algorithm),
+            super::Adjustment::Credit(units) => state.settle(limit, now, now, units, 0),
+            super::Adjustment::Debit(units) => state.settle(limit, now, now, 0, units),
+        };
+        let chosen = |i: usize| which.is_none_or(|w| w == i);
+        if !charge.keys.is_empty() && charge.keys.len() == charge.limits.len() {
+            for (i, (key, limit)) in charge.keys.iter().zip(charge.limits).enumerate() {
+                if !chosen(i) {
+                    continue;
+                }
+                let one = std::slice::from_ref(limit);
+                let (mut map, hash) = self.shards.lock(&key.entry, &key.client);
+                let slot = map
+                    .entry(hash)
+                    .or_insert_with(|| Slot::new(&key.entry, &key.client, Entry::new(one)));
+                if !slot.holds(&key.entry, &key.client) {
+                    *slot = Slot::new(&key.entry, &key.client, Entry::new(one));
+                }
+                let entry = &mut slot.value;
+                entry.adopt(one);
+                apply(&mut entry.states[0], limit);
+                entry.expires_at = entry.states[0].expires_at(limit);
+            }
+            return;
+        }
+        let (route, client) = (charge.route, charge.client);
+        let (mut map, hash) = self.shards.lock(route, client);
+        let slot = map
+            .entry(hash)
+            .or_insert_with(|| Slot::new(route, client, Entry::new(charge.limits)));
+        if !slot.holds(route, client) {
+            *slot = Slot::new(route, client, Entry::new(charge.limits));
+        }
+        let entry = &mut slot.value;
+        entry.adopt(charge.limits);
+        for (i, (state, limit)) in entry.states.iter_mut().zip(charge.limits).enumerate() {
+            if chosen(i) {
+                apply(state, limit);
+            }
+        }
+        entry.expires_at = entry
+            .states
+            .iter()
+            .zip(charge.limits)
+            .map(|(s, l)| s.expires_at(l))
+            .max()
+            .unwrap_or(0);
+    }
+
     /// Forgets every client whose state has expired by `now`; returns how
     /// many entries remain.
     pub fn sweep(&self, now: u64) -> usize {

@@ -297,6 +297,18 @@ impl Verdict {
     }
 }
 
+/// What an operator does to one client's counts (on the admin listener).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adjustment {
+    /// Forget the counts: the limit is whole again.
+    Reset,
+    /// Give back this many units in the current window (where a limit
+    /// counts: a fixed or sliding window's count, a bucket's tokens).
+    Credit(u64),
+    /// Take this many units now, even past the limit.
+    Debit(u64),
+}
+
 /// What one request asks of a store: `cost` units from every limit of a
 /// route, for one client.
 #[derive(Debug, Clone, Copy)]

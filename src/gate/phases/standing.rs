@@ -14,12 +14,14 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response};
 use http_body_util::{Either, Full};
 
+use super::identify::Identity;
 use super::{Context, Found};
 use crate::access_log::json_string;
 use crate::gate::rules::Rules;
 use crate::limit::{Charge, Verdict};
 use crate::proxy::Body;
 use crate::refusal::Refusal;
+use crate::routes::Policy;
 
 impl Context<'_> {
     /// The caller's standing on the routes `names` (in that order), as a
@@ -50,19 +52,7 @@ impl Context<'_> {
             if n > 0 {
                 out.push(',');
             }
-            out.push_str("{\"route\":");
-            json_string(&mut out, name);
-            let _ = write!(out, ",\"exempt\":{}", who.exempt);
-            out.push_str(",\"plan\":");
-            let plan = who.plan.and_then(|p| {
-                let selection = rules.routes.plan_selection.as_ref()?;
-                selection.names.get(p).cloned()
-            });
-            match plan {
-                Some(plan) => json_string(&mut out, &plan),
-                None => out.push_str("null"),
-            }
-            out.push_str(",\"limits\":[");
+            let mut verdicts = Vec::new();
             if let (Some(client), Some(policy), false) = (&who.client, &who.policy, who.exempt) {
                 let charge = Charge {
                     route: &route.name,
@@ -72,15 +62,17 @@ impl Context<'_> {
                     cost: 0,
                     settle: None,
                 };
-                let verdicts = self
+                verdicts = self
                     .shared
                     .limiter
                     .standing(charge)
                     .await
                     .map_err(|_| Refusal::store(1_000))?;
-                limits_json(&mut out, policy, &verdicts);
             }
-            out.push_str("]}");
+            match &who.policy {
+                Some(policy) => route_json(&mut out, name, &who, rules, policy, &verdicts),
+                None => route_json(&mut out, name, &who, rules, &Policy::default(), &[]),
+            }
         }
         out.push_str("]}");
         let mut response = Response::new(Either::Right(Full::new(out.into())));
@@ -89,6 +81,35 @@ impl Context<'_> {
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(response)
     }
+}
+
+/// One route's standing: whether the caller is exempt there, its plan, and
+/// each limit of `policy` with what `verdicts` say it holds.
+pub(super) fn route_json(
+    out: &mut String,
+    name: &str,
+    who: &Identity<'_>,
+    rules: &Rules,
+    policy: &Policy,
+    verdicts: &[Verdict],
+) {
+    out.push_str("{\"route\":");
+    json_string(out, name);
+    let _ = write!(out, ",\"exempt\":{}", who.exempt);
+    out.push_str(",\"plan\":");
+    let plan = who.plan.and_then(|p| {
+        let selection = rules.routes.plan_selection.as_ref()?;
+        selection.names.get(p).cloned()
+    });
+    match plan {
+        Some(plan) => json_string(out, &plan),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"limits\":[");
+    if !who.exempt {
+        limits_json(out, policy, verdicts);
+    }
+    out.push_str("]}");
 }
 
 /// Each limit of `policy` with what `verdicts` say it holds.

@@ -85,7 +85,7 @@ impl RedisStore {
     /// Sends `pipe`, whose keys are all `key`, where `key` lives (the one
     /// Redis, or the cluster primary of its slot), within the store's
     /// timeout (at least a second: these calls are off the request path).
-    async fn query_at<T: FromRedisValue>(
+    pub(super) async fn query_at<T: FromRedisValue>(
         &self,
         key: &str,
         pipe: &redis::Pipeline,

@@ -64,6 +64,7 @@ mod code;
 mod connections;
 mod given_back;
 mod keys;
+mod operator;
 mod replies;
 mod targets;
 

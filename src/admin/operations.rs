@@ -1,0 +1,263 @@
+//! Operators on one client's counts: `POST /clients/standing` reads them,
+//! `/clients/reset`, `/clients/credit` and `/clients/debit` change them.
+//! The client is named as it presents itself (the headers it sends, the
+//! address it comes from); floodgate identifies it on the route as it
+//! would its requests.
+//!
+//! Changes need `Authorization: Bearer <token>`, the token being the first
+//! line of `[server] admin_token_file`, read again on every change (so it
+//! can be rotated without a restart): without the header `401`, with
+//! another token `403`, and with no token file configured every change is
+//! refused (`403`). Each change writes one audit line (target
+//! `floodgate::audit`): who asked (the admin peer and its `X-Operator`
+//! header), what, the reason given, and the client's standing before and
+//! after. A client's header values are logged only as digests.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::gate::{Adjustment, Operation, OperationError, Shared, operate};
+
+/// The largest operation body read.
+const MAX_BODY: usize = 64 * 1024;
+
+/// An operation as the operator writes it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Asked {
+    route: String,
+    #[serde(default)]
+    client: ClientAsked,
+    /// One limit by its policy name; all of the route's when absent.
+    limit: Option<String>,
+    /// Units to credit or debit.
+    units: Option<u64>,
+    /// Why: required for a change, and written in the audit line.
+    reason: Option<String>,
+}
+
+/// The client as it presents itself.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ClientAsked {
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    address: Option<IpAddr>,
+}
+
+/// Whether `path` is an operation's.
+pub(super) fn is_operation(path: &str) -> bool {
+    matches!(
+        path,
+        "/clients/standing" | "/clients/reset" | "/clients/credit" | "/clients/debit"
+    )
+}
+
+/// Answers one operation.
+pub(super) async fn answer(
+    shared: &Shared,
+    request: Request<Incoming>,
+    peer: std::net::SocketAddr,
+    token_file: Option<&Path>,
+) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    let changes = path != "/clients/standing";
+    if changes && let Err(refused) = authorized(request.headers(), token_file) {
+        return *refused;
+    }
+    let operator = request
+        .headers()
+        .get("x-operator")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the operation's body is over 64 KiB, or broke off",
+            );
+        }
+    };
+    let asked: Asked = match serde_json::from_slice(&body) {
+        Ok(asked) => asked,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("the operation is not one floodgate reads: {e}"),
+            );
+        }
+    };
+    let adjustment = match (path.as_str(), asked.units) {
+        ("/clients/standing", _) => None,
+        ("/clients/reset", None) => Some(Adjustment::Reset),
+        ("/clients/credit", Some(units)) if units > 0 => Some(Adjustment::Credit(units)),
+        ("/clients/debit", Some(units)) if units > 0 => Some(Adjustment::Debit(units)),
+        ("/clients/reset", Some(_)) => {
+            return problem(StatusCode::BAD_REQUEST, "a reset takes no units");
+        }
+        _ => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "a credit or debit needs \"units\": a whole number of at least 1",
+            );
+        }
+    };
+    let reason = asked.reason.as_deref().map(str::trim).unwrap_or("");
+    if adjustment.is_some() && reason.is_empty() {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "a change needs a \"reason\", written in the audit line",
+        );
+    }
+    let mut headers = HeaderMap::new();
+    for (name, value) in &asked.client.headers {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) else {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("header {name:?} is not a valid header"),
+            );
+        };
+        headers.append(name, value);
+    }
+    let address = asked.client.address.unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let op = Operation {
+        route: asked.route.clone(),
+        headers,
+        address,
+        limit: asked.limit.clone(),
+        adjustment,
+    };
+    match operate(shared, &op).await {
+        Ok((before, after)) => {
+            if let Some(after) = &after {
+                tracing::info!(
+                    target: "floodgate::audit",
+                    operator = %operator,
+                    peer = %peer,
+                    action = %path.trim_start_matches("/clients/"),
+                    units = asked.units.unwrap_or(0),
+                    route = %asked.route,
+                    limit = %asked.limit.as_deref().unwrap_or("all"),
+                    client = %described(&asked.client, address),
+                    reason = %reason,
+                    before = %before,
+                    after = %after,
+                    "an operator changed a client's counts"
+                );
+            }
+            let body = match &after {
+                Some(after) => format!("{{\"before\":{before},\"after\":{after}}}"),
+                None => before,
+            };
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(OperationError::Invalid(why)) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why),
+        Err(OperationError::Store(why)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("the rate limit store could not be read or changed: {why}"),
+        ),
+    }
+}
+
+/// Whether `headers` carry the token `token_file` holds.
+fn authorized(
+    headers: &HeaderMap,
+    token_file: Option<&Path>,
+) -> Result<(), Box<Response<Full<Bytes>>>> {
+    let Some(file) = token_file else {
+        return Err(Box::new(problem(
+            StatusCode::FORBIDDEN,
+            "changes are off: set [server] admin_token_file to allow them",
+        )));
+    };
+    let Some(given) = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        let mut refused = problem(
+            StatusCode::UNAUTHORIZED,
+            "a change needs Authorization: Bearer <the admin token>",
+        );
+        refused
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Err(Box::new(refused));
+    };
+    let token = std::fs::read_to_string(file).ok();
+    let Some(token) = token
+        .as_deref()
+        .and_then(|t| t.lines().next())
+        .map(str::trim_end)
+        .filter(|t| !t.is_empty())
+    else {
+        return Err(Box::new(problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the admin token file cannot be read; no change is allowed until it can",
+        )));
+    };
+    // Compared as digests, in time that does not depend on where they differ.
+    let (a, b) = (
+        Sha256::digest(given.trim().as_bytes()),
+        Sha256::digest(token.as_bytes()),
+    );
+    if a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        != 0
+    {
+        return Err(Box::new(problem(
+            StatusCode::FORBIDDEN,
+            "the admin token is not this one",
+        )));
+    }
+    Ok(())
+}
+
+/// The client for the audit line: its address, and each header with its
+/// value's digest (a key is a credential).
+fn described(client: &ClientAsked, address: IpAddr) -> String {
+    let mut out = format!("address={address}");
+    for (name, value) in &client.headers {
+        let digest = Sha256::digest(value.as_bytes());
+        let hex: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        out.push_str(&format!(" {}=sha256:{hex}…", name.to_ascii_lowercase()));
+    }
+    out
+}
+
+/// An RFC 9457 problem document.
+fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
+    let mut body = String::new();
+    body.push_str(&format!(
+        "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{},\"detail\":",
+        status.canonical_reason().unwrap_or(""),
+        status.as_u16()
+    ));
+    crate::access_log::json_string(&mut body, detail);
+    body.push('}');
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}

@@ -1,0 +1,140 @@
+//! What an operator asks of one client's counts, on the admin listener:
+//! its standing on a route, and resetting, crediting or debiting it. The
+//! client is named as it would present itself (the headers it sends, the
+//! address it comes from) and identified on the route exactly as its
+//! requests are, so the operator never needs to know how keys are built.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{Context, Found};
+use crate::gate::shared::Shared;
+pub use crate::limit::Adjustment;
+use crate::limit::{Algorithm, Charge};
+use crate::proxy::Peer;
+
+/// One operator request.
+#[derive(Debug)]
+pub struct Operation {
+    /// The route whose counts are meant.
+    pub route: String,
+    /// The headers the client sends (its key, its token).
+    pub headers: http::HeaderMap,
+    /// The address the client comes from.
+    pub address: IpAddr,
+    /// One limit, by its policy name (`chat.2`); all of the route's
+    /// limits when `None`.
+    pub limit: Option<String>,
+    /// What to do; `None` reads the standing only.
+    pub adjustment: Option<Adjustment>,
+}
+
+/// Why an operation was not done.
+#[derive(Debug)]
+pub enum OperationError {
+    /// Nothing the operator can act on: no such route, no such limit, a
+    /// client the route would refuse, a credit a sliding log cannot take.
+    Invalid(String),
+    /// The store could not be read or written.
+    Store(String),
+}
+
+/// The client's standing on the route (as the readout writes one route)
+/// before the operation, and after it when it changed something.
+pub async fn operate(
+    shared: &Shared,
+    op: &Operation,
+) -> Result<(String, Option<String>), OperationError> {
+    let rules = shared.rules.load_full();
+    let Some((index, route)) = rules
+        .routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| *r.name == *op.route)
+    else {
+        return Err(OperationError::Invalid(format!(
+            "no route is called {:?}",
+            op.route
+        )));
+    };
+    let peer = Peer::new(SocketAddr::new(op.address, 0), false, false);
+    let cx = Context {
+        shared,
+        peer: &peer,
+        grpc: false,
+        log: None,
+        slot: None,
+        reservation: None,
+    };
+    let found = Found {
+        index,
+        route: route.as_ref(),
+    };
+    let mut headers = op.headers.clone();
+    let who = cx
+        .identify(&rules, &found, &mut headers, "/")
+        .map_err(|refusal| {
+            OperationError::Invalid(format!(
+                "route {:?} would refuse this client: {}",
+                op.route,
+                refusal.detail()
+            ))
+        })?;
+    let (Some(client), Some(policy)) = (&who.client, &who.policy) else {
+        return Err(OperationError::Invalid(format!(
+            "route {:?} does not limit this client",
+            op.route
+        )));
+    };
+    let which = match &op.limit {
+        None => None,
+        Some(name) => Some(policy.names.iter().position(|n| n == name).ok_or_else(|| {
+            OperationError::Invalid(format!(
+                "route {:?} has no limit called {name:?} for this client; it has {}",
+                op.route,
+                policy.names.join(", ")
+            ))
+        })?),
+    };
+    if let Some(Adjustment::Credit(_)) = op.adjustment {
+        let logs = policy
+            .limits
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| which.is_none_or(|w| w == *i) && l.algorithm == Algorithm::SlidingLog)
+            .count();
+        if logs > 0 {
+            return Err(OperationError::Invalid(
+                "a sliding_log keeps each unit at the time it was admitted and cannot be credited; reset it, or name another limit".to_owned(),
+            ));
+        }
+    }
+    let charge = Charge {
+        route: &route.name,
+        client,
+        limits: &policy.limits,
+        keys: &who.keys,
+        cost: 0,
+        settle: None,
+    };
+    let standing = || async {
+        let verdicts = shared
+            .limiter
+            .standing(charge)
+            .await
+            .map_err(|e| OperationError::Store(e.to_string()))?;
+        let mut out = String::new();
+        super::standing::route_json(&mut out, &route.name, &who, &rules, policy, &verdicts);
+        Ok::<_, OperationError>(out)
+    };
+    let before = standing().await?;
+    let Some(adjustment) = op.adjustment else {
+        return Ok((before, None));
+    };
+    shared
+        .limiter
+        .adjust(charge, which, adjustment)
+        .await
+        .map_err(|e| OperationError::Store(e.to_string()))?;
+    let after = standing().await?;
+    Ok((before, Some(after)))
+}
