@@ -14,7 +14,8 @@
 --            cost: units the request consumes; or, to settle a
 --              reservation, "<used> <at> <reserved>": `reserved` units
 --              were taken by a decision at time `at` and the answer
---              reported `used` (see each algorithm's settle)
+--              reported `used` (see each algorithm's settle); or, for an
+--              operator's grant, "g <units>" (grant_one)
 --            the route's limits, "<algorithm> <limit> <window ms> <burst>
 --              <per request>" for each, separated by spaces; one key per
 --              limit. A fixed window by the calendar has its four
@@ -52,7 +53,7 @@ local function algorithm(name)
   if loaded then
     local pair = loaded[name]
     if pair then
-      return pair[1], pair[2], pair[3]
+      return pair[1], pair[2], pair[3], pair[4]
     end
     return nil
   end
@@ -78,7 +79,7 @@ local function limits_of(text)
   end
   limits = {}
   for name, limit, window, burst, per_request in gmatch(text, '(%S+) (%d+) ([%d,]+) (%d+) ([01])') do
-    local check, commit, settle = algorithm(name)
+    local check, commit, settle, grant = algorithm(name)
     if not check then
       return nil, name
     end
@@ -93,7 +94,7 @@ local function limits_of(text)
         return nil, name .. ' with a window of ' .. window
       end
     end
-    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1'}
+    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1', grant}
   end
   if parsed_count >= 1000 then
     parsed, parsed_count = {}, 0
@@ -185,6 +186,26 @@ local function settle_one(KEYS, key, limits, now, at, reserved, used, reply, out
   end
 end
 
+-- An operator's grant of `units` to one request's `limits` (a credit on
+-- the admin listener): a fixed window admits that many more in its
+-- current window; the others get back what a reservation of `units` taken
+-- now and settled to nothing would (see each algorithm's grant or
+-- settle). Written into `reply` as settle_one writes; tells the instances.
+local function grant_one(KEYS, key, limits, now, units, reply, out)
+  local told = {}
+  for i = 1, #limits do
+    local l, o, k = limits[i], out + (i - 1) * 4, KEYS[key + i - 1]
+    if l[8] then
+      l[8](k, l[3], l[4], now, l[5], units)
+    else
+      l[6](k, l[3], l[4], now, l[5], now, units, 0)
+    end
+    given_back(k, told)
+    local _, remaining, reset = l[1](k, l[3], l[4], now, 0, l[5])
+    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0
+  end
+end
+
 -- struct.pack's format for `n` integers, made once per length.
 local formats = {}
 local function packing(n)
@@ -234,11 +255,16 @@ local function decide(KEYS, ARGV)
     keys = keys + #limits
     if not tonumber(ARGV[at + 1]) then
       local used, reserved_at, reserved = match(ARGV[at + 1], '^(%d+) (%d+) (%d+)$')
-      if not used then
+      local granted = match(ARGV[at + 1], '^g (%d+)$')
+      if granted then
+        settles = settles or {}
+        settles[#requests] = {nil, nil, tonumber(granted)}
+      elseif not used then
         return redis.error_reply('floodgate: bad cost ' .. tostring(ARGV[at + 1]))
+      else
+        settles = settles or {}
+        settles[#requests] = {tonumber(used), tonumber(reserved_at), tonumber(reserved)}
       end
-      settles = settles or {}
-      settles[#requests] = {tonumber(used), tonumber(reserved_at), tonumber(reserved)}
     end
   end
   if keys ~= #KEYS then
@@ -265,7 +291,9 @@ local function decide(KEYS, ARGV)
     end
     local limits = requests[i]
     local settle = settles and settles[i]
-    if settle then
+    if settle and not settle[1] then
+      grant_one(KEYS, key, limits, now, settle[3], reply, out)
+    elseif settle then
       settle_one(KEYS, key, limits, now, settle[2], settle[3], settle[1], reply, out)
     else
       decide_one(KEYS, key, limits, now, tonumber(ARGV[at + 1]), reply, out)

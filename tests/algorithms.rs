@@ -219,6 +219,7 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
                             at_ms: lua.at_ms,
                             reserved: charge.cost,
                             local: false,
+                            grant: false,
                         });
                     }
                     prop_assert_eq!(
@@ -524,5 +525,86 @@ async fn cost_larger_than_one_is_counted_in_every_algorithm() {
             "{algorithm:?}: a denial takes nothing"
         );
         assert!(both.decide(&l, 2, T0).await.allowed, "{algorithm:?}");
+    }
+}
+
+/// An operator's grant, in Lua and in Rust alike: a fixed window (by the
+/// clock or the calendar) admits the granted units past its number until
+/// its window ends, and no longer; a bucket or a sliding window gets back
+/// what a reservation settled to nothing would give back.
+#[tokio::test]
+async fn a_grant_admits_as_many_more_in_lua_and_rust() {
+    let redis = TestRedis::start().await;
+    let client = ClientId::Addr([10, 0, 0, 1].into());
+    let t0 = 1_700_000_000_000u64;
+    let mut calendar = Limit::new(Algorithm::FixedWindow, 5, 1_000);
+    calendar.bounds = Some([t0 - 1_000, t0, t0 + 1_700, t0 + 2_500]);
+    for (i, limit) in [
+        Limit::new(Algorithm::FixedWindow, 5, 10_000),
+        calendar,
+        Limit::new(Algorithm::SlidingWindow, 5, 10_000),
+        Limit::new(Algorithm::TokenBucket, 5, 10_000),
+        Limit::new(Algorithm::Gcra, 5, 10_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let limits = [limit];
+        let route: Arc<str> = format!("grant-{i}").into();
+        let both = Both {
+            redis: RedisStore::new(&redis.url, &unique_prefix("grant"), Duration::from_secs(2))
+                .expect("store"),
+            memory: MemoryStore::new(),
+            route,
+        };
+        let start = t0 - t0 % 10_000 + 1;
+        let start = if limit.bounds.is_some() {
+            t0 + 1
+        } else {
+            start
+        };
+        for k in 0..5 {
+            assert!(
+                both.decide(&limits, 1, start + k).await.allowed,
+                "{limit:?}"
+            );
+        }
+        assert!(!both.decide(&limits, 1, start + 5).await.allowed);
+        let grant = Charge {
+            route: &both.route,
+            client: &client,
+            limits: &limits,
+            keys: &[],
+            cost: 0,
+            settle: Some(Settlement {
+                at_ms: start + 6,
+                reserved: 3,
+                local: false,
+                grant: true,
+            }),
+        };
+        let lua = both
+            .redis
+            .decide_at(grant, Some(start + 6))
+            .await
+            .expect("grant");
+        let rust = both.memory.decide_at(grant, start + 6);
+        assert_eq!(lua, rust, "{limit:?}");
+        let mut admitted = 0;
+        for k in 0..5 {
+            admitted += u64::from(both.decide(&limits, 1, start + 7 + k).await.allowed);
+        }
+        // A fixed window past its number (its 5 and the 3 granted); the
+        // others get back 3 of what they took.
+        assert_eq!(admitted, 3, "{limit:?}");
+        if limit.algorithm == Algorithm::FixedWindow {
+            // The next window: the grant is gone, the number is whole.
+            let next = limit.bounds.map_or(start - 1 + 10_000, |b| b[2]);
+            let mut admitted = 0;
+            for k in 0..7 {
+                admitted += u64::from(both.decide(&limits, 1, next + k).await.allowed);
+            }
+            assert_eq!(admitted, 5, "{limit:?}");
+        }
     }
 }

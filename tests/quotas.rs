@@ -507,8 +507,21 @@ async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
     let second = ask(0).await;
     assert_eq!((second.status.as_u16(), fields(&second).0), (200, 4));
 
-    // A sliding window of this kind can be credited; a client the route
-    // would refuse, or a limit it does not have, cannot be changed.
+    // On the fixed window a credit is a grant past the number: 8 left of
+    // 10, 5 granted, 13 left.
+    let granted = post(
+        &admin(1, "/clients/credit"),
+        &authorized,
+        &format!(r#"{{ {alice}, "limit": "chat.1", "units": 5, "reason": "goodwill" }}"#),
+    )
+    .await;
+    assert_eq!(granted.status, 200, "{}", granted.text());
+    let both: serde_json::Value = serde_json::from_str(&granted.text()).expect("json");
+    assert_eq!(standing_remaining(&both["before"]), [8, 4]);
+    assert_eq!(standing_remaining(&both["after"]), [13, 4]);
+
+    // A client the route would refuse, or a limit it does not have,
+    // cannot be changed.
     let nobody = post(
         &admin(0, "/clients/reset"),
         &authorized,
@@ -538,7 +551,7 @@ async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert_eq!(audit.len(), 3, "{audit:#?}");
+    assert_eq!(audit.len(), 4, "{audit:#?}");
     for (line, (action, reason)) in audit
         .iter()
         .zip([("credit", "ticket 42"), ("reset", "new contract")])

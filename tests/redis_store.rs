@@ -519,6 +519,7 @@ async fn redis_without_functions_decides_through_evalsha() {
                     at_ms: t,
                     reserved: 1,
                     local: false,
+                    grant: false,
                 }),
             },
             Some(t),

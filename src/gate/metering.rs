@@ -121,6 +121,7 @@ impl Reservation {
                 at_ms: decision.at_ms,
                 reserved: charge.cost,
                 local: decision.local,
+                grant: false,
             },
             route: Arc::clone(charge.route),
             client: charge.client.clone(),

@@ -22,6 +22,8 @@ pub enum State {
         start: u64,
         /// Units consumed in it.
         count: u64,
+        /// Units an operator granted in it beyond the limit.
+        extra: u64,
     },
     /// Admitted requests still inside the trailing window, oldest first.
     SlidingLog {
@@ -61,7 +63,11 @@ impl State {
     /// Fresh state: nothing consumed.
     pub fn new(algorithm: Algorithm) -> Self {
         match algorithm {
-            Algorithm::FixedWindow => Self::FixedWindow { start: 0, count: 0 },
+            Algorithm::FixedWindow => Self::FixedWindow {
+                start: 0,
+                count: 0,
+                extra: 0,
+            },
             Algorithm::SlidingLog => Self::SlidingLog {
                 entries: VecDeque::new(),
                 total: 0,
@@ -92,14 +98,18 @@ impl State {
     pub fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
         let w = limit.window_ms;
         match self {
-            Self::FixedWindow { start, count } => {
-                let (window_start, counted, len) = fixed_window_at(*start, *count, now, limit);
+            Self::FixedWindow {
+                start,
+                count,
+                extra,
+            } => {
+                let (window_start, counted, len, extra) =
+                    fixed_window_at(*start, *count, *extra, now, limit);
                 let window_end = window_start + len - now;
-                let allowed = counted + cost <= limit.limit;
+                let allowed = counted + cost <= limit.limit + extra;
                 // Units settled after the fact may leave the count above the limit.
-                let remaining = limit
-                    .limit
-                    .saturating_sub(counted + if allowed { cost } else { 0 });
+                let remaining =
+                    (limit.limit + extra).saturating_sub(counted + if allowed { cost } else { 0 });
                 Verdict {
                     allowed,
                     remaining,
@@ -282,9 +292,14 @@ impl State {
     /// at the same `now`.
     pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
         match self {
-            Self::FixedWindow { start, count } => {
-                let (window_start, counted, _) = fixed_window_at(*start, *count, now, limit);
-                (*start, *count) = (window_start, counted + cost);
+            Self::FixedWindow {
+                start,
+                count,
+                extra,
+            } => {
+                let (window_start, counted, _, granted) =
+                    fixed_window_at(*start, *count, *extra, now, limit);
+                (*start, *count, *extra) = (window_start, counted + cost, granted);
             }
             Self::SlidingWindow {
                 start,
@@ -340,17 +355,23 @@ impl State {
     }
 }
 
-/// A fixed window's start, count and length as seen at `now`: the window is chosen
+/// A fixed window's start, count, length and units granted as seen at `now`: the window is chosen
 /// at the later of `now` and the state's own window (a clock that stepped
 /// back never reopens a counted window), and an earlier window counts 0.
-fn fixed_window_at(start: u64, count: u64, now: u64, limit: &Limit) -> (u64, u64, u64) {
+fn fixed_window_at(
+    start: u64,
+    count: u64,
+    extra: u64,
+    now: u64,
+    limit: &Limit,
+) -> (u64, u64, u64, u64) {
     let t = now.max(start);
     let (window_start, len) = limit.span(t);
-    (
-        window_start,
-        if start == window_start { count } else { 0 },
-        len,
-    )
+    if start == window_start {
+        (window_start, count, len, extra)
+    } else {
+        (window_start, 0, len, 0)
+    }
 }
 
 /// The time the counts are read at (the later of `now` and the state's

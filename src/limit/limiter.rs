@@ -232,10 +232,10 @@ impl Limiter {
             Self::Redis(shared) => shared,
         };
         shared.denials.forget(charge.route, &remembered_as(&charge));
-        let (reserved, used) = match adjustment {
+        let (reserved, used, grant) = match adjustment {
             super::Adjustment::Reset => return shared.store.reset(&charge, which).await,
-            super::Adjustment::Credit(units) => (units, 0),
-            super::Adjustment::Debit(units) => (0, units),
+            super::Adjustment::Credit(units) => (units, 0, true),
+            super::Adjustment::Debit(units) => (0, units, false),
         };
         // A settlement of the chosen limits, each keyed as it is counted.
         let chosen: Vec<usize> = (0..limits.len())
@@ -257,6 +257,7 @@ impl Limiter {
                 at_ms: now,
                 reserved,
                 local: false,
+                grant,
             }),
             ..charge
         };

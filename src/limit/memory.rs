@@ -145,7 +145,7 @@ impl MemoryStore {
                 let limit = &charge.limits[i];
                 let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
                 if !limit.per_request {
-                    e.states[0].settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                    settle_state(&mut e.states[0], limit, now, settle, charge.cost);
                 }
                 e.expires_at = e.states[0].expires_at(limit);
                 let verdict = Verdict {
@@ -233,7 +233,7 @@ impl MemoryStore {
     ) {
         let apply = |state: &mut State, limit: &Limit| match adjustment {
             super::Adjustment::Reset => *state = State::new(limit.algorithm),
-            super::Adjustment::Credit(units) => state.settle(limit, now, now, units, 0),
+            super::Adjustment::Credit(units) => state.grant(limit, now, units),
             super::Adjustment::Debit(units) => state.settle(limit, now, now, 0, units),
         };
         let chosen = |i: usize| which.is_none_or(|w| w == i);
@@ -342,6 +342,15 @@ impl Held<'_> {
     }
 }
 
+/// Settles a reservation in `state` (or makes an operator's grant).
+fn settle_state(state: &mut State, limit: &Limit, now: u64, settle: super::Settlement, cost: u64) {
+    if settle.grant {
+        state.grant(limit, now, settle.reserved);
+    } else {
+        state.settle(limit, now, settle.at_ms, settle.reserved, cost);
+    }
+}
+
 /// Whether two lists of limits count in the same states: the same
 /// algorithms over the same windows, as a Redis key names them. Their
 /// numbers may differ (a plan changed, a claim carries another number, a
@@ -381,7 +390,7 @@ impl Entry {
                 let states = self.states.iter_mut().zip(charge.limits);
                 Decision::combine_kinds(states.map(|(state, limit)| {
                     if !limit.per_request {
-                        state.settle(limit, now, settle.at_ms, settle.reserved, charge.cost);
+                        settle_state(state, limit, now, settle, charge.cost);
                     }
                     let verdict = Verdict {
                         allowed: true,

@@ -377,6 +377,12 @@ pub struct Settlement {
     pub reserved: u64,
     /// It was decided locally ([`Decision::local`]).
     pub local: bool,
+    /// Not a reservation's settlement but an operator's grant of
+    /// `reserved` units in the current window ([`Adjustment::Credit`]):
+    /// a fixed window admits that many more until it ends, past its
+    /// number; the other algorithms get them back as a settlement to
+    /// nothing at `at_ms` would give them ([`algorithms::State::grant`]).
+    pub grant: bool,
 }
 
 /// Why a store could not decide.

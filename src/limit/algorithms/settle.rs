@@ -38,10 +38,15 @@ impl State {
             (back * w).min((reserved * w).saturating_sub(now.saturating_sub(at) * rate))
         };
         match self {
-            Self::FixedWindow { start, count } => {
-                let (window_start, counted, _) = fixed_window_at(*start, *count, now, limit);
+            Self::FixedWindow {
+                start,
+                count,
+                extra,
+            } => {
+                let (window_start, counted, _, granted) =
+                    fixed_window_at(*start, *count, *extra, now, limit);
                 if window_start == limit.span(at).0 {
-                    (*start, *count) = (window_start, counted - back.min(counted));
+                    (*start, *count, *extra) = (window_start, counted - back.min(counted), granted);
                 }
             }
             Self::SlidingWindow {
@@ -105,6 +110,25 @@ impl State {
     /// reported beyond its reservation. A bucket that runs dry owes the
     /// rest: its tokens are counted from a moment in the future, so it
     /// refills only after paying back.
+    /// An operator's grant of `units` at `now`: a fixed window admits that
+    /// many more in its current window, past its number, until the window
+    /// ends; the other algorithms get back what a reservation of `units`
+    /// taken now and settled to nothing would give back.
+    pub fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
+        match self {
+            Self::FixedWindow {
+                start,
+                count,
+                extra,
+            } => {
+                let (window_start, counted, _, granted) =
+                    fixed_window_at(*start, *count, *extra, now, limit);
+                (*start, *count, *extra) = (window_start, counted, granted + units);
+            }
+            _ => self.settle(limit, now, now, units, 0),
+        }
+    }
+
     fn charge_over(&mut self, limit: &Limit, now: u64, units: u64) {
         let Self::TokenBucket { tokens, last } = self else {
             return self.consume(limit, now, units);

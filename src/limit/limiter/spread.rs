@@ -102,6 +102,7 @@ impl Shared {
                     at_ms: decision.at_ms,
                     reserved: charge.cost,
                     local: false,
+                    grant: false,
                 }),
                 ..part.charge(charge)
             };

@@ -257,6 +257,7 @@ impl Link {
             };
             match ask.settle {
                 None => command.arg(ask.cost),
+                Some(s) if s.grant => command.arg(format!("g {}", s.reserved)),
                 Some(s) => command.arg(format!("{} {} {}", ask.cost, s.at_ms, s.reserved)),
             };
             command.arg(Spec(ask.limits));
@@ -303,6 +304,7 @@ mod tests {
                     at_ms: 1_700_000_000_000,
                     reserved: 7,
                     local: false,
+                    grant: false,
                 }),
                 now: None,
             },

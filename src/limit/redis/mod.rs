@@ -515,6 +515,7 @@ impl RedisStore {
                 at_ms: 0,
                 reserved: 0,
                 local: false,
+                grant: false,
             }),
             now: None,
         };
