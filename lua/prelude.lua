@@ -137,7 +137,13 @@ local function parse(value)
     return nil
   end
   local a, b, c = match(value, '^(-?%d+) (-?%d+) ?(-?%d*)$')
-  return tonumber(a), tonumber(b), tonumber(c)
+  if a then
+    return tonumber(a), tonumber(b), tonumber(c)
+  end
+  -- A fixed window by the calendar, with its end.
+  local d
+  a, b, c, d = match(value, '^(-?%d+) (-?%d+) (-?%d+) (-?%d+)$')
+  return tonumber(a), tonumber(b), tonumber(c), tonumber(d)
 end
 
 -- The numbers at `key`, or nothing when it is missing.
@@ -150,14 +156,16 @@ local function load(key)
     state = {parse(redis_pcall('GET', key))}
     held[key] = state
   end
-  return state[1], state[2], state[3]
+  return state[1], state[2], state[3], state[4]
 end
 
--- Writes two (or three) whole numbers at `key`, expiring `ms` from now plus
--- the slack.
-local function store(key, ms, a, b, c)
+-- Writes two, three or four whole numbers at `key`, expiring `ms` from
+-- now plus the slack.
+local function store(key, ms, a, b, c, d)
   local value
-  if c then
+  if d then
+    value = format('%d %d %d %d', a, b, c or 0, d)
+  elseif c then
     value = format('%d %d %d', a, b, c)
   else
     value = format('%d %d', a, b)
@@ -165,21 +173,21 @@ local function store(key, ms, a, b, c)
   redis_call('SET', key, value, 'PX', int(max(ms, 0) + EXPIRY_SLACK_MS))
 end
 
--- Stores two (or three) whole numbers at `key`: now, or at the call's end
--- if other requests of the call use the key too.
-local function save(key, ms, a, b, c)
+-- Stores two, three or four whole numbers at `key`: now, or at the
+-- call's end if other requests of the call use the key too.
+local function save(key, ms, a, b, c, d)
   if not (shared and shared[key]) then
-    return store(key, ms, a, b, c)
+    return store(key, ms, a, b, c, d)
   end
   local state = held[key]
   if not state then
     state = {}
     held[key] = state
   end
-  if not state[4] then
+  if not state[6] then
     written[#written + 1] = key
   end
-  state[1], state[2], state[3], state[4] = a, b, c, ms
+  state[1], state[2], state[3], state[4], state[5], state[6] = a, b, c, d, nil, ms
 end
 
 -- Writes the shared keys the call changed, each once.
@@ -190,7 +198,7 @@ local function write_back()
   for i = 1, #written do
     local key = written[i]
     local state = held[key]
-    store(key, state[4], state[1], state[2], state[3])
+    store(key, state[6], state[1], state[2], state[3], state[4])
   end
 end
 

@@ -64,6 +64,10 @@ pub async fn serve(
                 let shared = Arc::clone(&shared);
                 let token_file = token_file.clone();
                 async move {
+                    if request.method() == Method::GET && operations::is_usage(request.uri().path())
+                    {
+                        return Ok::<_, Infallible>(operations::usage(&shared, &request).await);
+                    }
                     if request.method() == Method::POST
                         && operations::is_operation(request.uri().path())
                     {

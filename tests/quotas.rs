@@ -593,3 +593,169 @@ async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
     assert_eq!(off.status, 403, "{}", off.text());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An upstream that reports the units its query asks for (`?units=N`) in
+/// `x-units`: its URL.
+async fn reporting_upstream() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let units = req
+                            .uri()
+                            .query()
+                            .and_then(|q| q.strip_prefix("units="))
+                            .unwrap_or("1")
+                            .to_owned();
+                        Ok::<_, std::convert::Infallible>(
+                            http::Response::builder()
+                                .header("x-units", units)
+                                .body(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+                                .expect("response"),
+                        )
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+/// A client's id as keys and exports write it (no `id_secret`).
+fn export_id(key: &str) -> String {
+    let mut id = String::new();
+    floodgate::limit::redis::write_client(
+        &mut id,
+        &floodgate::client::ClientId::header(key),
+        &floodgate::limit::redis::IdKey::new(None),
+    );
+    id
+}
+
+/// A month of traffic, accelerated: calendar minutes. Four clients send
+/// metered requests through two instances in one minute (one of them
+/// reporting more than it reserved); once the minute has turned, two of
+/// them come back. The closed minute's export has one line per client,
+/// whose units are exactly what the upstream reported for it (whether its
+/// window moved aside when it came back or stayed as it was), and the
+/// heaviest clients of the new minute are listed.
+async fn the_export_of_closed_windows_equals_the_settled_units(store: Config) {
+    let upstream = reporting_upstream().await;
+    let toml = store
+        .admin()
+        .route(
+            Route::new("api")
+                .upstream(&upstream)
+                .client(r#"from = "header", name = "X-Key""#)
+                .limits(r#"{ algorithm = "fixed_window", limit = 100000, window = "minute" }"#)
+                .line(r#"usage = { reserve = 10, report = "header", units = { "x-units" = 1 } }"#),
+        )
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let http = TestClient::http1();
+    let script: [(&str, &[u64]); 4] = [
+        ("c0", &[3, 7]),
+        ("c1", &[1, 1, 1, 15]),
+        ("c2", &[9]),
+        ("c3", &[2, 2, 2, 2, 2]),
+    ];
+    for attempt in 0..3 {
+        let second = now_ms() % 60_000;
+        if !(1_000..=35_000).contains(&second) {
+            tokio::time::sleep(Duration::from_millis(61_000 - second)).await;
+        }
+        let window_start = now_ms() / 60_000 * 60_000;
+        let key = |client: &str| format!("{client}-{attempt}");
+        let mut n = 0;
+        for (client, units) in script {
+            for u in units {
+                let answer = http
+                    .get(
+                        &gates[n % 2].url(&format!("/?units={u}")),
+                        &[("x-key", &key(client))],
+                    )
+                    .await;
+                assert_eq!(answer.status, 200);
+                n += 1;
+            }
+        }
+        if now_ms() >= window_start + 59_000 {
+            continue;
+        }
+        // The minute turns; c0 and c1 come back in the next one.
+        tokio::time::sleep(Duration::from_millis(window_start + 60_100 - now_ms())).await;
+        for (client, u) in [("c0", 4), ("c1", 6)] {
+            let answer = http
+                .get(
+                    &gates[1].url(&format!("/?units={u}")),
+                    &[("x-key", &key(client))],
+                )
+                .await;
+            assert_eq!(answer.status, 200);
+        }
+        let closed = http
+            .get(
+                &gates[0].admin_url("/usage/closed?route=api&limit=api"),
+                &[],
+            )
+            .await;
+        assert_eq!(closed.status, 200, "{}", closed.text());
+        assert_eq!(closed.header("content-type"), Some("application/x-ndjson"));
+        let lines: Vec<serde_json::Value> = closed
+            .text()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .filter(|l: &serde_json::Value| l["window_start"] == window_start)
+            .collect();
+        for (client, units) in script {
+            let id = export_id(&key(client));
+            let mine: Vec<&serde_json::Value> = lines
+                .iter()
+                .filter(|l| l["client"] == id.as_str())
+                .collect();
+            assert_eq!(mine.len(), 1, "{client}: {lines:?}");
+            assert_eq!(mine[0]["units"], units.iter().sum::<u64>(), "{client}");
+            assert_eq!(mine[0]["window_end"], window_start + 60_000);
+            assert_eq!(mine[0]["scope"], "api");
+        }
+        let top = http
+            .get(
+                &gates[1].admin_url("/usage/top?route=api&limit=api&n=1"),
+                &[],
+            )
+            .await;
+        let top: serde_json::Value = serde_json::from_str(&top.text()).expect("json");
+        let clients = top["clients"].as_array().expect("clients");
+        assert_eq!(clients.len(), 1, "{top}");
+        assert_eq!(clients[0]["client"], export_id(&key("c1")).as_str());
+        assert_eq!(clients[0]["units"], 6);
+        return;
+    }
+    panic!("three rounds straddled a minute's end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_export_of_closed_windows_equals_the_settled_units_on_one_redis() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("export");
+    the_export_of_closed_windows_equals_the_settled_units(Config::new().redis(&redis.url, &prefix))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_export_of_closed_windows_equals_the_settled_units_on_a_cluster() {
+    let cluster = support::cluster::TestCluster::start().await;
+    let prefix = unique_prefix("export-cluster");
+    the_export_of_closed_windows_equals_the_settled_units(
+        Config::new().redis_cluster(&cluster.urls(), &prefix),
+    )
+    .await;
+}

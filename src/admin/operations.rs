@@ -24,7 +24,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::gate::{Adjustment, Operation, OperationError, Shared, operate};
+use crate::gate::{Adjustment, Operation, OperationError, Shared, kept, operate};
 
 /// The largest operation body read.
 const MAX_BODY: usize = 64 * 1024;
@@ -260,4 +260,112 @@ fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
         HeaderValue::from_static("application/problem+json"),
     );
     response
+}
+
+/// Whether `path` is one of the usage exports.
+pub(super) fn is_usage(path: &str) -> bool {
+    matches!(path, "/usage/closed" | "/usage/top")
+}
+
+/// `GET /usage/closed?route=R&limit=L`: every closed window's total of
+/// the fixed-window limit `L` (its policy name) on route `R`, per client,
+/// as JSON lines; `GET /usage/top?route=R&limit=L&n=10`: the clients that
+/// used the most of it in their current window.
+pub(super) async fn usage(shared: &Shared, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let query = request.uri().query().unwrap_or("");
+    let param = |name: &str| {
+        query.split('&').find_map(|p| {
+            let value = p.strip_prefix(name)?.strip_prefix('=')?;
+            Some(percent_decoded(value))
+        })
+    };
+    let (Some(route), Some(limit)) = (param("route"), param("limit")) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "name the route and its limit: ?route=chat&limit=chat (the limit's policy name, as in RateLimit-Policy)",
+        );
+    };
+    let (scope, mut windows) = match kept(shared, &route, &limit).await {
+        Ok(found) => found,
+        Err(OperationError::Invalid(why)) => {
+            return problem(StatusCode::UNPROCESSABLE_ENTITY, &why);
+        }
+        Err(OperationError::Store(why)) => {
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("the rate limit store could not be read: {why}"),
+            );
+        }
+    };
+    let line = |out: &mut String, w: &crate::limit::Kept| {
+        out.push_str("{\"route\":");
+        crate::access_log::json_string(out, &route);
+        out.push_str(",\"limit\":");
+        crate::access_log::json_string(out, &limit);
+        out.push_str(",\"scope\":");
+        crate::access_log::json_string(out, &scope);
+        out.push_str(",\"client\":");
+        crate::access_log::json_string(out, &w.client);
+        out.push_str(&format!(
+            ",\"window_start\":{},\"window_end\":{},\"units\":{}}}",
+            w.start, w.end, w.units
+        ));
+    };
+    let mut out = String::new();
+    let kind = if request.uri().path() == "/usage/closed" {
+        windows.retain(|w| w.closed);
+        windows.sort_by(|a, b| (&a.client, a.start).cmp(&(&b.client, b.start)));
+        for w in &windows {
+            line(&mut out, w);
+            out.push('\n');
+        }
+        "application/x-ndjson"
+    } else {
+        let n = param("n")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(10)
+            .clamp(1, 1000);
+        windows.retain(|w| !w.closed);
+        windows.sort_by(|a, b| b.units.cmp(&a.units).then(a.client.cmp(&b.client)));
+        windows.truncate(n);
+        out.push_str("{\"clients\":[");
+        for (i, w) in windows.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            line(&mut out, w);
+        }
+        out.push_str("]}");
+        "application/json"
+    };
+    let mut response = Response::new(Full::new(Bytes::from(out)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    response
+}
+
+/// `%XX` escapes and `+` of a query value decoded (lossily).
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match u8::from_str_radix(value.get(i + 1..i + 3).unwrap_or(""), 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

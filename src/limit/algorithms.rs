@@ -24,6 +24,14 @@ pub enum State {
         count: u64,
         /// Units an operator granted in it beyond the limit.
         extra: u64,
+        /// A window by the calendar: the counted window's end (0
+        /// otherwise), kept so its total can be exported once it closes.
+        end: u64,
+        /// A window by the calendar: the last window that counted anything
+        /// before the counted one, as `(start, end, units)`, kept until the
+        /// end of the window after it; `(0, 0, 0)` for none (what Redis
+        /// keeps at `<key>:closed:<start>`).
+        closed: (u64, u64, u64),
     },
     /// Admitted requests still inside the trailing window, oldest first.
     SlidingLog {
@@ -67,6 +75,8 @@ impl State {
                 start: 0,
                 count: 0,
                 extra: 0,
+                end: 0,
+                closed: (0, 0, 0),
             },
             Algorithm::SlidingLog => Self::SlidingLog {
                 entries: VecDeque::new(),
@@ -102,6 +112,7 @@ impl State {
                 start,
                 count,
                 extra,
+                ..
             } => {
                 let (window_start, counted, len, extra) =
                     fixed_window_at(*start, *count, *extra, now, limit);
@@ -292,14 +303,8 @@ impl State {
     /// at the same `now`.
     pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
         match self {
-            Self::FixedWindow {
-                start,
-                count,
-                extra,
-            } => {
-                let (window_start, counted, _, granted) =
-                    fixed_window_at(*start, *count, *extra, now, limit);
-                (*start, *count, *extra) = (window_start, counted + cost, granted);
+            Self::FixedWindow { .. } => {
+                self.fixed_window_write(limit, now, |count, extra| (count + cost, extra));
             }
             Self::SlidingWindow {
                 start,
@@ -338,10 +343,7 @@ impl State {
     /// When this state holds nothing that matters any more.
     pub fn expires_at(&self, limit: &Limit) -> u64 {
         match self {
-            Self::FixedWindow { start, .. } => {
-                let (window_start, len) = limit.span(*start);
-                window_start + len
-            }
+            Self::FixedWindow { start, .. } => fixed_window_kept_until(*start, limit),
             Self::SlidingLog { entries, .. } => {
                 entries.back().map_or(0, |&(t, _)| t + limit.window_ms)
             }
@@ -352,6 +354,58 @@ impl State {
             },
             Self::Gcra { tat_ms, tat_frac } => tat_ms + u64::from(*tat_frac > 0),
         }
+    }
+}
+
+/// When a fixed window state starting at `start` stops mattering: its
+/// window's end, or for a window by the calendar, the end of the window
+/// after it (until then it is the previous window, kept for export).
+fn fixed_window_kept_until(start: u64, limit: &Limit) -> u64 {
+    let (window_start, len) = limit.span(start);
+    let end = window_start + len;
+    if limit.bounds.is_none() {
+        return end;
+    }
+    let (next, next_len) = limit.span(end);
+    next + next_len
+}
+
+impl State {
+    /// Writes a fixed window state at `now`: the count and the units
+    /// granted in the window `now` falls in become what `change` makes of
+    /// them. A window by the calendar keeps its end, and one this moves
+    /// past that counted anything becomes the closed one.
+    pub(super) fn fixed_window_write(
+        &mut self,
+        limit: &Limit,
+        now: u64,
+        change: impl FnOnce(u64, u64) -> (u64, u64),
+    ) {
+        let Self::FixedWindow {
+            start,
+            count,
+            extra,
+            end,
+            closed,
+        } = self
+        else {
+            return;
+        };
+        let (window_start, counted, len, granted) =
+            fixed_window_at(*start, *count, *extra, now, limit);
+        let calendar = limit.bounds.is_some();
+        if window_start != *start && calendar && *count > 0 {
+            let ended = if *end > 0 {
+                *end
+            } else {
+                let (s, l) = limit.span(*start);
+                s + l
+            };
+            *closed = (*start, ended, *count);
+        }
+        let (c, e) = change(counted, granted);
+        (*start, *count, *extra) = (window_start, c, e);
+        *end = if calendar { window_start + len } else { 0 };
     }
 }
 

@@ -264,6 +264,23 @@ impl Limiter {
         shared.ask_store(settlement, now).await.map(|_| ())
     }
 
+    /// Every client's fixed window of limit `index` of `scope` (read as
+    /// entry `entry` in memory when the limit is keyed on its own), as the
+    /// store keeps it now: for export and for the heaviest clients.
+    pub async fn kept(
+        &self,
+        scope: &str,
+        index: usize,
+        entry: Option<&str>,
+        limit: &Limit,
+    ) -> Result<Vec<super::Kept>, StoreError> {
+        let now = now_ms();
+        match self {
+            Self::Memory(memory) => Ok(memory.0.kept(scope, index, entry, limit, now)),
+            Self::Redis(shared) => shared.store.kept(scope, index, limit, now).await,
+        }
+    }
+
     /// Which store decides: `"memory"` or `"redis"`.
     /// Settles a reservation (`charge.settle` is set) where it was
     /// decided: the shared store, through its breaker, or this instance's

@@ -222,6 +222,69 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Every client's fixed window of limit `index` of `scope` (a route's
+    /// own limits, kept together per client) or of entry `entry` (a limit
+    /// keyed on its own), as kept at `now`: its current window, and the
+    /// last closed one of a window by the calendar.
+    pub fn kept(
+        &self,
+        scope: &str,
+        index: usize,
+        entry: Option<&str>,
+        limit: &Limit,
+        now: u64,
+    ) -> Vec<super::Kept> {
+        let id_key = super::redis::IdKey::new(None);
+        let mut out = Vec::new();
+        let mut add = |client: &crate::client::ClientId, state: Option<&State>| {
+            let Some(State::FixedWindow {
+                start,
+                count,
+                end,
+                closed,
+                ..
+            }) = state
+            else {
+                return;
+            };
+            let mut id = String::new();
+            super::redis::write_client(&mut id, client, &id_key);
+            let end = if *end > 0 {
+                *end
+            } else {
+                start + limit.window_ms
+            };
+            if *count > 0 {
+                out.push(super::Kept {
+                    client: id.clone(),
+                    start: *start,
+                    end,
+                    units: *count,
+                    closed: end <= now,
+                });
+            }
+            let (s, e, units) = *closed;
+            if units > 0 && e > 0 {
+                out.push(super::Kept {
+                    client: id,
+                    start: s,
+                    end: e,
+                    units,
+                    closed: true,
+                });
+            }
+        };
+        match entry {
+            Some(entry) => self
+                .shards
+                .each_of(entry, |client, e| add(client, e.states.first())),
+            None => self
+                .shards
+                .each_of(scope, |client, e| add(client, e.states.get(index))),
+        }
+        out
+    }
+
     /// Applies an operator's `adjustment` at `now` to `charge`'s limits
     /// (only the one at `which`, when given) for its client.
     pub fn adjust_at(
@@ -464,6 +527,39 @@ mod tests {
             cost: 1,
             settle: None,
         }
+    }
+
+    #[test]
+    fn a_calendar_windows_total_is_kept_once_it_closes() {
+        let route: Arc<str> = "api".into();
+        let (a, b) = (ClientId::header("a"), ClientId::header("b"));
+        let mut limit = Limit::new(Algorithm::FixedWindow, 100, 60_000);
+        limit.bounds = Some([0, 60_000, 120_000, 180_000]);
+        let limits = [limit];
+        let store = MemoryStore::new();
+        let cost = |client, cost| Charge {
+            cost,
+            ..charge(&route, client, &limits)
+        };
+        assert!(store.decide_at(cost(&a, 3), 60_001).allowed);
+        assert!(store.decide_at(cost(&a, 4), 60_002).allowed);
+        assert!(store.decide_at(cost(&b, 5), 60_003).allowed);
+        // The window closes; a comes back, b does not.
+        assert!(store.decide_at(cost(&a, 2), 120_001).allowed);
+        let mut kept = store.kept("api", 0, None, &limit, 120_002);
+        kept.sort_by_key(|k| (k.closed, k.start, k.units));
+        let seen: Vec<(u64, u64, u64, bool)> = kept
+            .iter()
+            .map(|k| (k.start, k.end, k.units, k.closed))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (120_000, 180_000, 2, false),
+                (60_000, 120_000, 5, true),
+                (60_000, 120_000, 7, true),
+            ]
+        );
     }
 
     #[test]

@@ -297,6 +297,19 @@ impl Verdict {
     }
 }
 
+/// One client's fixed window as the store keeps it, for export: the
+/// client's id as keys write it (see [`redis::write_client`]), the
+/// window's start and end (ms), the units counted in it, and whether it
+/// has closed (its total is final).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub client: String,
+    pub start: u64,
+    pub end: u64,
+    pub units: u64,
+    pub closed: bool,
+}
+
 /// What an operator does to one client's counts (on the admin listener).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adjustment {

@@ -122,6 +122,19 @@ impl<V> Shards<V> {
         remaining
     }
 
+    /// Calls `f` with the route, client and value of every slot held of
+    /// route (or entry) `route`, one shard locked at a time.
+    pub fn each_of(&self, route: &str, mut f: impl FnMut(&ClientId, &V)) {
+        for shard in self.shards.iter() {
+            let map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for slot in map.values() {
+                if &*slot.route == route {
+                    f(&slot.client, &slot.value);
+                }
+            }
+        }
+    }
+
     /// Values held.
     pub fn len(&self) -> usize {
         self.shards

@@ -138,3 +138,47 @@ pub async fn operate(
     let after = standing().await?;
     Ok((before, Some(after)))
 }
+
+/// Every client's window of the fixed-window limit called `limit` (its
+/// policy name) on route `route`, as the store keeps it: the scope it
+/// counts in (the route, or `@` and a budget) and the windows.
+pub async fn kept(
+    shared: &Shared,
+    route: &str,
+    limit: &str,
+) -> Result<(String, Vec<crate::limit::Kept>), OperationError> {
+    let rules = shared.rules.load_full();
+    let Some(found) = rules.routes.iter().find(|r| *r.name == *route) else {
+        return Err(OperationError::Invalid(format!(
+            "no route is called {route:?}"
+        )));
+    };
+    let policies = std::iter::once(&found.policy)
+        .chain(found.plans.iter().flatten())
+        .chain(found.overrides.iter().map(|o| &o.policy));
+    let Some((policy, i)) = policies
+        .filter_map(|p| Some((p, p.names.iter().position(|n| n == limit)?)))
+        .next()
+    else {
+        return Err(OperationError::Invalid(format!(
+            "route {route:?} has no limit called {limit:?}"
+        )));
+    };
+    let counted = policy.limits[i];
+    if counted.algorithm != Algorithm::FixedWindow {
+        return Err(OperationError::Invalid(format!(
+            "limit {limit:?} is a {}; totals per window are kept for fixed windows (by the calendar or not)",
+            counted.algorithm.name()
+        )));
+    }
+    let (scope, index, entry) = match policy.counting.get(i) {
+        Some(c) => (c.scope.to_string(), c.index, Some(c.entry.to_string())),
+        None => (found.name.to_string(), i, None),
+    };
+    let windows = shared
+        .limiter
+        .kept(&scope, index, entry.as_deref(), &counted)
+        .await
+        .map_err(|e| OperationError::Store(e.to_string()))?;
+    Ok((scope, windows))
+}

@@ -38,15 +38,12 @@ impl State {
             (back * w).min((reserved * w).saturating_sub(now.saturating_sub(at) * rate))
         };
         match self {
-            Self::FixedWindow {
-                start,
-                count,
-                extra,
-            } => {
-                let (window_start, counted, _, granted) =
-                    fixed_window_at(*start, *count, *extra, now, limit);
+            Self::FixedWindow { start, count, .. } => {
+                let (window_start, ..) = fixed_window_at(*start, *count, 0, now, limit);
                 if window_start == limit.span(at).0 {
-                    (*start, *count, *extra) = (window_start, counted - back.min(counted), granted);
+                    self.fixed_window_write(limit, now, |counted, granted| {
+                        (counted - back.min(counted), granted)
+                    });
                 }
             }
             Self::SlidingWindow {
@@ -116,14 +113,8 @@ impl State {
     /// taken now and settled to nothing would give back.
     pub fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
         match self {
-            Self::FixedWindow {
-                start,
-                count,
-                extra,
-            } => {
-                let (window_start, counted, _, granted) =
-                    fixed_window_at(*start, *count, *extra, now, limit);
-                (*start, *count, *extra) = (window_start, counted, granted + units);
+            Self::FixedWindow { .. } => {
+                self.fixed_window_write(limit, now, |counted, granted| (counted, granted + units));
             }
             _ => self.settle(limit, now, now, units, 0),
         }

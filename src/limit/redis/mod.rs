@@ -62,6 +62,7 @@ mod batch;
 mod cluster;
 mod code;
 mod connections;
+mod export;
 mod given_back;
 mod keys;
 mod operator;
