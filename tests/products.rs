@@ -11,10 +11,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use support::cluster::TestCluster;
 use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
+use support::tokens::hs256 as token;
 use support::{Answer, Floodgate, TestClient, temp_dir};
 
 /// A route on `/users` counting users by `X-User` (`user` an hour), their
@@ -315,28 +315,6 @@ async fn a_per_key_limit_beside_a_per_address_limit_refuses_made_up_keys() {
 }
 
 // === plans ===
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// An HS256 token signed with `secret` carrying `claims` (JSON members
-/// beside `exp`).
-fn token(secret: &[u8], claims: &str) -> String {
-    let exp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-        + 3600;
-    let body = format!("{{{claims},\"exp\":{exp}}}");
-    let input = format!(
-        "{}.{}",
-        b64(br#"{"alg":"HS256","typ":"JWT"}"#),
-        b64(body.as_bytes())
-    );
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    let sig = ring::hmac::sign(&key, input.as_bytes());
-    format!("{input}.{}", b64(sig.as_ref()))
-}
 
 /// Sends requests with `headers` until one is refused (at most 50): how
 /// many were admitted, and the first answer.

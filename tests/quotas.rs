@@ -6,9 +6,9 @@ mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
 use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
+use support::tokens::hs256 as token;
 use support::{Answer, Floodgate, TestClient, temp_dir};
 
 fn now_ms() -> u64 {
@@ -122,25 +122,6 @@ async fn a_minute_quota_resets_at_its_boundary_on_both_instances_on_a_cluster() 
         Config::new().redis_cluster(&cluster.urls(), &prefix),
     )
     .await;
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// An HS256 token signed with `secret` carrying `claims` (JSON members
-/// beside `exp`).
-fn token(secret: &[u8], claims: &str) -> String {
-    let exp = now_ms() / 1000 + 3600;
-    let body = format!("{{{claims},\"exp\":{exp}}}");
-    let input = format!(
-        "{}.{}",
-        b64(br#"{"alg":"HS256","typ":"JWT"}"#),
-        b64(body.as_bytes())
-    );
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    let sig = ring::hmac::sign(&key, input.as_bytes());
-    format!("{input}.{}", b64(sig.as_ref()))
 }
 
 /// UTC midnight of `date`, in ms.

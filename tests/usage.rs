@@ -76,6 +76,24 @@ impl Metered {
     }
 }
 
+impl Metered {
+    /// Waits until `n` requests have reached the upstream (long enough
+    /// for a loaded machine; it ends as soon as they have), and insists.
+    async fn until_arrived(&self, n: usize) {
+        for _ in 0..600 {
+            if self.arrived.load(Ordering::SeqCst) == n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            self.arrived.load(Ordering::SeqCst),
+            n,
+            "requests never reached the upstream"
+        );
+    }
+}
+
 async fn answer(
     req: Request<Incoming>,
     gate: Arc<Semaphore>,
@@ -908,17 +926,7 @@ async fn a_remembered_denial_admits_smaller_reservations_and_refunds() {
             .await
             .status
     });
-    for _ in 0..600 {
-        if api.arrived.load(Ordering::SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        api.arrived.load(Ordering::SeqCst),
-        1,
-        "A never reached the upstream"
-    );
+    api.until_arrived(1).await;
     let ask = |units: &'static str| {
         let (client, url) = (client.clone(), gate.url("/json?in=0&out=1"));
         async move {
@@ -997,13 +1005,7 @@ async fn units_given_back_end_remembered_denials_on_every_instance(store: Config
             .await
             .status
     });
-    for _ in 0..600 {
-        if api.arrived.load(Ordering::SeqCst) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(api.arrived.load(Ordering::SeqCst), 1, "A never arrived");
+    api.until_arrived(1).await;
     let ask = |gate: usize| {
         let (client, url) = (client.clone(), gates[gate].url("/json?in=0&out=5"));
         async move {

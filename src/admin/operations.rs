@@ -297,7 +297,7 @@ pub(super) async fn usage(shared: &Shared, request: &Request<Incoming>) -> Respo
             );
         }
     };
-    let line = |out: &mut String, w: &crate::limit::Kept| {
+    let line = |out: &mut String, w: &crate::gate::Kept| {
         out.push_str("{\"route\":");
         crate::access_log::json_string(out, &route);
         out.push_str(",\"limit\":");

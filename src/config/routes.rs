@@ -246,16 +246,21 @@ impl Validator<'_> {
                 None
             }
             (u, r, st) => {
-                let span = u
-                    .as_ref()
-                    .map(Spanned::span)
-                    .or(r.as_ref().map(Spanned::span))
-                    .or(st.as_ref().map(Spanned::span))
-                    .unwrap_or(span.clone());
-                self.problem(
-                    span,
-                    format!("route {name:?} has more than one of upstream, respond and standing; keep one"),
-                );
+                let given: Vec<(&str, Range<usize>)> = [
+                    ("upstream", u.as_ref().map(Spanned::span)),
+                    ("respond", r.as_ref().map(Spanned::span)),
+                    ("standing", st.as_ref().map(Spanned::span)),
+                ]
+                .into_iter()
+                .filter_map(|(key, at)| Some((key, at?)))
+                .collect();
+                let names: Vec<&str> = given.iter().map(|(key, _)| *key).collect();
+                let which = match names[..] {
+                    [a, b] => format!("both {a} and {b}"),
+                    _ => "upstream, respond and standing".to_owned(),
+                };
+                let at = given.first().map_or(span.clone(), |(_, at)| at.clone());
+                self.problem(at, format!("route {name:?} has {which}; keep one"));
                 None
             }
         };

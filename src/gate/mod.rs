@@ -26,6 +26,6 @@ pub mod shared;
 pub mod shown;
 
 pub use phases::handle;
-pub use phases::operator::{Adjustment, Operation, OperationError, kept, operate};
+pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate};
 pub use rules::{Rules, start_upstreams};
 pub use shared::{Readiness, Shared, StartError};

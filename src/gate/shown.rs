@@ -16,16 +16,7 @@ pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
         if j > 0 {
             out.push(',');
         }
-        out.push_str("{\"policy\":");
-        json_string(out, name);
-        let counting = policy.counting.get(j);
-        out.push_str(",\"key\":");
-        json_string(out, counting.map_or("client", |c| &c.shown));
-        out.push_str(",\"budget\":");
-        match counting.and_then(|c| c.budget.as_deref()) {
-            Some(budget) => json_string(out, budget),
-            None => out.push_str("null"),
-        }
+        limit_named(out, policy, j, name);
         let claimed = policy.claimed.iter().find(|(at, _)| *at == j);
         out.push_str(",\"limit_from\":");
         match claimed {
@@ -116,4 +107,20 @@ fn names_json<'a>(out: &mut String, names: impl Iterator<Item = &'a str>) {
         json_string(out, name);
     }
     out.push(']');
+}
+
+/// A limit's object opened with what names it: `{"policy":…,"key":…,
+/// "budget":…` (its policy name, whose count it is, its budget), for
+/// `/status.json`, the readout and the operators' answers alike.
+pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, name: &str) {
+    out.push_str("{\"policy\":");
+    json_string(out, name);
+    let counting = policy.counting.get(j);
+    out.push_str(",\"key\":");
+    json_string(out, counting.map_or("client", |c| &c.shown));
+    out.push_str(",\"budget\":");
+    match counting.and_then(|c| c.budget.as_deref()) {
+        Some(budget) => json_string(out, budget),
+        None => out.push_str("null"),
+    }
 }

@@ -335,13 +335,7 @@ impl MemoryStore {
                 apply(state, limit);
             }
         }
-        entry.expires_at = entry
-            .states
-            .iter()
-            .zip(charge.limits)
-            .map(|(s, l)| s.expires_at(l))
-            .max()
-            .unwrap_or(0);
+        entry.refresh_expiry(charge.limits);
     }
 
     /// Forgets every client whose state has expired by `now`; returns how
@@ -465,14 +459,19 @@ impl Entry {
             }
         };
         decision.at_ms = now;
+        self.refresh_expiry(charge.limits);
+        decision
+    }
+
+    /// When this entry stops mattering: when the last of its states does.
+    fn refresh_expiry(&mut self, limits: &[Limit]) {
         self.expires_at = self
             .states
             .iter()
-            .zip(charge.limits)
+            .zip(limits)
             .map(|(s, l)| s.expires_at(l))
             .max()
             .unwrap_or(0);
-        decision
     }
 
     /// Decides `charge` at `now`: every limit checked, then consumed from

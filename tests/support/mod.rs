@@ -9,6 +9,7 @@ pub mod peers;
 pub mod redis;
 pub mod relay;
 pub mod sentinel;
+pub mod tokens;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::{Context, Found};
 use crate::gate::shared::Shared;
-pub use crate::limit::Adjustment;
+pub use crate::limit::{Adjustment, Kept};
 use crate::limit::{Algorithm, Charge};
 use crate::proxy::Peer;
 
@@ -117,9 +117,7 @@ pub async fn operate(
         settle: None,
     };
     let standing = || async {
-        let verdicts = shared
-            .limiter
-            .standing(charge)
+        let verdicts = super::standing::read_standing(shared, &route.name, &who)
             .await
             .map_err(|e| OperationError::Store(e.to_string()))?;
         let mut out = String::new();

@@ -52,23 +52,13 @@ impl Context<'_> {
             if n > 0 {
                 out.push(',');
             }
-            let mut verdicts = Vec::new();
-            if let (Some(client), Some(policy), false) = (&who.client, &who.policy, who.exempt) {
-                let charge = Charge {
-                    route: &route.name,
-                    client,
-                    limits: &policy.limits,
-                    keys: &who.keys,
-                    cost: 0,
-                    settle: None,
-                };
-                verdicts = self
-                    .shared
-                    .limiter
-                    .standing(charge)
+            let verdicts = if who.exempt {
+                Vec::new()
+            } else {
+                read_standing(self.shared, &route.name, &who)
                     .await
-                    .map_err(|_| Refusal::store(1_000))?;
-            }
+                    .map_err(|_| Refusal::store(1_000))?
+            };
             match &who.policy {
                 Some(policy) => route_json(&mut out, name, &who, rules, policy, &verdicts),
                 None => route_json(&mut out, name, &who, rules, &Policy::default(), &[]),
@@ -81,6 +71,28 @@ impl Context<'_> {
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         Ok(response)
     }
+}
+
+/// What each limit `who` falls under on route `route` holds now, read
+/// from the store without consuming (none when the route does not limit
+/// it).
+pub(super) async fn read_standing(
+    shared: &crate::gate::shared::Shared,
+    route: &Arc<str>,
+    who: &Identity<'_>,
+) -> Result<Vec<Verdict>, crate::limit::StoreError> {
+    let (Some(client), Some(policy)) = (&who.client, &who.policy) else {
+        return Ok(Vec::new());
+    };
+    let charge = Charge {
+        route,
+        client,
+        limits: &policy.limits,
+        keys: &who.keys,
+        cost: 0,
+        settle: None,
+    };
+    shared.limiter.standing(charge).await
 }
 
 /// One route's standing: whether the caller is exempt there, its plan, and
@@ -118,16 +130,8 @@ fn limits_json(out: &mut String, policy: &crate::routes::Policy, verdicts: &[Ver
         if i > 0 {
             out.push(',');
         }
-        out.push_str("{\"policy\":");
-        json_string(out, policy.names.get(i).map_or("", String::as_str));
-        let counting = policy.counting.get(i);
-        out.push_str(",\"key\":");
-        json_string(out, counting.map_or("client", |c| &c.shown));
-        out.push_str(",\"budget\":");
-        match counting.and_then(|c| c.budget.as_deref()) {
-            Some(budget) => json_string(out, budget),
-            None => out.push_str("null"),
-        }
+        let name = policy.names.get(i).map_or("", String::as_str);
+        crate::gate::shown::limit_named(out, policy, i, name);
         let _ = write!(
             out,
             ",\"counts\":\"{}\",\"limit\":{},\"remaining\":{},\"reset_seconds\":{},\"window_seconds\":{}",
