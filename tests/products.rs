@@ -340,11 +340,7 @@ async fn admitted_until_refused(
 async fn plans_by_a_verified_claim_with_a_claim_carried_limit_clamped_to_its_ceiling() {
     let dir = temp_dir("plans-claim");
     let secret = b"a plan secret of at least thirty-two bytes".to_vec();
-    std::fs::write(dir.join("secret"), &secret).expect("write secret");
-    let jwt = format!(
-        r#"from = "jwt", claim = "sub", algorithm = "HS256", secret_file = "{}", missing = "reject""#,
-        dir.join("secret").display()
-    );
+    let jwt = support::tokens::hs256_client(&dir, &secret);
     let toml = Config::new()
         .route(
             Route::new("chat")

@@ -142,11 +142,7 @@ async fn a_months_anchor_is_read_from_a_verified_claim() {
     let prefix = unique_prefix("quota-anchor");
     let dir = temp_dir("quota-anchor");
     let secret = b"a billing secret of at least thirty-two bytes".to_vec();
-    std::fs::write(dir.join("secret"), &secret).expect("write secret");
-    let jwt = format!(
-        r#"from = "jwt", claim = "sub", algorithm = "HS256", secret_file = "{}", missing = "reject""#,
-        dir.join("secret").display()
-    );
+    let jwt = support::tokens::hs256_client(&dir, &secret);
     let toml = Config::new()
         .redis(&redis.url, &prefix)
         .route(

@@ -24,3 +24,14 @@ pub fn hs256(secret: &[u8], claims: &str) -> String {
     let sig = ring::hmac::sign(&key, input.as_bytes());
     format!("{input}.{}", b64(sig.as_ref()))
 }
+
+/// Writes `secret` as `dir/secret` and returns a route `client` that
+/// reads the verified `sub` claim of HS256 tokens signed with it (the
+/// inside of `client = { … }`), refusing requests without one.
+pub fn hs256_client(dir: &std::path::Path, secret: &[u8]) -> String {
+    std::fs::write(dir.join("secret"), secret).expect("write secret");
+    format!(
+        r#"from = "jwt", claim = "sub", algorithm = "HS256", secret_file = "{}", missing = "reject""#,
+        dir.join("secret").display()
+    )
+}
