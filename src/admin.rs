@@ -2,8 +2,10 @@
 //! instance should get traffic: not stopping, and not refusing everything
 //! because the store is down under `on_error = "deny"`), `/metrics`
 //! (Prometheus), `/clients/top` (who is limited), and a dashboard at `/`
-//! over `/status.json`, `/history.json` and `/clients/top`. Separate from the traffic listener so it can stay
-//! private.
+//! over `/status.json`, `/history.json` and `/clients/top`; and, in
+//! `operations`, operators on one client's counts (`POST /clients/…`) and
+//! usage per window (`GET /usage/…`). Separate from the traffic listener
+//! so it can stay private.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -17,7 +17,7 @@
 //! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
-//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener, and the dashboard with its JSON (`/status.json`, `/history.json`, `/clients/top`) |
+//! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener, the dashboard with its JSON (`/status.json`, `/history.json`, `/clients/top`), operators on one client's counts (`/clients/standing`, `/credit`, `/debit`, `/reset`, behind a bearer token) and usage per window (`/usage/closed`, `/usage/top`) |
 //! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its body wrapper, the one every answer goes out through, also holds the request's concurrency slot until the body is sent, and shows a metered answer to its usage meter) |
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
