@@ -133,9 +133,9 @@ fn midnight(date: jiff::civil::Date) -> u64 {
 }
 
 /// A month quota from each client's billing day, read from a verified
-/// claim: a client whose day is tomorrow's has its window end at
-/// tomorrow's midnight, and one without the claim at the first of next
-/// month; `w` is each window's real length.
+/// claim: a client whose day is tomorrow's (the day after, when tomorrow
+/// is the 1st) has its window end at that midnight, and one without the
+/// claim at the first of next month; `w` is each window's real length.
 #[tokio::test]
 async fn a_months_anchor_is_read_from_a_verified_claim() {
     let redis = TestRedis::start().await;
@@ -162,12 +162,23 @@ async fn a_months_anchor_is_read_from_a_verified_claim() {
         .first_of_month()
         .checked_add(jiff::Span::new().months(1))
         .expect("next month");
-    let day = tomorrow.day();
+    // An anchor whose window ends tomorrow, or, when tomorrow is the 1st
+    // (where the default ends too), the day after: never the default's end.
+    let anchored_end = if tomorrow.day() == 1 {
+        tomorrow.tomorrow().expect("the day after")
+    } else {
+        tomorrow
+    };
+    let day = anchored_end.day();
+    assert_ne!(
+        anchored_end, next_month,
+        "the anchored case would be the default's"
+    );
     let cases = [
         (
             format!(r#""sub":"anchored","billing_day":{day}"#),
-            tomorrow,
-            tomorrow
+            anchored_end,
+            anchored_end
                 .checked_sub(jiff::Span::new().months(1))
                 .expect("a month back"),
         ),

@@ -109,6 +109,7 @@ impl Validator<'_> {
                 week_starts: week_starts?,
             },
             anchor: anchor?,
+            remembered: Default::default(),
         }))
     }
 

@@ -212,6 +212,14 @@ impl ClaimRule {
         self.claim_at(headers, now)
     }
 
+    /// The claim of the request's verified token read as a whole number
+    /// (a per-key limit, a billing day); `None` for a token that is
+    /// missing or invalid, lacks the claim, or carries something else.
+    pub fn claimed_number<T: std::str::FromStr>(&self, headers: &HeaderMap) -> Option<T> {
+        let value = self.claim(headers).ok()?;
+        std::str::from_utf8(&value).ok()?.trim().parse().ok()
+    }
+
     /// [`ClaimRule::claim`] at `now`, in seconds since the Unix epoch.
     pub fn claim_at(&self, headers: &HeaderMap, now: u64) -> Result<Vec<u8>, TokenError> {
         self.claim_if(headers, now, || true)

@@ -179,6 +179,35 @@ impl Calendar {
     }
 }
 
+/// The boundaries a calendar last computed for each anchor day, so that a
+/// request in the same window reuses them: the time zone arithmetic runs
+/// once per window and anchor, not once per request.
+#[derive(Debug, Default)]
+pub struct Remembered {
+    /// By anchor day (0 unused); `[0; 4]` until first computed.
+    last: [std::sync::Mutex<Bounds>; 32],
+}
+
+impl Remembered {
+    /// `calendar`'s boundaries around `now_ms` for `anchor`: the ones
+    /// remembered while `now_ms` is in their current window, else computed
+    /// (and remembered).
+    pub fn bounds(&self, calendar: &Calendar, now_ms: u64, anchor: u8) -> Option<Bounds> {
+        let slot = self.last.get(usize::from(anchor))?;
+        let held = *slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held[1] <= now_ms && now_ms < held[2] {
+            return Some(held);
+        }
+        let bounds = calendar.bounds(now_ms, anchor)?;
+        *slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = bounds;
+        Some(bounds)
+    }
+}
+
 /// Day `anchor` of month `m` of year `y`, or the month's last day when it
 /// has fewer days.
 fn anchored(y: i16, m: i8, anchor: u8) -> Option<Date> {
@@ -356,6 +385,31 @@ mod tests {
                 "2028-12-31T23:00:00Z",
                 "2029-12-31T23:00:00Z"
             ]
+        );
+    }
+
+    #[test]
+    fn remembered_boundaries_are_the_computed_ones_and_move_with_the_window() {
+        let month = calendar(Unit::Month, "Europe/Berlin");
+        let remembered = Remembered::default();
+        for now in [
+            "2026-03-29T12:00:00Z",
+            "2026-03-30T12:00:00Z",
+            "2026-04-15T00:00:00Z",
+            "2026-04-14T21:59:59Z",
+            "2026-12-31T23:30:00Z",
+        ] {
+            for anchor in [1, 15, 31] {
+                assert_eq!(
+                    remembered.bounds(&month, at(now), anchor),
+                    month.bounds(at(now), anchor),
+                    "{now} anchor {anchor}"
+                );
+            }
+        }
+        assert_eq!(
+            remembered.bounds(&month, at("2026-03-29T12:00:00Z"), 32),
+            None
         );
     }
 

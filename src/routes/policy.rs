@@ -87,7 +87,9 @@ impl Policy {
         for (position, calendar) in &self.calendars {
             let anchor = calendar.anchor_for(headers);
             if let Some(limit) = policy.limits.get_mut(*position) {
-                limit.bounds = calendar.calendar.bounds(now_ms, anchor);
+                limit.bounds = calendar
+                    .remembered
+                    .bounds(&calendar.calendar, now_ms, anchor);
             }
         }
         policy.header = policy_header(&policy.names, &policy.limits);
@@ -103,10 +105,7 @@ impl Policy {
         let values: Vec<Option<u64>> = self
             .claimed
             .iter()
-            .map(|(_, claimed)| {
-                let value = claimed.rule.claim(headers).ok()?;
-                std::str::from_utf8(&value).ok()?.trim().parse::<u64>().ok()
-            })
+            .map(|(_, claimed)| claimed.rule.claimed_number::<u64>(headers))
             .collect();
         let (limits, header) = self.with_claimed(&values);
         Self {
@@ -164,6 +163,8 @@ pub struct ClaimedLimit {
 pub struct CalendarLimit {
     pub calendar: crate::limit::calendar::Calendar,
     pub anchor: Anchor,
+    /// The boundaries last computed, by anchor day.
+    pub remembered: crate::limit::calendar::Remembered,
 }
 
 /// The day of the month a client's months start on.
@@ -203,9 +204,7 @@ impl CalendarLimit {
         match &self.anchor {
             Anchor::Day(day) => *day,
             Anchor::Claim { rule, default } => rule
-                .claim(headers)
-                .ok()
-                .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u8>().ok())
+                .claimed_number::<u8>(headers)
                 .filter(|d| (1..=31).contains(d))
                 .unwrap_or(*default),
         }

@@ -3,6 +3,7 @@
 //! settlement that gives units back does, so remembered denials end.
 
 use super::RedisStore;
+use super::keys::Key;
 use crate::limit::{Charge, StoreError};
 
 impl RedisStore {
@@ -21,21 +22,21 @@ impl RedisStore {
                 }
                 _ => (self.hash_tag(charge.route, charge.client), i),
             };
-            // As `keys::Key` names it.
-            let key = format!(
-                "{tag}:{index}:{}:{}",
-                limit.algorithm.name(),
-                limit.window_ms
-            );
+            let key = Key {
+                tag: &tag,
+                index,
+                limit,
+            };
             let mut pipe = redis::pipe();
             pipe.cmd("DEL")
-                .arg(&key)
+                .arg(key)
                 .ignore()
                 .cmd("PUBLISH")
                 .arg(&channel)
                 .arg(&tag)
                 .ignore();
-            let () = self.query_at(&key, &pipe).await?;
+            // The tag hashes to the key's slot.
+            let () = self.query_at(&tag, &pipe).await?;
         }
         Ok(())
     }
