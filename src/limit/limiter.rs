@@ -15,6 +15,7 @@ use crate::client::ClientId;
 use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
+mod operations;
 mod spread;
 
 const ONE_SECOND: std::time::Duration = std::time::Duration::from_secs(1);
@@ -187,97 +188,6 @@ impl Limiter {
                 Answer::Decided(decision)
             }
             Self::Redis(shared) => shared.decide(charge).await,
-        }
-    }
-
-    /// What each of `charge`'s limits holds now, consuming nothing: for
-    /// a client's readout of its standing. The shared store is read (in
-    /// one call, or one per cluster slot its keys lie in); while it cannot
-    /// be, the error.
-    pub async fn standing(&self, charge: Charge<'_>) -> Result<Vec<super::Verdict>, StoreError> {
-        match self {
-            Self::Memory(memory) => Ok(memory.0.peek_at(charge, now_ms())),
-            Self::Redis(shared) => shared.standing(charge).await,
-        }
-    }
-
-    /// Applies an operator's `adjustment` to `charge`'s limits (only the
-    /// one at `which`, when given) for its client, where they are counted,
-    /// and ends the denials remembered for them on every instance. Limits
-    /// that count requests are adjusted as the others are.
-    pub async fn adjust(
-        &self,
-        charge: Charge<'_>,
-        which: Option<usize>,
-        adjustment: super::Adjustment,
-    ) -> Result<(), StoreError> {
-        let now = now_ms();
-        let limits: Vec<Limit> = charge
-            .limits
-            .iter()
-            .map(|l| Limit {
-                per_request: false,
-                ..*l
-            })
-            .collect();
-        let charge = Charge {
-            limits: &limits,
-            ..charge
-        };
-        let shared = match self {
-            Self::Memory(memory) => {
-                memory.0.adjust_at(charge, which, adjustment, now);
-                return Ok(());
-            }
-            Self::Redis(shared) => shared,
-        };
-        shared.denials.forget(charge.route, &remembered_as(&charge));
-        let (reserved, used, grant) = match adjustment {
-            super::Adjustment::Reset => return shared.store.reset(&charge, which).await,
-            super::Adjustment::Credit(units) => (units, 0, true),
-            super::Adjustment::Debit(units) => (0, units, false),
-        };
-        // A settlement of the chosen limits, each keyed as it is counted.
-        let chosen: Vec<usize> = (0..limits.len())
-            .filter(|i| which.is_none_or(|w| w == *i))
-            .collect();
-        let keys: Vec<super::CountKey> = chosen
-            .iter()
-            .map(|&i| match charge.keys.get(i) {
-                Some(k) if charge.keys.len() == limits.len() => k.clone(),
-                _ => super::CountKey::new(charge.route, charge.route, i, charge.client.clone()),
-            })
-            .collect();
-        let picked: Vec<Limit> = chosen.iter().map(|&i| limits[i]).collect();
-        let settlement = Charge {
-            limits: &picked,
-            keys: &keys,
-            cost: used,
-            settle: Some(super::Settlement {
-                at_ms: now,
-                reserved,
-                local: false,
-                grant,
-            }),
-            ..charge
-        };
-        shared.ask_store(settlement, now).await.map(|_| ())
-    }
-
-    /// Every client's fixed window of limit `index` of `scope` (read as
-    /// entry `entry` in memory when the limit is keyed on its own), as the
-    /// store keeps it now: for export and for the heaviest clients.
-    pub async fn kept(
-        &self,
-        scope: &str,
-        index: usize,
-        entry: Option<&str>,
-        limit: &Limit,
-    ) -> Result<Vec<super::Kept>, StoreError> {
-        let now = now_ms();
-        match self {
-            Self::Memory(memory) => Ok(memory.0.kept(scope, index, entry, limit, now)),
-            Self::Redis(shared) => shared.store.kept(scope, index, limit, now).await,
         }
     }
 
@@ -518,38 +428,6 @@ impl Shared {
                 self.fallback(charge, &e)
             }
         }
-    }
-
-    /// What each of `charge`'s limits holds in the store (see
-    /// [`Limiter::standing`]).
-    async fn standing(&self, charge: Charge<'_>) -> Result<Vec<super::Verdict>, StoreError> {
-        let Some(parts) = self.store.parts(&charge) else {
-            let target = self.store.target(&charge)?;
-            if target.node.breaker.is_open() {
-                return Err(StoreError::CircuitOpen);
-            }
-            return self.store.peek_on(target, charge).await;
-        };
-        let mut verdicts = vec![super::Verdict::default(); charge.limits.len()];
-        for (positions, target) in parts {
-            let target = target?;
-            if target.node.breaker.is_open() {
-                return Err(StoreError::CircuitOpen);
-            }
-            let limits: Vec<Limit> = positions.iter().map(|&i| charge.limits[i]).collect();
-            let keys: Vec<super::CountKey> =
-                positions.iter().map(|&i| charge.keys[i].clone()).collect();
-            let part = Charge {
-                limits: &limits,
-                keys: &keys,
-                ..charge
-            };
-            let read = self.store.peek_on(target, part).await?;
-            for (&i, verdict) in positions.iter().zip(read) {
-                verdicts[i] = verdict;
-            }
-        }
-        Ok(verdicts)
     }
 
     /// Asks the store to decide (or settle) `charge`: in one call, or on a

@@ -18,9 +18,46 @@ use futures_util::StreamExt as _;
 use redis::ConnectionInfo;
 use redis::aio::{PubSubSink, PubSubStream};
 
+use super::RedisStore;
 use super::cluster::Cluster;
 use super::connections::store_error;
+use crate::limit::Charge;
 use crate::limit::deny_cache::GivenBack;
+
+impl RedisStore {
+    /// Where units were given back lately, as the store tells this
+    /// instance (see `limit::deny_cache`).
+    pub fn given_back(&self) -> &GivenBack {
+        &self.given_back
+    }
+
+    /// Waits until this store listens for units given back, at most
+    /// `limit`: a started instance then remembers its first denials.
+    /// Whether it listens.
+    pub async fn listening_within(&self, limit: Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        while !self.given_back.is_listening() {
+            if self.listener.is_none() || tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
+    /// The [`GivenBack`] buckets of `charge`'s keys' hash tags.
+    pub fn tag_buckets(&self, charge: &Charge<'_>) -> Box<[u16]> {
+        if charge.keys.is_empty() {
+            let tag = self.hash_tag(charge.route, charge.client);
+            return Box::new([GivenBack::bucket(tag.as_bytes())]);
+        }
+        charge
+            .keys
+            .iter()
+            .map(|k| GivenBack::bucket(self.hash_tag(&k.scope, &k.client).as_bytes()))
+            .collect()
+    }
+}
 
 /// How often the subscription is pinged.
 const PING_EVERY: Duration = Duration::from_secs(1);

@@ -37,8 +37,11 @@
 //! agree: the id secret they digest client ids with, the limits they
 //! count by), [`code`] (the Lua code and getting it loaded),
 //! [`batch`] (decisions queued and sent together), [`replies`] (reading
-//! the verdicts back), [`connections`] (the pool) and [`cluster`] (a
-//! cluster's slots and primaries).
+//! the verdicts back), [`connections`] (the pool), [`cluster`] (a
+//! cluster's slots and primaries), [`given_back`] (hearing of units given
+//! back, which ends remembered denials), [`operator`] (a client's counts
+//! read without consuming, or deleted) and [`export`] (every client's
+//! window of a limit, for export).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -78,7 +81,7 @@ use connections::{Lane, Lanes, retires, store_error};
 pub use keys::IdKey;
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
-use replies::{decision_from_reply, next_decision, verdict_values, verdicts_from_reply};
+use replies::{decision_from_reply, next_decision, verdict_values};
 pub use targets::{Part, Target};
 
 /// Multiplexed connections in the pool; each carries many calls at once.
@@ -264,39 +267,6 @@ impl RedisStore {
             given_back,
             listener,
         })
-    }
-
-    /// Where units were given back lately, as the store tells this
-    /// instance (see `limit::deny_cache`).
-    pub fn given_back(&self) -> &GivenBack {
-        &self.given_back
-    }
-
-    /// Waits until this store listens for units given back, at most
-    /// `limit`: a started instance then remembers its first denials.
-    /// Whether it listens.
-    pub async fn listening_within(&self, limit: Duration) -> bool {
-        let until = tokio::time::Instant::now() + limit;
-        while !self.given_back.is_listening() {
-            if self.listener.is_none() || tokio::time::Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        true
-    }
-
-    /// The [`GivenBack`] buckets of `charge`'s keys' hash tags.
-    pub fn tag_buckets(&self, charge: &Charge<'_>) -> Box<[u16]> {
-        if charge.keys.is_empty() {
-            let tag = self.hash_tag(charge.route, charge.client);
-            return Box::new([GivenBack::bucket(tag.as_bytes())]);
-        }
-        charge
-            .keys
-            .iter()
-            .map(|k| GivenBack::bucket(self.hash_tag(&k.scope, &k.client).as_bytes()))
-            .collect()
     }
 
     /// This store with client ids digested with `secret` in keys (see
@@ -496,48 +466,6 @@ impl RedisStore {
                 "the task sending calls to Redis stopped".to_owned(),
             ))
         })
-    }
-
-    /// What each of `charge`'s limits holds now, in one call to `target`
-    /// (see [`Self::target`]; a charge whose keys lie in several cluster
-    /// slots is read part by part), consuming nothing: a settlement of
-    /// nothing to nothing, which the code runs as a read.
-    pub async fn peek_on(
-        &self,
-        target: Target,
-        charge: Charge<'_>,
-    ) -> Result<Vec<crate::limit::Verdict>, StoreError> {
-        let Target { node, tags } = target;
-        let ask = Ask {
-            tags: tags.borrow(),
-            limits: charge.limits,
-            cost: 0,
-            settle: Some(crate::limit::Settlement {
-                at_ms: 0,
-                reserved: 0,
-                local: false,
-                grant: false,
-            }),
-            now: None,
-        };
-        let work = async {
-            let reply = match &self.link.cluster {
-                Some(cluster) => {
-                    self.link
-                        .cluster_call(cluster, node, std::iter::once(ask))
-                        .await?
-                }
-                None => {
-                    self.link
-                        .call(&mut Cmd::new(), std::iter::once(ask))
-                        .await?
-                }
-            };
-            verdicts_from_reply(&reply, charge.limits.len())
-        };
-        tokio::time::timeout(self.link.timeout, work)
-            .await
-            .map_err(|_| StoreError::Timeout(self.link.timeout))?
     }
 
     /// Decides `charges` in one call, in order, each at its own `now` or at

@@ -1,12 +1,59 @@
-//! What operators do to one client's counts beyond settlements: forget
-//! them (each key deleted where it lives), and tell every instance, as a
-//! settlement that gives units back does, so remembered denials end.
+//! What clients and operators ask of one client's counts beyond
+//! decisions: read them without consuming (a settlement of nothing), and
+//! forget them (each key deleted where it lives), telling every instance,
+//! as a settlement that gives units back does, so remembered denials end.
 
-use super::RedisStore;
+use redis::Cmd;
+
+use super::batch::Ask;
 use super::keys::Key;
+use super::replies::verdicts_from_reply;
+use super::{RedisStore, Target};
 use crate::limit::{Charge, StoreError};
 
 impl RedisStore {
+    /// What each of `charge`'s limits holds now, in one call to `target`
+    /// (see [`Self::target`]; a charge whose keys lie in several cluster
+    /// slots is read part by part), consuming nothing: a settlement of
+    /// nothing to nothing, which the code runs as a read.
+    pub async fn peek_on(
+        &self,
+        target: Target,
+        charge: Charge<'_>,
+    ) -> Result<Vec<crate::limit::Verdict>, StoreError> {
+        let Target { node, tags } = target;
+        let ask = Ask {
+            tags: tags.borrow(),
+            limits: charge.limits,
+            cost: 0,
+            settle: Some(crate::limit::Settlement {
+                at_ms: 0,
+                reserved: 0,
+                local: false,
+                grant: false,
+            }),
+            now: None,
+        };
+        let work = async {
+            let reply = match &self.link.cluster {
+                Some(cluster) => {
+                    self.link
+                        .cluster_call(cluster, node, std::iter::once(ask))
+                        .await?
+                }
+                None => {
+                    self.link
+                        .call(&mut Cmd::new(), std::iter::once(ask))
+                        .await?
+                }
+            };
+            verdicts_from_reply(&reply, charge.limits.len())
+        };
+        tokio::time::timeout(self.link.timeout, work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.link.timeout))?
+    }
+
     /// Deletes the keys of `charge`'s limits (only the one at `which`, when
     /// given) for its client, and publishes their hash tags on the
     /// channel instances listen to for units given back.
