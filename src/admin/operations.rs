@@ -97,49 +97,11 @@ pub(super) async fn answer(
             );
         }
     };
-    let adjustment = match (path.as_str(), asked.units) {
-        ("/clients/standing", _) => None,
-        ("/clients/reset", None) => Some(Adjustment::Reset),
-        ("/clients/credit", Some(units)) if units > 0 => Some(Adjustment::Credit(units)),
-        ("/clients/debit", Some(units)) if units > 0 => Some(Adjustment::Debit(units)),
-        ("/clients/reset", Some(_)) => {
-            return problem(StatusCode::BAD_REQUEST, "a reset takes no units");
-        }
-        _ => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "a credit or debit needs \"units\": a whole number of at least 1",
-            );
-        }
+    let op = match operation_of(&path, &asked) {
+        Ok(op) => op,
+        Err(refused) => return *refused,
     };
-    let reason = asked.reason.as_deref().map(str::trim).unwrap_or("");
-    if adjustment.is_some() && reason.is_empty() {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "a change needs a \"reason\", written in the audit line",
-        );
-    }
-    let mut headers = HeaderMap::new();
-    for (name, value) in &asked.client.headers {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::try_from(name.as_str()),
-            HeaderValue::try_from(value.as_str()),
-        ) else {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                &format!("header {name:?} is not a valid header"),
-            );
-        };
-        headers.append(name, value);
-    }
-    let address = asked.client.address.unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    let op = Operation {
-        route: asked.route.clone(),
-        headers,
-        address,
-        limit: asked.limit.clone(),
-        adjustment,
-    };
+    let reason = asked.reason.as_deref().map_or("", str::trim);
     match operate(shared, &op).await {
         Ok((before, after)) => {
             if let Some(after) = &after {
@@ -151,7 +113,7 @@ pub(super) async fn answer(
                     units = asked.units.unwrap_or(0),
                     route = %asked.route,
                     limit = %asked.limit.as_deref().unwrap_or("all"),
-                    client = %described(&asked.client, address),
+                    client = %described(&asked.client, op.address),
                     reason = %reason,
                     before = %before,
                     after = %after,
@@ -368,4 +330,44 @@ fn percent_decoded(value: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The operation `asked` at `path` names, or why it is refused (400).
+fn operation_of(path: &str, asked: &Asked) -> Result<Operation, Box<Response<Full<Bytes>>>> {
+    let bad = |why: &str| Box::new(problem(StatusCode::BAD_REQUEST, why));
+    let adjustment = match (path, asked.units) {
+        ("/clients/standing", _) => None,
+        ("/clients/reset", None) => Some(Adjustment::Reset),
+        ("/clients/credit", Some(units)) if units > 0 => Some(Adjustment::Credit(units)),
+        ("/clients/debit", Some(units)) if units > 0 => Some(Adjustment::Debit(units)),
+        ("/clients/reset", Some(_)) => return Err(bad("a reset takes no units")),
+        _ => {
+            return Err(bad(
+                "a credit or debit needs \"units\": a whole number of at least 1",
+            ));
+        }
+    };
+    let reason = asked.reason.as_deref().map_or("", str::trim);
+    if adjustment.is_some() && reason.is_empty() {
+        return Err(bad(
+            "a change needs a \"reason\", written in the audit line",
+        ));
+    }
+    let mut headers = HeaderMap::new();
+    for (name, value) in &asked.client.headers {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) else {
+            return Err(bad(&format!("header {name:?} is not a valid header")));
+        };
+        headers.append(name, value);
+    }
+    Ok(Operation {
+        route: asked.route.clone(),
+        headers,
+        address: asked.client.address.unwrap_or(IpAddr::from([127, 0, 0, 1])),
+        limit: asked.limit.clone(),
+        adjustment,
+    })
 }
