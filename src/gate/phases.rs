@@ -11,6 +11,7 @@
 //! the request's concurrency slot until the answer is sent.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::request::Parts;
@@ -23,7 +24,7 @@ use super::rules::Rules;
 use super::shared::Shared;
 use crate::access_log::{Logged, Record};
 use crate::client::ClientId;
-use crate::concurrency::{Per, Slot};
+use crate::concurrency::{Capacity, Per, Slot};
 use crate::limit::{Answer, Charge, Decision};
 use crate::metrics::Outcome;
 use crate::proxy::request_body::RequestBody;
@@ -123,7 +124,11 @@ async fn answer<H: Send + 'static>(
     let found = cx.route(&rules, &head, host, &matched_path)?;
     admit_body(found.route, &body)?;
     let who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
-    let slot = reserve(&rules, &found, &who).await?;
+    // A route without a cap awaits nothing here.
+    let slot = match rules.capacity.get(found.index).and_then(Option::as_ref) {
+        Some(capacity) => reserve(capacity, &found, &who).await?,
+        None => None,
+    };
     // Boxed, as the rare path: every request's future would carry it.
     let (body, read) = match found
         .route
@@ -233,13 +238,10 @@ fn admit_body(route: &Route, body: &Incoming) -> Result<(), Refusal> {
 /// refused for it costs no rate units; a request the rate refuses drops
 /// its slot on the way out.
 async fn reserve(
-    rules: &Rules,
+    capacity: &Arc<Capacity>,
     found: &Found<'_>,
     who: &Identity<'_>,
 ) -> Result<Option<Slot>, Refusal> {
-    let Some(capacity) = rules.capacity.get(found.index).and_then(Option::as_ref) else {
-        return Ok(None);
-    };
     let per_client = capacity.settings().per == Per::Client;
     if per_client && who.client.is_none() {
         return Ok(None);
@@ -360,7 +362,13 @@ impl Context<'_> {
             cost,
             settle: None,
         };
-        let answer = self.shared.limiter.decide(charge).await;
+        let limiter = &self.shared.limiter;
+        let answer = match limiter.decide_at_once(charge) {
+            Some(answer) => answer,
+            // Boxed: the shared store's future is large, and every
+            // request's future would carry it.
+            None => Box::pin(limiter.decide(charge)).await,
+        };
         self.log_decision(rules, found, client, &policy, &answer);
         match answer {
             Answer::Decided(d) if d.allowed => {
@@ -569,5 +577,34 @@ impl Context<'_> {
             )
         });
         response.map(|body| Logged::new(body, record, log).holding(slot).metering(meter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `f` returns, without calling it.
+    fn returned<F, R>(_: &F) -> usize
+    where
+        F: Fn(&'static Shared, &'static Peer, Request<Incoming>) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// Every request's future is this state, built and moved as a whole:
+    /// the rare paths (a Redis decision, connecting, a retry, reading a
+    /// body first, the readout) are boxed out of it. It was 7 160 bytes
+    /// before the memory store decided without a future of its own.
+    #[test]
+    fn a_request_future_stays_small() {
+        const MOST: usize = 4_608;
+        let handled =
+            |s: &'static Shared, p: &'static Peer, r: Request<Incoming>| handle(s, p, r, || ());
+        let size = returned(&handled);
+        assert!(
+            size <= MOST,
+            "a request's future is {size} bytes, more than {MOST}: box the path that grew it"
+        );
     }
 }

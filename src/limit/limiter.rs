@@ -180,14 +180,19 @@ impl Limiter {
     /// Decides one request.
     pub async fn decide(&self, charge: Charge<'_>) -> Answer {
         match self {
-            Self::Memory(memory) => {
-                let (store, metrics) = &**memory;
-                let started = Instant::now();
-                let decision = store.decide_at(charge, now_ms());
-                metrics.decided(StoreKind::Memory, started.elapsed());
-                Answer::Decided(decision)
-            }
+            Self::Memory(memory) => in_memory(memory, charge),
             Self::Redis(shared) => shared.decide(charge).await,
+        }
+    }
+
+    /// Decides one request without waiting, where that needs no store
+    /// call: always with the memory store; `None` means ask
+    /// [`Limiter::decide`], whose future is large and best kept out of
+    /// every request's (boxed by the caller, on the shared store's path).
+    pub fn decide_at_once(&self, charge: Charge<'_>) -> Option<Answer> {
+        match self {
+            Self::Memory(memory) => Some(in_memory(memory, charge)),
+            Self::Redis(_) => None,
         }
     }
 
@@ -388,6 +393,15 @@ fn redis_store(
         given_back,
     )?
     .with_id_secret(settings.id_secret.as_ref().map(|s| &s.0[..])))
+}
+
+/// The memory store's decision, timed.
+fn in_memory(memory: &(MemoryStore, StoreMetrics), charge: Charge<'_>) -> Answer {
+    let (store, metrics) = memory;
+    let started = Instant::now();
+    let decision = store.decide_at(charge, now_ms());
+    metrics.decided(StoreKind::Memory, started.elapsed());
+    Answer::Decided(decision)
 }
 
 impl Shared {
