@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use http::header::{CONNECTION, HOST, VIA};
@@ -23,6 +24,7 @@ use crate::response;
 
 pub mod balance;
 pub mod connect;
+mod deadline;
 pub mod discovery;
 pub mod headers;
 mod idle;
@@ -34,6 +36,7 @@ pub mod response_body;
 pub mod settings;
 pub mod upgrade;
 
+pub use deadline::HeadTimer;
 pub use headers::Peer;
 pub use idle::IdleTimer;
 
@@ -152,18 +155,19 @@ impl Forwarder {
             // Pinned here, in this future, rather than moved into the
             // deadline's: a send is large, and every move is a copy.
             let send = pin!(pool.send(endpoint, head, body, upgrade, now));
-            let failure = match by_deadline(send, timeout, now, sent.as_deref()).await {
-                Some(Ok(exchange)) => {
-                    group.succeeded(member);
-                    break exchange;
-                }
-                Some(Err(failure)) => failure,
-                None => {
-                    member.count(Failure::Timeout);
-                    group.failed(member);
-                    return Err(self.refusal(endpoint, timeout, SendError::TimedOut));
-                }
-            };
+            let failure =
+                match by_deadline(send, &peer.head_timer, timeout, now, sent.as_deref()).await {
+                    Some(Ok(exchange)) => {
+                        group.succeeded(member);
+                        break exchange;
+                    }
+                    Some(Err(failure)) => failure,
+                    None => {
+                        member.count(Failure::Timeout);
+                        group.failed(member);
+                        return Err(self.refusal(endpoint, timeout, SendError::TimedOut));
+                    }
+                };
             count_failure(group, member, &failure.error);
             // Once more, to another endpoint when there is one; a request
             // whose connection broke goes once more even to the same one.
@@ -367,30 +371,40 @@ fn reads_first(method: &http::Method, head: &http::response::Parts) -> bool {
 /// Whether an answer is a `text/event-stream`, by its `Content-Type` (the
 /// media type compared without case, its parameters aside).
 pub fn is_event_stream(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+    // On the bytes: this runs on every answer, and the text is ASCII.
+    const TYPE: &[u8] = b"text/event-stream";
+    headers.get(http::header::CONTENT_TYPE).is_some_and(|v| {
+        let value = v.as_bytes().trim_ascii_start();
+        let media = value.split(|&b| b == b';').next().unwrap_or_default();
+        media.trim_ascii_end().eq_ignore_ascii_case(TYPE)
+    })
 }
 
 /// `send`'s outcome, unless the upstream's response head is later than
 /// `timeout` after the request was sent whole (after `began` for a request
 /// without a body, after the body's end for one with: a slow upload is not
-/// the upstream's delay).
+/// the upstream's delay). Timed on `timer`, the client connection's.
 async fn by_deadline<F: Future>(
     mut send: Pin<&mut F>,
+    timer: &HeadTimer,
     timeout: Duration,
     began: Instant,
     sent: Option<&Sent>,
 ) -> Option<F::Output> {
     let began = tokio::time::Instant::from_std(began);
-    let mut deadline = began + timeout;
+    let mut deadline = timer.lend(began + timeout);
     loop {
-        if let Ok(out) = tokio::time::timeout_at(deadline, send.as_mut()).await {
-            return Some(out);
+        let answered = std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = send.as_mut().poll(cx) {
+                return Poll::Ready(Some(out));
+            }
+            Pin::new(&mut deadline).poll(cx).map(|()| None)
+        })
+        .await;
+        if answered.is_some() {
+            return answered;
         }
-        deadline = match sent.map(Sent::at) {
+        let later = match sent.map(Sent::at) {
             // Still uploading: the request body's idle timeout watches.
             Some(None) => tokio::time::Instant::now() + timeout,
             Some(Some(at)) if began + at + timeout > tokio::time::Instant::now() => {
@@ -398,6 +412,7 @@ async fn by_deadline<F: Future>(
             }
             _ => return None,
         };
+        deadline.reset(later);
     }
 }
 
@@ -455,4 +470,40 @@ fn client_body_error(error: &hyper::Error) -> Option<&ClientBodyError> {
         cause = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_stream_is_told_by_its_media_type_alone() {
+        let with = |value: &'static str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(value),
+            );
+            is_event_stream(&headers)
+        };
+        for yes in [
+            "text/event-stream",
+            "Text/Event-Stream",
+            " text/event-stream ",
+            "text/event-stream; charset=utf-8",
+            "text/event-stream ;charset=utf-8",
+        ] {
+            assert!(with(yes), "{yes}");
+        }
+        for no in [
+            "text/plain",
+            "text/event-streams",
+            "text/event",
+            "application/json; x=text/event-stream",
+            "",
+        ] {
+            assert!(!with(no), "{no}");
+        }
+        assert!(!is_event_stream(&http::HeaderMap::new()));
+    }
 }

@@ -30,6 +30,8 @@ pub struct Peer {
     /// In `trusted_proxies` (as of the configuration in force when the
     /// connection was accepted): its `X-Forwarded-*` are believed.
     pub trusted: bool,
+    /// The connection's timer for its upstream answers' heads.
+    pub head_timer: super::HeadTimer,
 }
 
 static HTTP: HeaderValue = HeaderValue::from_static("http");
@@ -44,6 +46,7 @@ impl Peer {
             forwarded,
             proto: if tls { &HTTPS } else { &HTTP },
             trusted,
+            head_timer: super::HeadTimer::default(),
         }
     }
 }
