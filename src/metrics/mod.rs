@@ -18,9 +18,12 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
+use histogram::Histogram;
+
+mod histogram;
 pub mod history;
 mod kinds;
 mod process;
@@ -652,14 +655,14 @@ impl RouteMetrics {
     pub fn upstream(&self, status: u16, took: Duration) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.upstream_classes[class].inc();
-        self.upstream_seconds.observe(took.as_secs_f64());
+        self.upstream_seconds.observe(took);
     }
 }
 
 impl StoreMetrics {
     /// Records how long a decision by `kind` took.
     pub fn decided(&self, kind: StoreKind, took: Duration) {
-        self.decision_seconds[kind as usize].observe(took.as_secs_f64());
+        self.decision_seconds[kind as usize].observe(took);
     }
 
     /// Counts a failed decision.
