@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::limit::{Decision, Limit, Settlement, StoreError};
 
 use super::code::FUNCTIONS_NO;
-use super::keys::{Key, decimal};
+use super::keys::Key;
 use super::replies::{next_decision, verdict_values};
 use super::{Link, MAX_BATCH};
 
@@ -196,7 +196,7 @@ pub(super) struct Spec<'a>(&'a [Limit]);
 impl ToRedisArgs for Spec<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut spec = out.writer_for_next_arg();
-        let mut digits = [0u8; 20];
+        let mut digits = itoa::Buffer::new();
         // Writing into the command's buffer cannot fail.
         for (i, limit) in self.0.iter().enumerate() {
             if i > 0 {
@@ -204,23 +204,23 @@ impl ToRedisArgs for Spec<'_> {
             }
             let _ = spec.write_all(limit.algorithm.name().as_bytes());
             let _ = spec.write_all(b" ");
-            let _ = spec.write_all(decimal(limit.limit, &mut digits));
+            let _ = spec.write_all(digits.format(limit.limit).as_bytes());
             let _ = spec.write_all(b" ");
             match &limit.bounds {
                 None => {
-                    let _ = spec.write_all(decimal(limit.window_ms, &mut digits));
+                    let _ = spec.write_all(digits.format(limit.window_ms).as_bytes());
                 }
                 Some(bounds) => {
                     for (i, b) in bounds.iter().enumerate() {
                         if i > 0 {
                             let _ = spec.write_all(b",");
                         }
-                        let _ = spec.write_all(decimal(*b, &mut digits));
+                        let _ = spec.write_all(digits.format(*b).as_bytes());
                     }
                 }
             }
             let _ = spec.write_all(b" ");
-            let _ = spec.write_all(decimal(limit.burst, &mut digits));
+            let _ = spec.write_all(digits.format(limit.burst).as_bytes());
             let _ = spec.write_all(if limit.per_request { b" 1" } else { b" 0" });
         }
     }

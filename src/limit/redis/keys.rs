@@ -65,31 +65,16 @@ pub(super) struct Key<'a> {
 impl ToRedisArgs for Key<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut key = out.writer_for_next_arg();
-        let mut digits = [0u8; 20];
+        let mut digits = itoa::Buffer::new();
         // Writing into the command's buffer cannot fail.
         let _ = key.write_all(self.tag.as_bytes());
         let _ = key.write_all(b":");
-        let _ = key.write_all(decimal(self.index as u64, &mut digits));
+        let _ = key.write_all(digits.format(self.index as u64).as_bytes());
         let _ = key.write_all(b":");
         let _ = key.write_all(self.limit.algorithm.name().as_bytes());
         let _ = key.write_all(b":");
-        let _ = key.write_all(decimal(self.limit.window_ms, &mut digits));
+        let _ = key.write_all(digits.format(self.limit.window_ms).as_bytes());
     }
-}
-
-/// `n` in decimal, written at the end of `digits`.
-pub(super) fn decimal(n: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    &digits[at..]
 }
 
 /// Writes a client id so that it cannot break the hash tag or the key's
@@ -176,14 +161,6 @@ mod tests {
             &IdKey::new(Some(b"another secret of 32 bytes or so")),
         );
         assert_ne!(key, other, "the secret keys the digest");
-    }
-
-    #[test]
-    fn decimals_are_written_as_display_writes_them() {
-        for n in [0, 1, 9, 10, 99, 100, 60_000, 1 << 50, u64::MAX] {
-            let mut digits = [0u8; 20];
-            assert_eq!(decimal(n, &mut digits), n.to_string().as_bytes());
-        }
     }
 
     #[test]
