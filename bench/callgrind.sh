@@ -11,7 +11,9 @@
 # built here with the same release profile).
 #
 #   bench/callgrind.sh [BINARY]     default target/release/floodgate
-#   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway"),
+#   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway",
+#   and "nginx" and "haproxy": each doing the same job as operators run it
+#   for a rate-limited API, see proxy_configs),
 #   KEEP (a directory: each run's callgrind file is kept there, named
 #   STORE-N.out, for callgrind_annotate --inclusive=yes), LIMITS=none (the
 #   route has no limits), ROUTE_EXTRA (more keys for the route, e.g.
@@ -33,7 +35,7 @@
 # `callgrind_annotate --auto=yes`. Divide by N2 for per-request figures
 # (startup is a few hundred thousand instructions over all).
 #
-# Needs valgrind, nginx, curl and redis-server (installed with apt-get when
+# Needs valgrind, nginx, haproxy, curl and redis-server (installed with apt-get when
 # missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +45,7 @@ n2=${N2:-6000}
 stores=${STORES:-memory redis gateway}
 
 need=()
-for tool in valgrind nginx curl redis-server; do
+for tool in valgrind nginx curl redis-server haproxy; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -78,13 +80,61 @@ nginx -c "$work/up/nginx.conf" -p "$work/up" & pids+=($!)
 redis-server --port "$redis_port" --save "" --appendonly no >/dev/null & pids+=($!)
 wait_port "$up"; wait_port "$redis_port"
 
+# nginx and HAProxy doing floodgate's job as operators configure them for a
+# rate-limited API: a per-address limit that never triggers, the upstream
+# told who asked (X-Forwarded-For, -Proto, -Host) and the client's Host
+# passed on, upstream connections kept alive; one process, one thread.
+proxy_configs() {
+  local listen=$1
+  mkdir -p "$work/ngx"
+  cat >"$work/ngx/nginx.conf" <<CONF
+daemon off; master_process off; worker_processes 1; pid $work/ngx/nginx.pid; error_log stderr error;
+events { worker_connections 1024; }
+http { access_log off;
+  upstream app { server 127.0.0.1:$up; keepalive 16; keepalive_requests 1000000; }
+  limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
+  server { listen 127.0.0.1:$listen; keepalive_requests 1000000;
+    location / { limit_req zone=perip burst=1000000 nodelay;
+      proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host; } } }
+CONF
+  cat >"$work/haproxy.cfg" <<CONF
+global
+  nbthread 1
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+  option forwardfor
+frontend fe
+  bind 127.0.0.1:$listen
+  stick-table type ip size 1m expire 10s store http_req_rate(10s)
+  http-request track-sc0 src
+  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }
+  http-request set-header X-Forwarded-Proto http
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
+  default_backend app
+backend app
+  server up 127.0.0.1:$up
+CONF
+}
+
 # Total instructions of floodgate serving $2 requests with store $1 (or of
-# the bare gateway, for "gateway").
+# the bare gateway, nginx or HAProxy, for "gateway", "nginx", "haproxy").
 instructions() {
   local store=$1 n=$2 listen
   listen=$(port)
   local run=("$bin" --config "$work/fg.toml")
-  [ "$store" = gateway ] && run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up")
+  case $store in
+    gateway) run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up") ;;
+    nginx) proxy_configs "$listen"; run=(nginx -c "$work/ngx/nginx.conf" -p "$work/ngx") ;;
+    haproxy) proxy_configs "$listen"; run=(haproxy -f "$work/haproxy.cfg" -db) ;;
+  esac
   {
     printf '[server]\nlisten = "127.0.0.1:%s"\ndrain_delay = "0s"\nshutdown_grace = "1s"\n' "$listen"
     if [ "$store" = redis ]; then
@@ -117,7 +167,13 @@ for store in $stores; do
   per[$store]=$(( (b - a) / (n2 - n1) ))
   echo "$store: ${per[$store]} instructions per request ($a for $n1, $b for $n2)"
 done
-if [ -n "${per[gateway]:-}" ] && [ -n "${per[memory]:-}" ]; then
-  awk -v m="${per[memory]}" -v g="${per[gateway]}" \
-    'BEGIN { printf "memory / gateway: %.2fx (target: at most 1.25x)\n", m / g }'
-fi
+ratio() { # floodgate's row, another row, the target
+  if [ -n "${per[$1]:-}" ] && [ -n "${per[$2]:-}" ]; then
+    awk -v a="${per[$1]}" -v b="${per[$2]}" -v x="$1 / $2" -v t="$3" \
+      'BEGIN { printf "%s: %.2fx (target: %s)\n", x, a / b, t }'
+  fi
+}
+ratio memory gateway "at most 1.30x"
+ratio redis gateway "at most 1.45x"
+ratio memory nginx "at most 1.25x, in CPU per request"
+ratio memory haproxy "below 1, in CPU per request"

@@ -97,7 +97,10 @@ redis_pid=$!
 # through until it finds Redis).
 wait_port "$redis_port"
 
-# --- nginx as a proxy, plain and with limit_req that never triggers ---
+# --- nginx as a proxy, plain, and as operators run it for a rate-limited
+# API: limit_req that never triggers, the client's Host passed on and the
+# upstream told who asked (X-Forwarded-For, -Proto, -Host), as floodgate
+# does by default ---
 cat >"$work/proxy/nginx.conf" <<CONF
 worker_processes 1; daemon off; pid $work/proxy/nginx.pid; error_log $work/proxy/error.log;
 events { worker_connections 4096; }
@@ -108,7 +111,11 @@ http { access_log off;
     location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
   server { listen 127.0.0.1:$ngx_limit; keepalive_requests 1000000;
     location / { limit_req zone=perip burst=1000000 nodelay;
-      proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
+      proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_set_header Host \$host;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host; } } }
 CONF
 $server_cpu nginx -c "$work/proxy/nginx.conf" -p "$work/proxy" & pids+=($!)
 ngx_pid=$!
@@ -148,7 +155,8 @@ CONF
 $server_cpu nginx -c "$work/lua/nginx.conf" -p "$work/lua" & pids+=($!)
 lua_pid=$!
 
-# --- HAProxy with a stick table that never triggers ---
+# --- HAProxy with a stick table that never triggers, telling the upstream
+# who asked as floodgate does ---
 cat >"$work/haproxy.cfg" <<CONF
 global
   nbthread 1
@@ -163,6 +171,9 @@ frontend fe
   stick-table type ip size 1m expire 10s store http_req_rate(10s)
   http-request track-sc0 src
   http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }
+  option forwardfor
+  http-request set-header X-Forwarded-Proto http
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
   default_backend app
 backend app
   server up 127.0.0.1:$up
@@ -364,9 +375,9 @@ uses_redis = {"ngx_lua", "fg_redis", "fg_flood", "fg_keys"}
 names = [
     ("direct", "direct to the upstream"),
     ("ngx_proxy", "nginx reverse proxy (1 worker, upstream keepalive)"),
-    ("ngx_limit", "nginx `limit_req`, never triggers"),
+    ("ngx_limit", "nginx `limit_req`, never triggers, `X-Forwarded-*` and `Host`"),
     ("ngx_lua", "nginx + Lua, one `EVALSHA` per request over a kept-alive cosocket"),
-    ("haproxy", "HAProxy stick table `http_req_rate`, never triggers"),
+    ("haproxy", "HAProxy stick table `http_req_rate`, never triggers, `X-Forwarded-*`"),
     ("gateway", "bare hyper gateway (the floor: hyper's two codecs, nothing else)"),
     ("fg_mem", "floodgate, memory store, never triggers"),
     ("fg_redis", "floodgate, Redis store, never triggers"),
@@ -418,6 +429,11 @@ g = med("quiet", "gateway", "cpu")
 line(m <= 1.10 * g, f"quiet: floodgate memory store {m:.2f} µs ≤ 1.10 × bare hyper gateway {g:.2f} µs = {1.10 * g:.2f} µs ({m / g:.2f}×)")
 line(m <= 1.20 * p, f"quiet: floodgate memory store {m:.2f} µs ≤ 1.20 × nginx proxy {p:.2f} µs = {1.20 * p:.2f} µs ({m / p:.2f}×)")
 line(t <= 1.35 * p, f"quiet: floodgate + Redis {t:.2f} µs ≤ 1.35 × nginx proxy = {1.35 * p:.2f} µs")
+# Issue 48: beside nginx and HAProxy doing the same job (rows 3 and 5).
+for phase in phases:
+    fm, nl, hp = med(phase, "fg_mem", "cpu"), med(phase, "ngx_limit", "cpu"), med(phase, "haproxy", "cpu")
+    line(fm <= 1.25 * nl, f"{phase}: floodgate memory store {fm:.2f} µs ≤ 1.25 × nginx doing the same job {nl:.2f} µs = {1.25 * nl:.2f} µs ({fm / nl:.2f}×)")
+    line(fm < hp, f"{phase}: floodgate memory store {fm:.2f} µs < HAProxy doing the same job {hp:.2f} µs ({fm / hp:.2f}×)")
 if loaded:
     mr = med("loaded", "fg_mem", "cpu") / m
     gr = med("loaded", "gateway", "cpu") / g
