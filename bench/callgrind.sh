@@ -39,6 +39,7 @@
 # missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/same_job.sh
 bin=${1:-target/release/floodgate}
 n1=${N1:-1000}
 n2=${N2:-6000}
@@ -80,48 +81,21 @@ nginx -c "$work/up/nginx.conf" -p "$work/up" & pids+=($!)
 redis-server --port "$redis_port" --save "" --appendonly no >/dev/null & pids+=($!)
 wait_port "$up"; wait_port "$redis_port"
 
-# nginx and HAProxy doing floodgate's job as operators configure them for a
-# rate-limited API: a per-address limit that never triggers, the upstream
-# told who asked (X-Forwarded-For, -Proto, -Host) and the client's Host
-# passed on, upstream connections kept alive; one process, one thread.
+# nginx and HAProxy doing floodgate's job (bench/same_job.sh), one
+# process, one thread.
 proxy_configs() {
   local listen=$1
   mkdir -p "$work/ngx"
-  cat >"$work/ngx/nginx.conf" <<CONF
-daemon off; master_process off; worker_processes 1; pid $work/ngx/nginx.pid; error_log stderr error;
-events { worker_connections 1024; }
-http { access_log off;
-  upstream app { server 127.0.0.1:$up; keepalive 16; keepalive_requests 1000000; }
-  limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
-  server { listen 127.0.0.1:$listen; keepalive_requests 1000000;
-    location / { limit_req zone=perip burst=1000000 nodelay;
-      proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
-      proxy_set_header Host \$host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-      proxy_set_header X-Forwarded-Host \$host; } } }
-CONF
-  cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 1
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  http-reuse always
-  option forwardfor
-frontend fe
-  bind 127.0.0.1:$listen
-  stick-table type ip size 1m expire 10s store http_req_rate(10s)
-  http-request track-sc0 src
-  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }
-  http-request set-header X-Forwarded-Proto http
-  http-request set-header X-Forwarded-Host %[req.hdr(host)]
-  default_backend app
-backend app
-  server up 127.0.0.1:$up
-CONF
+  {
+    echo "daemon off; master_process off; worker_processes 1; pid $work/ngx/nginx.pid; error_log stderr error;"
+    echo "events { worker_connections 1024; }"
+    echo "http { access_log off;"
+    same_job_nginx_http "$up" 16
+    echo "  server { listen 127.0.0.1:$listen; keepalive_requests 1000000;"
+    same_job_nginx_location
+    echo "  } }"
+  } >"$work/ngx/nginx.conf"
+  same_job_haproxy "$listen" "$up" >"$work/haproxy.cfg"
 }
 
 # Total instructions of floodgate serving $2 requests with store $1 (or of

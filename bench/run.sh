@@ -26,6 +26,7 @@
 #   bench/run.sh [seconds]        default 8; ROUNDS (default 3), CONNECTIONS (64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/same_job.sh
 root=$(pwd)
 duration=${1:-8}
 rounds=${ROUNDS:-3}
@@ -101,22 +102,17 @@ wait_port "$redis_port"
 # API: limit_req that never triggers, the client's Host passed on and the
 # upstream told who asked (X-Forwarded-For, -Proto, -Host), as floodgate
 # does by default ---
-cat >"$work/proxy/nginx.conf" <<CONF
-worker_processes 1; daemon off; pid $work/proxy/nginx.pid; error_log $work/proxy/error.log;
-events { worker_connections 4096; }
-http { access_log off;
-  upstream app { server 127.0.0.1:$up; keepalive 128; keepalive_requests 1000000; }
-  limit_req_zone \$binary_remote_addr zone=perip:10m rate=100000000r/s;
-  server { listen 127.0.0.1:$ngx_proxy; keepalive_requests 1000000;
-    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }
-  server { listen 127.0.0.1:$ngx_limit; keepalive_requests 1000000;
-    location / { limit_req zone=perip burst=1000000 nodelay;
-      proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection "";
-      proxy_set_header Host \$host;
-      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-      proxy_set_header X-Forwarded-Proto \$scheme;
-      proxy_set_header X-Forwarded-Host \$host; } } }
-CONF
+{
+  echo "worker_processes 1; daemon off; pid $work/proxy/nginx.pid; error_log $work/proxy/error.log;"
+  echo "events { worker_connections 4096; }"
+  echo "http { access_log off;"
+  same_job_nginx_http "$up" 128
+  echo "  server { listen 127.0.0.1:$ngx_proxy; keepalive_requests 1000000;"
+  echo '    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; } }'
+  echo "  server { listen 127.0.0.1:$ngx_limit; keepalive_requests 1000000;"
+  same_job_nginx_location
+  echo "  } }"
+} >"$work/proxy/nginx.conf"
 $server_cpu nginx -c "$work/proxy/nginx.conf" -p "$work/proxy" & pids+=($!)
 ngx_pid=$!
 
@@ -157,27 +153,7 @@ lua_pid=$!
 
 # --- HAProxy with a stick table that never triggers, telling the upstream
 # who asked as floodgate does ---
-cat >"$work/haproxy.cfg" <<CONF
-global
-  nbthread 1
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  http-reuse always
-frontend fe
-  bind 127.0.0.1:$hap
-  stick-table type ip size 1m expire 10s store http_req_rate(10s)
-  http-request track-sc0 src
-  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 100000000 }
-  option forwardfor
-  http-request set-header X-Forwarded-Proto http
-  http-request set-header X-Forwarded-Host %[req.hdr(host)]
-  default_backend app
-backend app
-  server up 127.0.0.1:$up
-CONF
+same_job_haproxy "$hap" "$up" >"$work/haproxy.cfg"
 $server_cpu haproxy -f "$work/haproxy.cfg" -db >/dev/null 2>&1 & pids+=($!)
 hap_pid=$!
 
