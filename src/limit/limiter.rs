@@ -196,7 +196,6 @@ impl Limiter {
         }
     }
 
-    /// Which store decides: `"memory"` or `"redis"`.
     /// Settles a reservation (`charge.settle` is set) where it was
     /// decided: the shared store, through its breaker, or this instance's
     /// memory when the decision was local. An error leaves the reservation
@@ -219,6 +218,7 @@ impl Limiter {
         }
     }
 
+    /// Which store decides: `"memory"` or `"redis"`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Memory(..) => "memory",
