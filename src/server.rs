@@ -295,7 +295,6 @@ fn serve(
     let _ = stream.set_nodelay(true);
     let open = connections.open(shared.metrics().open_connections.clone());
     let on_timeout = Arc::clone(shared);
-    let shared = Arc::clone(shared);
     let tls = shared.tls();
     let client = Arc::new(Client {
         peer: Peer::new(
@@ -304,6 +303,7 @@ fn serve(
             is_in(peer.ip().to_canonical(), &shared.rules().trusted_proxies),
         ),
         activity: Activity::default(),
+        shared: Arc::clone(shared),
         _open: open,
         _slot: slot,
     });
@@ -316,13 +316,15 @@ fn serve(
             .clone(),
     };
     let on_connection = Arc::clone(&client);
+    // One reference count taken per request, the connection's own: the
+    // shared state is reached through it, so requests on every thread do
+    // not all count references on the one `Shared`.
     let service = service_fn(move |request| {
-        let shared = Arc::clone(&shared);
         let client = Arc::clone(&client);
         async move {
             let _busy = client.activity.begin();
             let hold = || Arc::clone(&client);
-            Ok::<_, Infallible>(gate::handle(&shared, &client.peer, request, hold).await)
+            Ok::<_, Infallible>(gate::handle(&client.shared, &client.peer, request, hold).await)
         }
     });
     let protocols = Arc::clone(protocols);
@@ -394,6 +396,8 @@ impl AcceptTrouble {
 struct Client {
     peer: Peer,
     activity: Activity,
+    /// What every request needs, reached through the connection.
+    shared: Arc<Shared>,
     _open: connection::Open,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
