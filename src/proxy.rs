@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use http::header::{CONNECTION, HOST, VIA};
 use http::uri::PathAndQuery;
 use http::{Response, StatusCode, Version, request};
-use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
@@ -216,7 +215,7 @@ impl Forwarder {
         {
             return Err(first_bytes_refusal(member, &e));
         }
-        let response = Response::from_parts(parts, Either::Left(body));
+        let response = Response::from_parts(parts, Body::Streamed(body));
         Ok((response, Arc::clone(&members[chosen])))
     }
 

@@ -13,14 +13,61 @@ use std::fmt::Write as _;
 use bytes::{Bytes, BytesMut};
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use http_body_util::{Either, Full};
+use hyper::body::{Frame, SizeHint};
 
 use crate::limit::Decision;
 use crate::routes::{Policy, Route};
 
 /// Body of every response floodgate sends: the upstream's (`U`, as the
-/// proxy streams it), or floodgate's own, whole.
-pub type Body<U> = Either<U, Full<Bytes>>;
+/// proxy streams it), or floodgate's own, whole. One enum of its own
+/// rather than `Either<U, Full<Bytes>>`: one poll and one end check a
+/// frame instead of two, and the upstream's error as it is, unboxed.
+#[derive(Debug)]
+pub enum Body<U> {
+    /// The upstream's answer, streamed.
+    Streamed(U),
+    /// Floodgate's own, whole: `None` once sent (or when empty).
+    Whole(Option<Bytes>),
+}
+
+impl<U> Body<U> {
+    /// A whole body of `bytes`.
+    pub fn whole(bytes: impl Into<Bytes>) -> Self {
+        let bytes: Bytes = bytes.into();
+        Self::Whole((!bytes.is_empty()).then_some(bytes))
+    }
+}
+
+impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
+    type Data = Bytes;
+    type Error = U::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, U::Error>>> {
+        match self.get_mut() {
+            Self::Streamed(body) => std::pin::Pin::new(body).poll_frame(cx),
+            Self::Whole(bytes) => std::task::Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Streamed(body) => body.is_end_stream(),
+            Self::Whole(bytes) => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Streamed(body) => body.size_hint(),
+            Self::Whole(bytes) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+        }
+    }
+}
 
 /// `RateLimit-Policy` header name.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -234,7 +281,7 @@ pub fn too_many_requests<U>(
     let mut response = match &route.deny {
         Some(deny) => {
             let wait = seconds(decision.retry_after_ms).max(1);
-            let mut response = Response::new(Either::Right(Full::new(deny.body_for(wait))));
+            let mut response = Response::new(Body::whole(deny.body_for(wait)));
             *response.status_mut() = deny.status;
             let headers = response.headers_mut();
             headers.insert(CONTENT_TYPE, deny.content_type.clone());
@@ -293,7 +340,7 @@ pub const GRPC_RESOURCE_EXHAUSTED: u8 = 8;
 /// A trailers-only gRPC answer: HTTP 200 with `grpc-status` `code` and
 /// `grpc-message` (percent-encoded as gRPC requires) in the head, no body.
 pub fn grpc_status<U>(code: u8, message: &str) -> Response<Body<U>> {
-    let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
+    let mut response = Response::new(Body::Whole(None));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     headers.insert("grpc-status", HeaderValue::from(u16::from(code)));
@@ -315,7 +362,7 @@ pub fn grpc_status<U>(code: u8, message: &str) -> Response<Body<U>> {
 /// `detail` (escaped here).
 pub fn problem<U>(status: StatusCode, detail: &str) -> Response<Body<U>> {
     let body = problem_body(status, detail);
-    let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
+    let mut response = Response::new(Body::whole(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, PROBLEM_JSON);
@@ -354,7 +401,7 @@ fn json_escape(out: &mut String, text: &str) {
 
 /// A route's configured fixed answer.
 pub fn respond<U>(respond: &crate::routes::Respond) -> Response<Body<U>> {
-    let mut response = Response::new(Either::Right(Full::new(respond.body.clone())));
+    let mut response = Response::new(Body::whole(respond.body.clone()));
     *response.status_mut() = respond.status;
     response
         .headers_mut()

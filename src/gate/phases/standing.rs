@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderValue, Response};
-use http_body_util::{Either, Full};
 
 use super::identify::Identity;
 use super::{Context, Found};
@@ -65,7 +64,7 @@ impl Context<'_> {
             }
         }
         out.push_str("]}");
-        let mut response = Response::new(Either::Right(Full::new(out.into())));
+        let mut response = Response::new(Body::whole(out));
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
