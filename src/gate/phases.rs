@@ -576,7 +576,7 @@ impl Context<'_> {
                 response.status().as_u16(),
             )
         });
-        response.map(|body| Logged::new(body, record, log).holding(slot).metering(meter))
+        response.map(|body| Logged::new(body, record, log, slot, meter))
     }
 }
 
