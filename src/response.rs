@@ -140,25 +140,7 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, limits: &Policy, decisio
         .names
         .get(decision.limit)
         .map_or(&*route.name, String::as_str);
-    // `"name";r=N;t=M`, assembled by hand: this runs on every response.
-    let mut buf = [0u8; 128];
-    let mut len = 0;
-    let mut push = |bytes: &[u8]| {
-        let end = (len + bytes.len()).min(buf.len());
-        buf[len..end].copy_from_slice(&bytes[..end - len]);
-        len = end;
-    };
-    let mut digits = itoa::Buffer::new();
-    push(b"\"");
-    push(name.as_bytes());
-    push(b"\";r=");
-    push(digits.format(decision.remaining).as_bytes());
-    push(b";t=");
-    push(digits.format(seconds(decision.next_ms)).as_bytes());
-    // Checked, though it is visible ASCII by construction (a quote, a
-    // route's name, `";r=`, digits, `;t=`, digits): the check is a scan of
-    // a few dozen bytes, and floodgate has no `unsafe`.
-    let Ok(value) = HeaderValue::from_maybe_shared(shared_bytes(&buf[..len])) else {
+    let Some(value) = ratelimit_value(name, decision.remaining, seconds(decision.next_ms)) else {
         return;
     };
     headers.insert(RATELIMIT.clone(), value);
@@ -252,17 +234,30 @@ thread_local! {
     static VALUES: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
-/// `bytes` as a share of this thread's value block: one block serves about
-/// a hundred responses, so a value costs no allocation of its own. A block
-/// is freed with the last value in it, or reused once all its values are
-/// gone.
-fn shared_bytes(bytes: &[u8]) -> Bytes {
+/// `"name";r=N;t=M` as a share of this thread's value block: one block
+/// serves about a hundred responses, so a value costs no allocation of its
+/// own (a block is freed with the last value in it, or reused once all its
+/// values are gone). Written straight into the block, since this runs on
+/// every response: no buffer zeroed and copied, and a name of any length
+/// written whole.
+fn ratelimit_value(name: &str, remaining: u64, reset: u64) -> Option<HeaderValue> {
+    let mut digits = itoa::Buffer::new();
     VALUES.with_borrow_mut(|block| {
-        if block.capacity() - block.len() < bytes.len() {
-            block.reserve(VALUE_BLOCK.max(bytes.len()));
+        // A quote, the name, `";r=`, up to 20 digits, `;t=`, up to 20.
+        let most = name.len() + 48;
+        if block.capacity() - block.len() < most {
+            block.reserve(VALUE_BLOCK.max(most));
         }
-        block.extend_from_slice(bytes);
-        block.split().freeze()
+        block.extend_from_slice(b"\"");
+        block.extend_from_slice(name.as_bytes());
+        block.extend_from_slice(b"\";r=");
+        block.extend_from_slice(digits.format(remaining).as_bytes());
+        block.extend_from_slice(b";t=");
+        block.extend_from_slice(digits.format(reset).as_bytes());
+        // Checked, though it is visible ASCII by construction (a route's
+        // name is, by the configuration's rules): the check is a scan of a
+        // few dozen bytes, and floodgate has no `unsafe`.
+        HeaderValue::from_maybe_shared(block.split().freeze()).ok()
     })
 }
 
@@ -430,21 +425,28 @@ mod tests {
     #[test]
     fn values_keep_their_bytes_across_blocks() {
         // Enough values to fill several blocks, all alive at once, then one
-        // longer than a block.
-        let values: Vec<(String, Bytes)> = (0..1000)
+        // whose name is longer than a block.
+        let values: Vec<(String, HeaderValue)> = (0..1000)
             .map(|i| {
                 let text = format!("\"api\";r={i};t=1");
-                let shared = shared_bytes(text.as_bytes());
-                (text, shared)
+                (
+                    text,
+                    ratelimit_value("api", i, 1).unwrap_or_else(|| HeaderValue::from(0)),
+                )
             })
             .collect();
-        for (text, shared) in &values {
-            assert_eq!(shared.as_ref(), text.as_bytes());
+        for (text, value) in &values {
+            assert_eq!(value.as_bytes(), text.as_bytes());
         }
         drop(values);
-        let long = vec![b'x'; VALUE_BLOCK + 1];
-        assert_eq!(shared_bytes(&long).as_ref(), &long[..]);
-        assert_eq!(shared_bytes(b"after").as_ref(), b"after");
+        let long = "x".repeat(VALUE_BLOCK + 1);
+        let value = ratelimit_value(&long, u64::MAX, 7).map(|v| v.as_bytes().to_vec());
+        assert_eq!(
+            value,
+            Some(format!("\"{long}\";r={};t=7", u64::MAX).into_bytes())
+        );
+        let after = ratelimit_value("after", 0, 0).map(|v| v.as_bytes().to_vec());
+        assert_eq!(after, Some(b"\"after\";r=0;t=0".to_vec()));
     }
 
     #[test]
