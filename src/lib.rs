@@ -18,7 +18,7 @@
 //! | [`response`] | problem documents and the rate-limit headers |
 //! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener, the dashboard with its JSON (`/status.json`, `/history.json`, `/clients/top`), operators on one client's counts (`/clients/standing`, `/credit`, `/debit`, `/reset`, behind a bearer token) and usage per window (`/usage/closed`, `/usage/top`) |
-//! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its body wrapper, the one every answer goes out through, also holds the request's concurrency slot until the body is sent, and shows a metered answer to its usage meter) |
+//! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its watcher, set on the body of an answer that has a line to write, a concurrency slot to hold until the body is sent, or a usage meter to show a metered answer to) |
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
 //! | [`gate`] | one request's phases in order ([`gate::phases`]: head, route, admit body, identify, reserve, decide, forward, annotate, log), the rules a reload swaps with the live tables built beside them ([`gate::rules`]: upstream endpoints, caps, top clients, metric handles, by route or upstream index), the state requests share ([`gate::shared`]: the limiter and store, the forwarder, metrics, the access log) |

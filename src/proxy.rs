@@ -215,7 +215,7 @@ impl Forwarder {
         {
             return Err(first_bytes_refusal(member, &e));
         }
-        let response = Response::from_parts(parts, Body::Streamed(body));
+        let response = Response::from_parts(parts, Body::streamed(body));
         Ok((response, Arc::clone(&members[chosen])))
     }
 

@@ -7,8 +7,9 @@
 //! `phases/identify.rs`); what they learn of the request travels in one
 //! [`Context`]. A phase that ends the request early returns
 //! the [`Refusal`] (or, for a denial, the 429) that answers it; every
-//! answer goes out through the access log's body wrapper, which also holds
-//! the request's concurrency slot until the answer is sent.
+//! answer goes out watched by the access log's watcher where there is
+//! anything to watch for, which also holds the request's concurrency slot
+//! until the answer is sent.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use hyper::body::Incoming;
 use super::metering::{ClientBody, Reservation, read_first};
 use super::rules::Rules;
 use super::shared::Shared;
-use crate::access_log::{Logged, Record};
+use crate::access_log::{Record, watcher};
 use crate::client::ClientId;
 use crate::concurrency::{Capacity, Per, Slot};
 use crate::limit::{Answer, Charge, Decision};
@@ -84,7 +85,7 @@ pub async fn handle<H: Send + 'static>(
     peer: &Peer,
     request: Request<Incoming>,
     hold: impl FnOnce() -> H,
-) -> Response<Logged<Body>> {
+) -> Response<Body> {
     let grpc = response::is_grpc(request.headers());
     let mut cx = Context {
         shared,
@@ -554,10 +555,10 @@ impl Context<'_> {
         }
     }
 
-    /// The answer, wrapped so that its access log line is written once it
+    /// The answer, watched so that its access log line is written once it
     /// has gone out and its slot held until then; on a metered route whose
     /// answer reports in its body, read for the report on the way.
-    fn logged(mut self, response: Response<Body>) -> Response<Logged<Body>> {
+    fn logged(mut self, mut response: Response<Body>) -> Response<Body> {
         let mut record = self.log.take();
         if let Some(r) = record.as_mut() {
             r.status(response.status().as_u16());
@@ -576,7 +577,8 @@ impl Context<'_> {
                 response.status().as_u16(),
             )
         });
-        response.map(|body| Logged::new(body, record, log, slot, meter))
+        response.body_mut().watch(watcher(record, log, slot, meter));
+        response
     }
 }
 

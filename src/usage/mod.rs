@@ -265,8 +265,8 @@ impl Tally {
 pub type OnReport = Box<dyn FnOnce(Result<u64, Unreported>) + Send + Sync>;
 
 /// Reads one metered answer for the units it reports, as the body goes
-/// out: the access log's body wrapper (the one every answer goes out
-/// through) shows it every frame, then the end. Its report goes to `done`
+/// out: the access log's watcher on the answer's body shows it every
+/// frame, then the end. Its report goes to `done`
 /// once: the units when the body ended with them; why not when it ended
 /// without them, broke off, or was dropped before its end.
 pub struct Meter {
