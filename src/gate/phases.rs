@@ -77,6 +77,46 @@ struct Exchange<'a> {
 /// What the decide phase concluded for a request that goes on.
 type Allowed<'r> = Option<(Decision, Cow<'r, Policy>)>;
 
+/// The decide phase's end: `Ok(Ok)` with what the request goes on with,
+/// `Ok(Err)` with the denial that answers it, or the refusal (a malformed
+/// reservation, a store down that `on_error` closes on).
+type Decided<'r> = Result<Result<Allowed<'r>, Response<Body>>, Refusal>;
+
+/// The decide phase as far as it goes without waiting: done, or a
+/// question for the shared store (the policy and the cost to charge).
+enum Deciding<'r> {
+    Done(Decided<'r>),
+    Ask(Cow<'r, Policy>, u64),
+}
+
+/// A concluded decision with the `policy` it was made under, for the
+/// answer's `RateLimit` fields.
+fn with_policy<'r>(
+    concluded: Result<Result<Option<Decision>, Response<Body>>, Refusal>,
+    policy: Cow<'r, Policy>,
+) -> Decided<'r> {
+    concluded.map(|c| c.map(|d| d.map(|d| (d, policy))))
+}
+
+/// What a request on `route` asks of the store for `client`: `cost` units
+/// from every limit of `policy`, counted as `keys` say.
+fn charge<'c>(
+    route: &'c Route,
+    client: &'c ClientId,
+    policy: &'c Policy,
+    keys: &'c [crate::limit::CountKey],
+    cost: u64,
+) -> Charge<'c> {
+    Charge {
+        route: &route.name,
+        client,
+        limits: &policy.limits,
+        keys,
+        cost,
+        settle: None,
+    }
+}
+
 /// One request from `peer`: every phase in order, then the log. Every
 /// answer floodgate makes itself is counted by status and fault. An
 /// upgraded connection's tunnel holds what `hold` gives until it ends.
@@ -154,7 +194,19 @@ async fn answer<H: Send + 'static>(
         }
         None => (ClientBody::Arrived(body), None),
     };
-    let allowed = match cx.decide(&rules, &found, who, &head.headers, read).await? {
+    // The memory store decides at once, without a future; the shared
+    // store's is boxed, as the rare path for every request's future.
+    // (In a block of its own: the identity is gone before forwarding.)
+    let decided = {
+        let mut who = who;
+        match cx.decide(&rules, &found, &mut who, &head.headers, read) {
+            Deciding::Done(decided) => decided,
+            Deciding::Ask(policy, cost) => {
+                Box::pin(cx.ask(&rules, &found, &who, policy, cost)).await
+            }
+        }
+    };
+    let allowed = match decided? {
         Ok(allowed) => allowed,
         Err(denial) => return Ok(denial),
     };
@@ -329,58 +381,89 @@ impl Context<'_> {
 
     // --- decide ---
 
-    /// The rate decision, counted and logged: `Ok` with the decision to
-    /// annotate the answer with (none when the route is not limited, the
-    /// client exempt or the store unavailable), or `Err` with the denial
-    /// that answers the request.
-    async fn decide<'r>(
+    /// The rate decision, counted and logged, as far as it goes at once:
+    /// done (see [`Decided`]), or a question for the shared store (the
+    /// request's policy and cost), which [`Context::ask`] puts.
+    fn decide<'r>(
         &mut self,
         rules: &Rules,
         found: &Found<'r>,
-        who: Identity<'r>,
+        who: &mut Identity<'r>,
         headers: &http::HeaderMap,
         read: Option<BodyRead>,
-    ) -> Result<Result<Allowed<'r>, Response<Body>>, Refusal> {
+    ) -> Deciding<'r> {
         let route = found.route;
-        let counts = &rules.metrics[found.index];
         if who.exempt {
-            return Ok(Ok(self.unlimited(rules, found, Outcome::Exempt)));
+            return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Exempt))));
         }
-        let policy = who.policy.filter(|p| !p.limits.is_empty());
+        let policy = who.policy.take().filter(|p| !p.limits.is_empty());
         let (Some(client), Some(policy)) = (&who.client, policy) else {
-            return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
+            return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Allowed))));
         };
         let cost = match &route.usage {
             None => route.cost,
-            Some(usage) => crate::usage::reservation(usage, headers, read)
-                .map_err(|message| Refusal::client(StatusCode::BAD_REQUEST, message))?,
+            Some(usage) => match crate::usage::reservation(usage, headers, read) {
+                Ok(cost) => cost,
+                Err(message) => {
+                    return Deciding::Done(Err(Refusal::client(StatusCode::BAD_REQUEST, message)));
+                }
+            },
         };
-        let charge = Charge {
-            route: &route.name,
-            client,
-            limits: &policy.limits,
-            keys: &who.keys,
-            cost,
-            settle: None,
+        let charge = charge(route, client, &policy, &who.keys, cost);
+        match self.shared.limiter.decide_at_once(charge) {
+            Some(answer) => {
+                let concluded = self.concluded(rules, found, &policy, charge, answer);
+                Deciding::Done(with_policy(concluded, policy))
+            }
+            None => Deciding::Ask(policy, cost),
+        }
+    }
+
+    /// The shared store's answer to the question [`Context::decide`] left,
+    /// concluded.
+    async fn ask<'r>(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'r>,
+        who: &Identity<'r>,
+        policy: Cow<'r, Policy>,
+        cost: u64,
+    ) -> Decided<'r> {
+        let Some(client) = &who.client else {
+            return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
         };
-        let limiter = &self.shared.limiter;
-        let answer = match limiter.decide_at_once(charge) {
-            Some(answer) => answer,
-            // Boxed: the shared store's future is large, and every
-            // request's future would carry it.
-            None => Box::pin(limiter.decide(charge)).await,
-        };
-        self.log_decision(rules, found, client, &policy, &answer);
+        let charge = charge(found.route, client, &policy, &who.keys, cost);
+        let answer = self.shared.limiter.decide(charge).await;
+        let concluded = self.concluded(rules, found, &policy, charge, answer);
+        with_policy(concluded, policy)
+    }
+
+    /// The store's `answer` to `charge` under `policy`, counted and
+    /// logged: `Ok` with the decision to annotate the answer with (none
+    /// when the store was unavailable), or `Err` with the denial that
+    /// answers the request.
+    fn concluded(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'_>,
+        policy: &Policy,
+        charge: Charge<'_>,
+        answer: Answer,
+    ) -> Result<Result<Option<Decision>, Response<Body>>, Refusal> {
+        let route = found.route;
+        let counts = &rules.metrics[found.index];
+        let client = charge.client;
+        self.log_decision(rules, found, client, policy, &answer);
         match answer {
             Answer::Decided(d) if d.allowed => {
                 counts.count(Outcome::Allowed);
                 self.reserved(rules, found, &charge, &d);
-                Ok(Ok(Some((d, policy))))
+                Ok(Ok(Some(d)))
             }
             Answer::Decided(d) if route.shadow => {
                 counts.count(Outcome::ShadowDenied);
                 self.shared.log_shadow(&route.name, client);
-                Ok(Ok(Some((d, policy))))
+                Ok(Ok(Some(d)))
             }
             Answer::Decided(d) => {
                 counts.count(Outcome::Denied);
@@ -389,9 +472,9 @@ impl Context<'_> {
                     .denials
                     .denied(&route.name, client, quota, crate::clock::now_ms());
                 Ok(Err(if self.grpc {
-                    response::grpc_too_many_requests(route, &policy, &d)
+                    response::grpc_too_many_requests(route, policy, &d)
                 } else {
-                    response::too_many_requests(route, &policy, &d)
+                    response::too_many_requests(route, policy, &d)
                 }))
             }
             Answer::Unavailable {
