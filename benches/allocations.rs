@@ -1,7 +1,10 @@
 //! Counts heap allocations per proxied request: requests straight to an
-//! upstream, then the same requests through floodgate (memory store, a limit
-//! that never triggers; and the Redis store when `redis-server` is on PATH or
-//! REDIS_URL is set). The difference is floodgate's share.
+//! upstream, then the same requests through a bare hyper gateway (hyper's
+//! server and one hyper client connection, nothing else: the floor, as
+//! `bench/gateway` is for instructions), then through floodgate (memory
+//! store, a limit that never triggers; and the Redis store when
+//! `redis-server` is on PATH or REDIS_URL is set). The difference from the
+//! straight requests is each proxy's share.
 //! Run with `cargo bench --bench allocations`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -61,6 +64,37 @@ async fn upstream() -> std::net::SocketAddr {
     addr
 }
 
+/// The bare gateway in front of `upstream`: per accepted connection, hyper's
+/// HTTP/1.1 server and one hyper HTTP/1.1 client connection, with
+/// `send_request` between them.
+async fn gateway(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
+    use hyper::client::conn::http1 as client;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let Ok((sender, connection)) = client::handshake(TokioIo::new(up)).await else {
+                    return;
+                };
+                tokio::spawn(connection);
+                let sender = Arc::new(tokio::sync::Mutex::new(sender));
+                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                    let sender = Arc::clone(&sender);
+                    async move { sender.lock().await.send_request(request).await }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
 async fn floodgate(toml: &str) -> std::net::SocketAddr {
     let config =
         floodgate::config::parse(std::path::Path::new("bench.toml"), toml).expect("config");
@@ -104,6 +138,8 @@ fn main() {
         let n = 20_000;
         let up = upstream().await;
         let direct = per_request(&format!("http://{up}/x"), n).await;
+        let bare = gateway(up).await;
+        let through_gateway = per_request(&format!("http://{bare}/x"), n).await;
         let route = format!(
             "[[routes]]\nname = \"api\"\nupstream = \"http://{up}\"\nlimits = [{{ algorithm = \"gcra\", limit = 1000000, window = \"1s\" }}]\n"
         );
@@ -112,6 +148,10 @@ fn main() {
         println!("| path | allocations per request |");
         println!("|---|---:|");
         println!("| client → upstream (baseline) | {direct:.1} |");
+        println!(
+            "| client → bare hyper gateway → upstream (the floor) | {through_gateway:.1} (gateway: {:.1}) |",
+            through_gateway - direct
+        );
         println!(
             "| client → floodgate (memory store) → upstream | {through_memory:.1} (floodgate: {:.1}) |",
             through_memory - direct
