@@ -95,7 +95,11 @@ fn with_policy<'r>(
     concluded: Result<Result<Option<Decision>, Response<Body>>, Refusal>,
     policy: Cow<'r, Policy>,
 ) -> Decided<'r> {
-    concluded.map(|c| c.map(|d| d.map(|d| (d, policy))))
+    match concluded {
+        Ok(Ok(decision)) => Ok(Ok(decision.map(|d| (d, policy)))),
+        Ok(Err(denial)) => Ok(Err(denial)),
+        Err(refusal) => Err(refusal),
+    }
 }
 
 /// What a request on `route` asks of the store for `client`: `cost` units
