@@ -1,10 +1,19 @@
 //! Counts heap allocations per proxied request: requests straight to an
 //! upstream, then the same requests through a bare hyper gateway (hyper's
 //! server and one hyper client connection, nothing else: the floor, as
-//! `bench/gateway` is for instructions), then through floodgate (memory
-//! store, a limit that never triggers; and the Redis store when
-//! `redis-server` is on PATH or REDIS_URL is set). The difference from the
-//! straight requests is each proxy's share.
+//! `bench/gateway` is for instructions), through the same gateway adding
+//! the header fields floodgate adds (`X-Forwarded-For/-Proto/-Host` on the
+//! request, `RateLimit` and `RateLimit-Policy` on the answer), then through
+//! floodgate (memory store, a limit that never triggers; and the Redis
+//! store when `redis-server` is on PATH or REDIS_URL is set). The
+//! difference from the straight requests is each proxy's share.
+//!
+//! Everything runs in this one process, so the count includes what the
+//! client and the upstream allocate for what a proxy sends them: hyper
+//! allocates each header name it does not know as it parses it (five a
+//! request for the five fields above). The gateway with those fields is
+//! therefore the floor for floodgate's job; floodgate's own allocations
+//! are what it makes beyond that.
 //! Run with `cargo bench --bench allocations`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -16,6 +25,7 @@ mod support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
+use hyper::header::{HeaderName, HeaderValue};
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -64,10 +74,17 @@ async fn upstream() -> std::net::SocketAddr {
     addr
 }
 
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
 /// The bare gateway in front of `upstream`: per accepted connection, hyper's
 /// HTTP/1.1 server and one hyper HTTP/1.1 client connection, with
-/// `send_request` between them.
-async fn gateway(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
+/// `send_request` between them; with `fields`, adding (fixed values of)
+/// the header fields floodgate adds.
+async fn gateway(upstream: std::net::SocketAddr, fields: bool) -> std::net::SocketAddr {
     use hyper::client::conn::http1 as client;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -82,10 +99,36 @@ async fn gateway(upstream: std::net::SocketAddr) -> std::net::SocketAddr {
                 };
                 tokio::spawn(connection);
                 let sender = Arc::new(tokio::sync::Mutex::new(sender));
-                let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                    let sender = Arc::clone(&sender);
-                    async move { sender.lock().await.send_request(request).await }
-                });
+                let service =
+                    service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                        let sender = Arc::clone(&sender);
+                        async move {
+                            if fields {
+                                let headers = request.headers_mut();
+                                headers.insert(
+                                    &X_FORWARDED_FOR,
+                                    HeaderValue::from_static("127.0.0.1"),
+                                );
+                                headers
+                                    .insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+                                headers
+                                    .insert(&X_FORWARDED_HOST, HeaderValue::from_static("gateway"));
+                            }
+                            let mut response = sender.lock().await.send_request(request).await?;
+                            if fields {
+                                let headers = response.headers_mut();
+                                headers.insert(
+                                    &RATELIMIT,
+                                    HeaderValue::from_static("\"api\";r=999999;t=1"),
+                                );
+                                headers.insert(
+                                    &RATELIMIT_POLICY,
+                                    HeaderValue::from_static("\"api\";q=1000000;w=1"),
+                                );
+                            }
+                            Ok::<_, hyper::Error>(response)
+                        }
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
@@ -138,8 +181,10 @@ fn main() {
         let n = 20_000;
         let up = upstream().await;
         let direct = per_request(&format!("http://{up}/x"), n).await;
-        let bare = gateway(up).await;
+        let bare = gateway(up, false).await;
         let through_gateway = per_request(&format!("http://{bare}/x"), n).await;
+        let same_job = gateway(up, true).await;
+        let through_same_job = per_request(&format!("http://{same_job}/x"), n).await;
         let route = format!(
             "[[routes]]\nname = \"api\"\nupstream = \"http://{up}\"\nlimits = [{{ algorithm = \"gcra\", limit = 1000000, window = \"1s\" }}]\n"
         );
@@ -149,12 +194,17 @@ fn main() {
         println!("|---|---:|");
         println!("| client → upstream (baseline) | {direct:.1} |");
         println!(
-            "| client → bare hyper gateway → upstream (the floor) | {through_gateway:.1} (gateway: {:.1}) |",
+            "| client → bare hyper gateway → upstream | {through_gateway:.1} (gateway: {:.1}) |",
             through_gateway - direct
         );
         println!(
-            "| client → floodgate (memory store) → upstream | {through_memory:.1} (floodgate: {:.1}) |",
-            through_memory - direct
+            "| client → bare gateway adding floodgate's five fields → upstream (the floor) | {through_same_job:.1} (gateway: {:.1}) |",
+            through_same_job - direct
+        );
+        println!(
+            "| client → floodgate (memory store) → upstream | {through_memory:.1} (floodgate: {:.1}; beyond the floor: {:.1}) |",
+            through_memory - direct,
+            through_memory - through_same_job
         );
         if let Some(BenchRedis { url, .. }) = &redis {
             let with_redis = floodgate(&format!(
@@ -163,8 +213,9 @@ fn main() {
             .await;
             let through_redis = per_request(&format!("http://{with_redis}/x"), n).await;
             println!(
-                "| client → floodgate (Redis store) → upstream | {through_redis:.1} (floodgate: {:.1}) |",
-                through_redis - direct
+                "| client → floodgate (Redis store) → upstream | {through_redis:.1} (floodgate: {:.1}; beyond the floor: {:.1}) |",
+                through_redis - direct,
+                through_redis - through_same_job
             );
         }
     });
