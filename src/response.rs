@@ -42,6 +42,15 @@ enum Kind<U> {
     Whole(Option<Bytes>),
 }
 
+impl<U: hyper::body::Body> Kind<U> {
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Streamed(body) => body.is_end_stream(),
+            Self::Whole(bytes) => bytes.is_none(),
+        }
+    }
+}
+
 /// What watches an answer's body go out, told of every frame and of how
 /// the body ended.
 pub trait Watcher: Send {
@@ -96,7 +105,7 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> Body<U> {
     /// Has `watcher` (if any) watch this body go out.
     pub fn watch(&mut self, watcher: Option<Box<dyn Watcher>>) {
         // An empty body may never be polled: dropped, it went out whole.
-        self.at_end = hyper::body::Body::is_end_stream(self);
+        self.at_end = self.kind.is_end_stream();
         self.watcher = watcher;
     }
 }
@@ -118,33 +127,27 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
         let Some(watcher) = this.watcher.as_deref_mut() else {
             return polled;
         };
-        match &polled {
+        let ended = match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 watcher.sent(frame);
-                let at_end = match &this.kind {
-                    Kind::Streamed(body) => body.is_end_stream(),
-                    Kind::Whole(bytes) => bytes.is_none(),
-                };
-                if at_end {
-                    this.at_end = true;
-                    watcher.ended();
-                }
+                this.kind.is_end_stream()
             }
-            Poll::Ready(None) => {
-                this.at_end = true;
-                watcher.ended();
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Err(_))) => {
+                watcher.broke();
+                false
             }
-            Poll::Ready(Some(Err(_))) => watcher.broke(),
-            Poll::Pending => {}
+            Poll::Pending => false,
+        };
+        if ended {
+            this.at_end = true;
+            watcher.ended();
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.kind {
-            Kind::Streamed(body) => body.is_end_stream(),
-            Kind::Whole(bytes) => bytes.is_none(),
-        }
+        self.kind.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -566,10 +569,10 @@ mod tests {
     {
         let notes = Arc::new(Mutex::new(Vec::new()));
         body.watch(Some(Box::new(Notes(Arc::clone(&notes)))));
-        let runtime = tokio::runtime::Builder::new_current_thread().build();
-        if let Ok(runtime) = runtime {
-            runtime.block_on(go(&mut body));
-        }
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime for the test")
+            .block_on(go(&mut body));
         drop(body);
         notes.lock().map(|n| n.clone()).unwrap_or_default()
     }

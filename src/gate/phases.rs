@@ -83,10 +83,16 @@ type Allowed<'r> = Option<(Decision, Cow<'r, Policy>)>;
 type Decided<'r> = Result<Result<Allowed<'r>, Response<Body>>, Refusal>;
 
 /// The decide phase as far as it goes without waiting: done, or a
-/// question for the shared store (the policy and the cost to charge).
-enum Deciding<'r> {
+/// question for the shared store (whose count, under which policy, for how
+/// many units).
+enum Deciding<'r, 'w> {
     Done(Decided<'r>),
-    Ask(Cow<'r, Policy>, u64),
+    Ask {
+        client: &'w ClientId,
+        keys: &'w [crate::limit::CountKey],
+        policy: Cow<'r, Policy>,
+        cost: u64,
+    },
 }
 
 /// A concluded decision with the `policy` it was made under, for the
@@ -205,9 +211,12 @@ async fn answer<H: Send + 'static>(
         let mut who = who;
         match cx.decide(&rules, &found, &mut who, &head.headers, read) {
             Deciding::Done(decided) => decided,
-            Deciding::Ask(policy, cost) => {
-                Box::pin(cx.ask(&rules, &found, &who, policy, cost)).await
-            }
+            Deciding::Ask {
+                client,
+                keys,
+                policy,
+                cost,
+            } => Box::pin(cx.ask(&rules, &found, client, keys, policy, cost)).await,
         }
     };
     let allowed = match decided? {
@@ -388,14 +397,14 @@ impl Context<'_> {
     /// The rate decision, counted and logged, as far as it goes at once:
     /// done (see [`Decided`]), or a question for the shared store (the
     /// request's policy and cost), which [`Context::ask`] puts.
-    fn decide<'r>(
+    fn decide<'r, 'w>(
         &mut self,
         rules: &Rules,
         found: &Found<'r>,
-        who: &mut Identity<'r>,
+        who: &'w mut Identity<'r>,
         headers: &http::HeaderMap,
         read: Option<BodyRead>,
-    ) -> Deciding<'r> {
+    ) -> Deciding<'r, 'w> {
         let route = found.route;
         if who.exempt {
             return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Exempt))));
@@ -419,7 +428,12 @@ impl Context<'_> {
                 let concluded = self.concluded(rules, found, &policy, charge, answer);
                 Deciding::Done(with_policy(concluded, policy))
             }
-            None => Deciding::Ask(policy, cost),
+            None => Deciding::Ask {
+                client,
+                keys: &who.keys,
+                policy,
+                cost,
+            },
         }
     }
 
@@ -429,14 +443,12 @@ impl Context<'_> {
         &mut self,
         rules: &Rules,
         found: &Found<'r>,
-        who: &Identity<'r>,
+        client: &ClientId,
+        keys: &[crate::limit::CountKey],
         policy: Cow<'r, Policy>,
         cost: u64,
     ) -> Decided<'r> {
-        let Some(client) = &who.client else {
-            return Ok(Ok(self.unlimited(rules, found, Outcome::Allowed)));
-        };
-        let charge = charge(found.route, client, &policy, &who.keys, cost);
+        let charge = charge(found.route, client, &policy, keys, cost);
         let answer = self.shared.limiter.decide(charge).await;
         let concluded = self.concluded(rules, found, &policy, charge, answer);
         with_policy(concluded, policy)
