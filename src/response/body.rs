@@ -1,0 +1,249 @@
+//! The body of every answer floodgate sends, the upstream's streamed or
+//! floodgate's own whole, and what watches it go out.
+
+use bytes::Bytes;
+use hyper::body::{Frame, SizeHint};
+
+/// Body of every response floodgate sends: the upstream's (`U`, as the
+/// proxy streams it), or floodgate's own, whole; and, on the few answers
+/// that have one, what watches it go out (the access log's line, the
+/// request's concurrency slot, a usage meter). One type of floodgate's own
+/// for every answer: one poll and one end check a frame, the upstream's
+/// error as it is, and the watcher set in place, not by a wrapper that
+/// moves the answer again.
+pub struct Body<U> {
+    kind: Kind<U>,
+    /// None on most answers (no access log, no cap, not metered): a null
+    /// pointer, and every frame polled straight through.
+    watcher: Option<Box<dyn Watcher>>,
+    /// Seen at its end, or empty when the watcher was set: dropped then,
+    /// the answer went out whole.
+    at_end: bool,
+}
+
+enum Kind<U> {
+    /// The upstream's answer, streamed.
+    Streamed(U),
+    /// Floodgate's own, whole: `None` once sent (or when empty).
+    Whole(Option<Bytes>),
+}
+
+impl<U: hyper::body::Body> Kind<U> {
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Streamed(body) => body.is_end_stream(),
+            Self::Whole(bytes) => bytes.is_none(),
+        }
+    }
+}
+
+/// What watches an answer's body go out, told of every frame and of how
+/// the body ended.
+pub trait Watcher: Send {
+    /// A frame went out.
+    fn sent(&mut self, frame: &Frame<Bytes>);
+    /// The body went out whole (told again when it is then dropped).
+    fn ended(&mut self);
+    /// The body broke off on the way.
+    fn broke(&mut self);
+    /// The body was dropped before its end: the client went away.
+    fn left(&mut self);
+}
+
+impl<U: std::fmt::Debug> std::fmt::Debug for Body<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut out = f.debug_struct("Body");
+        match &self.kind {
+            Kind::Streamed(body) => out.field("streamed", body),
+            Kind::Whole(bytes) => out.field("whole", bytes),
+        };
+        out.field("watched", &self.watcher.is_some()).finish()
+    }
+}
+
+impl<U> Body<U> {
+    /// The upstream's `body`, streamed.
+    pub fn streamed(body: U) -> Self {
+        Self::of(Kind::Streamed(body))
+    }
+
+    /// A whole body of `bytes`.
+    pub fn whole(bytes: impl Into<Bytes>) -> Self {
+        let bytes: Bytes = bytes.into();
+        Self::of(Kind::Whole((!bytes.is_empty()).then_some(bytes)))
+    }
+
+    /// No body.
+    pub fn empty() -> Self {
+        Self::of(Kind::Whole(None))
+    }
+
+    fn of(kind: Kind<U>) -> Self {
+        Self {
+            kind,
+            watcher: None,
+            at_end: false,
+        }
+    }
+}
+
+impl<U: hyper::body::Body<Data = Bytes> + Unpin> Body<U> {
+    /// Has `watcher` (if any) watch this body go out.
+    pub fn watch(&mut self, watcher: Option<Box<dyn Watcher>>) {
+        // An empty body may never be polled: dropped, it went out whole.
+        self.at_end = self.kind.is_end_stream();
+        self.watcher = watcher;
+    }
+}
+
+impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
+    type Data = Bytes;
+    type Error = U::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, U::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let polled = match &mut this.kind {
+            Kind::Streamed(body) => std::pin::Pin::new(body).poll_frame(cx),
+            Kind::Whole(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+        };
+        let Some(watcher) = this.watcher.as_deref_mut() else {
+            return polled;
+        };
+        let ended = match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                watcher.sent(frame);
+                this.kind.is_end_stream()
+            }
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Err(_))) => {
+                watcher.broke();
+                false
+            }
+            Poll::Pending => false,
+        };
+        if ended {
+            this.at_end = true;
+            watcher.ended();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.kind.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Streamed(body) => body.size_hint(),
+            Kind::Whole(bytes) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+        }
+    }
+}
+
+impl<U> Drop for Body<U> {
+    fn drop(&mut self) {
+        if let Some(watcher) = self.watcher.as_deref_mut() {
+            if self.at_end {
+                watcher.ended();
+            } else {
+                watcher.left();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt;
+
+    /// Writes down what it is told.
+    struct Notes(Arc<Mutex<Vec<String>>>);
+
+    impl Watcher for Notes {
+        fn sent(&mut self, frame: &Frame<Bytes>) {
+            let len = frame.data_ref().map_or(0, Bytes::len);
+            self.note(format!("sent {len}"));
+        }
+        fn ended(&mut self) {
+            self.note("ended".into());
+        }
+        fn broke(&mut self) {
+            self.note("broke".into());
+        }
+        fn left(&mut self) {
+            self.note("left".into());
+        }
+    }
+
+    impl Notes {
+        fn note(&self, what: String) {
+            if let Ok(mut notes) = self.0.lock() {
+                notes.push(what);
+            }
+        }
+    }
+
+    /// A streamed body of one frame, then an error.
+    struct Breaking(bool);
+
+    impl hyper::body::Body for Breaking {
+        type Data = Bytes;
+        type Error = &'static str;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<Frame<Bytes>, &'static str>>> {
+            let first = std::mem::replace(&mut self.0, false);
+            std::task::Poll::Ready(Some(if first {
+                Ok(Frame::data(Bytes::from_static(b"abc")))
+            } else {
+                Err("broken")
+            }))
+        }
+    }
+
+    /// What a watcher of `body` was told, once `go` had done with it.
+    fn told<U, F>(mut body: Body<U>, go: F) -> Vec<String>
+    where
+        U: hyper::body::Body<Data = Bytes> + Unpin,
+        F: AsyncFnOnce(&mut Body<U>),
+    {
+        let notes = Arc::new(Mutex::new(Vec::new()));
+        body.watch(Some(Box::new(Notes(Arc::clone(&notes)))));
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime for the test")
+            .block_on(go(&mut body));
+        drop(body);
+        notes.lock().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_watcher_hears_how_each_answer_ended() {
+        type Own = Body<http_body_util::Empty<Bytes>>;
+        // Sent whole: the end is heard as it goes, and again when dropped.
+        let sent = told(Own::whole("hello"), async |b| {
+            let _ = b.frame().await;
+        });
+        assert_eq!(sent, ["sent 5", "ended", "ended"]);
+        // Nothing to send, never polled: it went out whole.
+        assert_eq!(told(Own::empty(), async |_| {}), ["ended"]);
+        // Dropped before its end: the client went away.
+        assert_eq!(told(Own::whole("hello"), async |_| {}), ["left"]);
+        // The upstream's body broke off, then was dropped.
+        let broke = told(Body::streamed(Breaking(true)), async |b| {
+            while let Some(Ok(_)) = b.frame().await {}
+        });
+        assert_eq!(broke, ["sent 3", "broke", "left"]);
+    }
+}
