@@ -121,6 +121,10 @@ pub async fn run(
     let shared = Arc::new(Shared::start(&config).await?);
     let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
     let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
+    let lease_keeper = {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move { shared.keep_leases().await })
+    };
     let watcher = tokio::spawn(crate::reload::watch(
         Arc::clone(&shared),
         config.clone(),
@@ -233,6 +237,20 @@ pub async fn run(
                 "grace period over; usage settlements still in flight stand at their reservations"
             ),
         }
+    }
+    // Slices of leased limits this instance holds go back to the store,
+    // for the other instances to spend (within the same grace).
+    lease_keeper.abort();
+    if tokio::time::timeout_at(
+        grace_over.max(tokio::time::Instant::now() + Duration::from_secs(1)),
+        shared.return_leases(),
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            "grace period over; slices of leased limits not given back stay counted until their windows end"
+        );
     }
     sweeper.abort();
     recoverer.abort();

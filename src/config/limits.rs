@@ -6,6 +6,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{MAX_LIMIT, MAX_UNIT_MS, Validator};
+use crate::limit::leases::{self, Terms};
 use crate::limit::{Algorithm, Limit};
 
 #[derive(Deserialize)]
@@ -28,6 +29,20 @@ pub(super) struct LimitModel {
     pub(super) week_starts: Option<Spanned<String>>,
     /// The day a calendar month starts on (default 1).
     pub(super) anchor: Option<Spanned<super::calendars::AnchorModel>>,
+    /// Decided from slices taken ahead (`lease = { interval, share }`).
+    lease: Option<Spanned<LeaseModel>>,
+}
+
+/// `lease = { interval = "250ms", share = 0.125 }`: both optional.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseModel {
+    /// A slice's lifetime, and how much of this instance's traffic it is
+    /// sized for.
+    interval: Option<Spanned<String>>,
+    /// Most of what remains (a window) or of the burst (a bucket) one
+    /// slice takes.
+    share: Option<Spanned<f64>>,
 }
 
 impl Validator<'_> {
@@ -113,10 +128,15 @@ impl Validator<'_> {
                 None
             }
         };
+        let lease = match &m.lease {
+            None => Some(None),
+            Some(lease) => algorithm.and_then(|a| self.lease(lease, a)).map(Some),
+        };
         let mut limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
         if per_request? {
             limit = limit.per_request();
         }
+        limit.lease = lease?;
         let cost = limit.cost_of(cost);
         if cost > limit.capacity() {
             let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
@@ -147,6 +167,45 @@ impl Validator<'_> {
             return None;
         }
         Some(limit)
+    }
+
+    /// A limit's lease terms.
+    fn lease(&mut self, model: &Spanned<LeaseModel>, algorithm: Algorithm) -> Option<Terms> {
+        if !leases::can_lease(algorithm) {
+            self.problem(
+                model.span(),
+                format!(
+                    "{:?} cannot be leased: the log keeps each unit's own time, and units taken ahead would leave it before the requests that spend them; lease a \"fixed_window\", \"sliding_window\", \"token_bucket\" or \"gcra\"",
+                    algorithm.name()
+                ),
+            );
+            return None;
+        }
+        let m = model.get_ref();
+        let mut terms = Terms::default();
+        if let Some(interval) = &m.interval {
+            let ms = self.duration(interval, "interval")?.as_millis();
+            if !(10..=60_000).contains(&ms) {
+                self.problem(
+                    interval.span(),
+                    "a lease's interval must be from 10ms to 60s",
+                );
+                return None;
+            }
+            terms.interval_ms = ms as u32;
+        }
+        if let Some(share) = &m.share {
+            let value = *share.get_ref();
+            if !(value > 0.0 && value <= 1.0) {
+                self.problem(
+                    share.span(),
+                    "a lease's share is a fraction above 0 and at most 1 (0.125: a slice takes at most an eighth of what remains)",
+                );
+                return None;
+            }
+            terms.share_permille = ((value * 1000.0).round() as u16).max(1);
+        }
+        Some(terms)
     }
 
     /// A limit's window as a duration, in whole milliseconds.

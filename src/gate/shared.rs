@@ -237,6 +237,18 @@ impl Shared {
         }
     }
 
+    /// Gives back, for ever, what slices of leased limits leave when they
+    /// are up.
+    pub async fn keep_leases(&self) {
+        self.limiter.keep_leases().await;
+    }
+
+    /// Gives back every slice of a leased limit this instance holds (at a
+    /// stop).
+    pub async fn return_leases(&self) {
+        self.limiter.return_leases().await;
+    }
+
     /// Asks a store considered down whether it answers again.
     pub async fn recover(&self) {
         self.limiter.recover().await;
@@ -335,6 +347,9 @@ impl Shared {
         self.tls
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
         self.limiter.rules_changed();
+        // Slices of the old rules' leased limits go back: a limit that
+        // changed leases anew, one that is gone holds nothing.
+        self.limiter.return_leases().await;
         self.rules_digest.store(Arc::new(new.rules_digest()));
         self.metrics.reloaded(true, &new.digest);
         self.reloaded(None);

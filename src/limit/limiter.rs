@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::breaker::{Change, Pass, Probe};
 use super::deny_cache::{DenyCache, GivenBack};
+use super::leases::Leases;
 use super::memory::MemoryStore;
 use super::redis::{Node, RedisStore, Target};
 use super::settings::{OnError, Store as StoreConfig};
@@ -15,6 +16,7 @@ use crate::client::ClientId;
 use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
+mod leased;
 mod operations;
 mod spread;
 
@@ -56,6 +58,8 @@ pub struct Shared {
     is_refused: std::sync::atomic::AtomicBool,
     /// When a refusal was last logged (ms), to log at most once a second.
     refusal_logged: AtomicU64,
+    /// Slices of leased limits' budgets this instance holds.
+    leases: Leases,
 }
 
 /// What the limiter says about one request.
@@ -130,6 +134,7 @@ impl Limiter {
                 );
             }
         }
+        let leases = Leases::new(max_entries, metrics.leases.clone());
         Ok(Self::Redis(Box::new(Shared {
             store,
             on_error: settings.on_error,
@@ -141,6 +146,7 @@ impl Limiter {
             refused: std::sync::Mutex::new(None),
             is_refused: std::sync::atomic::AtomicBool::new(false),
             refusal_logged: AtomicU64::new(0),
+            leases,
         })))
     }
 
@@ -352,14 +358,34 @@ impl Limiter {
             Self::Redis(shared) => {
                 shared.local.sweep(now);
                 shared.denials.sweep(Instant::now());
+                shared.leases.refresh_gauges();
             }
         }
     }
 
     /// Forgets remembered denials: the rules they were made under changed.
+    /// Slices of leased limits are given back by the next
+    /// [`Limiter::return_leases`].
     pub fn rules_changed(&self) {
         if let Self::Redis(shared) = self {
             shared.denials.clear();
+        }
+    }
+
+    /// Gives back what leased limits' slices leave when they are up, for
+    /// ever (returns at once with the memory store, which leases nothing).
+    pub async fn keep_leases(&self) {
+        if let Self::Redis(shared) = self {
+            shared.keep_leases().await;
+        }
+    }
+
+    /// Gives back every slice this instance holds now: the rules changed
+    /// (a slice of a limit that is gone would be held to its end), or
+    /// floodgate stops.
+    pub async fn return_leases(&self) {
+        if let Self::Redis(shared) = self {
+            shared.return_lapsed(true).await;
         }
     }
 }
@@ -406,6 +432,15 @@ fn in_memory(memory: &(MemoryStore, StoreMetrics), charge: Charge<'_>) -> Answer
 
 impl Shared {
     async fn decide(&self, charge: Charge<'_>) -> Answer {
+        if charge.limits.iter().any(|l| l.lease.is_some()) {
+            return Box::pin(self.decide_leased(charge)).await;
+        }
+        self.decide_plain(charge).await
+    }
+
+    /// Decides `charge` in the store (or by a remembered denial, or by
+    /// `on_error`).
+    async fn decide_plain(&self, charge: Charge<'_>) -> Answer {
         let started = Instant::now();
         let remembered = remembered_as(&charge);
         let given_back = self.store.given_back();

@@ -9,6 +9,7 @@ pub mod algorithms;
 pub mod breaker;
 pub mod calendar;
 pub mod deny_cache;
+pub mod leases;
 mod limiter;
 pub mod memory;
 pub mod redis;
@@ -82,6 +83,9 @@ pub struct Limit {
     /// request's time (see [`calendar`]), set per request; `window_ms` is
     /// then the calendar unit's usual length, naming the window only.
     pub bounds: Option<calendar::Bounds>,
+    /// Decided from slices of the store's budget taken ahead, on a shared
+    /// store (`lease = { … }`; see [`leases`]).
+    pub lease: Option<leases::Terms>,
 }
 
 impl Limit {
@@ -94,6 +98,7 @@ impl Limit {
             burst: limit,
             per_request: false,
             bounds: None,
+            lease: None,
         }
     }
 
@@ -221,11 +226,23 @@ impl Decision {
     /// than the route's units: the most constrained of all is reported,
     /// and the most constrained of the other kind too ([`Self::other`]).
     pub fn combine_kinds(verdicts: impl IntoIterator<Item = (bool, Verdict)>) -> Self {
+        Self::combine_at(
+            verdicts
+                .into_iter()
+                .enumerate()
+                .map(|(i, (per_request, v))| (i, per_request, v)),
+        )
+    }
+
+    /// As [`Self::combine_kinds`], each verdict with its limit's index in
+    /// the route's limits, for verdicts that come from different places
+    /// (slices in hand and the store), in index order.
+    pub fn combine_at(verdicts: impl IntoIterator<Item = (usize, bool, Verdict)>) -> Self {
         let mut out: Option<Decision> = None;
         // The most constrained of each kind: (index, verdict).
         let mut kinds: [Option<(usize, Verdict)>; 2] = [None, None];
         let mut winner_kind = false;
-        for (i, (per_request, v)) in verdicts.into_iter().enumerate() {
+        for (i, per_request, v) in verdicts {
             let kind = &mut kinds[usize::from(per_request)];
             if kind.is_none_or(|(_, best)| v.constrains_more_than(&best)) {
                 *kind = Some((i, v));

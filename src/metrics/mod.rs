@@ -26,12 +26,14 @@ use histogram::Histogram;
 mod histogram;
 pub mod history;
 mod kinds;
+mod leases;
 mod process;
 mod shown;
 mod text;
 mod usage;
 
 pub use kinds::{Outcome, Phase, StoreErrorKind, StoreKind, Timeouts};
+pub use leases::{LeaseFamilies, LeaseMetrics};
 use process::Process;
 use shown::Shown;
 use text::text_format;
@@ -160,6 +162,7 @@ pub struct Metrics {
     /// Access log lines for denials held back by the caps.
     pub access_log_suppressed: Counter,
     usage: usage::Families,
+    leases: LeaseFamilies,
 }
 
 /// One route's metric handles, resolved once per load.
@@ -191,6 +194,8 @@ pub struct StoreMetrics {
     /// The in-process tables: the memory store, the local fallback, the
     /// remembered denials.
     pub tables: [TableMetrics; 3],
+    /// The leased limits' series.
+    pub leases: LeaseFamilies,
 }
 
 /// One in-process table's size and the clients it had no room for.
@@ -267,6 +272,7 @@ impl Metrics {
             "Units a request held in one Redis Cluster slot and gave back because a limit in another slot refused it (a limit keyed by another identity, or a budget, hashed elsewhere); each is a moment where a concurrent request could have been refused for units later given back",
             given_back.clone(),
         );
+        let leases = LeaseFamilies::register(&mut registry);
         let given_back_heard = Counter::default();
         registry.register(
             "floodgate_store_given_back_heard",
@@ -421,6 +427,7 @@ impl Metrics {
             access_log_dropped,
             access_log_suppressed,
             usage,
+            leases,
         }
     }
 
@@ -544,6 +551,7 @@ impl Metrics {
             given_back: self.given_back.clone(),
             given_back_heard: self.given_back_heard.clone(),
             listening: self.listening.clone(),
+            leases: self.leases.clone(),
             tables: ["memory", "local", "denials"].map(|table| {
                 let label = TableLabel {
                     table: table.into(),

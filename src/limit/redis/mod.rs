@@ -391,6 +391,11 @@ impl RedisStore {
         }
     }
 
+    /// One decision's deadline.
+    pub fn timeout(&self) -> Duration {
+        self.link.timeout
+    }
+
     /// Whether this store is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         self.link.cluster.is_some()
