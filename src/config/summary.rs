@@ -84,8 +84,21 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 Some((_, c)) => format!("calendar {}", c.describe()),
                 None => window(limit.window_ms),
             };
+            let leased = limit.lease.map_or(String::new(), |l| {
+                let of = match limit.algorithm {
+                    crate::limit::Algorithm::TokenBucket | crate::limit::Algorithm::Gcra => {
+                        "the burst"
+                    }
+                    _ => "what remains",
+                };
+                format!(
+                    ", leased ({}ms slices, at most {} of {of})",
+                    l.interval_ms,
+                    f64::from(l.share_permille) / 1000.0
+                )
+            });
             format!(
-                "{budget}{number} per {per} {} {whose}",
+                "{budget}{number} per {per} {} {whose}{leased}",
                 limit.algorithm.name()
             )
         })
