@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod load;
 pub mod peers;
 pub mod redis;
 pub mod relay;

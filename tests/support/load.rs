@@ -1,0 +1,256 @@
+//! Load across several floodgate processes: an upstream that notes when
+//! each request arrived and from which instance, the processes sharing one
+//! Redis, and paced load on keep-alive connections.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use super::config::{Config, Route};
+use super::redis::{TestRedis, unique_prefix};
+use super::{FloodgateProcess, free_port, temp_dir};
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// An upstream that notes when each request reached it (ms, the system
+/// clock, which is also the clock of the Redis on this machine).
+pub struct Ledger {
+    pub url: String,
+    arrivals: Arc<Mutex<Vec<(u64, u8)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Ledger {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let arrivals = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&arrivals);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let log = Arc::clone(&log);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: Request<Incoming>| {
+                        let from = req
+                            .headers()
+                            .get("x-instance")
+                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                            .unwrap_or(u8::MAX);
+                        log.lock().expect("ledger").push((now_ms(), from));
+                        async {
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                                Bytes::from_static(b"ok"),
+                            )))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            url,
+            arrivals,
+            task,
+        }
+    }
+
+    /// When each request arrived, in order, with the instance the load
+    /// sent it to (`u8::MAX`: not sent by the load).
+    pub fn arrivals(&self) -> Vec<(u64, u8)> {
+        let mut out = self.arrivals.lock().expect("ledger").clone();
+        out.sort_unstable();
+        out
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One floodgate process of a test, with its admin listener.
+pub struct Instance {
+    pub process: FloodgateProcess,
+    pub admin: u16,
+}
+
+impl Instance {
+    /// A counter or gauge of this instance's `/metrics`, summed over its
+    /// series.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let Some(text) = admin_get(self.admin, "/metrics").await else {
+            return 0.0;
+        };
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter(|l| l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// A GET on loopback `port`, its body as text; `None` if nothing answers
+/// (an instance killed).
+pub async fn admin_get(port: u16, path: &str) -> Option<String> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let answer = sender
+        .send_request(
+            Request::get(path)
+                .header("host", "127.0.0.1")
+                .body(Empty::<Bytes>::new())
+                .ok()?,
+        )
+        .await
+        .ok()?;
+    let body = answer.into_body().collect().await.ok()?;
+    Some(String::from_utf8_lossy(&body.to_bytes()).into_owned())
+}
+
+/// `n` floodgate processes sharing `redis`, the route's one limit written
+/// as `limit`, forwarding to `ledger`.
+pub async fn instances(
+    test: &str,
+    n: usize,
+    redis: &TestRedis,
+    ledger: &Ledger,
+    limit: &str,
+    first_ms: &mut u64,
+) -> Vec<Instance> {
+    let config = Config::new()
+        .redis(&redis.url, &unique_prefix(test))
+        .admin()
+        .route(Route::new("api").upstream(&ledger.url).limits(limit))
+        .write(test);
+    let dir = temp_dir(&format!("{test}-logs"));
+    let mut out = Vec::new();
+    for i in 0..n {
+        let (port, admin) = (free_port(), free_port());
+        let process = FloodgateProcess::spawn_logging(
+            &config,
+            port,
+            &[("RUST_LOG", "floodgate=info")],
+            &[
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--admin-listen",
+                &format!("127.0.0.1:{admin}"),
+            ],
+            &dir.join(format!("instance-{i}.log")),
+        )
+        .await;
+        out.push(Instance { process, admin });
+    }
+    // Each answers once (its decision code loaded) before counting starts.
+    *first_ms = now_ms();
+    for instance in &out {
+        let status = get_status(instance.process.port).await;
+        assert!(
+            status.is_some(),
+            "instance on {} answers",
+            instance.process.port
+        );
+    }
+    out
+}
+
+pub async fn get_status(port: u16) -> Option<u16> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let answer = sender
+        .send_request(
+            Request::get("/")
+                .header("host", "api")
+                .body(Empty::<Bytes>::new())
+                .ok()?,
+        )
+        .await
+        .ok()?;
+    Some(answer.status().as_u16())
+}
+
+/// What one instance's share of the load got: answers by status.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Got {
+    pub ok: u64,
+    pub refused: u64,
+    pub other: u64,
+}
+
+/// Offers `rates[i]` requests a second to instance `i` until `until_ms`,
+/// on four keep-alive connections each, paced; a connection that fails
+/// (an instance killed) ends its share.
+pub async fn offer(ports: &[u16], rates: &[u64], until_ms: u64) -> Vec<Got> {
+    const CONNECTIONS: u64 = 4;
+    let mut tasks = Vec::new();
+    for (i, (&port, &rate)) in ports.iter().zip(rates).enumerate() {
+        for _ in 0..CONNECTIONS {
+            let period = Duration::from_micros(1_000_000 * CONNECTIONS / rate.max(1));
+            tasks.push(tokio::spawn(async move {
+                let mut got = Got::default();
+                let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                    return got;
+                };
+                let Ok((mut sender, connection)) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+                else {
+                    return got;
+                };
+                tokio::spawn(connection);
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while now_ms() < until_ms {
+                    tick.tick().await;
+                    let request = Request::get("/")
+                        .header("host", "api")
+                        .header("x-instance", i.to_string())
+                        .body(Empty::<Bytes>::new())
+                        .expect("request");
+                    match sender.send_request(request).await {
+                        Ok(answer) => match answer.status().as_u16() {
+                            200 => got.ok += 1,
+                            429 => got.refused += 1,
+                            _ => got.other += 1,
+                        },
+                        Err(_) => break,
+                    }
+                }
+                got
+            }));
+        }
+    }
+    let mut per_instance = vec![Got::default(); ports.len()];
+    for (i, task) in tasks.into_iter().enumerate() {
+        let got = task.await.expect("a load task");
+        let total = &mut per_instance[i / CONNECTIONS as usize];
+        total.ok += got.ok;
+        total.refused += got.refused;
+        total.other += got.other;
+    }
+    per_instance
+}
