@@ -19,9 +19,11 @@
 //!   bucket). Near a window's end, when `share` of what remains is less
 //!   than two requests' worth, the key is decided per request until the
 //!   window ends or an interval passes.
-//! - **Lifetime**: one `interval`, and never past the end of the window the
-//!   slice was counted in (measured from before the store was asked, so a
-//!   slice never outlives its window on this instance's clock).
+//! - **Lifetime**: while it is spent from, up to four intervals; a slice
+//!   nobody spent from for an interval is up (its units go back for the
+//!   other instances). Never past the end of the window it was counted in
+//!   (measured from before the store was asked, so a slice never outlives
+//!   its window on this instance's clock).
 //! - **A bucket short of a slice**: the store's answer says when the slice
 //!   would fit; until then (plus a stagger of this instance's own, so that
 //!   instances do not all ask at once) the key's requests are refused here.
@@ -40,8 +42,8 @@ use super::{Algorithm, Limit, Verdict};
 use crate::client::ClientId;
 use crate::metrics::{LeaseFamilies, LeaseMetrics};
 
-/// Default lease interval: a slice's lifetime and the traffic it is sized
-/// for.
+/// Default lease interval: the traffic a slice is sized for, and how long
+/// it may go unspent.
 pub const DEFAULT_INTERVAL_MS: u32 = 250;
 
 /// Default most of what remains one slice may take, in thousandths.
@@ -50,7 +52,8 @@ pub const DEFAULT_SHARE_PERMILLE: u16 = 125;
 /// A limit's lease terms (`lease = { interval, share }`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Terms {
-    /// A slice's lifetime and the traffic it is sized for, in ms.
+    /// The traffic a slice is sized for, and how long it may go unspent,
+    /// in ms.
     pub interval_ms: u32,
     /// Most of what remains (a window) or of the burst (a bucket) one
     /// slice may take, in thousandths.
