@@ -56,41 +56,46 @@ impl LeaseFamilies {
     pub fn register(registry: &mut Registry) -> Self {
         let families = Self::default();
         let f = &families;
-        registry.register(
-            "floodgate_lease_slices",
-            "Slices of a leased limit's budget taken from the shared store, by scope (route or budget) and limit",
-            f.taken.clone(),
-        );
-        registry.register(
-            "floodgate_lease_taken_units",
-            "Units the slices of a leased limit took from the shared store",
-            f.units_taken.clone(),
-        );
-        registry.register(
-            "floodgate_lease_short",
-            "Slices the shared store had no room for (the limit near its end: decided per request, or a bucket's requests refused until a slice fits)",
-            f.short.clone(),
-        );
-        registry.register(
-            "floodgate_lease_returns",
-            "Slices whose unspent units were given back to the shared store",
-            f.returned.clone(),
-        );
-        registry.register(
-            "floodgate_lease_returned_units",
-            "Units given back to the shared store unspent",
-            f.units_returned.clone(),
-        );
-        registry.register(
-            "floodgate_lease_lost_units",
-            "Units of slices still unspent when their window ended: admitted by no instance (the under-admission leasing costs)",
-            f.units_lost.clone(),
-        );
-        registry.register(
-            "floodgate_lease_admitted",
-            "Requests decided from a slice in this instance, without a call to the shared store",
-            f.admitted.clone(),
-        );
+        let counters = [
+            (
+                "floodgate_lease_slices",
+                "Slices of a leased limit's budget taken from the shared store, by scope (route or budget) and limit",
+                &f.taken,
+            ),
+            (
+                "floodgate_lease_taken_units",
+                "Units the slices of a leased limit took from the shared store",
+                &f.units_taken,
+            ),
+            (
+                "floodgate_lease_short",
+                "Slices the shared store had no room for (the limit near its end: decided per request, or a bucket's requests refused until a slice fits)",
+                &f.short,
+            ),
+            (
+                "floodgate_lease_returns",
+                "Slices whose unspent units were given back to the shared store",
+                &f.returned,
+            ),
+            (
+                "floodgate_lease_returned_units",
+                "Units given back to the shared store unspent",
+                &f.units_returned,
+            ),
+            (
+                "floodgate_lease_lost_units",
+                "Units of slices still unspent when their window ended: admitted by no instance (the under-admission leasing costs)",
+                &f.units_lost,
+            ),
+            (
+                "floodgate_lease_admitted",
+                "Requests decided from a slice in this instance, without a call to the shared store",
+                &f.admitted,
+            ),
+        ];
+        for (name, help, family) in counters {
+            registry.register(name, help, family.clone());
+        }
         registry.register(
             "floodgate_lease_held_units",
             "Units this instance holds in slices, unspent (as of the last second)",

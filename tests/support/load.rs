@@ -103,10 +103,9 @@ impl Instance {
     }
 }
 
-/// A GET on loopback `port`, its body as text; `None` if nothing answers
-/// (an instance killed).
-pub async fn admin_get(port: u16, path: &str) -> Option<String> {
-    use http_body_util::BodyExt;
+/// A GET on loopback `port` on a connection of its own; `None` if
+/// nothing answers (an instance killed).
+async fn get(port: u16, path: &str, host: &str) -> Option<Response<Incoming>> {
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;
@@ -114,16 +113,22 @@ pub async fn admin_get(port: u16, path: &str) -> Option<String> {
         .await
         .ok()?;
     tokio::spawn(connection);
-    let answer = sender
-        .send_request(
-            Request::get(path)
-                .header("host", "127.0.0.1")
-                .body(Empty::<Bytes>::new())
-                .ok()?,
-        )
+    let request = Request::get(path)
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .ok()?;
+    sender.send_request(request).await.ok()
+}
+
+/// An admin listener's answer to a GET of `path`, as text.
+pub async fn admin_get(port: u16, path: &str) -> Option<String> {
+    use http_body_util::BodyExt;
+    let body = get(port, path, "127.0.0.1")
+        .await?
+        .into_body()
+        .collect()
         .await
         .ok()?;
-    let body = answer.into_body().collect().await.ok()?;
     Some(String::from_utf8_lossy(&body.to_bytes()).into_owned())
 }
 
@@ -174,24 +179,9 @@ pub async fn instances(
     out
 }
 
+/// The status of a GET of `/` on the route.
 pub async fn get_status(port: u16) -> Option<u16> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    tokio::spawn(connection);
-    let answer = sender
-        .send_request(
-            Request::get("/")
-                .header("host", "api")
-                .body(Empty::<Bytes>::new())
-                .ok()?,
-        )
-        .await
-        .ok()?;
-    Some(answer.status().as_u16())
+    Some(get(port, "/", "api").await?.status().as_u16())
 }
 
 /// What one instance's share of the load got: answers by status.

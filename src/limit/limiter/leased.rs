@@ -141,25 +141,8 @@ impl Shared {
     /// Asks the store for a slice of `size` units of `lease`'s key.
     async fn refill(&self, lease: &Lease, size: u64) {
         let key = &lease.key;
-        // The slice's size is its cost, whatever the limit counts.
-        let limit = Limit {
-            per_request: false,
-            ..key.limit
-        };
-        let keys = [CountKey::new(
-            &key.scope,
-            &key.scope,
-            key.index,
-            key.client.clone(),
-        )];
-        let charge = Charge {
-            route: &key.scope,
-            client: &key.client,
-            limits: std::slice::from_ref(&limit),
-            keys: &keys,
-            cost: size,
-            settle: None,
-        };
+        let terms = SliceTerms::of(key);
+        let charge = terms.charge(key, size, None);
         let asked = Instant::now();
         match self.ask_store(charge, now_ms()).await {
             Ok(d) if d.allowed => {
@@ -188,29 +171,14 @@ impl Shared {
             metrics.units_lost.inc_by(slice.left);
             return;
         }
-        let limit = Limit {
-            per_request: false,
-            ..key.limit
+        let terms = SliceTerms::of(key);
+        let settlement = Settlement {
+            at_ms: slice.at_ms,
+            reserved: slice.size,
+            local: false,
+            grant: false,
         };
-        let keys = [CountKey::new(
-            &key.scope,
-            &key.scope,
-            key.index,
-            key.client.clone(),
-        )];
-        let charge = Charge {
-            route: &key.scope,
-            client: &key.client,
-            limits: std::slice::from_ref(&limit),
-            keys: &keys,
-            cost: slice.size - slice.left,
-            settle: Some(Settlement {
-                at_ms: slice.at_ms,
-                reserved: slice.size,
-                local: false,
-                grant: false,
-            }),
-        };
+        let charge = terms.charge(key, slice.size - slice.left, Some(settlement));
         match self.ask_store(charge, now_ms()).await {
             Ok(_) => {
                 metrics.returned.inc();
@@ -320,6 +288,43 @@ fn give_back(taken: &[Taken]) {
 fn ended(limit: &Limit, at_ms: u64) -> bool {
     let (start, len) = limit.span(at_ms);
     now_ms() >= start + len
+}
+
+/// What a slice of a key is asked for and settled as: its limit, with the
+/// slice's size as its cost whatever the limit counts, and its key named.
+/// (The key's in-process entry name is not used on the shared store.)
+struct SliceTerms {
+    limit: Limit,
+    keys: [CountKey; 1],
+}
+
+impl SliceTerms {
+    fn of(key: &Key) -> Self {
+        Self {
+            limit: Limit {
+                per_request: false,
+                ..key.limit
+            },
+            keys: [CountKey::new(
+                &key.scope,
+                &key.scope,
+                key.index,
+                key.client.clone(),
+            )],
+        }
+    }
+
+    /// The charge of `cost` units (or the settlement) of a slice of `key`.
+    fn charge<'a>(&'a self, key: &'a Key, cost: u64, settle: Option<Settlement>) -> Charge<'a> {
+        Charge {
+            route: &key.scope,
+            client: &key.client,
+            limits: std::slice::from_ref(&self.limit),
+            keys: &self.keys,
+            cost,
+            settle,
+        }
+    }
 }
 
 /// The lease key of limit `i` of `charge`.
