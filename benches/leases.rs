@@ -77,7 +77,7 @@ async fn measure(leased: bool, seconds: u64) -> Option<Measured> {
     } else {
         "bench-per-request"
     };
-    let gates = instances(test, 8, &redis, &ledger, &limit(leased), &mut first_ms).await;
+    let gates = instances(test, 8, &redis, &ledger, &limit(leased), &[], &mut first_ms).await;
     let ports: Vec<u16> = gates.iter().map(|g| g.process.port).collect();
     let mut conn = redis.connection().await;
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -86,7 +86,16 @@ async fn run(test: &str, limit: &str, rates: &[u64], windows: u64, kill: Option<
     let redis = TestRedis::start_private().await;
     let ledger = Ledger::start().await;
     let mut first_ms = 0;
-    let gates = instances(test, rates.len(), &redis, &ledger, limit, &mut first_ms).await;
+    let gates = instances(
+        test,
+        rates.len(),
+        &redis,
+        &ledger,
+        limit,
+        &[],
+        &mut first_ms,
+    )
+    .await;
     let ports: Vec<u16> = gates.iter().map(|g| g.process.port).collect();
     let mut conn = redis.connection().await;
     reset_command_stats(&mut conn).await;
@@ -297,4 +306,118 @@ async fn an_instance_killed_mid_window_never_lets_the_total_past_the_limit() {
     let bound = LIMIT / 8;
     assert_windows(&windows[..1], LIMIT - bound);
     assert_windows(&windows[1..], WINDOW_FLOOR);
+}
+
+/// Requests admitted (the upstream's count, the instances' first requests
+/// included) once `rates` were offered for `ms`.
+async fn flood(run_ports: &[u16], rates: &[u64], ms: u64) -> Vec<Got> {
+    offer(run_ports, rates, now_ms() + ms).await
+}
+
+/// Waits until the instances gave back a slice, at most 20 s.
+async fn until_returned(gates: &[Instance]) {
+    for _ in 0..200 {
+        let mut returned = 0.0;
+        for g in gates {
+            returned += g.metric("floodgate_lease_returns_total").await;
+        }
+        if returned >= 1.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("a reload gives back the slices each instance holds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_sliding_window_is_exact_and_a_reload_gives_its_slices_back() {
+    let _slot = AT_ONCE.acquire().await.expect("a slot");
+    let redis = TestRedis::start_private().await;
+    let ledger = Ledger::start().await;
+    let mut first_ms = 0;
+    // A day's window: the test stays in one, whose count is the
+    // weighted count (the previous window counted nothing). Slices that
+    // go unspent for a minute only: what goes back here is the reload's.
+    let gates = instances(
+        "lease-sliding",
+        2,
+        &redis,
+        &ledger,
+        r#"{ algorithm = "sliding_window", limit = 2000, window = "1d", key = { from = "global" }, lease = { interval = "60s" } }"#,
+        &[],
+        &mut first_ms,
+    )
+    .await;
+    let ports: Vec<u16> = gates.iter().map(|g| g.process.port).collect();
+    // Half the limit first: the instances then hold slices not spent.
+    let first = flood(&ports, &[250, 250], 2_000).await;
+    let held: f64 = {
+        let mut sum = 0.0;
+        for g in &gates {
+            sum += g.metric("floodgate_lease_admitted_total").await;
+        }
+        sum
+    };
+    assert!(held > 0.0, "requests were decided from slices");
+    // A reload gives back what the slices hold; the next requests spend
+    // it, up to the limit exactly.
+    for g in &gates {
+        g.process.signal("-HUP");
+    }
+    until_returned(&gates).await;
+    let second = flood(&ports, &[1_500, 1_500], 2_000).await;
+    let admitted: u64 = first.iter().chain(&second).map(|g| g.ok).sum::<u64>() + 2;
+    println!(
+        "admitted {admitted}: {} before the reload, {} after",
+        first.iter().map(|g| g.ok).sum::<u64>() + 2,
+        second.iter().map(|g| g.ok).sum::<u64>()
+    );
+    assert_eq!(ledger.arrivals().len() as u64, admitted);
+    assert_eq!(admitted, 2_000, "the sliding window's limit, exactly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcra_slice_in_hand_decides_while_the_store_is_down() {
+    let _slot = AT_ONCE.acquire().await.expect("a slot");
+    let redis = TestRedis::start_process().await;
+    let ledger = Ledger::start().await;
+    let mut first_ms = 0;
+    let gates = instances(
+        "lease-gcra-outage",
+        1,
+        &redis,
+        &ledger,
+        r#"{ algorithm = "gcra", limit = 2000, window = "1d", burst = 2000, key = { from = "global" }, lease = { interval = "60s" } }"#,
+        &[r#"on_error = "deny""#],
+        &mut first_ms,
+    )
+    .await;
+    let port = gates[0].process.port;
+    // A first slice, then a larger one as the traffic shows.
+    let warm = flood(&[port], &[400], 300).await;
+    assert!(warm[0].ok > 0 && warm[0].other == 0, "{warm:?}");
+    redis.pause();
+    // Redis answers nothing now: what the slice holds is still admitted,
+    // then `on_error = "deny"` refuses (503).
+    let mut admitted_while_down = 0;
+    let mut refused_while_down = 0;
+    for _ in 0..2_000 {
+        match support::load::get_status(port).await {
+            Some(200) => admitted_while_down += 1,
+            Some(503) => {
+                refused_while_down += 1;
+                break;
+            }
+            other => panic!("{other:?} while the store is down"),
+        }
+    }
+    redis.resume();
+    println!("while Redis was paused: {admitted_while_down} admitted from the slice, then 503");
+    assert!(admitted_while_down > 0, "the slice in hand decides");
+    assert_eq!(refused_while_down, 1, "then on_error applies");
+    let total = ledger.arrivals().len() as u64;
+    assert!(
+        total <= 2_001,
+        "{total} admitted, past the burst and a day's refill"
+    );
 }

@@ -132,21 +132,26 @@ pub async fn admin_get(port: u16, path: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&body.to_bytes()).into_owned())
 }
 
-/// `n` floodgate processes sharing `redis`, the route's one limit written
-/// as `limit`, forwarding to `ledger`.
+/// `n` floodgate processes sharing `redis` (with `store` lines added to
+/// `[store]`), the route's one limit written as `limit`, forwarding to
+/// `ledger`; `first_ms` is when their first requests were sent.
 pub async fn instances(
     test: &str,
     n: usize,
     redis: &TestRedis,
     ledger: &Ledger,
     limit: &str,
+    store: &[&str],
     first_ms: &mut u64,
 ) -> Vec<Instance> {
-    let config = Config::new()
+    let mut config = Config::new()
         .redis(&redis.url, &unique_prefix(test))
         .admin()
-        .route(Route::new("api").upstream(&ledger.url).limits(limit))
-        .write(test);
+        .route(Route::new("api").upstream(&ledger.url).limits(limit));
+    for line in store {
+        config = config.store(line);
+    }
+    let config = config.write(test);
     let dir = temp_dir(&format!("{test}-logs"));
     let mut out = Vec::new();
     for i in 0..n {
