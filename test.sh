@@ -10,7 +10,8 @@
 # - openssl (the TLS tests make their certificates), promtool (the metrics
 #   exposition is checked with it), Chromium (the dashboard is rendered
 #   headless), Python 3 with grpcio, websockets and openai (the gRPC and
-#   WebSocket peers and the OpenAI SDK client in tests/peers/).
+#   WebSocket peers and the OpenAI SDK client in tests/peers/), nginx and
+#   Caddy (front proxies asking floodgate's decision listener).
 #
 # What is missing is installed with apt-get and pip when this runs as root
 # (or FLOODGATE_TEST_INSTALL=1 with sudo); otherwise the script names
@@ -25,6 +26,8 @@ command -v openssl >/dev/null 2>&1 || packages+=(openssl)
 command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v python3 >/dev/null 2>&1 || packages+=(python3 python3-pip)
+[ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || packages+=(nginx)
+command -v caddy >/dev/null 2>&1 || packages+=(caddy)
 python_ok() { python3 -c 'import grpc, websockets, openai' >/dev/null 2>&1; }
 
 sudo=""

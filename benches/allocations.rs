@@ -143,7 +143,11 @@ async fn floodgate(toml: &str) -> std::net::SocketAddr {
         floodgate::config::parse(std::path::Path::new("bench.toml"), toml).expect("config");
     let proxy = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = proxy.local_addr().expect("addr");
-    let listeners = floodgate::Listeners { proxy, admin: None };
+    let listeners = floodgate::Listeners {
+        proxy,
+        admin: None,
+        decisions: None,
+    };
     tokio::spawn(floodgate::run(
         config,
         listeners,

@@ -198,6 +198,9 @@ impl Config {
         if a.admin_listen != b.admin_listen {
             out.push("admin_listen");
         }
+        if a.decision_listen != b.decision_listen {
+            out.push("decision_listen");
+        }
         if a.shutdown_grace != b.shutdown_grace {
             out.push("shutdown_grace");
         }
@@ -239,6 +242,13 @@ pub struct Server {
     pub listen: SocketAddr,
     /// The admin listener (`/metrics`, `/healthz`, `/readyz`), if any.
     pub admin_listen: Option<SocketAddr>,
+    /// The decision listener, if any: front proxies ask it whether a
+    /// request may pass, and floodgate decides as on the proxy listener.
+    pub decision_listen: Option<SocketAddr>,
+    /// Peers of the decision listener whose `X-Original-*` and
+    /// `X-Forwarded-*` describe the request to decide (empty without a
+    /// decision listener).
+    pub decision_peers: Vec<IpNet>,
     /// The file holding the bearer token operators' changes need
     /// (`/clients/reset`, `/clients/credit`, `/clients/debit`); without
     /// one, changes are refused.

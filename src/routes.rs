@@ -223,6 +223,9 @@ pub enum Action {
     /// Answer the caller's standing on these routes (their limits, what
     /// remains, when more comes back), consuming nothing.
     Standing(Box<[Arc<str>]>),
+    /// Only decided, for front proxies asking the decision listener; the
+    /// proxy listener answers 404 as if no route matched.
+    Decide,
 }
 
 /// Where a route forwards: one of the configuration's upstreams, with the

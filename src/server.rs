@@ -71,6 +71,8 @@ pub struct Listeners {
     pub proxy: TcpListener,
     /// The admin listener (`/metrics`, `/healthz`, `/readyz`), if any.
     pub admin: Option<TcpListener>,
+    /// The decision listener front proxies ask, if any.
+    pub decisions: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -86,7 +88,15 @@ impl Listeners {
             Some(addr) => Some(bind(addr).await?),
             None => None,
         };
-        Ok(Self { proxy, admin })
+        let decisions = match server.decision_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        Ok(Self {
+            proxy,
+            admin,
+            decisions,
+        })
     }
 }
 
@@ -139,8 +149,6 @@ pub async fn run(
             config.server.admin_token_file.clone(),
         ))
     });
-    let listener = listeners.proxy;
-
     let protocols = Arc::new(protocols(&config));
 
     let connections = Arc::new(Connections::default());
@@ -148,16 +156,16 @@ pub async fn run(
         .server
         .max_connections
         .unwrap_or_else(default_max_connections);
-    // One permit per connection: at the cap, accepting pauses and new
-    // connections wait in the listen backlog until one closes.
+    // One permit per connection, on either listener: at the cap, accepting
+    // pauses and new connections wait in the listen backlog until one
+    // closes.
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    let mut cap_logged = false;
-    let mut accept_trouble = AcceptTrouble::default();
     // A stop first turns `/readyz` to 503 and keeps accepting for
     // `drain_delay`, so that load balancers stop sending new connections
-    // before the listener closes.
+    // before the listeners close.
     let drain_delay = config.server.drain_delay;
     let draining = Arc::clone(&shared);
+    let (stopping, stopped) = tokio::sync::watch::channel(false);
     let shutdown = async move {
         shutdown.await;
         draining.start_draining();
@@ -168,47 +176,35 @@ pub async fn run(
             );
             tokio::time::sleep(drain_delay).await;
         }
+        let _ = stopping.send(true);
     };
-    tokio::pin!(shutdown);
-    loop {
-        let slot = match Arc::clone(&slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                if !cap_logged {
-                    cap_logged = true;
-                    tracing::warn!(
-                        max_connections,
-                        "connection cap reached; new connections wait until one closes"
-                    );
-                }
-                tokio::select! {
-                    slot = Arc::clone(&slots).acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => break,
-                    },
-                    () = &mut shutdown => break,
-                }
-            }
-        };
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => {
-                        accept_trouble.recovered();
-                        a
-                    }
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tokio::time::sleep(accept_trouble.failed(&e)).await;
-                        continue;
-                    }
-                };
-                serve(stream, peer, slot, &shared, &connections, &protocols);
-            }
-            () = &mut shutdown => break,
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let accepting = Accepting {
+        slots: &slots,
+        max_connections,
+        shared: &shared,
+        connections: &connections,
+        protocols: &protocols,
+    };
+    let Listeners {
+        proxy,
+        decisions: decision_listener,
+        ..
+    } = listeners;
+    let decisions = async {
+        if let Some(listener) = decision_listener {
+            accepting
+                .accept(listener, Door::Decisions, until_stopped(stopped.clone()))
+                .await;
         }
-    }
-    drop(listener);
+    };
+    tokio::join!(
+        shutdown,
+        accepting.accept(proxy, Door::Proxy, until_stopped(stopped.clone())),
+        decisions,
+    );
     tracing::info!(
         connections = connections.count(),
         grace = ?config.server.shutdown_grace,
@@ -299,6 +295,72 @@ fn protocols(config: &Config) -> Protocols {
     }
 }
 
+/// Which listener a connection came in on: the proxy's, whose requests
+/// are forwarded, or the decision listener's, whose requests are only
+/// decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Door {
+    Proxy,
+    Decisions,
+}
+
+/// What the accept loops share.
+struct Accepting<'a> {
+    slots: &'a Arc<tokio::sync::Semaphore>,
+    max_connections: usize,
+    shared: &'a Arc<Shared>,
+    connections: &'a Arc<Connections>,
+    protocols: &'a Arc<Protocols>,
+}
+
+impl Accepting<'_> {
+    /// Accepts on `listener` until `stop` completes, each connection
+    /// served on a task of its own.
+    async fn accept(&self, listener: TcpListener, door: Door, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut cap_logged = false;
+        let mut accept_trouble = AcceptTrouble::default();
+        loop {
+            let slot = match Arc::clone(self.slots).try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    if !cap_logged {
+                        cap_logged = true;
+                        tracing::warn!(
+                            max_connections = self.max_connections,
+                            "connection cap reached; new connections wait until one closes"
+                        );
+                    }
+                    tokio::select! {
+                        slot = Arc::clone(self.slots).acquire_owned() => match slot {
+                            Ok(slot) => slot,
+                            Err(_) => break,
+                        },
+                        () = &mut stop => break,
+                    }
+                }
+            };
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(a) => {
+                            accept_trouble.recovered();
+                            a
+                        }
+                        Err(e) => {
+                            // Out of file descriptors and the like: back off, keep serving.
+                            tokio::time::sleep(accept_trouble.failed(&e)).await;
+                            continue;
+                        }
+                    };
+                    serve(stream, peer, slot, door, self.shared, self.connections, self.protocols);
+                }
+                () = &mut stop => break,
+            }
+        }
+    }
+}
+
 /// One accepted connection, served on a task of its own: the client as
 /// the request phases see it, its write timeout, and the service that
 /// hands each of its requests to `gate::handle`.
@@ -306,6 +368,7 @@ fn serve(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     slot: tokio::sync::OwnedSemaphorePermit,
+    door: Door,
     shared: &Arc<Shared>,
     connections: &Arc<Connections>,
     protocols: &Arc<Protocols>,
@@ -313,20 +376,23 @@ fn serve(
     let _ = stream.set_nodelay(true);
     let open = connections.open(shared.metrics().open_connections.clone());
     let on_timeout = Arc::clone(shared);
-    let tls = shared.tls();
+    // The decision listener speaks plain HTTP to the front proxies beside
+    // it; whose forwarded headers it believes is its own list.
+    let rules = shared.rules();
+    let (tls, trusted) = match door {
+        Door::Proxy => (shared.tls(), &rules.trusted_proxies),
+        Door::Decisions => (None, &rules.decision_peers),
+    };
+    let trusted = is_in(peer.ip().to_canonical(), trusted);
     let client = Arc::new(Client {
-        peer: Peer::new(
-            peer,
-            tls.is_some(),
-            is_in(peer.ip().to_canonical(), &shared.rules().trusted_proxies),
-        ),
+        peer: Peer::new(peer, tls.is_some(), trusted),
         activity: Activity::default(),
         shared: Arc::clone(shared),
         _open: open,
         _slot: slot,
     });
     let write_timeout = WriteTimeout {
-        after: shared.rules().client_write_timeout,
+        after: rules.client_write_timeout,
         timeouts: shared
             .metrics()
             .timeouts()
@@ -341,8 +407,17 @@ fn serve(
         let client = Arc::clone(&client);
         async move {
             let _busy = client.activity.begin();
-            let hold = || Arc::clone(&client);
-            Ok::<_, Infallible>(gate::handle(&client.shared, &client.peer, request, hold).await)
+            let answer = match door {
+                Door::Proxy => {
+                    let hold = || Arc::clone(&client);
+                    gate::handle(&client.shared, &client.peer, request, hold).await
+                }
+                // Boxed: every proxied request's future would carry it.
+                Door::Decisions => {
+                    Box::pin(gate::decide(&client.shared, &client.peer, request)).await
+                }
+            };
+            Ok::<_, Infallible>(answer)
         }
     });
     let protocols = Arc::clone(protocols);

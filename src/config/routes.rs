@@ -236,11 +236,14 @@ impl Validator<'_> {
                     ))
                 }
             }
+            // Front proxies ask the decision listener about it; the proxy
+            // listener has nothing to do with it.
+            (None, None, None) if defaults.decisions => Some(Action::Decide),
             (None, None, None) => {
                 self.problem(
                     span.clone(),
                     format!(
-                        "route {name:?} needs upstream = \"http://host:port\" or respond = {{ status = 200 }}"
+                        "route {name:?} needs upstream = \"http://host:port\" or respond = {{ status = 200 }} (or, to be only decided for front proxies, [server] decision_listen)"
                     ),
                 );
                 None

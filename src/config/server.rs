@@ -1,6 +1,9 @@
 //! `[server]`: listeners and server-wide settings.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+
+use ipnet::IpNet;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -22,6 +25,12 @@ use crate::routes::EscapedSlashes;
 pub(super) struct ServerModel {
     listen: Spanned<String>,
     admin_listen: Option<Spanned<String>>,
+    /// The decision listener: front proxies ask it whether a request may
+    /// pass (`auth_request`, `forward_auth`, `forwardAuth`).
+    decision_listen: Option<Spanned<String>>,
+    /// The front proxies whose `X-Original-*` / `X-Forwarded-*` the
+    /// decision listener believes.
+    decision_peers: Option<Spanned<Vec<Spanned<String>>>>,
     /// Holds the bearer token operators' changes need.
     admin_token_file: Option<Spanned<String>>,
     #[serde(default)]
@@ -94,6 +103,7 @@ impl Validator<'_> {
             None => None,
         };
         let trusted_proxies = self.networks(&m.trusted_proxies, "trusted_proxies");
+        let decisions = self.decisions(model);
         let exempt = self.networks(&m.exempt, "exempt");
         let upstream_timeout = self.optional_duration(
             m.upstream_timeout.as_ref(),
@@ -239,6 +249,8 @@ impl Validator<'_> {
         Some(Server {
             listen: listen?,
             admin_listen,
+            decision_listen: decisions.as_ref().map(|d| d.0),
+            decision_peers: decisions.map(|d| d.1).unwrap_or_default(),
             admin_token_file: admin_token_file?,
             trusted_proxies,
             exempt,
@@ -273,6 +285,42 @@ impl Validator<'_> {
                 .filter_map(|name| self.header_name(name))
                 .collect(),
         })
+    }
+
+    /// `decision_listen` with `decision_peers`: each needs the other, so
+    /// that a decision listener never believes everyone's forwarded
+    /// headers and a list of peers never sits unused.
+    fn decisions(&mut self, model: &Spanned<ServerModel>) -> Option<(SocketAddr, Vec<IpNet>)> {
+        let m = model.get_ref();
+        match (&m.decision_listen, &m.decision_peers) {
+            (None, None) => None,
+            (Some(listen), None) => {
+                self.problem(
+                    listen.span(),
+                    "decision_listen needs decision_peers: the addresses (CIDRs) of the front proxies whose X-Original-URI and X-Forwarded-* it believes, e.g. [\"127.0.0.1/32\"]",
+                );
+                None
+            }
+            (None, Some(peers)) => {
+                self.problem(
+                    peers.span(),
+                    "decision_peers is only read with decision_listen: add the decision listener's address, or remove decision_peers",
+                );
+                None
+            }
+            (Some(listen), Some(peers)) => {
+                if peers.get_ref().is_empty() {
+                    self.problem(
+                        peers.span(),
+                        "decision_peers is empty: name the front proxies' addresses (CIDRs), e.g. [\"127.0.0.1/32\"]",
+                    );
+                    return None;
+                }
+                let listen = self.socket_addr(listen, "decision_listen");
+                let peers = self.networks(peers.get_ref(), "decision_peers");
+                Some((listen?, peers))
+            }
+        }
     }
 
     /// `[server.tls]`: the files, read and made into a rustls configuration

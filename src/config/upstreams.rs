@@ -78,6 +78,8 @@ pub(super) struct Defaults {
     pub max_request_body: Option<u64>,
     /// `[server] rate_limit_headers`.
     pub rate_limit_headers: crate::routes::HeaderMode,
+    /// `[server] decision_listen` is set: a route may be only decided.
+    pub decisions: bool,
 }
 
 impl Defaults {
@@ -89,6 +91,7 @@ impl Defaults {
                 body_timeout: DEFAULT_BODY_TIMEOUT,
                 max_request_body: None,
                 rate_limit_headers: crate::routes::HeaderMode::default(),
+                decisions: false,
             },
             |s| Self {
                 timeout: s.upstream_timeout,
@@ -96,6 +99,7 @@ impl Defaults {
                 body_timeout: s.upstream_body_timeout,
                 max_request_body: s.max_request_body,
                 rate_limit_headers: s.rate_limit_headers,
+                decisions: s.decision_listen.is_some(),
             },
         )
     }

@@ -25,7 +25,7 @@ pub mod rules;
 pub mod shared;
 pub mod shown;
 
-pub use phases::handle;
 pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate};
+pub use phases::{decide, handle};
 pub use rules::{Rules, start_upstreams};
 pub use shared::{Readiness, Shared, StartError};

@@ -35,10 +35,12 @@ use crate::response;
 use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
 use crate::usage::{BodyRead, Unreported};
 
+mod decision;
 mod identify;
 pub mod operator;
 mod standing;
 
+pub use decision::decide;
 use identify::Identity;
 
 /// Longest request target (path and query) accepted; past it 414.
@@ -173,6 +175,9 @@ async fn answer<H: Send + 'static>(
     let rules = cx.shared.rules.load_full();
     let (forward_path, matched_path) = request_paths(head.uri.path(), rules.escaped_slashes)?;
     let found = cx.route(&rules, &head, host, &matched_path)?;
+    if let Action::Decide = found.route.action {
+        return Err(decided_elsewhere(found.route));
+    }
     admit_body(found.route, &body)?;
     let who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
     // A route without a cap awaits nothing here.
@@ -229,6 +234,7 @@ async fn answer<H: Send + 'static>(
         Action::Standing(names) => {
             Box::pin(cx.standing(&rules, names, &mut head.headers, &matched_path)).await?
         }
+        Action::Decide => return Err(decided_elsewhere(found.route)),
         Action::Upstream(upstream) => {
             let forward_path = match found.route.stripped(&forward_path) {
                 Some(rest) => Cow::Owned(rest.to_owned()),
@@ -279,6 +285,18 @@ fn check_head(head: &Parts) -> Result<Option<&str>, Refusal> {
         ));
     }
     Ok(crate::head::check(head)?)
+}
+
+/// A route only decided for front proxies, reached on the proxy
+/// listener: 404, nothing counted.
+fn decided_elsewhere(route: &Route) -> Refusal {
+    Refusal::client(
+        StatusCode::NOT_FOUND,
+        format!(
+            "route \"{}\" is only decided for front proxies, on the decision listener",
+            route.name
+        ),
+    )
 }
 
 // === admit body ===

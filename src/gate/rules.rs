@@ -32,6 +32,9 @@ pub struct Rules {
     pub metrics: Vec<RouteMetrics>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// Peers of the decision listener whose `X-Original-*` and
+    /// `X-Forwarded-*` describe the request to decide.
+    pub decision_peers: Vec<IpNet>,
     /// Headers removed from the requests of other peers before they are
     /// forwarded (`strip_untrusted_headers`).
     pub strip_untrusted_headers: Vec<http::HeaderName>,
@@ -90,6 +93,7 @@ impl Rules {
             metrics: metrics.bind(config.routes.iter().map(|r| &*r.name)),
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
+            decision_peers: config.server.decision_peers.clone(),
             strip_untrusted_headers: config.server.strip_untrusted_headers.clone(),
             escaped_slashes: config.server.escaped_slashes,
             client_timeouts: ClientSide {

@@ -222,6 +222,14 @@ impl Route {
         self
     }
 
+    /// Neither forwards nor answers: only decided for front proxies, on
+    /// the decision listener.
+    pub fn decided_only(mut self) -> Self {
+        self.lines
+            .retain(|l| !l.starts_with("respond") && !l.starts_with("upstream"));
+        self
+    }
+
     /// Answers itself with `respond = { … }`, given the inside of the braces.
     pub fn respond(mut self, inside: &str) -> Self {
         self.lines

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod front;
 pub mod load;
 pub mod peers;
 pub mod redis;
@@ -314,6 +315,8 @@ pub struct Floodgate {
     pub addr: SocketAddr,
     /// The admin listener, when the configuration has `admin_listen`.
     pub admin: Option<SocketAddr>,
+    /// The decision listener, when the configuration has `decision_listen`.
+    pub decisions: Option<SocketAddr>,
     /// Notify to reload, as SIGHUP does.
     pub reload: Arc<tokio::sync::Notify>,
     stop: Option<oneshot::Sender<()>>,
@@ -346,6 +349,7 @@ impl Floodgate {
         let listeners = floodgate::Listeners {
             proxy: TcpListener::bind("127.0.0.1:0").await.expect("bind"),
             admin: None,
+            decisions: None,
         };
         let run = floodgate::run(
             config,
@@ -371,9 +375,21 @@ impl Floodgate {
             None => None,
         };
         let admin_addr = admin.as_ref().map(|l| l.local_addr().expect("admin addr"));
+        let decisions = match config.server.decision_listen {
+            Some(_) => Some(
+                TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind decisions"),
+            ),
+            None => None,
+        };
+        let decisions_addr = decisions
+            .as_ref()
+            .map(|l| l.local_addr().expect("decisions addr"));
         let listeners = floodgate::Listeners {
             proxy: listener,
             admin,
+            decisions,
         };
         let reload = Arc::new(tokio::sync::Notify::new());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -388,6 +404,7 @@ impl Floodgate {
         Self {
             addr,
             admin: admin_addr,
+            decisions: decisions_addr,
             reload,
             stop: Some(stop),
             task: Some(task),
