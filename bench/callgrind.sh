@@ -13,7 +13,9 @@
 #   bench/callgrind.sh [BINARY]     default target/release/floodgate
 #   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway",
 #   and "nginx" and "haproxy": each doing the same job as operators run it
-#   for a rate-limited API, see proxy_configs),
+#   for a rate-limited API, see proxy_configs; "decision" and
+#   "decision-redis": the same limit decided on the decision listener, as
+#   nginx's auth_request asks it, with no upstream exchange),
 #   KEEP (a directory: each run's callgrind file is kept there, named
 #   STORE-N.out, for callgrind_annotate --inclusive=yes), LIMITS=none (the
 #   route has no limits), ROUTE_EXTRA (more keys for the route, e.g.
@@ -104,17 +106,26 @@ instructions() {
   local store=$1 n=$2 listen
   listen=$(port)
   local run=("$bin" --config "$work/fg.toml")
+  # The decision rows: curl asks the decision listener as nginx does.
+  local decide=""
+  case $store in decision*) decide=1 ;; esac
   case $store in
     gateway) run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up") ;;
     nginx) proxy_configs "$listen"; run=(nginx -c "$work/ngx/nginx.conf" -p "$work/ngx") ;;
     haproxy) proxy_configs "$listen"; run=(haproxy -f "$work/haproxy.cfg" -db) ;;
   esac
   {
-    printf '[server]\nlisten = "127.0.0.1:%s"\ndrain_delay = "0s"\nshutdown_grace = "1s"\n' "$listen"
-    if [ "$store" = redis ]; then
+    if [ -n "$decide" ]; then
+      printf '[server]\nlisten = "127.0.0.1:%s"\ndecision_listen = "127.0.0.1:%s"\ndecision_peers = ["127.0.0.1/32"]\n' "$(port)" "$listen"
+      printf 'drain_delay = "0s"\nshutdown_grace = "1s"\n'
+    else
+      printf '[server]\nlisten = "127.0.0.1:%s"\ndrain_delay = "0s"\nshutdown_grace = "1s"\n' "$listen"
+    fi
+    if [ "$store" = redis ] || [ "$store" = decision-redis ]; then
       printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "1s"\n' "$redis_port"
     fi
-    printf '[[routes]]\nname = "bench"\nmatch = { path_prefix = "/" }\nupstream = "http://127.0.0.1:%s"\n' "$up"
+    printf '[[routes]]\nname = "bench"\nmatch = { path_prefix = "/" }\n'
+    [ -n "$decide" ] || printf 'upstream = "http://127.0.0.1:%s"\n' "$up"
     if [ "${LIMITS:-}" != none ]; then
       printf 'limits = [{ algorithm = "gcra", limit = 100000000, window = "1s" }]\n'
     fi
@@ -126,7 +137,13 @@ instructions() {
   wait_port "$listen"
   # One warm-up request, then n on one kept-alive connection.
   curl -s -o /dev/null "http://127.0.0.1:$listen/"
-  for _ in $(seq "$n"); do echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'; done >"$work/urls"
+  for _ in $(seq "$n"); do
+    echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'
+    if [ -n "$decide" ]; then
+      echo 'header = "X-Original-URI: /v1/chat"'; echo 'header = "X-Original-Method: POST"'
+      echo 'header = "X-Forwarded-For: 192.0.2.7"'
+    fi
+  done >"$work/urls"
   curl -s --config "$work/urls"
   kill -TERM "$pid"
   wait "$pid" || true
@@ -151,3 +168,5 @@ ratio memory gateway "at most 1.30x"
 ratio redis gateway "at most 1.45x"
 ratio memory nginx "at most 1.25x, in CPU per request"
 ratio memory haproxy "below 1, in CPU per request"
+ratio decision memory "a decision without forwarding, beside the proxy path"
+ratio decision-redis redis "a decision without forwarding, beside the proxy path"

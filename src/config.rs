@@ -423,10 +423,18 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     v.removed = removed;
     let server = v.server(&model.server);
     let store = v.store(model.store.as_ref());
-    let defaults = Defaults::of(server.as_ref());
+    let mut defaults = Defaults::of(server.as_ref());
+    // Asked of the file, not of a `[server]` with a mistake elsewhere: a
+    // route only decided is no mistake of its own then.
+    defaults.decisions = model.server.get_ref().has_decision_listen();
     let upstreams = v.upstreams(&model.upstreams, defaults);
     let mut catalog = v.catalog(&model.budgets, &model.plans, model.plan_selection.as_ref());
-    let routes = v.routes(&model.routes, server.as_ref(), &upstreams, &catalog);
+    let routes = v.routes(
+        &model.routes,
+        (server.as_ref(), defaults),
+        &upstreams,
+        &catalog,
+    );
     let selection = catalog.selection.take();
     let access_log = match &model.access_log {
         Some(m) => v.access_log(m.get_ref()),

@@ -316,6 +316,10 @@ fn serve(config: floodgate::config::Config) -> anyhow::Result<()> {
                 .server
                 .admin_listen
                 .map_or_else(|| "none".to_owned(), |a| a.to_string()),
+            decisions = %config
+                .server
+                .decision_listen
+                .map_or_else(|| "none".to_owned(), |a| a.to_string()),
             routes = config.routes.len(),
             digest = %config.digest,
             "floodgate listening"

@@ -78,14 +78,13 @@ impl Validator<'_> {
     pub(super) fn routes(
         &mut self,
         models: &[Spanned<RouteModel>],
-        server: Option<&Server>,
+        (server, defaults): (Option<&Server>, Defaults),
         upstreams: &HashMap<String, Option<crate::proxy::settings::Upstream>>,
         catalog: &super::plans::Catalog<'_>,
     ) -> Vec<Route> {
         let mut used = Vec::new();
         let mut names = HashSet::new();
         let mut routes: Vec<Route> = Vec::new();
-        let defaults = Defaults::of(server);
         let server_exempt = server.map_or((&[][..], &[][..]), |s| (&s.exempt, &s.exempt_keys));
         let long_ids = server.map_or((DEFAULT_MAX_CLIENT_ID, TooLong::Reject), |s| {
             (s.max_client_id, s.on_long_client_id)

@@ -75,6 +75,13 @@ pub(super) struct ListenerTlsModel {
     client_ca_file: Option<Spanned<String>>,
 }
 
+impl ServerModel {
+    /// The file sets `decision_listen` (valid or not).
+    pub(super) fn has_decision_listen(&self) -> bool {
+        self.decision_listen.is_some()
+    }
+}
+
 /// How often a route and client's denials are logged at most, by default.
 const DEFAULT_DENIAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
