@@ -9,8 +9,9 @@
 #   their own.
 # - openssl (the TLS tests make their certificates), promtool (the metrics
 #   exposition is checked with it), Chromium (the dashboard is rendered
-#   headless), Python 3 with grpcio, websockets and openai (the gRPC and
-#   WebSocket peers and the OpenAI SDK client in tests/peers/), nginx and
+#   headless), Python 3 with grpcio, websockets, openai and xds-protos (the
+#   gRPC and WebSocket peers, the OpenAI SDK client and a client of Envoy's
+#   rate limit service built from Envoy's definitions, in tests/peers/), nginx and
 #   Caddy (front proxies asking floodgate's decision listener).
 #
 # What is missing is installed with apt-get and pip when this runs as root
@@ -28,7 +29,7 @@ command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v python3 >/dev/null 2>&1 || packages+=(python3 python3-pip)
 [ -x /usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1 || packages+=(nginx)
 command -v caddy >/dev/null 2>&1 || packages+=(caddy)
-python_ok() { python3 -c 'import grpc, websockets, openai' >/dev/null 2>&1; }
+python_ok() { python3 -c 'import grpc, websockets, openai, envoy.service.ratelimit.v3.rls_pb2_grpc' >/dev/null 2>&1; }
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -37,7 +38,7 @@ if [ "$(id -u)" -ne 0 ]; then
   elif [ ${#packages[@]} -gt 0 ] || ! python_ok; then
     echo "test.sh: the tests need what is not installed here:" >&2
     [ ${#packages[@]} -gt 0 ] && echo "  apt-get install ${packages[*]}" >&2
-    python_ok || echo "  python3 -m pip install 'grpcio>=1.60' 'websockets>=14,<18' 'openai>=1.40,<3'" >&2
+    python_ok || echo "  python3 -m pip install 'grpcio>=1.60' 'websockets>=14,<18' 'openai>=1.40,<3' 'xds-protos>=1.60'" >&2
     echo "Install them (or run as root, or with FLOODGATE_TEST_INSTALL=1 to use sudo), then run ./test.sh again." >&2
     exit 2
   fi
@@ -52,7 +53,7 @@ if [ ${#packages[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 fi
 if ! python_ok; then
-  $sudo python3 -m pip install --quiet --disable-pip-version-check 'grpcio>=1.60' 'websockets>=14,<18' 'openai>=1.40,<3'
+  $sudo python3 -m pip install --quiet --disable-pip-version-check 'grpcio>=1.60' 'websockets>=14,<18' 'openai>=1.40,<3' 'xds-protos>=1.60'
 fi
 
 # Everything is here: the promtool and Chromium checks must run, not be

@@ -38,6 +38,7 @@ mod answers;
 mod calendars;
 mod clients;
 mod concurrency;
+mod descriptors;
 mod document;
 mod durations;
 mod limits;

@@ -22,12 +22,13 @@
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
 //! | [`tls`] | rustls configuration: the proxy listener's certificate, key and client CA; the trust, name and client certificate of `https://` upstreams |
 //! | [`gate`] | one request's phases in order ([`gate::phases`]: head, route, admit body, identify, reserve, decide, forward, annotate, log), the rules a reload swaps with the live tables built beside them ([`gate::rules`]: upstream endpoints, caps, top clients, metric handles, by route or upstream index), the state requests share ([`gate::shared`]: the limiter and store, the forwarder, metrics, the access log) |
+//! | [`envoy`] | what does Envoy's rate limit service protocol say? (its messages, with Envoy's field numbers, and gRPC's framing of one message; the decision listener answers it through [`gate`]) |
 //! | [`server`] | listeners, accepting connections under a cap, serving them with hyper, shutting down gracefully; each request handed to [`gate`] |
 //! | [`clock`] | the wall clock limits, ejections and the admin pages share |
 //! | [`in_flight`] | how much is still in flight for a stop to wait for (open connections, usage settlements) |
 //!
-//! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin if
-//! configured) until a shutdown future completes, reloading when notified;
+//! [`run`] serves a configuration on its [`Listeners`] (proxy, and admin
+//! and decisions if configured) until a shutdown future completes, reloading when notified;
 //! `main` parses flags, sets up logging, binds the listeners and turns
 //! SIGHUP and SIGTERM into those two signals.
 
@@ -39,6 +40,7 @@ pub mod client;
 pub mod clock;
 pub mod concurrency;
 pub mod config;
+pub mod envoy;
 pub mod gate;
 pub mod head;
 pub mod in_flight;

@@ -16,11 +16,13 @@ use ipnet::IpNet;
 
 use crate::client::{ClientId, ClientRule};
 
+mod descriptor;
 mod path;
 mod plans;
 mod policy;
 mod template;
 
+pub use descriptor::Descriptor;
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};
 pub use policy::{
@@ -82,6 +84,9 @@ pub struct Route {
     /// A leading path taken off before forwarding (`/api` sends `/api/v1/x`
     /// upstream as `/v1/x`), at a segment boundary only.
     pub strip_prefix: Option<Box<str>>,
+    /// The descriptors of Envoy's rate limit service protocol this route
+    /// decides; such a route is never an HTTP request's.
+    pub descriptor: Option<Descriptor>,
 }
 
 impl Route {
@@ -287,7 +292,21 @@ impl Table {
         self.routes
             .iter()
             .enumerate()
-            .find(|(_, r)| r.matcher.matches(request))
+            .find(|(_, r)| r.descriptor.is_none() && r.matcher.matches(request))
+    }
+
+    /// The route a descriptor of Envoy's protocol (its `entries`, key and
+    /// value, in `domain`) is on, if any, and its position.
+    pub fn for_descriptor<'e>(
+        &self,
+        domain: &str,
+        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)> + Clone,
+    ) -> Option<(usize, &Arc<Route>)> {
+        self.routes.iter().enumerate().find(|(_, r)| {
+            r.descriptor
+                .as_ref()
+                .is_some_and(|d| d.matches(domain, entries.clone()))
+        })
     }
 
     /// Each budget routes draw from, in the order first drawn, with the

@@ -18,13 +18,14 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every module of floodgate at the top of `src/`.
-const TOP: [&str; 21] = [
+const TOP: [&str; 22] = [
     "access_log",
     "admin",
     "client",
     "clock",
     "concurrency",
     "config",
+    "envoy",
     "gate",
     "head",
     "in_flight",
@@ -115,6 +116,13 @@ const RULES: &[Rule] = &[
         never: &["proxy", "gate", "server", "response", "admin"],
         except: &["proxy::settings"],
         why: "compiled rules are data a reload swaps; live state is built beside them by gate",
+    },
+    Rule {
+        name: "envoy's protocol is data: it imports nothing of floodgate's",
+        from: &["envoy"],
+        never: &TOP,
+        except: &[],
+        why: "what Envoy's messages say is read before anything is decided, by the gate, which maps them to limits",
     },
     Rule {
         name: "head imports nothing of floodgate's",

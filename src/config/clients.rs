@@ -34,6 +34,14 @@ pub(super) struct ClientModel {
     failures_per_minute: Option<Spanned<i64>>,
 }
 
+impl ClientModel {
+    /// Whether this names the whole route (`from = "global"`), when it
+    /// names a source at all.
+    pub(super) fn names_global(&self) -> Option<bool> {
+        self.from.as_ref().map(|f| f.get_ref() == "global")
+    }
+}
+
 /// Failed credentials an address may send a minute on a route that
 /// rejects requests without a valid token, by default.
 const DEFAULT_FAILURES_PER_MINUTE: usize = 20;

@@ -50,6 +50,36 @@ pub(super) struct RouteModel {
     strip_prefix: Option<Spanned<String>>,
     budgets: Option<Spanned<Vec<Spanned<String>>>>,
     plans: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Decided for Envoy's descriptors instead of matching requests.
+    pub(super) descriptor: Option<Spanned<super::descriptors::DescriptorModel>>,
+}
+
+impl RouteModel {
+    /// The keys given that a descriptor route cannot have, with where.
+    pub(super) fn not_with_descriptor(&self) -> Vec<(&'static str, Range<usize>)> {
+        let span = |s: Option<Range<usize>>| s;
+        [
+            ("match", span(self.matcher.as_ref().map(Spanned::span))),
+            ("upstream", self.upstream.as_ref().map(Spanned::span)),
+            ("respond", self.respond.as_ref().map(Spanned::span)),
+            ("standing", self.standing.as_ref().map(Spanned::span)),
+            ("client", self.client.as_ref().map(Spanned::span)),
+            ("plans", self.plans.as_ref().map(Spanned::span)),
+            ("usage", self.usage.as_ref().map(Spanned::span)),
+            ("concurrency", self.concurrency.as_ref().map(Spanned::span)),
+        ]
+        .into_iter()
+        .filter_map(|(key, at)| Some((key, at?)))
+        .collect()
+    }
+
+    /// The `key` of each of the route's own limits that has one.
+    pub(super) fn limit_keys(&self) -> impl Iterator<Item = &Spanned<clients::ClientModel>> {
+        self.limits
+            .iter()
+            .flat_map(|l| l.get_ref())
+            .filter_map(|l| l.get_ref().key.as_ref())
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -178,7 +208,9 @@ impl Validator<'_> {
             (server_exempt, long_ids),
             catalog,
         );
-        (route, matcher)
+        // Envoy's descriptors reach a descriptor route, never a request:
+        // it hides no route below it.
+        (route, matcher.filter(|_| m.descriptor.is_none()))
     }
 
     /// [`Self::route`] once its matcher is known.
@@ -237,7 +269,9 @@ impl Validator<'_> {
             }
             // Front proxies ask the decision listener about it; the proxy
             // listener has nothing to do with it.
-            (None, None, None) if defaults.decisions => Some(Action::Decide),
+            (None, None, None) if defaults.decisions || m.descriptor.is_some() => {
+                Some(Action::Decide)
+            }
             (None, None, None) => {
                 self.problem(
                     span.clone(),
@@ -315,8 +349,14 @@ impl Validator<'_> {
             Some(size) => self.size(size, "max_request_body").map(Some),
         };
         let strip_prefix = self.strip_prefix(m, matcher.as_ref());
+        let descriptor = self.route_descriptor(m, defaults.decisions);
         let (policy, plans, overrides) = limits?;
+        let policy = match &descriptor {
+            Some(Some(_)) => self.descriptor_policy(name, policy, span.clone())?,
+            _ => policy,
+        };
         Some(Route {
+            descriptor: descriptor?,
             strip_prefix: strip_prefix?,
             max_request_body: max_request_body?,
             name: name.as_str().into(),

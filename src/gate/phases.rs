@@ -38,6 +38,7 @@ use crate::usage::{BodyRead, Unreported};
 mod decision;
 mod identify;
 pub mod operator;
+mod rls;
 mod standing;
 
 pub use decision::decide;

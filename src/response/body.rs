@@ -26,6 +26,9 @@ enum Kind<U> {
     Streamed(U),
     /// Floodgate's own, whole: `None` once sent (or when empty).
     Whole(Option<Bytes>),
+    /// Floodgate's own, whole, then trailers (a gRPC answer's status):
+    /// each `None` once sent.
+    Trailed(Option<Bytes>, Option<Box<http::HeaderMap>>),
 }
 
 impl<U: hyper::body::Body> Kind<U> {
@@ -33,6 +36,7 @@ impl<U: hyper::body::Body> Kind<U> {
         match self {
             Self::Streamed(body) => body.is_end_stream(),
             Self::Whole(bytes) => bytes.is_none(),
+            Self::Trailed(bytes, trailers) => bytes.is_none() && trailers.is_none(),
         }
     }
 }
@@ -56,6 +60,7 @@ impl<U: std::fmt::Debug> std::fmt::Debug for Body<U> {
         match &self.kind {
             Kind::Streamed(body) => out.field("streamed", body),
             Kind::Whole(bytes) => out.field("whole", bytes),
+            Kind::Trailed(bytes, trailers) => out.field("whole", bytes).field("trailers", trailers),
         };
         out.field("watched", &self.watcher.is_some()).finish()
     }
@@ -71,6 +76,14 @@ impl<U> Body<U> {
     pub fn whole(bytes: impl Into<Bytes>) -> Self {
         let bytes: Bytes = bytes.into();
         Self::of(Kind::Whole((!bytes.is_empty()).then_some(bytes)))
+    }
+
+    /// A whole body of `bytes`, then `trailers`.
+    pub fn trailed(bytes: Bytes, trailers: http::HeaderMap) -> Self {
+        Self::of(Kind::Trailed(
+            (!bytes.is_empty()).then_some(bytes),
+            Some(Box::new(trailers)),
+        ))
     }
 
     /// No body.
@@ -109,6 +122,10 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
         let polled = match &mut this.kind {
             Kind::Streamed(body) => std::pin::Pin::new(body).poll_frame(cx),
             Kind::Whole(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Trailed(bytes, trailers) => Poll::Ready(match bytes.take() {
+                Some(b) => Some(Ok(Frame::data(b))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
         };
         let Some(watcher) = this.watcher.as_deref_mut() else {
             return polled;
@@ -139,7 +156,7 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Streamed(body) => body.size_hint(),
-            Kind::Whole(bytes) => {
+            Kind::Whole(bytes) | Kind::Trailed(bytes, _) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
         }

@@ -56,6 +56,19 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// the proxy listener would get when not, or floodgate's refusal (404 with
 /// no route, 503 when the store is down and `on_error` denies).
 pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
+    if response::is_grpc(request.headers()) {
+        // Descriptors are whatever the caller writes: only a listed
+        // peer (Envoy) may spend clients' limits with them.
+        if !peer.trusted {
+            let refusal = Refusal::client(
+                StatusCode::FORBIDDEN,
+                "only the peers in decision_peers may ask Envoy's rate limit service",
+            );
+            shared.metrics.refused(&refusal);
+            return refusal.into_grpc_response();
+        }
+        return Box::pin(super::rls::answer(shared, peer, request)).await;
+    }
     let (mut head, _body) = request.into_parts();
     let rules = shared.rules.load_full();
     let client = if peer.trusted {

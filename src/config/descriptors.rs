@@ -1,0 +1,159 @@
+//! A route's `descriptor`: the descriptors of Envoy's rate limit service
+//! protocol it decides (`{ domain = "edge", entries = ["generic_key=api",
+//! "user_id"] }`), and what such a route cannot also say.
+//!
+//! A descriptor route is asked only by Envoy, on the decision listener:
+//! it has no `match`, `upstream`, `respond` or `standing` (it forwards
+//! nothing), no `client` (whose count it is comes from the descriptor's
+//! values), no `plans`, `usage` or `concurrency` (a descriptor carries no
+//! header, body or request end to read them from), and its limits count
+//! the descriptor's values or the whole route (`key = { from = "global" }`).
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::Validator;
+use super::routes::RouteModel;
+use crate::routes::Descriptor;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DescriptorModel {
+    domain: Spanned<String>,
+    entries: Spanned<Vec<Spanned<String>>>,
+}
+
+impl Validator<'_> {
+    /// The route's descriptor, if it has one: `Some(None)` when it has
+    /// none, `None` after a problem.
+    pub(super) fn route_descriptor(
+        &mut self,
+        m: &RouteModel,
+        decisions: bool,
+    ) -> Option<Option<Descriptor>> {
+        let Some(model) = m.descriptor.as_ref() else {
+            return Some(None);
+        };
+        let d = model.get_ref();
+        let mut ok = true;
+        if !decisions {
+            self.problem(
+                model.span(),
+                "a descriptor route is asked by Envoy on the decision listener: set [server] decision_listen and decision_peers",
+            );
+            ok = false;
+        }
+        for (key, given) in m.not_with_descriptor() {
+            self.problem(
+                given,
+                format!("{key} has no meaning on a descriptor route: {}", why(key)),
+            );
+            ok = false;
+        }
+        for key in m.limit_keys() {
+            if !matches!(key.get_ref().names_global(), Some(true)) {
+                self.problem(
+                    key.span(),
+                    "a descriptor route's limit counts the descriptor's values (no key) or the whole route (key = { from = \"global\" }); a descriptor carries nothing else",
+                );
+                ok = false;
+            }
+        }
+        if d.domain.get_ref().is_empty() {
+            self.problem(
+                d.domain.span(),
+                "domain is empty: name the domain Envoy's rate limit filter sends",
+            );
+            ok = false;
+        }
+        if d.entries.get_ref().is_empty() {
+            self.problem(
+                d.entries.span(),
+                "entries is empty: list the descriptor's keys in order, each \"key\" (counted per value) or \"key=value\"",
+            );
+            ok = false;
+        }
+        let mut entries = Vec::new();
+        for entry in d.entries.get_ref() {
+            let text = entry.get_ref();
+            let (key, value) = match text.split_once('=') {
+                Some((key, value)) => (key, Some(value)),
+                None => (text.as_str(), None),
+            };
+            if key.is_empty() || value.is_some_and(str::is_empty) {
+                self.problem(
+                    entry.span(),
+                    format!("entry {text:?} must be \"key\" or \"key=value\", neither part empty"),
+                );
+                ok = false;
+                continue;
+            }
+            entries.push((key.into(), value.map(Into::into)));
+        }
+        ok.then(|| {
+            Some(Descriptor {
+                domain: d.domain.get_ref().as_str().into(),
+                entries,
+            })
+        })
+    }
+}
+
+impl Validator<'_> {
+    /// A descriptor route's `policy` with every limit's count named (the
+    /// descriptor's values, or the whole route), as its decisions key
+    /// them; a limit counting anything else (a budget's limit keyed by a
+    /// header) is a problem at `span`.
+    pub(super) fn descriptor_policy(
+        &mut self,
+        route: &str,
+        mut policy: crate::routes::Policy,
+        span: std::ops::Range<usize>,
+    ) -> Option<crate::routes::Policy> {
+        use crate::routes::{Counting, KeySource};
+        if policy.counting.is_empty() {
+            let scope: std::sync::Arc<str> = route.into();
+            policy.counting = policy
+                .limits
+                .iter()
+                .enumerate()
+                .map(|(i, limit)| Counting {
+                    scope: std::sync::Arc::clone(&scope),
+                    entry: format!("{scope}#{i}:{}:{}", limit.algorithm.name(), limit.window_ms)
+                        .into(),
+                    index: i,
+                    key: KeySource::Client,
+                    shown: "descriptor".into(),
+                    budget: None,
+                })
+                .collect();
+        }
+        let other = policy.counting.iter().find(|c| match &c.key {
+            KeySource::Client => false,
+            KeySource::Rule(rule) => rule.parts != [crate::client::Part::Global],
+        });
+        if let Some(c) = other {
+            self.problem(
+                span,
+                format!(
+                    "route {route:?} is a descriptor route, and a limit it draws counts {}: a descriptor carries only its values; count them, or the whole route",
+                    c.shown
+                ),
+            );
+            return None;
+        }
+        Some(policy)
+    }
+}
+
+/// Why a route key does not go with `descriptor`.
+fn why(key: &str) -> &'static str {
+    match key {
+        "match" => "Envoy's descriptors choose it, never an HTTP request",
+        "upstream" | "respond" | "standing" => "it is only decided, never forwarded or answered",
+        "client" => "whose count it is comes from the values of the entries it does not fix",
+        "plans" => "a descriptor carries no header or token to choose a plan by",
+        "usage" => "a descriptor carries no answer to report units",
+        _ => "floodgate never sees the request's end",
+    }
+}

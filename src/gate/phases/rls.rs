@@ -1,0 +1,423 @@
+//! Envoy's rate limit service on the decision listener:
+//! `ShouldRateLimit`, answered from floodgate's limits.
+//!
+//! **The mapping.** Each descriptor of a request is on the first route
+//! whose `descriptor` has its domain and entries (see
+//! [`crate::routes::Descriptor`]); the values of the entries the route does
+//! not fix are whose count it is, and its limits are the route's (a limit
+//! keyed `global` counts every descriptor of the route together). Each
+//! descriptor counts its `hits_addend`, else the request's, else the
+//! route's `cost`. A descriptor on no route, or on a route without limits,
+//! is `OK` and counts nothing.
+//!
+//! **All or nothing.** Every limit of every descriptor is decided in one
+//! charge: the request passes when all allow, and then all are consumed;
+//! refused, nothing is consumed anywhere (envoyproxy/ratelimit counts the
+//! hits in the descriptors that allowed). Descriptors that count different
+//! numbers of hits cannot be one charge, so such a request is refused as
+//! invalid rather than decided in parts.
+//!
+//! **The answer**: the overall code; per descriptor, its code (over limit
+//! when its own limits could not take its hits), its most constrained
+//! limit, what remains in it and when more comes (read after the decision
+//! when the request counts more than one limit: one more store call), and
+//! the `RateLimit` fields (and `Retry-After` when over) as headers for
+//! Envoy to add to its answer. A store that cannot decide answers as
+//! `on_error` says: `allow` and `local` answer as any request's decision
+//! would; `deny` answers gRPC `UNAVAILABLE`, and Envoy's own
+//! `failure_mode_deny` then chooses.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::Context;
+use crate::access_log::Record;
+use crate::client::ClientId;
+use crate::envoy::{self, RateLimitRequest, RateLimitResponse, code};
+use crate::gate::rules::Rules;
+use crate::gate::shared::Shared;
+use crate::limit::{Answer, Charge, CountKey, Decision, Limit, Verdict};
+use crate::metrics::Outcome;
+use crate::proxy::{Body, Peer};
+use crate::response;
+use crate::routes::{KeySource, Policy, Route};
+
+/// gRPC's status codes used here.
+const INVALID_ARGUMENT: u8 = 3;
+const UNAVAILABLE: u8 = 14;
+const UNIMPLEMENTED: u8 = 12;
+
+/// One descriptor on a route with limits.
+struct Matched<'r> {
+    /// Its place in the request (and the response's statuses).
+    at: usize,
+    index: usize,
+    route: &'r Route,
+    policy: Cow<'r, Policy>,
+    client: ClientId,
+    hits: u64,
+    /// Its limits' positions in the combined charge.
+    first: usize,
+}
+
+/// Answers one call on the decision listener that speaks gRPC: the rate
+/// limit service's `ShouldRateLimit`, or `UNIMPLEMENTED`.
+pub async fn answer(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
+    if request.uri().path() != envoy::SHOULD_RATE_LIMIT {
+        return response::grpc_status(
+            UNIMPLEMENTED,
+            "floodgate serves envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        );
+    }
+    let mut cx = Context {
+        shared,
+        peer,
+        grpc: true,
+        log: shared.access_log.as_ref().map(|_| {
+            Record::begin(
+                request.method(),
+                request.uri(),
+                request.version(),
+                peer.addr,
+                None,
+            )
+        }),
+        slot: None,
+        reservation: None,
+    };
+    let timeout = shared.rules.load().client_timeouts.body;
+    let body = http_body_util::Limited::new(request.into_body(), envoy::MAX_REQUEST + 5);
+    let read = match tokio::time::timeout(timeout, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(_)) => {
+            return cx.logged(response::grpc_status(
+                INVALID_ARGUMENT,
+                "the request message is larger than 64 KiB, or broke off",
+            ));
+        }
+        Err(_) => {
+            return cx.logged(response::grpc_status(
+                INVALID_ARGUMENT,
+                "the request message did not arrive within client_body_timeout",
+            ));
+        }
+    };
+    let response = match envoy::decode_request(&read) {
+        Ok(request) => cx.should_rate_limit(&request).await,
+        Err(e) => response::grpc_status(INVALID_ARGUMENT, &e.to_string()),
+    };
+    cx.logged(response)
+}
+
+impl Context<'_> {
+    /// The decision for `request`'s descriptors, as Envoy reads it.
+    async fn should_rate_limit(&mut self, request: &RateLimitRequest) -> Response<Body> {
+        let rules = self.shared.rules.load_full();
+        let mut statuses = vec![ok_status(); request.descriptors.len()];
+        let matched = match matched(&rules, request) {
+            Ok(matched) => matched,
+            Err(message) => return response::grpc_status(INVALID_ARGUMENT, message),
+        };
+        let Some(first) = matched.first() else {
+            for d in &request.descriptors {
+                if let Some((index, _)) = on_route(&rules, request, d) {
+                    rules.metrics[index].count(Outcome::Allowed);
+                }
+            }
+            return grpc_ok(&RateLimitResponse {
+                overall_code: code::OK,
+                statuses,
+                response_headers_to_add: Vec::new(),
+            });
+        };
+        let mut limits: Vec<Limit> = Vec::new();
+        let mut keys: Vec<CountKey> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for m in &matched {
+            for (j, limit) in m.policy.limits.iter().enumerate() {
+                let Some(counting) = m.policy.counting.get(j) else {
+                    continue;
+                };
+                let id = match counting.key {
+                    KeySource::Client => m.client.clone(),
+                    KeySource::Rule(_) => ClientId::Global,
+                };
+                keys.push(CountKey::new(
+                    &counting.scope,
+                    &counting.entry,
+                    counting.index,
+                    id,
+                ));
+                limits.push(*limit);
+                names.push(m.policy.names.get(j).cloned().unwrap_or_default());
+            }
+        }
+        let combined = Policy::named(names, limits, Vec::new());
+        let charge = Charge {
+            route: &first.route.name,
+            client: &first.client,
+            limits: &combined.limits,
+            keys: &keys,
+            cost: first.hits,
+            settle: None,
+        };
+        let answer = match self.shared.limiter.decide_at_once(charge) {
+            Some(answer) => answer,
+            None => self.shared.limiter.decide(charge).await,
+        };
+        let decision = match answer {
+            Answer::Decided(d) => d,
+            Answer::Unavailable { deny, .. } => {
+                for m in &matched {
+                    rules.metrics[m.index].count(Outcome::StoreError);
+                }
+                self.log_rls(first, Outcome::StoreError, None);
+                if deny {
+                    return response::grpc_status(
+                        UNAVAILABLE,
+                        "the rate limit store cannot decide and on_error is \"deny\"",
+                    );
+                }
+                return grpc_ok(&RateLimitResponse {
+                    overall_code: code::OK,
+                    statuses,
+                    response_headers_to_add: Vec::new(),
+                });
+            }
+        };
+        let verdicts = self.verdicts(charge, &decision).await;
+        let shadow = matched.iter().all(|m| m.route.shadow);
+        let allowed = decision.allowed || shadow;
+        for m in &matched {
+            let own = m.first..m.first + m.policy.limits.len();
+            statuses[m.at] = status(
+                &combined.limits[own.clone()],
+                &combined.names[own.clone()],
+                verdicts.as_ref().map(|v| &v[own.clone()]),
+                &decision,
+                own,
+                m.hits,
+            );
+            let outcome = if decision.allowed {
+                Outcome::Allowed
+            } else if shadow {
+                Outcome::ShadowDenied
+            } else {
+                Outcome::Denied
+            };
+            rules.metrics[m.index].count(outcome);
+        }
+        let outcome = if allowed {
+            Outcome::Allowed
+        } else {
+            Outcome::Denied
+        };
+        if !decision.allowed {
+            let refusing = matched
+                .iter()
+                .find(|m| (m.first..m.first + m.policy.limits.len()).contains(&decision.limit))
+                .unwrap_or(first);
+            let quota = combined.limits.get(decision.limit).map_or(0, |l| l.limit);
+            self.shared.denials.denied(
+                &refusing.route.name,
+                &refusing.client,
+                quota,
+                crate::clock::now_ms(),
+            );
+        }
+        self.log_rls(
+            first,
+            outcome,
+            combined
+                .names
+                .get(decision.limit)
+                .map(|n| (n.as_str(), decision.remaining)),
+        );
+        // The fields a client of the proxy listener would get, for Envoy
+        // to add to its answer.
+        let mut fields = HeaderMap::new();
+        response::annotate(&mut fields, first.route, &combined, &decision);
+        if !allowed {
+            fields.insert(
+                http::header::RETRY_AFTER,
+                response::retry_after(decision.retry_after_ms),
+            );
+        }
+        grpc_ok(&RateLimitResponse {
+            overall_code: if allowed { code::OK } else { code::OVER_LIMIT },
+            statuses,
+            response_headers_to_add: fields
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some(envoy::HeaderValue {
+                        key: name.as_str().to_owned(),
+                        value: value.to_str().ok()?.to_owned(),
+                    })
+                })
+                .collect(),
+        })
+    }
+
+    /// Each limit's standing after `decision`: the decision itself when
+    /// it is of one limit, else read from the store (consuming nothing);
+    /// `None` when that read fails.
+    async fn verdicts(&self, charge: Charge<'_>, decision: &Decision) -> Option<Vec<Verdict>> {
+        if charge.limits.len() == 1 {
+            return Some(vec![Verdict {
+                allowed: decision.allowed,
+                remaining: decision.remaining,
+                next_ms: decision.next_ms,
+                retry_after_ms: decision.retry_after_ms,
+            }]);
+        }
+        self.shared.limiter.standing(charge).await.ok()
+    }
+
+    /// The call in the access log: the first descriptor's route and
+    /// client, the outcome, and the limit that decided.
+    fn log_rls(&mut self, first: &Matched<'_>, outcome: Outcome, limit: Option<(&str, u64)>) {
+        if let Some(r) = self.log.as_mut() {
+            r.route(&first.route.name);
+            r.decided(outcome, Some(&first.client), limit);
+        }
+    }
+}
+
+/// The route descriptor `d` of `request` is on, if any.
+fn on_route<'r>(
+    rules: &'r Rules,
+    request: &RateLimitRequest,
+    d: &envoy::RateLimitDescriptor,
+) -> Option<(usize, &'r Arc<Route>)> {
+    let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+    rules.routes.for_descriptor(&request.domain, entries)
+}
+
+/// The request's descriptors that are on routes with limits, with whose
+/// count each is and its hits, their limits placed one after another; or
+/// why the request cannot be one charge.
+fn matched<'r>(
+    rules: &'r Rules,
+    request: &RateLimitRequest,
+) -> Result<Vec<Matched<'r>>, &'static str> {
+    let mut matched: Vec<Matched<'r>> = Vec::new();
+    let mut first = 0;
+    for (at, d) in request.descriptors.iter().enumerate() {
+        let Some((index, route)) = on_route(rules, request, d) else {
+            continue;
+        };
+        let Some(descriptor) = &route.descriptor else {
+            continue;
+        };
+        if route.policy.limits.is_empty() {
+            continue;
+        }
+        let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+        let client = descriptor.client(entries, route.client.max_len);
+        let hits = d
+            .hits_addend
+            .as_ref()
+            .map(|h| h.value)
+            .filter(|&h| h > 0)
+            .or((request.hits_addend > 0).then_some(u64::from(request.hits_addend)))
+            .unwrap_or(route.cost);
+        if matched.first().is_some_and(|m| m.hits != hits) {
+            return Err(
+                "descriptors counting different hits_addend cannot be decided all or nothing; send them in separate requests",
+            );
+        }
+        let policy = if route.policy.per_request() {
+            Cow::Owned(
+                route
+                    .policy
+                    .for_request(&HeaderMap::new(), crate::clock::now_ms()),
+            )
+        } else {
+            Cow::Borrowed(&route.policy)
+        };
+        let count = policy.limits.len();
+        matched.push(Matched {
+            at,
+            index,
+            route: route.as_ref(),
+            policy,
+            client,
+            hits,
+            first,
+        });
+        first += count;
+    }
+    Ok(matched)
+}
+
+/// A descriptor's status: over limit when its own limits could not take
+/// its `hits`; its most constrained limit, what remains in it and when
+/// more comes. Without `verdicts` (the store could not be read after the
+/// decision), what the decision says of the limit it reported.
+fn status(
+    limits: &[Limit],
+    names: &[String],
+    verdicts: Option<&[Verdict]>,
+    decision: &Decision,
+    own: std::ops::Range<usize>,
+    hits: u64,
+) -> envoy::DescriptorStatus {
+    let (at, remaining, next_ms) = match verdicts {
+        Some(verdicts) => verdicts
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, v)| v.remaining)
+            .map_or((0, 0, 0), |(i, v)| (i, v.remaining, v.next_ms)),
+        None if own.contains(&decision.limit) => (
+            decision.limit - own.start,
+            decision.remaining,
+            decision.next_ms,
+        ),
+        None => (0, 0, 0),
+    };
+    let over = !decision.allowed
+        && match verdicts {
+            Some(verdicts) => verdicts.iter().any(|v| v.remaining < hits),
+            None => own.contains(&decision.limit),
+        };
+    let limit = limits.get(at);
+    envoy::DescriptorStatus {
+        code: if over { code::OVER_LIMIT } else { code::OK },
+        current_limit: limit.map(|l| envoy::RateLimit {
+            requests_per_unit: u32::try_from(l.limit).unwrap_or(u32::MAX),
+            unit: envoy::unit_of(l.window_ms),
+            name: names.get(at).cloned().unwrap_or_default(),
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(envoy::Duration {
+            seconds: i64::try_from(next_ms / 1000).unwrap_or(i64::MAX),
+            nanos: i32::try_from(next_ms % 1000 * 1_000_000).unwrap_or(0),
+        }),
+    }
+}
+
+/// A descriptor that nothing limits.
+fn ok_status() -> envoy::DescriptorStatus {
+    envoy::DescriptorStatus {
+        code: code::OK,
+        ..Default::default()
+    }
+}
+
+/// `message` as a unary call's answer: the message, then `grpc-status: 0`.
+fn grpc_ok(message: &RateLimitResponse) -> Response<Body> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let bytes: Bytes = envoy::encode_response(message);
+    let mut answer = Response::new(Body::trailed(bytes, trailers));
+    answer.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    answer
+}
