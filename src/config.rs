@@ -41,6 +41,7 @@ mod concurrency;
 mod descriptors;
 mod document;
 mod durations;
+pub mod envoy_ratelimit;
 mod limits;
 mod matching;
 mod overrides;

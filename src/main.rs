@@ -43,6 +43,12 @@ struct Flags {
     /// when it has none, connect to its proxy listener.
     #[arg(long, value_name = "URL", num_args = 0..=1)]
     probe: Option<Option<String>>,
+    /// Translate envoyproxy/ratelimit's YAML configuration (one or more
+    /// files, each with one or more domains) into floodgate's descriptor
+    /// routes, printed as TOML; what cannot be expressed the same way is
+    /// refused by name, and nothing is printed.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    from_envoy_ratelimit: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -51,12 +57,40 @@ enum LogFormat {
     Json,
 }
 
+/// Prints the descriptor routes `files` (envoyproxy/ratelimit's YAML)
+/// translate into, or every problem and exit 1.
+fn from_envoy_ratelimit(files: &[PathBuf]) -> ExitCode {
+    let mut texts = Vec::new();
+    for file in files {
+        match std::fs::read_to_string(file) {
+            Ok(text) => texts.push((file.display().to_string(), text)),
+            Err(e) => {
+                eprintln!("cannot read {}: {e}", file.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match floodgate::config::envoy_ratelimit::translate(&texts) {
+        Ok(toml) => {
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), toml.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let flags = Flags::parse();
     let overrides = floodgate::config::Overrides {
         listen: flags.listen,
         admin_listen: flags.admin_listen,
     };
+    if !flags.from_envoy_ratelimit.is_empty() {
+        return from_envoy_ratelimit(&flags.from_envoy_ratelimit);
+    }
     if let Some(url) = &flags.probe {
         return match url {
             Some(url) => probe(url),

@@ -211,3 +211,82 @@ async fn only_listed_peers_may_spend_clients_limits_with_descriptors() {
     assert_eq!(answers[0]["error"], "PERMISSION_DENIED", "{answers:?}");
     assert!(redis.keys(&format!("{prefix}:*")).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_configuration_written_for_envoyproxy_ratelimit_translates_and_decides() {
+    let dir = support::temp_dir("envoy-yaml");
+    let yaml = dir.join("ratelimit.yaml");
+    std::fs::write(
+        &yaml,
+        "domain: edge\n\
+         descriptors:\n\
+         \x20 - key: generic_key\n\
+         \x20   descriptors:\n\
+         \x20     - key: user\n\
+         \x20       rate_limit: { unit: hour, requests_per_unit: 1 }\n\
+         \x20 - key: generic_key\n\
+         \x20   value: api\n\
+         \x20   rate_limit: { unit: hour, requests_per_unit: 2 }\n",
+    )
+    .expect("write yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("--from-envoy-ratelimit")
+        .arg(&yaml)
+        .output()
+        .expect("run floodgate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let routes = String::from_utf8_lossy(&out.stdout).into_owned();
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("rls-yaml");
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .server(r#"decision_listen = "127.0.0.1:0""#)
+        .server(r#"decision_peers = ["127.0.0.1/32"]"#)
+        .toml()
+        + &routes;
+    let gate = Floodgate::start(&toml).await;
+    let api = json!({ "entries": [["generic_key", "api"]] });
+    let ann = json!({ "entries": [["generic_key", "web"], ["user", "ann"]] });
+    let answers = ask(
+        &gate,
+        &[
+            call(&[api.clone()]),
+            call(&[api.clone()]),
+            call(&[api]),
+            call(&[ann.clone()]),
+            call(&[ann]),
+        ],
+    )
+    .await;
+    let codes: Vec<&str> = answers
+        .iter()
+        .map(|a| a["code"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        codes,
+        ["OK", "OK", "OVER_LIMIT", "OK", "OVER_LIMIT"],
+        "{routes}"
+    );
+    // What it cannot express the same way is refused by name.
+    std::fs::write(
+        &yaml,
+        "domain: edge\ndescriptors:\n  - key: path\n    value: /api/*\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n",
+    )
+    .expect("write yaml");
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .arg("--from-envoy-ratelimit")
+        .arg(&yaml)
+        .output()
+        .expect("run floodgate");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(refused.stdout.is_empty());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("descriptors[0].value: a value matching by prefix"),
+        "{said}"
+    );
+}
