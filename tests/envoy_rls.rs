@@ -254,10 +254,10 @@ async fn a_configuration_written_for_envoyproxy_ratelimit_translates_and_decides
     let answers = ask(
         &gate,
         &[
-            call(&[api.clone()]),
-            call(&[api.clone()]),
+            call(std::slice::from_ref(&api)),
+            call(std::slice::from_ref(&api)),
             call(&[api]),
-            call(&[ann.clone()]),
+            call(std::slice::from_ref(&ann)),
             call(&[ann]),
         ],
     )
