@@ -15,7 +15,9 @@
 #   and "nginx" and "haproxy": each doing the same job as operators run it
 #   for a rate-limited API, see proxy_configs; "decision" and
 #   "decision-redis": the same limit decided on the decision listener, as
-#   nginx's auth_request asks it, with no upstream exchange),
+#   nginx's auth_request asks it, with no upstream exchange; "rls" and
+#   "rls-redis": the same limit on a descriptor route, asked with Envoy's
+#   rate limit service protocol by h2load over one HTTP/2 connection),
 #   KEEP (a directory: each run's callgrind file is kept there, named
 #   STORE-N.out, for callgrind_annotate --inclusive=yes), LIMITS=none (the
 #   route has no limits), ROUTE_EXTRA (more keys for the route, e.g.
@@ -51,6 +53,9 @@ need=()
 for tool in valgrind nginx curl redis-server haproxy; do
   command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
+case " $stores " in
+  *" rls"*) command -v h2load >/dev/null 2>&1 || need+=(nghttp2-client) ;;
+esac
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
@@ -107,8 +112,8 @@ instructions() {
   listen=$(port)
   local run=("$bin" --config "$work/fg.toml")
   # The decision rows: curl asks the decision listener as nginx does.
-  local decide=""
-  case $store in decision*) decide=1 ;; esac
+  local decide="" rls=""
+  case $store in decision*) decide=1 ;; rls*) decide=1; rls=1 ;; esac
   case $store in
     gateway) run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up") ;;
     nginx) proxy_configs "$listen"; run=(nginx -c "$work/ngx/nginx.conf" -p "$work/ngx") ;;
@@ -121,10 +126,14 @@ instructions() {
     else
       printf '[server]\nlisten = "127.0.0.1:%s"\ndrain_delay = "0s"\nshutdown_grace = "1s"\n' "$listen"
     fi
-    if [ "$store" = redis ] || [ "$store" = decision-redis ]; then
-      printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "1s"\n' "$redis_port"
+    case $store in redis | *-redis)
+      printf '[store]\nbackend = "redis"\nurl = "redis://127.0.0.1:%s/0"\ntimeout = "1s"\n' "$redis_port" ;;
+    esac
+    if [ -n "$rls" ]; then
+      printf '[[routes]]\nname = "bench"\ndescriptor = { domain = "edge", entries = ["user"] }\n'
+    else
+      printf '[[routes]]\nname = "bench"\nmatch = { path_prefix = "/" }\n'
     fi
-    printf '[[routes]]\nname = "bench"\nmatch = { path_prefix = "/" }\n'
     [ -n "$decide" ] || printf 'upstream = "http://127.0.0.1:%s"\n' "$up"
     if [ "${LIMITS:-}" != none ]; then
       printf 'limits = [{ algorithm = "gcra", limit = 100000000, window = "1s" }]\n'
@@ -135,6 +144,18 @@ instructions() {
     "${run[@]}" >"$work/fg.log" 2>&1 &
   local pid=$!
   wait_port "$listen"
+  if [ -n "$rls" ]; then
+    # RateLimitRequest { domain: "edge", descriptors: [{ entries: [{ key:
+    # "user", value: "ann" }] }] }, framed as one gRPC message.
+    printf '\x00\x00\x00\x00\x15\x0a\x04edge\x12\x0d\x0a\x0b\x0a\x04user\x12\x03ann' >"$work/rls.bin"
+    h2load -n "$n" -c 1 -m 1 -d "$work/rls.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+      "http://127.0.0.1:$listen/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" >"$work/h2load.log"
+    grep -q "$n succeeded" "$work/h2load.log" || { cat "$work/h2load.log" >&2; exit 1; }
+    kill -TERM "$pid"
+    wait "$pid" || true
+    awk '/^(totals|summary):/ { print $2; exit }' "$work/cg.out"
+    return
+  fi
   # One warm-up request, then n on one kept-alive connection.
   curl -s -o /dev/null "http://127.0.0.1:$listen/"
   for _ in $(seq "$n"); do
@@ -170,3 +191,5 @@ ratio memory nginx "at most 1.25x, in CPU per request"
 ratio memory haproxy "below 1, in CPU per request"
 ratio decision memory "a decision without forwarding, beside the proxy path"
 ratio decision-redis redis "a decision without forwarding, beside the proxy path"
+ratio rls memory "Envoy's rate limit service, beside the proxy path"
+ratio rls-redis redis "Envoy's rate limit service, beside the proxy path"
