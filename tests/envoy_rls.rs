@@ -290,3 +290,36 @@ async fn a_configuration_written_for_envoyproxy_ratelimit_translates_and_decides
         "{said}"
     );
 }
+
+#[tokio::test]
+async fn a_shadow_descriptor_counts_and_never_refuses_the_others() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("rls-shadow");
+    let toml = rls(&redis, &prefix, r#""127.0.0.1/32""#)
+        .route(
+            Route::new("trial")
+                .decided_only()
+                .line(r#"descriptor = { domain = "edge", entries = ["trial"] }"#)
+                .line("shadow = true")
+                .limit("sliding_log", 1, "1h"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let trial = json!({ "entries": [["trial", "x"]] });
+    let answers = ask(
+        &gate,
+        &[
+            call(&[user("zed"), trial.clone()]),
+            call(&[user("zed"), trial]),
+        ],
+    )
+    .await;
+    assert_eq!(answers[0]["code"], "OK");
+    assert_eq!(answers[1]["code"], "OK", "a shadow limit never refuses");
+    assert_eq!(status(&answers[1], 0), st("OK", 1, "per-user"));
+    assert_eq!(status(&answers[1], 1), st("OVER_LIMIT", 0, "trial"));
+    // The enforced descriptor counted both; the shadow one its first.
+    let count = |route: &str| format!("{prefix}:{{{route}:*}}:0:sliding_log:*");
+    assert_eq!(redis.logged_each(&count("per-user")).await, [2]);
+    assert_eq!(redis.logged_each(&count("trial")).await, [1]);
+}

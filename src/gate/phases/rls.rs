@@ -13,7 +13,8 @@
 //! **All or nothing.** Every limit of every descriptor is decided in one
 //! charge: the request passes when all allow, and then all are consumed;
 //! refused, nothing is consumed anywhere (envoyproxy/ratelimit counts the
-//! hits in the descriptors that allowed). Descriptors that count different
+//! hits in the descriptors that allowed). Descriptors on `shadow` routes
+//! are a charge of their own, which counts and never refuses. Descriptors that count different
 //! numbers of hits cannot be one charge, so such a request is refused as
 //! invalid rather than decided in parts.
 //!
@@ -123,36 +124,95 @@ impl Context<'_> {
             Ok(matched) => matched,
             Err(message) => return response::grpc_status(INVALID_ARGUMENT, message),
         };
-        let Some(first) = matched.first() else {
-            for d in &request.descriptors {
-                if let Some((index, _)) = on_route(&rules, request, d) {
-                    rules.metrics[index].count(Outcome::Allowed);
+        for d in &request.descriptors {
+            if let Some((index, route)) = on_route(&rules, request, d)
+                && route.policy.limits.is_empty()
+            {
+                rules.metrics[index].count(Outcome::Allowed);
+            }
+        }
+        // Shadow routes count and never refuse: decided on their own, so
+        // that a shadow limit never refuses the others' descriptors.
+        let (enforced, shadowed): (Vec<_>, Vec<_>) =
+            matched.into_iter().partition(|m| !m.route.shadow);
+        let mut over = false;
+        let mut fields = HeaderMap::new();
+        for (group, shadow) in [(placed(enforced), false), (placed(shadowed), true)] {
+            let Some(first) = group.first() else {
+                continue;
+            };
+            match self
+                .decide_group(&rules, &group, shadow, &mut statuses)
+                .await
+            {
+                Err(()) if !shadow => {
+                    return response::grpc_status(
+                        UNAVAILABLE,
+                        "the rate limit store cannot decide and on_error is \"deny\"",
+                    );
+                }
+                Err(()) | Ok(None) => {}
+                Ok(Some((decision, combined))) => {
+                    over |= !shadow && !decision.allowed;
+                    // The fields a client of the proxy listener would get,
+                    // for Envoy to add to its answer: the enforced
+                    // descriptors', else the shadow ones'.
+                    if fields.is_empty() {
+                        response::annotate(&mut fields, first.route, &combined, &decision);
+                        if !shadow && !decision.allowed {
+                            fields.insert(
+                                http::header::RETRY_AFTER,
+                                response::retry_after(decision.retry_after_ms),
+                            );
+                        }
+                    }
                 }
             }
-            return grpc_ok(&RateLimitResponse {
-                overall_code: code::OK,
-                statuses,
-                response_headers_to_add: Vec::new(),
-            });
+        }
+        grpc_ok(&RateLimitResponse {
+            overall_code: if over { code::OVER_LIMIT } else { code::OK },
+            statuses,
+            response_headers_to_add: fields
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some(envoy::HeaderValue {
+                        key: name.as_str().to_owned(),
+                        value: value.to_str().ok()?.to_owned(),
+                    })
+                })
+                .collect(),
+        })
+    }
+
+    /// Decides `group` (descriptors on routes that are all `shadow`, or
+    /// none) as one charge, and writes each one's status: the decision
+    /// with the limits it was made under; `None` when the store could not
+    /// decide and `on_error` lets it pass, `Err` when it refuses.
+    async fn decide_group(
+        &mut self,
+        rules: &Rules,
+        group: &[Matched<'_>],
+        shadow: bool,
+        statuses: &mut [envoy::DescriptorStatus],
+    ) -> Result<Option<(Decision, Policy)>, ()> {
+        let Some(first) = group.first() else {
+            return Ok(None);
         };
         let mut limits: Vec<Limit> = Vec::new();
         let mut keys: Vec<CountKey> = Vec::new();
         let mut names: Vec<String> = Vec::new();
-        for m in &matched {
+        for m in group {
             for (j, limit) in m.policy.limits.iter().enumerate() {
-                let Some(counting) = m.policy.counting.get(j) else {
-                    continue;
+                // A descriptor route names every limit's count (config).
+                let id = match m.policy.counting.get(j).map(|c| &c.key) {
+                    Some(KeySource::Rule(_)) => ClientId::Global,
+                    _ => m.client.clone(),
                 };
-                let id = match counting.key {
-                    KeySource::Client => m.client.clone(),
-                    KeySource::Rule(_) => ClientId::Global,
+                let (scope, entry, index) = match m.policy.counting.get(j) {
+                    Some(c) => (Arc::clone(&c.scope), Arc::clone(&c.entry), c.index),
+                    None => (Arc::clone(&m.route.name), Arc::clone(&m.route.name), j),
                 };
-                keys.push(CountKey::new(
-                    &counting.scope,
-                    &counting.entry,
-                    counting.index,
-                    id,
-                ));
+                keys.push(CountKey::new(&scope, &entry, index, id));
                 limits.push(*limit);
                 names.push(m.policy.names.get(j).cloned().unwrap_or_default());
             }
@@ -173,62 +233,52 @@ impl Context<'_> {
         let decision = match answer {
             Answer::Decided(d) => d,
             Answer::Unavailable { deny, .. } => {
-                for m in &matched {
+                for m in group {
                     rules.metrics[m.index].count(Outcome::StoreError);
                 }
                 self.log_rls(first, Outcome::StoreError, None);
-                if deny {
-                    return response::grpc_status(
-                        UNAVAILABLE,
-                        "the rate limit store cannot decide and on_error is \"deny\"",
-                    );
-                }
-                return grpc_ok(&RateLimitResponse {
-                    overall_code: code::OK,
-                    statuses,
-                    response_headers_to_add: Vec::new(),
-                });
+                return if deny && !shadow { Err(()) } else { Ok(None) };
             }
         };
         let verdicts = self.verdicts(charge, &decision).await;
-        let shadow = matched.iter().all(|m| m.route.shadow);
-        let allowed = decision.allowed || shadow;
-        for m in &matched {
-            let own = m.first..m.first + m.policy.limits.len();
-            statuses[m.at] = status(
-                &combined.limits[own.clone()],
-                &combined.names[own.clone()],
-                verdicts.as_ref().map(|v| &v[own.clone()]),
-                &decision,
-                own,
-                m.hits,
-            );
-            let outcome = if decision.allowed {
-                Outcome::Allowed
-            } else if shadow {
-                Outcome::ShadowDenied
-            } else {
-                Outcome::Denied
-            };
-            rules.metrics[m.index].count(outcome);
-        }
-        let outcome = if allowed {
+        let outcome = if decision.allowed {
             Outcome::Allowed
+        } else if shadow {
+            Outcome::ShadowDenied
         } else {
             Outcome::Denied
         };
+        for m in group {
+            let own = m.first..m.first + m.policy.limits.len();
+            if let Some(slot) = statuses.get_mut(m.at) {
+                *slot = status(
+                    &combined.limits[own.clone()],
+                    &combined.names[own.clone()],
+                    verdicts.as_ref().map(|v| &v[own.clone()]),
+                    &decision,
+                    own,
+                    m.hits,
+                );
+            }
+            rules.metrics[m.index].count(outcome);
+        }
         if !decision.allowed {
-            let refusing = matched
+            let refusing = group
                 .iter()
                 .find(|m| (m.first..m.first + m.policy.limits.len()).contains(&decision.limit))
                 .unwrap_or(first);
             let quota = combined.limits.get(decision.limit).map_or(0, |l| l.limit);
-            self.shared.denials.denied(
-                &refusing.route.name,
-                &refusing.client,
-                quota,
-                crate::clock::now_ms(),
-            );
+            if shadow {
+                self.shared
+                    .log_shadow(&refusing.route.name, &refusing.client);
+            } else {
+                self.shared.denials.denied(
+                    &refusing.route.name,
+                    &refusing.client,
+                    quota,
+                    crate::clock::now_ms(),
+                );
+            }
         }
         self.log_rls(
             first,
@@ -238,29 +288,7 @@ impl Context<'_> {
                 .get(decision.limit)
                 .map(|n| (n.as_str(), decision.remaining)),
         );
-        // The fields a client of the proxy listener would get, for Envoy
-        // to add to its answer.
-        let mut fields = HeaderMap::new();
-        response::annotate(&mut fields, first.route, &combined, &decision);
-        if !allowed {
-            fields.insert(
-                http::header::RETRY_AFTER,
-                response::retry_after(decision.retry_after_ms),
-            );
-        }
-        grpc_ok(&RateLimitResponse {
-            overall_code: if allowed { code::OK } else { code::OVER_LIMIT },
-            statuses,
-            response_headers_to_add: fields
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some(envoy::HeaderValue {
-                        key: name.as_str().to_owned(),
-                        value: value.to_str().ok()?.to_owned(),
-                    })
-                })
-                .collect(),
-        })
+        Ok(Some((decision, combined)))
     }
 
     /// Each limit's standing after `decision`: the decision itself when
@@ -353,6 +381,16 @@ fn matched<'r>(
         first += count;
     }
     Ok(matched)
+}
+
+/// `group` with its limits placed one after another from the start.
+fn placed(mut group: Vec<Matched<'_>>) -> Vec<Matched<'_>> {
+    let mut first = 0;
+    for m in &mut group {
+        m.first = first;
+        first += m.policy.limits.len();
+    }
+    group
 }
 
 /// A descriptor's status: over limit when its own limits could not take
