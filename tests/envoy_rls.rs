@@ -64,6 +64,14 @@ async fn ask(gate: &Floodgate, calls: &[Value]) -> Vec<Value> {
     .await
 }
 
+/// Each call's overall code.
+fn codes(answers: &[Value]) -> Vec<&str> {
+    answers
+        .iter()
+        .map(|a| a["code"].as_str().unwrap_or("?"))
+        .collect()
+}
+
 /// A descriptor's status as the model expects it.
 fn status(answer: &Value, i: usize) -> (String, u64, String) {
     let s = &answer["statuses"][i];
@@ -101,12 +109,8 @@ async fn descriptors_are_decided_all_or_nothing_with_each_ones_status() {
         ],
     )
     .await;
-    let codes: Vec<&str> = answers
-        .iter()
-        .map(|a| a["code"].as_str().unwrap_or("?"))
-        .collect();
     assert_eq!(
-        codes,
+        codes(&answers),
         ["OK", "OK", "OK", "OVER_LIMIT", "OK", "OVER_LIMIT", "OK"],
         "{answers:#?}"
     );
@@ -262,12 +266,8 @@ async fn a_configuration_written_for_envoyproxy_ratelimit_translates_and_decides
         ],
     )
     .await;
-    let codes: Vec<&str> = answers
-        .iter()
-        .map(|a| a["code"].as_str().unwrap_or("?"))
-        .collect();
     assert_eq!(
-        codes,
+        codes(&answers),
         ["OK", "OK", "OVER_LIMIT", "OK", "OVER_LIMIT"],
         "{routes}"
     );

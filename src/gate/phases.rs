@@ -140,22 +140,16 @@ pub async fn handle<H: Send + 'static>(
     hold: impl FnOnce() -> H,
 ) -> Response<Body> {
     let grpc = response::is_grpc(request.headers());
-    let mut cx = Context {
+    let bytes_in = hyper::body::Body::size_hint(request.body()).exact();
+    let mut cx = Context::new(
         shared,
         peer,
         grpc,
-        log: shared.access_log.as_ref().map(|_| {
-            Record::begin(
-                request.method(),
-                request.uri(),
-                request.version(),
-                peer.addr,
-                hyper::body::Body::size_hint(request.body()).exact(),
-            )
-        }),
-        slot: None,
-        reservation: None,
-    };
+        request.method(),
+        request.uri(),
+        request.version(),
+        bytes_in,
+    );
     let response = match answer(&mut cx, request, hold).await {
         Ok(response) => response,
         Err(refusal) => cx.refused(refusal),
@@ -215,15 +209,8 @@ async fn answer<H: Send + 'static>(
     // (In a block of its own: the identity is gone before forwarding.)
     let decided = {
         let mut who = who;
-        match cx.decide(&rules, &found, &mut who, &head.headers, read) {
-            Deciding::Done(decided) => decided,
-            Deciding::Ask {
-                client,
-                keys,
-                policy,
-                cost,
-            } => Box::pin(cx.ask(&rules, &found, client, keys, policy, cost)).await,
-        }
+        cx.decided(&rules, &found, &mut who, &head.headers, read)
+            .await
     };
     let allowed = match decided? {
         Ok(allowed) => allowed,
@@ -374,6 +361,32 @@ fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Result<PathA
 
 // === impl Context ===
 
+impl<'a> Context<'a> {
+    /// A request's context from `peer`, its access log record begun (when
+    /// the log is on) with the request line and the body's size if known.
+    fn new(
+        shared: &'a Shared,
+        peer: &'a Peer,
+        grpc: bool,
+        method: &http::Method,
+        uri: &http::Uri,
+        version: http::Version,
+        bytes_in: Option<u64>,
+    ) -> Self {
+        Self {
+            shared,
+            peer,
+            grpc,
+            log: shared
+                .access_log
+                .as_ref()
+                .map(|_| Record::begin(method, uri, version, peer.addr, bytes_in)),
+            slot: None,
+            reservation: None,
+        }
+    }
+}
+
 impl Context<'_> {
     // --- route ---
 
@@ -453,6 +466,27 @@ impl Context<'_> {
                 policy,
                 cost,
             },
+        }
+    }
+
+    /// The decide phase whole: at once, or with the shared store's answer
+    /// (boxed, as the rare path for every request's future).
+    async fn decided<'r>(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'r>,
+        who: &mut Identity<'r>,
+        headers: &http::HeaderMap,
+        read: Option<BodyRead>,
+    ) -> Decided<'r> {
+        match self.decide(rules, found, who, headers, read) {
+            Deciding::Done(decided) => decided,
+            Deciding::Ask {
+                client,
+                keys,
+                policy,
+                cost,
+            } => Box::pin(self.ask(rules, found, client, keys, policy, cost)).await,
         }
     }
 

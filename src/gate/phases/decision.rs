@@ -35,8 +35,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
-use super::{Context, Deciding, check_head};
-use crate::access_log::Record;
+use super::{Context, check_head};
 use crate::gate::shared::Shared;
 use crate::proxy::{Body, Peer};
 use crate::refusal::Refusal;
@@ -88,17 +87,15 @@ pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
         crate::client::is_in(client.ip().to_canonical(), &rules.trusted_proxies),
     );
     drop(rules);
-    let mut cx = Context {
+    let mut cx = Context::new(
         shared,
-        peer: &client,
-        grpc: false,
-        log: shared
-            .access_log
-            .as_ref()
-            .map(|_| Record::begin(&head.method, &head.uri, head.version, client.addr, Some(0))),
-        slot: None,
-        reservation: None,
-    };
+        &client,
+        false,
+        &head.method,
+        &head.uri,
+        head.version,
+        Some(0),
+    );
     let response = match decided(&mut cx, head).await {
         Ok(response) => response,
         Err(refusal) => cx.refused(refusal),
@@ -114,15 +111,9 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
     let (_, matched_path) = request_paths(head.uri.path(), rules.escaped_slashes)?;
     let found = cx.route(&rules, &head, host, &matched_path)?;
     let mut who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
-    let decided = match cx.decide(&rules, &found, &mut who, &head.headers, None) {
-        Deciding::Done(decided) => decided,
-        Deciding::Ask {
-            client,
-            keys,
-            policy,
-            cost,
-        } => cx.ask(&rules, &found, client, keys, policy, cost).await,
-    };
+    let decided = cx
+        .decided(&rules, &found, &mut who, &head.headers, None)
+        .await;
     let allowed = match decided? {
         Ok(allowed) => allowed,
         Err(denial) => return Ok(denial),

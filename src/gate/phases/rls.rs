@@ -37,7 +37,6 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::Context;
-use crate::access_log::Record;
 use crate::client::ClientId;
 use crate::envoy::{self, RateLimitRequest, RateLimitResponse, code};
 use crate::gate::rules::Rules;
@@ -75,22 +74,15 @@ pub async fn answer(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
             "floodgate serves envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
         );
     }
-    let mut cx = Context {
+    let mut cx = Context::new(
         shared,
         peer,
-        grpc: true,
-        log: shared.access_log.as_ref().map(|_| {
-            Record::begin(
-                request.method(),
-                request.uri(),
-                request.version(),
-                peer.addr,
-                None,
-            )
-        }),
-        slot: None,
-        reservation: None,
-    };
+        true,
+        request.method(),
+        request.uri(),
+        request.version(),
+        None,
+    );
     let timeout = shared.rules.load().client_timeouts.body;
     let body = http_body_util::Limited::new(request.into_body(), envoy::MAX_REQUEST + 5);
     let read = match tokio::time::timeout(timeout, body.collect()).await {
