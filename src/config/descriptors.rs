@@ -123,7 +123,7 @@ impl Validator<'_> {
                         .into(),
                     index: i,
                     key: KeySource::Client,
-                    shown: "descriptor".into(),
+                    shown: "descriptor value".into(),
                     budget: None,
                 })
                 .collect();

@@ -18,9 +18,31 @@ impl Config {
             .as_ref()
             .map_or(&[][..], |s| s.names.as_slice());
         for route in self.routes.iter() {
+            // How the route is reached, when not by the proxy listener.
+            let reached = match (&route.descriptor, &route.action) {
+                (Some(d), _) => {
+                    let entries: Vec<String> = d
+                        .entries
+                        .iter()
+                        .map(|(k, v)| {
+                            v.as_ref()
+                                .map_or_else(|| k.to_string(), |v| format!("{k}={v}"))
+                        })
+                        .collect();
+                    format!(
+                        " (Envoy's descriptors in domain {}: {})",
+                        d.domain,
+                        entries.join(", ")
+                    )
+                }
+                (None, crate::routes::Action::Decide) => {
+                    " (decided for front proxies only)".to_owned()
+                }
+                _ => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "route {}: {}",
+                "route {}{reached}: {}",
                 route.name,
                 limits(route, &route.policy)
             );
