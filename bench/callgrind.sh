@@ -158,13 +158,14 @@ instructions() {
   fi
   # One warm-up request, then n on one kept-alive connection.
   curl -s -o /dev/null "http://127.0.0.1:$listen/"
-  for _ in $(seq "$n"); do
-    echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'
+  {
+    # Options in a curl config apply to every URL in it: said once.
     if [ -n "$decide" ]; then
       echo 'header = "X-Original-URI: /v1/chat"'; echo 'header = "X-Original-Method: POST"'
       echo 'header = "X-Forwarded-For: 192.0.2.7"'
     fi
-  done >"$work/urls"
+    for _ in $(seq "$n"); do echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'; done
+  } >"$work/urls"
   curl -s --config "$work/urls"
   kill -TERM "$pid"
   wait "$pid" || true
