@@ -399,49 +399,88 @@ fn serve(
             .counter(crate::metrics::Phase::ClientWrite)
             .clone(),
     };
-    let on_connection = Arc::clone(&client);
+    let connection = Served {
+        stream,
+        tls,
+        on_connection: Arc::clone(&client),
+        write_timeout,
+        protocols: Arc::clone(protocols),
+        connections: Arc::clone(connections),
+        on_timeout,
+        peer,
+    };
     // One reference count taken per request, the connection's own: the
     // shared state is reached through it, so requests on every thread do
-    // not all count references on the one `Shared`.
-    let service = service_fn(move |request| {
-        let client = Arc::clone(&client);
-        async move {
-            let _busy = client.activity.begin();
-            let answer = match door {
-                Door::Proxy => {
-                    let hold = || Arc::clone(&client);
-                    gate::handle(&client.shared, &client.peer, request, hold).await
-                }
-                // Boxed: every proxied request's future would carry it.
-                Door::Decisions => {
-                    Box::pin(gate::decide(&client.shared, &client.peer, request)).await
-                }
-            };
-            Ok::<_, Infallible>(answer)
-        }
-    });
-    let protocols = Arc::clone(protocols);
-    let connections = Arc::clone(connections);
-    tokio::spawn(async move {
-        let served = connection::serve(
-            stream,
-            tls,
-            service,
-            &on_connection.activity,
-            &write_timeout,
-            &protocols,
-            &connections,
-        );
-        match served.await {
-            Ended::Served(None) => {}
-            Ended::Served(Some(e)) => {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+    // not all count references on the one `Shared`. Each listener's
+    // requests have a service of their own, so that a proxied request's
+    // future holds nothing of a decision's.
+    match door {
+        Door::Proxy => connection.spawn(service_fn(move |request| {
+            let client = Arc::clone(&client);
+            async move {
+                let _busy = client.activity.begin();
+                let hold = || Arc::clone(&client);
+                Ok::<_, Infallible>(gate::handle(&client.shared, &client.peer, request, hold).await)
             }
-            Ended::FirstHeadTimedOut(socket) => {
-                request_timeout(socket, on_timeout.metrics()).await;
+        })),
+        Door::Decisions => connection.spawn(service_fn(move |request| {
+            let client = Arc::clone(&client);
+            async move {
+                let _busy = client.activity.begin();
+                Ok::<_, Infallible>(gate::decide(&client.shared, &client.peer, request).await)
             }
-        }
-    });
+        })),
+    }
+}
+
+/// An accepted connection and what serving it needs.
+struct Served {
+    stream: tokio::net::TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    on_connection: Arc<Client>,
+    write_timeout: WriteTimeout,
+    protocols: Arc<Protocols>,
+    connections: Arc<Connections>,
+    on_timeout: Arc<Shared>,
+    peer: SocketAddr,
+}
+
+impl Served {
+    /// Serves the connection with `service` on a task of its own.
+    fn spawn<S, B>(self, service: S)
+    where
+        S: hyper::service::Service<
+                http::Request<hyper::body::Incoming>,
+                Response = http::Response<B>,
+            > + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        tokio::spawn(async move {
+            let served = connection::serve(
+                self.stream,
+                self.tls,
+                service,
+                &self.on_connection.activity,
+                &self.write_timeout,
+                &self.protocols,
+                &self.connections,
+            );
+            match served.await {
+                Ended::Served(None) => {}
+                Ended::Served(Some(e)) => {
+                    tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+                }
+                Ended::FirstHeadTimedOut(socket) => {
+                    request_timeout(socket, self.on_timeout.metrics()).await;
+                }
+            }
+        });
+    }
 }
 
 /// Accept failures in a row (out of descriptors, most often): how long to
