@@ -151,22 +151,19 @@ instructions() {
     h2load -n "$n" -c 1 -m 1 -d "$work/rls.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
       "http://127.0.0.1:$listen/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" >"$work/h2load.log"
     grep -q "$n succeeded" "$work/h2load.log" || { cat "$work/h2load.log" >&2; exit 1; }
-    kill -TERM "$pid"
-    wait "$pid" || true
-    awk '/^(totals|summary):/ { print $2; exit }' "$work/cg.out"
-    return
+  else
+    # One warm-up request, then n on one kept-alive connection.
+    curl -s -o /dev/null "http://127.0.0.1:$listen/"
+    {
+      # Options in a curl config apply to every URL in it: said once.
+      if [ -n "$decide" ]; then
+        echo 'header = "X-Original-URI: /v1/chat"'; echo 'header = "X-Original-Method: POST"'
+        echo 'header = "X-Forwarded-For: 192.0.2.7"'
+      fi
+      for _ in $(seq "$n"); do echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'; done
+    } >"$work/urls"
+    curl -s --config "$work/urls"
   fi
-  # One warm-up request, then n on one kept-alive connection.
-  curl -s -o /dev/null "http://127.0.0.1:$listen/"
-  {
-    # Options in a curl config apply to every URL in it: said once.
-    if [ -n "$decide" ]; then
-      echo 'header = "X-Original-URI: /v1/chat"'; echo 'header = "X-Original-Method: POST"'
-      echo 'header = "X-Forwarded-For: 192.0.2.7"'
-    fi
-    for _ in $(seq "$n"); do echo "url = \"http://127.0.0.1:$listen/\""; echo 'output = "/dev/null"'; done
-  } >"$work/urls"
-  curl -s --config "$work/urls"
   kill -TERM "$pid"
   wait "$pid" || true
   awk '/^(totals|summary):/ { print $2; exit }' "$work/cg.out"

@@ -180,36 +180,49 @@ impl Context<'_> {
     /// none) as one charge, and writes each one's status: the decision
     /// with the limits it was made under; `None` when the store could not
     /// decide and `on_error` lets it pass, `Err` when it refuses.
-    async fn decide_group(
+    async fn decide_group<'g>(
         &mut self,
         rules: &Rules,
-        group: &[Matched<'_>],
+        group: &'g [Matched<'_>],
         shadow: bool,
         statuses: &mut [envoy::DescriptorStatus],
-    ) -> Result<Option<(Decision, Policy)>, ()> {
+    ) -> Result<Option<(Decision, Cow<'g, Policy>)>, ()> {
         let Some(first) = group.first() else {
             return Ok(None);
         };
-        let mut limits: Vec<Limit> = Vec::new();
         let mut keys: Vec<CountKey> = Vec::new();
-        let mut names: Vec<String> = Vec::new();
         for m in group {
-            for (j, limit) in m.policy.limits.iter().enumerate() {
+            for j in 0..m.policy.limits.len() {
                 // A descriptor route names every limit's count (config).
-                let id = match m.policy.counting.get(j).map(|c| &c.key) {
-                    Some(KeySource::Rule(_)) => ClientId::Global,
-                    _ => m.client.clone(),
+                let (scope, entry, index, id) = match m.policy.counting.get(j) {
+                    Some(c) => (
+                        &c.scope,
+                        &c.entry,
+                        c.index,
+                        match c.key {
+                            KeySource::Rule(_) => ClientId::Global,
+                            KeySource::Client => m.client.clone(),
+                        },
+                    ),
+                    None => (&m.route.name, &m.route.name, j, m.client.clone()),
                 };
-                let (scope, entry, index) = match m.policy.counting.get(j) {
-                    Some(c) => (Arc::clone(&c.scope), Arc::clone(&c.entry), c.index),
-                    None => (Arc::clone(&m.route.name), Arc::clone(&m.route.name), j),
-                };
-                keys.push(CountKey::new(&scope, &entry, index, id));
-                limits.push(*limit);
-                names.push(m.policy.names.get(j).cloned().unwrap_or_default());
+                keys.push(CountKey::new(scope, entry, index, id));
             }
         }
-        let combined = Policy::named(names, limits, Vec::new());
+        // One descriptor's limits are its route's policy as it is; several
+        // descriptors' are put together (named, for the fields).
+        let combined: Cow<'_, Policy> = match group {
+            [one] => Cow::Borrowed(one.policy.as_ref()),
+            _ => {
+                let mut limits: Vec<Limit> = Vec::new();
+                let mut names: Vec<String> = Vec::new();
+                for m in group {
+                    limits.extend_from_slice(&m.policy.limits);
+                    names.extend(m.policy.names.iter().cloned());
+                }
+                Cow::Owned(Policy::named(names, limits, Vec::new()))
+            }
+        };
         let charge = Charge {
             route: &first.route.name,
             client: &first.client,
