@@ -5,14 +5,15 @@
 # /proc/PID/stat) over each round is divided by the round's requests:
 #
 #   proxy     GET / on the proxy listener, forwarded to nginx answering `ok`
+#   proxy-h2  the same over HTTP/2 (h2c), as the rls row speaks it
 #   decision  the same route decided on the decision listener, as nginx's
 #             auth_request asks (X-Original-URI, X-Forwarded-For), nothing
 #             forwarded
 #   rls       a descriptor route with the same limit, asked with Envoy's rate
 #             limit service protocol (one RateLimitRequest, h2c)
 #
-# h2load drives each round over one connection (HTTP/1.1 for the first two,
-# HTTP/2 for the third), one request at a time. Prints each mode's median
+# h2load drives each round over one connection (HTTP/1.1 for proxy and
+# decision, HTTP/2 for proxy-h2 and rls), one request at a time. Prints each mode's median
 # over the rounds, in microseconds of floodgate's CPU a request.
 #
 #   bench/decisions.sh [BINARY]     default target/release/floodgate
@@ -82,6 +83,7 @@ hz=$(getconf CLK_TCK)
 load() {
   case $1 in
     proxy) h2load --h1 -n "$n" -c 1 -m 1 "http://127.0.0.1:$listen/" ;;
+    proxy-h2) h2load -n "$n" -c 1 -m 1 "http://127.0.0.1:$listen/" ;;
     decision) h2load --h1 -n "$n" -c 1 -m 1 -H 'X-Original-URI: /v1/chat' \
       -H 'X-Original-Method: POST' -H 'X-Forwarded-For: 192.0.2.7' "http://127.0.0.1:$decisions/_floodgate" ;;
     rls) h2load -n "$n" -c 1 -m 1 -d "$work/rls.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
@@ -90,7 +92,7 @@ load() {
   grep -q "$n succeeded" "$work/h2load.log" || { cat "$work/h2load.log" >&2; exit 1; }
 }
 declare -A samples
-modes="proxy decision rls"
+modes="proxy decision proxy-h2 rls"
 for mode in $modes; do load "$mode"; done   # warm-up
 for round in $(seq "$rounds"); do
   for mode in $modes; do
