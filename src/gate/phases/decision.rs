@@ -4,6 +4,8 @@
 //! listener would have decided it: the same phases (head → route →
 //! identify → decide), the same keys, counts, metrics and access log, then
 //! 200 with the `RateLimit` fields instead of forwarding, or the same 429.
+//! A gRPC call is Envoy's rate limit service protocol, answered by
+//! `phases::rls` for listed peers only.
 //!
 //! **Which request is decided.** The one the decision listener is sent,
 //! unless its peer is one of `decision_peers`: a listed front proxy
