@@ -269,3 +269,194 @@ async fn two_decision_instances_behind_nginx_share_one_count_exactly() {
         assert!(decided >= 5.0, "an instance decided {decided} of 30");
     }
 }
+
+/// A metered route only decided: each request reserves what it names in
+/// `X-Max-Units` (100 when it names none), and its answer reports what
+/// it used in `X-Units-Used`; 1 000 units an hour per address.
+fn metered(redis: &TestRedis, prefix: &str) -> Config {
+    Config::new()
+        .redis(&redis.url, prefix)
+        .server(r#"decision_listen = "127.0.0.1:0""#)
+        .server(r#"decision_peers = ["127.0.0.1/32"]"#)
+        .route(
+            Route::new("chat")
+                .decided_only()
+                .matching(r#"path_prefix = "/chat""#)
+                .limit("fixed_window", 1_000, "1h")
+                .line(r#"usage = { reserve = 100, reserve_header = "x-max-units", max_reserve = 500, report = "header", units = { "x-units-used" = 1 } }"#),
+        )
+}
+
+/// What a listed front proxy sends about the client 203.0.113.5's
+/// request to `/chat`, with `more` fields.
+async fn about_chat(decision: u16, more: &[(&str, &str)]) -> Raw {
+    let mut fields = vec![
+        ("X-Original-URI", "/chat"),
+        ("X-Forwarded-For", "203.0.113.5"),
+    ];
+    fields.extend_from_slice(more);
+    get_from(ip([127, 0, 0, 1]), decision, "/_floodgate", &fields).await
+}
+
+#[tokio::test]
+async fn a_reservation_named_back_with_the_units_used_is_settled_in_its_keys() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("settle");
+    let gate = Floodgate::start(&metered(&redis, &prefix).toml()).await;
+    let decision = gate.decisions.expect("decision listener").port();
+    // Admitted with 300 reserved: its reservation, to name back.
+    let admitted = about_chat(decision, &[("X-Max-Units", "300")]).await;
+    assert_eq!(admitted.status, 200, "{admitted:?}");
+    assert!(
+        admitted
+            .header("ratelimit")
+            .is_some_and(|r| r.contains("r=700")),
+        "{admitted:?}"
+    );
+    let token = admitted
+        .header("floodgate-reservation")
+        .unwrap_or_else(|| panic!("no reservation on {admitted:?}"))
+        .to_owned();
+    assert!(
+        token.starts_with("chat:") && token.ends_with(":300"),
+        "{token}"
+    );
+    // The answer used 120: settled, 180 given back.
+    let settled = about_chat(
+        decision,
+        &[("Floodgate-Settle", &token), ("X-Units-Used", "120")],
+    )
+    .await;
+    assert_eq!(settled.status, 200, "{settled:?}");
+    assert!(
+        settled
+            .header("ratelimit")
+            .is_some_and(|r| r.contains("r=880")),
+        "{settled:?}"
+    );
+    // Another decision sees the settled count.
+    let next = about_chat(decision, &[("X-Max-Units", "1")]).await;
+    assert!(
+        next.header("ratelimit")
+            .is_some_and(|r| r.contains("r=879")),
+        "{next:?}"
+    );
+    // A settlement without the report: refused, the reservation stands.
+    let held = about_chat(decision, &[("X-Max-Units", "200")]).await;
+    let token = held
+        .header("floodgate-reservation")
+        .unwrap_or_default()
+        .to_owned();
+    let unreported = about_chat(decision, &[("Floodgate-Settle", &token)]).await;
+    assert_eq!(unreported.status, 422, "{unreported:?}");
+    let after = about_chat(decision, &[("X-Max-Units", "1")]).await;
+    assert!(
+        after
+            .header("ratelimit")
+            .is_some_and(|r| r.contains("r=678")),
+        "{after:?}"
+    );
+    // Only a listed peer may settle; a token that is not one is a 400.
+    let stranger = get_from(
+        ip(STRANGER),
+        decision,
+        "/chat",
+        &[("Floodgate-Settle", &token), ("X-Units-Used", "0")],
+    )
+    .await;
+    assert_eq!(stranger.status, 403, "{stranger:?}");
+    let forged = about_chat(
+        decision,
+        &[("Floodgate-Settle", "chat:x:1"), ("X-Units-Used", "0")],
+    )
+    .await;
+    assert_eq!(forged.status, 400, "{forged:?}");
+    let elsewhere = about_chat(
+        decision,
+        &[("Floodgate-Settle", "other:1:1"), ("X-Units-Used", "0")],
+    )
+    .await;
+    assert_eq!(elsewhere.status, 409, "{elsewhere:?}");
+    let final_count = about_chat(decision, &[("X-Max-Units", "1")]).await;
+    assert!(
+        final_count
+            .header("ratelimit")
+            .is_some_and(|r| r.contains("r=677")),
+        "nothing given back by the refused settlements: {final_count:?}"
+    );
+}
+
+#[tokio::test]
+async fn nginx_names_each_reservation_back_with_the_units_its_upstream_reported() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("nginx-settle");
+    let config = metered(&redis, &prefix)
+        .route(
+            Route::new("units")
+                .decided_only()
+                .matching(r#"path_prefix = "/units""#)
+                .limit("fixed_window", 1_000, "1h")
+                .line(r#"usage = { reserve = 300, report = "header", units = { "x-units-used" = 1 } }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&config).await;
+    let upstream = Upstream::start().await;
+    let nginx =
+        FrontProxy::nginx_settling(&[gate.decisions.expect("decisions")], upstream.addr).await;
+    // Each request reserves 300 and its answer reports 120: after three
+    // settled, the fourth sees 1 000 - 3 x 120 - 300 remaining.
+    let mut last = None;
+    for i in 0..4 {
+        let answer = get_from(ip(CLIENT_A), nginx.port, "/units?n=120", &[]).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "request {i}: {answer:?}\n{}",
+            nginx.log()
+        );
+        last = answer.header("ratelimit").map(str::to_owned);
+        // The settlement follows the answer: wait for it to land (each
+        // settles 180 back) before the next request is decided.
+        let settled_to = 1_000 - 120 * (i + 1);
+        let mut seen = 0;
+        for _ in 0..200 {
+            let probe = about_units(&gate).await;
+            seen = probe;
+            if probe == settled_to {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert_eq!(seen, settled_to, "request {i} settled\n{}", nginx.log());
+    }
+    assert_eq!(
+        last.as_deref().map(|r| r.contains("r=340")),
+        Some(true),
+        "{last:?}"
+    );
+}
+
+/// What the `units` route has left for the client 127.0.0.3, read as a
+/// decision of nothing would: a settlement of 0 units named on a
+/// reservation of 0 (consuming and giving back nothing).
+async fn about_units(gate: &Floodgate) -> u64 {
+    let decision = gate.decisions.expect("decisions").port();
+    let answer = get_from(
+        ip([127, 0, 0, 1]),
+        decision,
+        "/_floodgate",
+        &[
+            ("X-Original-URI", "/units"),
+            ("X-Forwarded-For", "127.0.0.3"),
+            ("Floodgate-Settle", "units:0:0"),
+            ("X-Units-Used", "0"),
+        ],
+    )
+    .await;
+    answer
+        .header("ratelimit")
+        .and_then(|r| r.split("r=").nth(1))
+        .and_then(|r| r.split(';').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no remaining in {answer:?}"))
+}

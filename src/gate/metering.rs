@@ -131,6 +131,45 @@ impl Reservation {
         }
     }
 
+    /// A reservation a front proxy names back for its settlement (see
+    /// [`Self::token`]), for `charge` as its request is identified again;
+    /// its units were counted as reserved when it was made.
+    pub(super) fn resumed(
+        settings: &Arc<Settings>,
+        metering: &Arc<Metering>,
+        charge: &Charge<'_>,
+        at_ms: u64,
+        local: bool,
+    ) -> Self {
+        Self {
+            settings: Arc::clone(settings),
+            tally: Arc::new(Tally::new(charge.cost)),
+            metering: Arc::clone(metering),
+            settlement: Settlement {
+                at_ms,
+                reserved: charge.cost,
+                local,
+                grant: false,
+            },
+            route: Arc::clone(charge.route),
+            client: charge.client.clone(),
+            limits: charge.limits.into(),
+            keys: charge.keys.into(),
+            status: 0,
+        }
+    }
+
+    /// How a front proxy names this reservation back to floodgate to have
+    /// it settled: `ROUTE:AT_MS:RESERVED`, and `:local` when it was
+    /// decided in this instance's memory while the store was down.
+    pub(super) fn token(&self) -> String {
+        let local = if self.settlement.local { ":local" } else { "" };
+        format!(
+            "{}:{}:{}{local}",
+            self.route, self.settlement.at_ms, self.settlement.reserved
+        )
+    }
+
     /// Whether the answer reports its units in its head.
     pub(super) fn reported_in_head(&self) -> bool {
         self.settings.source == Source::Header

@@ -25,6 +25,22 @@ impl FrontProxy {
     /// block, several servers when several floodgates decide) about every
     /// request, which then goes to `upstream`.
     pub async fn nginx(decisions: &[SocketAddr], upstream: SocketAddr) -> Self {
+        Self::nginx_with(decisions, upstream, "", "").await
+    }
+
+    /// nginx as [`Self::nginx`], and after each answer its reservation
+    /// named back to floodgate with the units the upstream reported in
+    /// `X-Units-Used` (`post_action`), as the README shows.
+    pub async fn nginx_settling(decisions: &[SocketAddr], upstream: SocketAddr) -> Self {
+        Self::nginx_with(decisions, upstream, NGINX_SETTLE, NGINX_SETTLE_LOCATION).await
+    }
+
+    async fn nginx_with(
+        decisions: &[SocketAddr],
+        upstream: SocketAddr,
+        settle: &str,
+        settle_location: &str,
+    ) -> Self {
         let dir = super::temp_dir("nginx");
         let port = super::free_port();
         let servers: String = decisions
@@ -32,6 +48,8 @@ impl FrontProxy {
             .map(|d| format!("        server {d};\n"))
             .collect();
         let conf = NGINX
+            .replace("{settle}", settle)
+            .replace("{settle_location}", settle_location)
             .replace("{dir}", &dir.display().to_string())
             .replace("{port}", &port.to_string())
             .replace("{decisions}", &servers)
@@ -216,7 +234,7 @@ http {
             add_header RateLimit-Policy $floodgate_policy always;
             error_page 500 = @floodgate_refused;
             proxy_pass http://{upstream};
-        }
+{settle}        }
 
         location = /_floodgate {
             internal;
@@ -242,8 +260,35 @@ http {
             }
             return 503 "the rate limiter cannot decide\n";
         }
-    }
+{settle_location}    }
 }
+"#;
+
+/// In the API's location: keep the decision's reservation, and name it
+/// back once the answer has gone out.
+const NGINX_SETTLE: &str = r#"            auth_request_set $floodgate_reservation $upstream_http_floodgate_reservation;
+            post_action @floodgate_settle;
+"#;
+
+/// The settlement: the request described again, the reservation, and the
+/// units the upstream reported (`$sent_http_…`: the answer's own field,
+/// which `$upstream_http_…` no longer is once this location proxies).
+const NGINX_SETTLE_LOCATION: &str = r#"
+        location @floodgate_settle {
+            proxy_pass http://floodgate_decisions;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header Floodgate-Settle $floodgate_reservation;
+            proxy_set_header X-Units-Used $sent_http_x_units_used;
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Original-Method $request_method;
+            proxy_set_header X-Forwarded-Uri "";
+            proxy_set_header X-Forwarded-Method "";
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        }
 "#;
 
 /// Caddy in front of an API: `forward_auth`'s expanded form, so that a

@@ -54,6 +54,7 @@ fn show_logs() {
 /// - `/upload` reads the body as it streams and answers its length;
 /// - `/hop` answers with hop-by-hop headers that must not reach the client;
 /// - `/status?code=N` answers with status N;
+/// - `/units?n=N` reports N units used in `X-Units-Used`;
 /// - `/close` answers with `Connection: close` and closes the connection.
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -197,6 +198,13 @@ async fn upstream_answer(req: Request<Incoming>) -> Result<Response<UpstreamBody
             return Ok(Response::builder()
                 .header("connection", "close")
                 .body(full("closing".into()))
+                .expect("response"));
+        }
+        "/units" => {
+            let n = query_number(&req, "n");
+            return Ok(Response::builder()
+                .header("x-units-used", n)
+                .body(full("used".into()))
                 .expect("response"));
         }
         "/status" => {

@@ -27,9 +27,11 @@
 //! client's own values never reach floodgate as the proxy's.
 //!
 //! What the proxy listener does and this does not: no concurrency cap (the
-//! request's end is never seen), no body (a route reserving usage from a
-//! JSON body reserves its default), and a metered route's reservation
-//! stands as charged (no answer reports its units).
+//! request's end is never seen), and no body (a route reserving usage from
+//! a JSON body reserves its default). A metered route's reservation is
+//! named in the answer (`Floodgate-Reservation`) for the front proxy to
+//! name back with the units the upstream reported (`Floodgate-Settle`,
+//! see `settled`); never named back, it stands as charged.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -38,12 +40,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Ur
 use hyper::body::Incoming;
 
 use super::{Context, check_head};
+use crate::gate::metering::Reservation;
 use crate::gate::shared::Shared;
+use crate::limit::Charge;
 use crate::proxy::{Body, Peer};
 use crate::refusal::Refusal;
 use crate::response;
 use crate::routes::request_paths;
-use crate::usage::Unreported;
 
 const X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri");
 const X_FORWARDED_URI: HeaderName = HeaderName::from_static("x-forwarded-uri");
@@ -51,6 +54,10 @@ const X_ORIGINAL_METHOD: HeaderName = HeaderName::from_static("x-original-method
 const X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// On an admitted request of a metered route: its reservation, to name back.
+const FLOODGATE_RESERVATION: HeaderName = HeaderName::from_static("floodgate-reservation");
+/// On a settlement: the reservation settled.
+const FLOODGATE_SETTLE: HeaderName = HeaderName::from_static("floodgate-settle");
 
 /// The answer to a front proxy's question about one request from `peer`:
 /// 200 with the `RateLimit` fields when it may pass, the 429 a client of
@@ -72,16 +79,21 @@ pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
     }
     let (mut head, _body) = request.into_parts();
     let rules = shared.rules.load_full();
-    let client = if peer.trusted {
-        match original(&mut head) {
-            Ok(client) => client,
-            Err(refusal) => {
-                shared.metrics.refused(&refusal);
-                return refusal.into_response();
-            }
+    let settling = head.headers.contains_key(&FLOODGATE_SETTLE);
+    let client = match (peer.trusted, settling) {
+        (true, _) => original(&mut head),
+        (false, false) => Ok(peer.addr),
+        (false, true) => Err(Refusal::client(
+            StatusCode::FORBIDDEN,
+            "only the peers in decision_peers may settle reservations",
+        )),
+    };
+    let client = match client {
+        Ok(client) => client,
+        Err(refusal) => {
+            shared.metrics.refused(&refusal);
+            return refusal.into_response();
         }
-    } else {
-        peer.addr
     };
     let client = Peer::new(
         client,
@@ -98,7 +110,12 @@ pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
         head.version,
         Some(0),
     );
-    let response = match decided(&mut cx, head).await {
+    let answered = if settling {
+        Box::pin(settled(&mut cx, head)).await
+    } else {
+        decided(&mut cx, head).await
+    };
+    let response = match answered {
         Ok(response) => response,
         Err(refusal) => cx.refused(refusal),
     };
@@ -120,15 +137,113 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
         Ok(allowed) => allowed,
         Err(denial) => return Ok(denial),
     };
-    // Nothing reports a decided request's units: its reservation stands.
-    if let Some(reservation) = cx.reservation.take() {
-        reservation.stood(Unreported::Missing);
-    }
     let mut answer = Response::new(Body::empty());
+    // A metered route's reservation, for the front proxy to name back
+    // with the units the answer used (see `settled`); unsettled, it
+    // stands as charged.
+    if let Some(reservation) = cx.reservation.take()
+        && let Ok(token) = HeaderValue::from_str(&reservation.token())
+    {
+        answer.headers_mut().insert(FLOODGATE_RESERVATION, token);
+    }
     if let Some((d, policy)) = &allowed {
         response::annotate(answer.headers_mut(), found.route, policy.as_ref(), d);
     }
     Ok(answer)
+}
+
+/// A settlement: the front proxy names a reservation (`Floodgate-Settle:
+/// ROUTE:AT_MS:RESERVED`, from the decision's `Floodgate-Reservation`),
+/// describes the request again as for its decision, and passes the
+/// answer's report fields as the route's `usage` reads them (`report =
+/// "header"`). The request is identified again (the same route, client,
+/// plan and keys) and the reservation settled to the reported units in
+/// the same keys: 200 with the settled `RateLimit` fields; 422 when
+/// nothing was settled (no report, or the store could not take it), and
+/// the reservation stands.
+async fn settled(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>, Refusal> {
+    let token = head
+        .headers
+        .get(&FLOODGATE_SETTLE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Token::parse)
+        .ok_or_else(|| bad("Floodgate-Settle must be the ROUTE:AT_MS:RESERVED of a decision's Floodgate-Reservation"))?;
+    let host = check_head(&head)?;
+    let rules = cx.shared.rules.load_full();
+    let (_, matched_path) = request_paths(head.uri.path(), rules.escaped_slashes)?;
+    let found = cx.route(&rules, &head, host, &matched_path)?;
+    if *found.route.name != *token.route {
+        return Err(Refusal::client(
+            StatusCode::CONFLICT,
+            format!(
+                "the reservation is route \"{}\"'s and the request is on route \"{}\" (the rules changed since?): it stands",
+                token.route, found.route.name
+            ),
+        ));
+    }
+    let (Some(usage), Some(Some(metering))) = (&found.route.usage, rules.metering.get(found.index))
+    else {
+        return Err(bad("the route has no usage: there is nothing to settle"));
+    };
+    let mut who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
+    let policy = who.policy.take();
+    let (Some(client), Some(policy)) = (&who.client, policy) else {
+        return Err(bad(
+            "the request is not limited (exempt, or no limits): there is nothing to settle",
+        ));
+    };
+    let charge = Charge {
+        route: &found.route.name,
+        client,
+        limits: &policy.limits,
+        keys: &who.keys,
+        cost: token.reserved,
+        settle: None,
+    };
+    let reservation = Reservation::resumed(usage, metering, &charge, token.at_ms, token.local);
+    match reservation
+        .settle_from_head(200, &cx.shared.limiter, &head.headers)
+        .await
+    {
+        Some(settled) => {
+            let mut answer = Response::new(Body::empty());
+            response::annotate(answer.headers_mut(), found.route, &policy, &settled);
+            Ok(answer)
+        }
+        None => Err(Refusal::client(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not settled: the request reports no units as the route's usage reads them, or the store could not take it; the reservation stands",
+        )),
+    }
+}
+
+/// A reservation as a front proxy names it back.
+struct Token {
+    route: Box<str>,
+    at_ms: u64,
+    reserved: u64,
+    local: bool,
+}
+
+impl Token {
+    /// `ROUTE:AT_MS:RESERVED`, and `:local` (see `Reservation::token`).
+    fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split(':');
+        let route = parts.next().filter(|r| !r.is_empty())?;
+        let at_ms = parts.next()?.parse().ok()?;
+        let reserved = parts.next()?.parse().ok()?;
+        let local = match parts.next() {
+            None => false,
+            Some("local") => true,
+            Some(_) => return None,
+        };
+        parts.next().is_none().then(|| Self {
+            route: route.into(),
+            at_ms,
+            reserved,
+            local,
+        })
+    }
 }
 
 /// The original request as a listed front proxy describes it, put in
