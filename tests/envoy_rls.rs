@@ -323,3 +323,60 @@ async fn a_shadow_descriptor_counts_and_never_refuses_the_others() {
     assert_eq!(redis.logged_each(&count("per-user")).await, [2]);
     assert_eq!(redis.logged_each(&count("trial")).await, [1]);
 }
+
+#[tokio::test]
+async fn a_descriptor_entry_chooses_the_plan_whose_limits_apply() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("rls-plans");
+    let toml = rls(&redis, &prefix, r#""127.0.0.1/32""#)
+        .route(
+            Route::new("tiered")
+                .decided_only()
+                .line(r#"descriptor = { domain = "edge", entries = ["account", "tier"], plan = "tier" }"#)
+                .line(r#"plans = ["free", "pro"]"#),
+        )
+        .tables(
+            "[plan_selection]\nby = { from = \"header\", name = \"X-Plan\" }\ndefault = \"free\"\n\n\
+             [plans.free]\nlimits = [{ algorithm = \"sliding_log\", limit = 2, window = \"1h\" }]\n\n\
+             [plans.pro]\nlimits = [{ algorithm = \"sliding_log\", limit = 5, window = \"1h\" }]\n",
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let on = |account: &str, tier: &str| {
+        call(&[json!({ "entries": [["account", account], ["tier", tier]] })])
+    };
+    let mut calls = Vec::new();
+    calls.extend((0..3).map(|_| on("a1", "free")));
+    calls.extend((0..6).map(|_| on("a2", "pro")));
+    // A plan the selection does not know: its default, free.
+    calls.extend((0..3).map(|_| on("a3", "gold")));
+    let answers = ask(&gate, &calls).await;
+    assert_eq!(
+        codes(&answers),
+        [
+            "OK",
+            "OK",
+            "OVER_LIMIT", // free: 2
+            "OK",
+            "OK",
+            "OK",
+            "OK",
+            "OK",
+            "OVER_LIMIT", // pro: 5
+            "OK",
+            "OK",
+            "OVER_LIMIT", // the default
+        ],
+        "{answers:#?}"
+    );
+    let remaining: Vec<u64> = answers
+        .iter()
+        .map(|a| a["statuses"][0]["remaining"].as_u64().unwrap_or(99))
+        .collect();
+    assert_eq!(remaining, [1, 0, 0, 4, 3, 2, 1, 0, 0, 1, 0, 0]);
+    // Counted per account, not per account and tier.
+    let count = format!("{prefix}:{{tiered:*}}:0:sliding_log:*");
+    let mut each = redis.logged_each(&count).await;
+    each.sort_unstable();
+    assert_eq!(each, [2, 2, 5]);
+}

@@ -21,6 +21,8 @@ use crate::routes::Descriptor;
 pub(super) struct DescriptorModel {
     domain: Spanned<String>,
     entries: Spanned<Vec<Spanned<String>>>,
+    /// The key of the entry whose value names the route's plan.
+    plan: Option<Spanned<String>>,
 }
 
 impl Validator<'_> {
@@ -43,7 +45,7 @@ impl Validator<'_> {
             );
             ok = false;
         }
-        for (key, given) in m.not_with_descriptor() {
+        for (key, given) in m.not_with_descriptor(d.plan.is_some()) {
             self.problem(
                 given,
                 format!("{key} has no meaning on a descriptor route: {}", why(key)),
@@ -90,10 +92,31 @@ impl Validator<'_> {
             }
             entries.push((key.into(), value.map(Into::into)));
         }
+        if let Some(plan) = &d.plan {
+            let key = plan.get_ref().as_str();
+            if !entries
+                .iter()
+                .any(|(k, v): &(Box<str>, Option<Box<str>>)| &**k == key && v.is_none())
+            {
+                self.problem(
+                    plan.span(),
+                    format!("plan names the entry whose value chooses the plan: {key:?} must be one of entries, without a fixed value"),
+                );
+                ok = false;
+            }
+            if !m.has_plans() {
+                self.problem(
+                    plan.span(),
+                    "plan chooses among the route's plans, and it has none: give it plans = [...]",
+                );
+                ok = false;
+            }
+        }
         ok.then(|| {
             Some(Descriptor {
                 domain: d.domain.get_ref().as_str().into(),
                 entries,
+                plan: d.plan.as_ref().map(|p| p.get_ref().as_str().into()),
             })
         })
     }
@@ -152,7 +175,9 @@ fn why(key: &str) -> &'static str {
         "match" => "Envoy's descriptors choose it, never an HTTP request",
         "upstream" | "respond" | "standing" => "it is only decided, never forwarded or answered",
         "client" => "whose count it is comes from the values of the entries it does not fix",
-        "plans" => "a descriptor carries no header or token to choose a plan by",
+        "plans" => {
+            "a descriptor carries no header or token to choose a plan by; name the entry that does (descriptor = { …, plan = \"KEY\" })"
+        }
         "usage" => "a descriptor carries no answer to report units",
         _ => "floodgate never sees the request's end",
     }

@@ -56,7 +56,10 @@ pub(super) struct RouteModel {
 
 impl RouteModel {
     /// The keys given that a descriptor route cannot have, with where.
-    pub(super) fn not_with_descriptor(&self) -> Vec<(&'static str, Range<usize>)> {
+    pub(super) fn not_with_descriptor(
+        &self,
+        plans_allowed: bool,
+    ) -> Vec<(&'static str, Range<usize>)> {
         let span = |s: Option<Range<usize>>| s;
         [
             ("match", span(self.matcher.as_ref().map(Spanned::span))),
@@ -64,13 +67,24 @@ impl RouteModel {
             ("respond", self.respond.as_ref().map(Spanned::span)),
             ("standing", self.standing.as_ref().map(Spanned::span)),
             ("client", self.client.as_ref().map(Spanned::span)),
-            ("plans", self.plans.as_ref().map(Spanned::span)),
+            (
+                "plans",
+                self.plans
+                    .as_ref()
+                    .filter(|_| !plans_allowed)
+                    .map(Spanned::span),
+            ),
             ("usage", self.usage.as_ref().map(Spanned::span)),
             ("concurrency", self.concurrency.as_ref().map(Spanned::span)),
         ]
         .into_iter()
         .filter_map(|(key, at)| Some((key, at?)))
         .collect()
+    }
+
+    /// The route names plans.
+    pub(super) fn has_plans(&self) -> bool {
+        self.plans.as_ref().is_some_and(|p| !p.get_ref().is_empty())
     }
 
     /// The `key` of each of the route's own limits that has one.
@@ -351,9 +365,19 @@ impl Validator<'_> {
         let strip_prefix = self.strip_prefix(m, matcher.as_ref());
         let descriptor = self.route_descriptor(m, defaults.decisions);
         let (policy, plans, overrides) = limits?;
-        let policy = match &descriptor {
-            Some(Some(_)) => self.descriptor_policy(name, policy, span.clone())?,
-            _ => policy,
+        let (policy, plans) = match &descriptor {
+            Some(Some(_)) => {
+                let policy = self.descriptor_policy(name, policy, span.clone());
+                let plans: Option<Vec<Option<Policy>>> = plans
+                    .into_iter()
+                    .map(|plan| match plan {
+                        Some(p) => self.descriptor_policy(name, p, span.clone()).map(Some),
+                        None => Some(None),
+                    })
+                    .collect();
+                (policy?, plans?)
+            }
+            _ => (policy, plans),
         };
         Some(Route {
             descriptor: descriptor?,

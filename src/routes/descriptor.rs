@@ -14,6 +14,9 @@ pub struct Descriptor {
     pub domain: Box<str>,
     /// Each entry's key, and its value when the route fixes it.
     pub entries: Vec<(Box<str>, Option<Box<str>>)>,
+    /// The key of the entry whose value names the route's plan (one of
+    /// `entries`, not fixed), if plans are chosen by one.
+    pub plan: Option<Box<str>>,
 }
 
 impl Descriptor {
@@ -32,9 +35,20 @@ impl Descriptor {
             .all(|((key, fixed), (k, v))| **key == *k && fixed.as_deref().is_none_or(|f| f == v))
     }
 
+    /// The plan a descriptor it matches names, by its `plan` entry's value.
+    pub fn plan<'e>(
+        &self,
+        mut entries: impl Iterator<Item = (&'e str, &'e str)>,
+    ) -> Option<&'e str> {
+        let plan = self.plan.as_deref()?;
+        entries
+            .find(|(key, _)| *key == plan)
+            .map(|(_, value)| value)
+    }
+
     /// Whose count a descriptor it matches is: the values of the entries
-    /// not fixed here, in order (one value is the id itself); the whole
-    /// route when every value is fixed. A value longer than `max_len` is
+    /// not fixed here (nor naming the plan), in order (one value is the id
+    /// itself); the whole route when every value is fixed. A value longer than `max_len` is
     /// counted by its SHA-256.
     pub fn client<'e>(
         &self,
@@ -45,7 +59,7 @@ impl Descriptor {
             .entries
             .iter()
             .zip(entries)
-            .filter(|((_, fixed), _)| fixed.is_none())
+            .filter(|((key, fixed), _)| fixed.is_none() && Some(key) != self.plan.as_ref())
             .map(|(_, (_, value))| {
                 if value.len() > max_len {
                     ClientId::digest_of(value)
@@ -73,6 +87,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).into(), v.map(Into::into)))
                 .collect(),
+            plan: None,
         }
     }
 
@@ -106,6 +121,16 @@ mod tests {
             two.client([("org", "acme"), ("user", "ann")].into_iter(), 256),
             ClientId::Composite(vec![ClientId::header("acme"), ClientId::header("ann")].into())
         );
+        let planned = Descriptor {
+            plan: Some("tier".into()),
+            ..descriptor(&[("user", None), ("tier", None)])
+        };
+        let sent = [("user", "ann"), ("tier", "pro")];
+        assert_eq!(
+            planned.client(sent.iter().copied(), 256),
+            ClientId::header("ann")
+        );
+        assert_eq!(planned.plan(sent.iter().copied()), Some("pro"));
         let long = "x".repeat(300);
         assert_eq!(
             two.client([("org", long.as_str()), ("user", "ann")].into_iter(), 256),

@@ -119,6 +119,7 @@ impl Context<'_> {
         for d in &request.descriptors {
             if let Some((index, route)) = on_route(&rules, request, d)
                 && route.policy.limits.is_empty()
+                && route.plans.iter().all(Option::is_none)
             {
                 rules.metrics[index].count(Outcome::Allowed);
             }
@@ -347,11 +348,19 @@ fn matched<'r>(
         let Some(descriptor) = &route.descriptor else {
             continue;
         };
-        if route.policy.limits.is_empty() {
+        let entries = || d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+        let client = descriptor.client(entries(), route.client.max_len);
+        // The plan the descriptor names, else the selection's default.
+        let plan = rules.routes.plan_selection.as_ref().and_then(|selection| {
+            descriptor
+                .plan(entries())
+                .and_then(|name| selection.names.iter().position(|n| **n == *name))
+                .or(selection.default)
+        });
+        let chosen = route.policy_for(&client, &HeaderMap::new(), plan);
+        if chosen.limits.is_empty() {
             continue;
         }
-        let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-        let client = descriptor.client(entries, route.client.max_len);
         let hits = d
             .hits_addend
             .as_ref()
@@ -364,14 +373,10 @@ fn matched<'r>(
                 "descriptors counting different hits_addend cannot be decided all or nothing; send them in separate requests",
             );
         }
-        let policy = if route.policy.per_request() {
-            Cow::Owned(
-                route
-                    .policy
-                    .for_request(&HeaderMap::new(), crate::clock::now_ms()),
-            )
+        let policy = if chosen.per_request() {
+            Cow::Owned(chosen.for_request(&HeaderMap::new(), crate::clock::now_ms()))
         } else {
-            Cow::Borrowed(&route.policy)
+            Cow::Borrowed(chosen)
         };
         let count = policy.limits.len();
         matched.push(Matched {
