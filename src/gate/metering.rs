@@ -113,27 +113,13 @@ impl Reservation {
         decision: &Decision,
     ) -> Self {
         metering.metrics.reserved.inc_by(charge.cost);
-        Self {
-            settings: Arc::clone(settings),
-            tally: Arc::new(Tally::new(charge.cost)),
-            metering: Arc::clone(metering),
-            settlement: Settlement {
-                at_ms: decision.at_ms,
-                reserved: charge.cost,
-                local: decision.local,
-                grant: false,
-            },
-            route: Arc::clone(charge.route),
-            client: charge.client.clone(),
-            limits: charge.limits.into(),
-            keys: charge.keys.into(),
-            status: 0,
-        }
+        Self::resumed(settings, metering, charge, decision.at_ms, decision.local)
     }
 
-    /// A reservation a front proxy names back for its settlement (see
-    /// [`Self::token`]), for `charge` as its request is identified again;
-    /// its units were counted as reserved when it was made.
+    /// The reservation of `charge` decided at `at_ms` (in this instance's
+    /// memory when `local`), not counted as reserved again: what
+    /// [`Self::new`] makes, and what a front proxy names back for its
+    /// settlement (see [`Self::token`]), its request identified again.
     pub(super) fn resumed(
         settings: &Arc<Settings>,
         metering: &Arc<Metering>,
