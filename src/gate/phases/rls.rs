@@ -14,9 +14,9 @@
 //! charge: the request passes when all allow, and then all are consumed;
 //! refused, nothing is consumed anywhere (envoyproxy/ratelimit counts the
 //! hits in the descriptors that allowed). Descriptors on `shadow` routes
-//! are a charge of their own, which counts and never refuses. Descriptors that count different
-//! numbers of hits cannot be one charge, so such a request is refused as
-//! invalid rather than decided in parts.
+//! are a charge of their own, which counts and never refuses. Descriptors
+//! that count different numbers of hits cannot be one charge, so such a
+//! request is refused as invalid rather than decided in parts.
 //!
 //! **The answer**: the overall code; per descriptor, its code (over limit
 //! when its own limits could not take its hits), its most constrained
@@ -61,8 +61,14 @@ struct Matched<'r> {
     policy: Cow<'r, Policy>,
     client: ClientId,
     hits: u64,
-    /// Its limits' positions in the combined charge.
-    first: usize,
+}
+
+/// A request's descriptors as its routes see them.
+struct Descriptors<'r> {
+    /// Those on routes whose limits (or chosen plan's) count them.
+    limited: Vec<Matched<'r>>,
+    /// The routes of those whose limits are none: allowed, counted nowhere.
+    unlimited: Vec<usize>,
 }
 
 /// Answers one call on the decision listener that speaks gRPC: the rate
@@ -112,25 +118,20 @@ impl Context<'_> {
     async fn should_rate_limit(&mut self, request: &RateLimitRequest) -> Response<Body> {
         let rules = self.shared.rules.load_full();
         let mut statuses = vec![ok_status(); request.descriptors.len()];
-        let matched = match matched(&rules, request) {
-            Ok(matched) => matched,
+        let Descriptors { limited, unlimited } = match matched(&rules, request) {
+            Ok(descriptors) => descriptors,
             Err(message) => return response::grpc_status(INVALID_ARGUMENT, message),
         };
-        for d in &request.descriptors {
-            if let Some((index, route)) = on_route(&rules, request, d)
-                && route.policy.limits.is_empty()
-                && route.plans.iter().all(Option::is_none)
-            {
-                rules.metrics[index].count(Outcome::Allowed);
-            }
+        for index in unlimited {
+            rules.metrics[index].count(Outcome::Allowed);
         }
         // Shadow routes count and never refuse: decided on their own, so
         // that a shadow limit never refuses the others' descriptors.
         let (enforced, shadowed): (Vec<_>, Vec<_>) =
-            matched.into_iter().partition(|m| !m.route.shadow);
+            limited.into_iter().partition(|m| !m.route.shadow);
         let mut over = false;
         let mut fields = HeaderMap::new();
-        for (group, shadow) in [(placed(enforced), false), (placed(shadowed), true)] {
+        for (group, shadow) in [(enforced, false), (shadowed, true)] {
             let Some(first) = group.first() else {
                 continue;
             };
@@ -191,24 +192,20 @@ impl Context<'_> {
         let Some(first) = group.first() else {
             return Ok(None);
         };
+        // Each descriptor's limits, placed one after another in the charge.
+        let mut owns = Vec::with_capacity(group.len());
         let mut keys: Vec<CountKey> = Vec::new();
         for m in group {
-            for j in 0..m.policy.limits.len() {
-                // A descriptor route names every limit's count (config).
-                let (scope, entry, index, id) = match m.policy.counting.get(j) {
-                    Some(c) => (
-                        &c.scope,
-                        &c.entry,
-                        c.index,
-                        match c.key {
-                            KeySource::Rule(_) => ClientId::Global,
-                            KeySource::Client => m.client.clone(),
-                        },
-                    ),
-                    None => (&m.route.name, &m.route.name, j, m.client.clone()),
+            owns.push(keys.len()..keys.len() + m.policy.limits.len());
+            // A descriptor route names every limit's count, as the
+            // descriptor's values or the whole route (config checks it).
+            keys.extend(m.policy.counting.iter().map(|c| {
+                let id = match c.key {
+                    KeySource::Rule(_) => ClientId::Global,
+                    KeySource::Client => m.client.clone(),
                 };
-                keys.push(CountKey::new(scope, entry, index, id));
-            }
+                CountKey::new(&c.scope, &c.entry, c.index, id)
+            }));
         }
         // One descriptor's limits are its route's policy as it is; several
         // descriptors' are put together (named, for the fields).
@@ -254,8 +251,8 @@ impl Context<'_> {
         } else {
             Outcome::Denied
         };
-        for m in group {
-            let own = m.first..m.first + m.policy.limits.len();
+        for (m, own) in group.iter().zip(&owns) {
+            let own = own.clone();
             if let Some(slot) = statuses.get_mut(m.at) {
                 *slot = status(
                     &combined.limits[own.clone()],
@@ -271,8 +268,9 @@ impl Context<'_> {
         if !decision.allowed {
             let refusing = group
                 .iter()
-                .find(|m| (m.first..m.first + m.policy.limits.len()).contains(&decision.limit))
-                .unwrap_or(first);
+                .zip(&owns)
+                .find(|(_, own)| own.contains(&decision.limit))
+                .map_or(first, |(m, _)| m);
             let quota = combined.limits.get(decision.limit).map_or(0, |l| l.limit);
             if shadow {
                 self.shared
@@ -332,15 +330,15 @@ fn on_route<'r>(
     rules.routes.for_descriptor(&request.domain, entries)
 }
 
-/// The request's descriptors that are on routes with limits, with whose
-/// count each is and its hits, their limits placed one after another; or
-/// why the request cannot be one charge.
+/// The request's descriptors on routes: with whose count each is, its
+/// limits and its hits where any limit counts it; or why the request
+/// cannot be one charge.
 fn matched<'r>(
     rules: &'r Rules,
     request: &RateLimitRequest,
-) -> Result<Vec<Matched<'r>>, &'static str> {
+) -> Result<Descriptors<'r>, &'static str> {
     let mut matched: Vec<Matched<'r>> = Vec::new();
-    let mut first = 0;
+    let mut unlimited = Vec::new();
     for (at, d) in request.descriptors.iter().enumerate() {
         let Some((index, route)) = on_route(rules, request, d) else {
             continue;
@@ -359,6 +357,7 @@ fn matched<'r>(
         });
         let chosen = route.policy_for(&client, &HeaderMap::new(), plan);
         if chosen.limits.is_empty() {
+            unlimited.push(index);
             continue;
         }
         let hits = d
@@ -378,7 +377,6 @@ fn matched<'r>(
         } else {
             Cow::Borrowed(chosen)
         };
-        let count = policy.limits.len();
         matched.push(Matched {
             at,
             index,
@@ -386,21 +384,12 @@ fn matched<'r>(
             policy,
             client,
             hits,
-            first,
         });
-        first += count;
     }
-    Ok(matched)
-}
-
-/// `group` with its limits placed one after another from the start.
-fn placed(mut group: Vec<Matched<'_>>) -> Vec<Matched<'_>> {
-    let mut first = 0;
-    for m in &mut group {
-        m.first = first;
-        first += m.policy.limits.len();
-    }
-    group
+    Ok(Descriptors {
+        limited: matched,
+        unlimited,
+    })
 }
 
 /// A descriptor's status: over limit when its own limits could not take
