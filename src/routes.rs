@@ -22,7 +22,7 @@ mod plans;
 mod policy;
 mod template;
 
-pub use descriptor::Descriptor;
+pub use descriptor::{Descriptor, Entry as DescriptorEntry};
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};
 pub use policy::{

@@ -14,7 +14,7 @@ use toml::Spanned;
 
 use super::Validator;
 use super::routes::RouteModel;
-use crate::routes::Descriptor;
+use crate::routes::{Descriptor, DescriptorEntry};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,36 +68,12 @@ impl Validator<'_> {
             );
             ok = false;
         }
-        if d.entries.get_ref().is_empty() {
-            self.problem(
-                d.entries.span(),
-                "entries is empty: list the descriptor's keys in order, each \"key\" (counted per value) or \"key=value\"",
-            );
-            ok = false;
-        }
-        let mut entries = Vec::new();
-        for entry in d.entries.get_ref() {
-            let text = entry.get_ref();
-            let (key, value) = match text.split_once('=') {
-                Some((key, value)) => (key, Some(value)),
-                None => (text.as_str(), None),
-            };
-            if key.is_empty() || value.is_some_and(str::is_empty) {
-                self.problem(
-                    entry.span(),
-                    format!("entry {text:?} must be \"key\" or \"key=value\", neither part empty"),
-                );
-                ok = false;
-                continue;
-            }
-            entries.push((key.into(), value.map(Into::into)));
-        }
+        let entries = self.descriptor_entries(&d.entries);
+        ok &= entries.is_some();
+        let entries = entries.unwrap_or_default();
         if let Some(plan) = &d.plan {
             let key = plan.get_ref().as_str();
-            if !entries
-                .iter()
-                .any(|(k, v): &(Box<str>, Option<Box<str>>)| &**k == key && v.is_none())
-            {
+            if !entries.is_empty() && !entries.iter().any(|(k, v)| &**k == key && v.is_none()) {
                 self.problem(
                     plan.span(),
                     format!("plan names the entry whose value chooses the plan: {key:?} must be one of entries, without a fixed value"),
@@ -166,6 +142,42 @@ impl Validator<'_> {
             return None;
         }
         Some(policy)
+    }
+}
+
+impl Validator<'_> {
+    /// A descriptor's entries, each key and its fixed value if any;
+    /// `None` after a problem.
+    fn descriptor_entries(
+        &mut self,
+        list: &Spanned<Vec<Spanned<String>>>,
+    ) -> Option<Vec<DescriptorEntry>> {
+        if list.get_ref().is_empty() {
+            self.problem(
+                list.span(),
+                "entries is empty: list the descriptor's keys in order, each \"key\" (counted per value) or \"key=value\"",
+            );
+            return None;
+        }
+        let mut ok = true;
+        let mut entries = Vec::new();
+        for entry in list.get_ref() {
+            let text = entry.get_ref();
+            let (key, value) = match text.split_once('=') {
+                Some((key, value)) => (key, Some(value)),
+                None => (text.as_str(), None),
+            };
+            if key.is_empty() || value.is_some_and(str::is_empty) {
+                self.problem(
+                    entry.span(),
+                    format!("entry {text:?} must be \"key\" or \"key=value\", neither part empty"),
+                );
+                ok = false;
+                continue;
+            }
+            entries.push((key.into(), value.map(Into::into)));
+        }
+        ok.then_some(entries)
     }
 }
 

@@ -283,3 +283,33 @@ impl Reservation {
         }
     }
 }
+
+/// A reservation as a front proxy names it back (see
+/// [`Reservation::token`]).
+pub(super) struct Token {
+    pub(super) route: Box<str>,
+    pub(super) at_ms: u64,
+    pub(super) reserved: u64,
+    pub(super) local: bool,
+}
+
+impl Token {
+    /// `ROUTE:AT_MS:RESERVED`, and `:local` (see `Reservation::token`).
+    pub(super) fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split(':');
+        let route = parts.next().filter(|r| !r.is_empty())?;
+        let at_ms = parts.next()?.parse().ok()?;
+        let reserved = parts.next()?.parse().ok()?;
+        let local = match parts.next() {
+            None => false,
+            Some("local") => true,
+            Some(_) => return None,
+        };
+        parts.next().is_none().then(|| Self {
+            route: route.into(),
+            at_ms,
+            reserved,
+            local,
+        })
+    }
+}

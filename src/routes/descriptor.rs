@@ -7,13 +7,17 @@
 
 use crate::client::ClientId;
 
+/// One entry a route matches: its key, and its value when the route
+/// fixes it.
+pub type Entry = (Box<str>, Option<Box<str>>);
+
 /// What one route matches of a descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Descriptor {
     /// `RateLimitRequest.domain`.
     pub domain: Box<str>,
     /// Each entry's key, and its value when the route fixes it.
-    pub entries: Vec<(Box<str>, Option<Box<str>>)>,
+    pub entries: Vec<Entry>,
     /// The key of the entry whose value names the route's plan (one of
     /// `entries`, not fixed), if plans are chosen by one.
     pub plan: Option<Box<str>>,

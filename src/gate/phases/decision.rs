@@ -40,7 +40,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Ur
 use hyper::body::Incoming;
 
 use super::{Context, check_head};
-use crate::gate::metering::Reservation;
+use crate::gate::metering::{Reservation, Token};
 use crate::gate::shared::Shared;
 use crate::limit::Charge;
 use crate::proxy::{Body, Peer};
@@ -214,35 +214,6 @@ async fn settled(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
             StatusCode::UNPROCESSABLE_ENTITY,
             "not settled: the request reports no units as the route's usage reads them, or the store could not take it; the reservation stands",
         )),
-    }
-}
-
-/// A reservation as a front proxy names it back.
-struct Token {
-    route: Box<str>,
-    at_ms: u64,
-    reserved: u64,
-    local: bool,
-}
-
-impl Token {
-    /// `ROUTE:AT_MS:RESERVED`, and `:local` (see `Reservation::token`).
-    fn parse(text: &str) -> Option<Self> {
-        let mut parts = text.split(':');
-        let route = parts.next().filter(|r| !r.is_empty())?;
-        let at_ms = parts.next()?.parse().ok()?;
-        let reserved = parts.next()?.parse().ok()?;
-        let local = match parts.next() {
-            None => false,
-            Some("local") => true,
-            Some(_) => return None,
-        };
-        parts.next().is_none().then(|| Self {
-            route: route.into(),
-            at_ms,
-            reserved,
-            local,
-        })
     }
 }
 
