@@ -63,6 +63,16 @@ struct Matched<'r> {
     hits: u64,
 }
 
+/// A group's decision, with what it was made of.
+struct Concluded<'g, 'r> {
+    group: &'g [Matched<'r>],
+    /// Each descriptor's limits' positions in the charge.
+    owns: &'g [std::ops::Range<usize>],
+    combined: &'g Policy,
+    decision: &'g Decision,
+    shadow: bool,
+}
+
 /// A request's descriptors as its routes see them.
 struct Descriptors<'r> {
     /// Those on routes whose limits (or chosen plan's) count them.
@@ -244,6 +254,37 @@ impl Context<'_> {
             }
         };
         let verdicts = self.verdicts(charge, &decision).await;
+        let concluded = Concluded {
+            group,
+            owns: &owns,
+            combined: &combined,
+            decision: &decision,
+            shadow,
+        };
+        self.record(rules, &concluded, verdicts.as_deref(), statuses);
+        Ok(Some((decision, combined)))
+    }
+
+    /// What a group's decision says, written down: each descriptor's
+    /// status and its route's count, the denial (or the shadow one) in the
+    /// log, and the call in the access log.
+    fn record(
+        &mut self,
+        rules: &Rules,
+        concluded: &Concluded<'_, '_>,
+        verdicts: Option<&[Verdict]>,
+        statuses: &mut [envoy::DescriptorStatus],
+    ) {
+        let Concluded {
+            group,
+            owns,
+            combined,
+            decision,
+            shadow,
+        } = *concluded;
+        let Some(first) = group.first() else {
+            return;
+        };
         let outcome = if decision.allowed {
             Outcome::Allowed
         } else if shadow {
@@ -251,14 +292,14 @@ impl Context<'_> {
         } else {
             Outcome::Denied
         };
-        for (m, own) in group.iter().zip(&owns) {
+        for (m, own) in group.iter().zip(owns) {
             let own = own.clone();
             if let Some(slot) = statuses.get_mut(m.at) {
                 *slot = status(
                     &combined.limits[own.clone()],
                     &combined.names[own.clone()],
-                    verdicts.as_ref().map(|v| &v[own.clone()]),
-                    &decision,
+                    verdicts.map(|v| &v[own.clone()]),
+                    decision,
                     own,
                     m.hits,
                 );
@@ -268,7 +309,7 @@ impl Context<'_> {
         if !decision.allowed {
             let refusing = group
                 .iter()
-                .zip(&owns)
+                .zip(owns)
                 .find(|(_, own)| own.contains(&decision.limit))
                 .map_or(first, |(m, _)| m);
             let quota = combined.limits.get(decision.limit).map_or(0, |l| l.limit);
@@ -292,7 +333,6 @@ impl Context<'_> {
                 .get(decision.limit)
                 .map(|n| (n.as_str(), decision.remaining)),
         );
-        Ok(Some((decision, combined)))
     }
 
     /// Each limit's standing after `decision`: the decision itself when
