@@ -168,6 +168,11 @@ async fn a_peer_not_listed_is_decided_as_itself_and_a_listed_one_cannot_be_ambig
     }
     let keys = format!("{prefix}:{{api:*}}:0:sliding_log:*");
     assert_eq!(redis.logged_each(&keys).await, [3]);
+    // Counted as its own address, not the X-Forwarded-For it sent: another
+    // unlisted peer sending the same has a count of its own.
+    let other = get_from(ip([127, 0, 0, 6]), decision, "/api/x", SPOOFED).await;
+    assert_eq!(other.status, 200, "{other:?}");
+    assert_eq!(redis.logged_each(&keys).await, [1, 3]);
     // A listed peer passing both names of the target: refused, nothing
     // counted.
     let ambiguous = get_from(
@@ -204,13 +209,13 @@ async fn a_peer_not_listed_is_decided_as_itself_and_a_listed_one_cannot_be_ambig
     )
     .await;
     assert_eq!(described.status, 200, "{described:?}");
-    assert_eq!(redis.logged_each(&keys).await, [1, 3]);
+    assert_eq!(redis.logged_each(&keys).await, [1, 1, 3]);
     // The proxy listener does not serve a route that is only decided:
     // 404, nothing counted.
     let http = TestClient::http1();
     let direct = http.get(&gate.url("/api/x"), &[]).await;
     assert_eq!(direct.status.as_u16(), 404);
-    assert_eq!(redis.logged_each(&keys).await, [1, 3]);
+    assert_eq!(redis.logged_each(&keys).await, [1, 1, 3]);
 }
 
 #[tokio::test]
