@@ -12,6 +12,9 @@
 #
 #   bench/callgrind.sh [BINARY]     default target/release/floodgate
 #   N1 (default 1000), N2 (default 6000), STORES ("memory redis gateway",
+#   "job": the bare gateway doing floodgate's job in the fewest lines
+#   (bench/gateway, --same-job: a GCRA decision per address, hop-by-hop
+#   fields off, X-Forwarded-*, the upstream's deadline, RateLimit fields),
 #   and "nginx" and "haproxy": each doing the same job as operators run it
 #   for a rate-limited API, see proxy_configs; "decision" and
 #   "decision-redis": the same limit decided on the decision listener, as
@@ -63,7 +66,7 @@ fi
 [ -x "$bin" ] || cargo build --release --locked -q
 gateway=bench/gateway/target/release/bare-gateway
 case " $stores " in
-  *" gateway "*) cargo build --release --locked -q --manifest-path bench/gateway/Cargo.toml ;;
+  *" gateway "* | *" job "*) cargo build --release --locked -q --manifest-path bench/gateway/Cargo.toml ;;
 esac
 
 work=$(mktemp -d)
@@ -116,6 +119,7 @@ instructions() {
   case $store in decision*) decide=1 ;; rls*) decide=1; rls=1 ;; esac
   case $store in
     gateway) run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up") ;;
+    job) run=("$gateway" "127.0.0.1:$listen" "127.0.0.1:$up" --same-job) ;;
     nginx) proxy_configs "$listen"; run=(nginx -c "$work/ngx/nginx.conf" -p "$work/ngx") ;;
     haproxy) proxy_configs "$listen"; run=(haproxy -f "$work/haproxy.cfg" -db) ;;
   esac
@@ -184,6 +188,8 @@ ratio() { # floodgate's row, another row, the target
   fi
 }
 ratio memory gateway "at most 1.30x"
+ratio job gateway "the job at its floor: the gateway doing floodgate's job"
+ratio memory job "floodgate against the smallest gateway doing its job"
 ratio redis gateway "at most 1.45x"
 ratio memory nginx "at most 1.25x, in CPU per request"
 ratio memory haproxy "below 1, in CPU per request"
