@@ -19,7 +19,7 @@ use crate::usage::Meter;
 /// `meter` as it goes out (every frame, then its end, before the line is
 /// written, so the line has the units). None when there is nothing to do.
 pub fn watcher(
-    record: Option<Record>,
+    record: Option<Box<Record>>,
     log: Option<&Arc<AccessLog>>,
     slot: Option<crate::concurrency::Slot>,
     meter: Option<Box<Meter>>,
@@ -42,7 +42,7 @@ pub fn watcher(
 
 /// What an answer's body does beside being sent.
 struct Tail {
-    line: Option<(Record, Arc<AccessLog>)>,
+    line: Option<(Box<Record>, Arc<AccessLog>)>,
     /// The request's concurrency slot, held for its drop: given back when
     /// the body is done with (dropped).
     _slot: Option<crate::concurrency::Slot>,

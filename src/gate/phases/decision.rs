@@ -135,7 +135,7 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
         .await;
     let allowed = match decided? {
         Ok(allowed) => allowed,
-        Err(denial) => return Ok(denial),
+        Err(denial) => return Ok(*denial),
     };
     let mut answer = Response::new(Body::empty());
     // A metered route's reservation, for the front proxy to name back
@@ -147,7 +147,7 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
         answer.headers_mut().insert(FLOODGATE_RESERVATION, token);
     }
     if let Some((d, policy)) = &allowed {
-        response::annotate(answer.headers_mut(), found.route, policy.as_ref(), d);
+        response::annotate(answer.headers_mut(), found.route, policy, d);
     }
     Ok(answer)
 }

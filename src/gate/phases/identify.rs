@@ -2,9 +2,7 @@
 //! limits it falls under (an override's, its plan's or the route's own)
 //! and whose count each of them is.
 
-use std::borrow::Cow;
-
-use super::{Context, Found};
+use super::{Context, Found, Limits};
 use crate::client::{ClientId, client_address, is_in};
 use crate::concurrency::Per;
 use crate::gate::rules::Rules;
@@ -21,7 +19,7 @@ pub(super) struct Identity<'r> {
     /// The limits the request falls under (an override's, its plan's or
     /// the route's own, numbers carried by its token in place), when the
     /// route limits it.
-    pub(super) policy: Option<Cow<'r, Policy>>,
+    pub(super) policy: Option<Limits<'r>>,
     /// Whose count each of those limits is, when not every limit counts
     /// the client on the route (see [`Policy::counting`]).
     pub(super) keys: Vec<CountKey>,
@@ -81,9 +79,11 @@ impl Context<'_> {
                 let policy = route.policy_for(client, headers, plan);
                 let keys = self.keys(rules, policy, client, headers, matched_path)?;
                 let policy = if policy.per_request() {
-                    Cow::Owned(policy.for_request(headers, crate::clock::now_ms()))
+                    Limits::ForRequest(Box::new(
+                        policy.for_request(headers, crate::clock::now_ms()),
+                    ))
                 } else {
-                    Cow::Borrowed(policy)
+                    Limits::Compiled(policy)
                 };
                 (Some(policy), keys)
             }
