@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark: floodgate against nginx, an nginx + Lua + Redis
 # limiter, HAProxy and the floor (bench/gateway: hyper's two HTTP/1.1 codecs
-# and nothing else) on this machine, in one run, judged on CPU per request.
+# and nothing else, and the same doing floodgate's job in the fewest lines)
+# on this machine, in one run, judged on CPU per request.
 #
 # Installs what it needs from the distribution (nginx and its Lua module,
 # haproxy, wrk, redis-server, stress-ng), starts every server on
@@ -9,7 +10,7 @@
 # upstream and Redis to CPU 1 when there are at least two cores, and stops
 # everything it started.
 #
-# Rows 1 to 8 are measured in ROUNDS rounds of SECONDS each, alternated (each
+# Rows 1 to 9 are measured in ROUNDS rounds of SECONDS each, alternated (each
 # round in the reverse order of the one before), twice: on a quiet machine,
 # and with a competing CPU load on both cores (`stress-ng --cpu 2` at nice
 # 19, started and stopped here; LOADED=0 skips that phase). Each cell is the
@@ -18,7 +19,7 @@
 # of Redis, divided by the requests wrk completed; context switches come
 # from /proc/PID/task/*/status, syscalls from `perf stat` in a separate pass
 # (when perf can count them), so that counting them does not weigh on the
-# CPU figures. Rows 9 and 10 (a flooding client, 100 000 clients) run once,
+# CPU figures. Rows 10 and 11 (a flooding client, 100 000 clients) run once,
 # quiet.
 #
 # Prints a markdown table and the targets of bench/RESULTS.md met or
@@ -77,7 +78,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
 
 up=$(port); ngx_proxy=$(port); ngx_limit=$(port); ngx_lua=$(port); hap=$(port)
-fg_mem=$(port); fg_redis=$(port); fg_flood=$(port); fg_keys=$(port); redis_port=$(port); gw=$(port)
+fg_mem=$(port); fg_redis=$(port); fg_flood=$(port); fg_keys=$(port); redis_port=$(port); gw=$(port); job=$(port)
 
 # --- the upstream: a fixed 200 from nginx, on the load generator's core ---
 mkdir -p "$work/up" "$work/proxy" "$work/lua"
@@ -162,6 +163,12 @@ hap_pid=$!
 $server_cpu "$gateway" "127.0.0.1:$gw" "127.0.0.1:$up" & pids+=($!)
 gw_pid=$!
 
+# --- the same gateway doing floodgate's job in the fewest lines: a GCRA
+# decision per address, hop-by-hop fields off, X-Forwarded-*, the
+# upstream's deadline, RateLimit fields (bench/gateway, --same-job) ---
+$server_cpu "$gateway" "127.0.0.1:$job" "127.0.0.1:$up" --same-job & pids+=($!)
+job_pid=$!
+
 # --- floodgate, four ways ---
 floodgate_conf() { # port store client limit
   local store=""
@@ -190,7 +197,7 @@ for f in mem redis flood keys; do
   FLOODGATE_LOG=warn $server_cpu "$bin" --config "$work/$f.toml" 2>>"$work/floodgate.log" & pids+=($!)
   eval "pid_$f=\$!"
 done
-for p in $up $ngx_proxy $ngx_limit $ngx_lua $hap $gw $fg_mem $fg_redis $fg_flood $fg_keys $redis_port; do wait_port "$p"; done
+for p in $up $ngx_proxy $ngx_limit $ngx_lua $hap $gw $job $fg_mem $fg_redis $fg_flood $fg_keys $redis_port; do wait_port "$p"; done
 
 cat >"$work/flood.lua" <<'LUA'
 wrk.headers["X-Client"] = "flooder"
@@ -252,9 +259,9 @@ PY
   tail -1 "$work/samples" | awk '{printf "  %s %s: %d req/s\n", $1, $2, $3}' >&2
 }
 
-declare -A port=([direct]=$up [ngx_proxy]=$ngx_proxy [ngx_limit]=$ngx_limit [ngx_lua]=$ngx_lua [haproxy]=$hap [gateway]=$gw [fg_mem]=$fg_mem [fg_redis]=$fg_redis)
-declare -A server_pid=([direct]=$up_pid [ngx_proxy]=$ngx_pid [ngx_limit]=$ngx_pid [ngx_lua]=$lua_pid [haproxy]=$hap_pid [gateway]=$gw_pid [fg_mem]=$pid_mem [fg_redis]=$pid_redis)
-rows=(direct ngx_proxy ngx_limit ngx_lua haproxy gateway fg_mem fg_redis)
+declare -A port=([direct]=$up [ngx_proxy]=$ngx_proxy [ngx_limit]=$ngx_limit [ngx_lua]=$ngx_lua [haproxy]=$hap [gateway]=$gw [job]=$job [fg_mem]=$fg_mem [fg_redis]=$fg_redis)
+declare -A server_pid=([direct]=$up_pid [ngx_proxy]=$ngx_pid [ngx_limit]=$ngx_pid [ngx_lua]=$lua_pid [haproxy]=$hap_pid [gateway]=$gw_pid [job]=$job_pid [fg_mem]=$pid_mem [fg_redis]=$pid_redis)
+rows=(direct ngx_proxy ngx_limit ngx_lua haproxy gateway job fg_mem fg_redis)
 
 echo "warming up..." >&2
 for key in "${rows[@]}"; do $load_cpu wrk -t1 -c16 -d2s "http://127.0.0.1:${port[$key]}/" >/dev/null; done
@@ -286,7 +293,7 @@ fi
 # per row (apart from the CPU figures, which counting would inflate).
 : >"$work/syscalls"
 if perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
-  for key in ngx_proxy ngx_limit ngx_lua haproxy gateway fg_mem fg_redis; do
+  for key in ngx_proxy ngx_limit ngx_lua haproxy gateway job fg_mem fg_redis; do
     targets=$(tree "${server_pid[$key]}" | tr ' ' ',')
     perf stat -x, -e raw_syscalls:sys_enter -p "$targets" -o "$work/perf.out" -- sleep 3 &
     perf_pid=$!
@@ -298,7 +305,7 @@ if perf stat -e raw_syscalls:sys_enter -- true >/dev/null 2>&1; then
   done
 fi
 
-# Rows 9 and 10, once, quiet.
+# Rows 10 and 11, once, quiet.
 : >"$work/extra"
 before=$(decision_calls)
 sample quiet fg_flood "$fg_flood" "$pid_flood" "$work/flood.lua"
@@ -355,6 +362,7 @@ names = [
     ("ngx_lua", "nginx + Lua, one `EVALSHA` per request over a kept-alive cosocket"),
     ("haproxy", "HAProxy stick table `http_req_rate`, never triggers, `X-Forwarded-*`"),
     ("gateway", "bare hyper gateway (the floor: hyper's two codecs, nothing else)"),
+    ("job", "the same gateway doing floodgate's job in the fewest lines"),
     ("fg_mem", "floodgate, memory store, never triggers"),
     ("fg_redis", "floodgate, Redis store, never triggers"),
 ]
@@ -374,19 +382,19 @@ for i, (row, name) in enumerate(names, 1):
               f"{med(phase, row, 'switches'):.2f} | {sc} | {calls} |")
 flood = rows[("quiet", "fg_flood")]
 admitted = sum(s["n"] - s["bad"] for s in flood)
-print(f"| 9 | floodgate, Redis store, one client flooding | quiet | {med('quiet', 'fg_flood', 'cpu'):.2f} | "
+print(f"| 10 | floodgate, Redis store, one client flooding | quiet | {med('quiet', 'fg_flood', 'cpu'):.2f} | "
       f"{med('quiet', 'fg_flood', 'redis'):.2f} | | {med('quiet', 'fg_flood', 'rps'):.0f} | | | | | "
       f"{ex['flood_calls'].strip()} calls in all |")
-print(f"| 10 | floodgate, Redis store, 100 000 distinct clients | quiet | {med('quiet', 'fg_keys', 'cpu'):.2f} | "
+print(f"| 11 | floodgate, Redis store, 100 000 distinct clients | quiet | {med('quiet', 'fg_keys', 'cpu'):.2f} | "
       f"{med('quiet', 'fg_keys', 'redis'):.2f} | | {med('quiet', 'fg_keys', 'rps'):.0f} | | | | | |")
 print()
 bad = {k: sum(s["bad"] for s in v) for k, v in rows.items() if k[1] not in ("fg_flood",)}
-print(f"- Row 9: {admitted} of {sum(s['n'] for s in flood)} requests admitted (the limit is 10 a minute), "
+print(f"- Row 10: {admitted} of {sum(s['n'] for s in flood)} requests admitted (the limit is 10 a minute), "
       f"the rest answered 429; {ex['flood_calls'].strip()} Redis calls in 2 × the run.")
-print(f"- Row 10: RSS {ex['rss0'].strip()} → {ex['rss1'].strip()} → {ex['rss2'].strip()} KiB over two passes; "
+print(f"- Row 11: RSS {ex['rss0'].strip()} → {ex['rss1'].strip()} → {ex['rss2'].strip()} KiB over two passes; "
       f"{ex['keys'].strip()} keys in Redis; {ex['connections'].strip()} Redis connections in use by the floodgate instances.")
 wrong = {f"{k[0]} {k[1]}": v for k, v in bad.items() if v}
-print(f"- Answers other than 2xx in rows 1–8: {wrong or 'none'}.")
+print(f"- Answers other than 2xx in rows 1–9: {wrong or 'none'}.")
 w = ex["warnings"].strip()
 print("- floodgate logged no warnings (no store failures) during the run." if w == "0"
       else f"- floodgate logged {w} warnings during the run.")
@@ -410,6 +418,9 @@ for phase in phases:
     fm, nl, hp = med(phase, "fg_mem", "cpu"), med(phase, "ngx_limit", "cpu"), med(phase, "haproxy", "cpu")
     line(fm <= 1.25 * nl, f"{phase}: floodgate memory store {fm:.2f} µs ≤ 1.25 × nginx doing the same job {nl:.2f} µs = {1.25 * nl:.2f} µs ({fm / nl:.2f}×)")
     line(fm < hp, f"{phase}: floodgate memory store {fm:.2f} µs < HAProxy doing the same job {hp:.2f} µs ({fm / hp:.2f}×)")
+    jb = med(phase, "job", "cpu")
+    print(f"- beside: {phase}: the hyper gateway doing the same job {jb:.2f} µs ({jb / nl:.2f}× nginx, {jb / hp:.2f}× HAProxy); "
+          f"floodgate memory store {fm / jb:.2f}× it")
 if loaded:
     mr = med("loaded", "fg_mem", "cpu") / m
     gr = med("loaded", "gateway", "cpu") / g
