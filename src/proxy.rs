@@ -100,9 +100,11 @@ impl Forwarder {
     /// refusal; a request body that breaks off is the client's 400, one
     /// that stalls the client's 408. An upgrade the upstream accepts is
     /// spliced on a task that holds what `hold` gives until it ends. The
-    /// endpoint that answered comes back with the response.
+    /// response is written into `out` (once, where the request's caller
+    /// keeps it, rather than moved out through every layer on its way
+    /// back) and comes back lent, with the endpoint that answered.
     #[allow(clippy::too_many_arguments)]
-    pub async fn forward<H: Send + 'static>(
+    pub async fn forward<'o, H: Send + 'static>(
         &self,
         group: &Group,
         timeout: Duration,
@@ -113,7 +115,8 @@ impl Forwarder {
         now: Instant,
         timeouts: ClientSide,
         hold: impl FnOnce() -> H,
-    ) -> Result<(Response<Body>, Arc<Member>), Refusal> {
+        out: &'o mut Option<Response<Body>>,
+    ) -> Result<(&'o mut Response<Body>, Arc<Member>), Refusal> {
         let upgrade = request.version == Version::HTTP_11 && upgrade::requested(&request.headers);
         // The endpoints in force when the request began, through its retry.
         let members = group.members();
@@ -143,22 +146,21 @@ impl Forwarder {
         // another endpoint when there is one); it is still one request
         // against the route's limits.
         let mut tries = 0;
-        let Exchange {
-            mut response,
-            release,
-            switched: sender,
-        } = loop {
+        // Where the exchange is written, once: moved back out of the send
+        // and the deadline, it was copied at each.
+        let mut exchanged = None;
+        loop {
             let endpoint = &member.endpoint;
             let _in_flight = member.begin();
             let pool = self.pools.get_in(member.pool(), endpoint);
             // Pinned here, in this future, rather than moved into the
             // deadline's: a send is large, and every move is a copy.
-            let send = pin!(pool.send(endpoint, head, body, upgrade, now));
+            let send = pin!(pool.send(endpoint, head, body, upgrade, now, &mut exchanged));
             let failure =
                 match by_deadline(send, &peer.head_timer, timeout, now, sent.as_deref()).await {
-                    Some(Ok(exchange)) => {
+                    Some(Ok(())) => {
                         group.succeeded(member);
-                        break exchange;
+                        break;
                     }
                     Some(Err(failure)) => failure,
                     None => {
@@ -189,6 +191,18 @@ impl Forwarder {
                 }
                 _ => return Err(self.refusal(endpoint, timeout, failure.error)),
             }
+        }
+        // Written by every send that succeeds.
+        let Some(Exchange {
+            mut response,
+            release,
+            switched: sender,
+        }) = exchanged
+        else {
+            return Err(Refusal::upstream(
+                StatusCode::BAD_GATEWAY,
+                "the upstream failed to answer",
+            ));
         };
         let endpoint = &member.endpoint;
         let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -215,7 +229,7 @@ impl Forwarder {
         {
             return Err(first_bytes_refusal(member, &e));
         }
-        let response = Response::from_parts(parts, Body::streamed(body));
+        let response = out.insert(Response::from_parts(parts, Body::streamed(body)));
         Ok((response, Arc::clone(&members[chosen])))
     }
 

@@ -173,20 +173,31 @@ pub async fn handle<H: Send + 'static>(
         request.version(),
         bytes_in,
     );
-    let response = match answer(&mut cx, request, hold).await {
-        Ok(response) => response,
-        Err(refusal) => cx.refused(refusal),
+    // The answer is made once, here, and lent to the phases that add to
+    // it: moved out through each layer on its way back, it was copied at
+    // every one.
+    let mut out = None;
+    let refused = answer(&mut cx, request, hold, &mut out).await.err();
+    let response = match (refused, out) {
+        (None, Some(response)) => response,
+        (Some(refusal), _) => cx.refused(refusal),
+        // Not made: `answer` fills `out` whenever it returns `Ok`.
+        (None, None) => cx.refused(Refusal::upstream(
+            StatusCode::BAD_GATEWAY,
+            "no answer was made for the request",
+        )),
     };
     cx.logged(response)
 }
 
-/// The phases from head to annotate: the answer, or what floodgate answers
-/// instead.
+/// The phases from head to annotate: the answer, written into `out`, or
+/// what floodgate answers instead.
 async fn answer<H: Send + 'static>(
     cx: &mut Context<'_>,
     request: Request<Incoming>,
     hold: impl FnOnce() -> H,
-) -> Result<Response<Body>, Refusal> {
+    out: &mut Option<Response<Body>>,
+) -> Result<(), Refusal> {
     // Taken apart once: the head is lent, not moved, on its way upstream.
     let (mut head, body) = request.into_parts();
     let host = check_head(&head)?;
@@ -246,14 +257,16 @@ async fn answer<H: Send + 'static>(
     };
     let allowed = match decided? {
         Ok(allowed) => allowed,
-        Err(denial) => return Ok(*denial),
-    };
-    let mut response = match &found.route.action {
-        Action::Respond(r) => response::respond(r),
-        // Boxed, as the rare path.
-        Action::Standing(names) => {
-            Box::pin(cx.standing(&rules, names, &mut head.headers, &matched_path)).await?
+        Err(denial) => {
+            *out = Some(*denial);
+            return Ok(());
         }
+    };
+    let response = match &found.route.action {
+        Action::Respond(r) => out.insert(response::respond(r)),
+        // Boxed, as the rare path.
+        Action::Standing(names) => out
+            .insert(Box::pin(cx.standing(&rules, names, &mut head.headers, &matched_path)).await?),
         Action::Decide => return Err(decided_elsewhere(found.route)),
         Action::Upstream(upstream) => {
             let forward_path = match found.route.stripped(&forward_path) {
@@ -266,7 +279,7 @@ async fn answer<H: Send + 'static>(
                 target,
                 slot: slot.as_ref(),
             };
-            cx.forward(&rules, &found, exchange, &mut head, body, hold)
+            cx.forward(&rules, &found, exchange, &mut head, body, hold, out)
                 .await?
         }
     };
@@ -287,7 +300,7 @@ async fn answer<H: Send + 'static>(
     // connection's tunnel holds a clone); refusals and denials drop it
     // when this returns.
     cx.slot = slot;
-    Ok(response)
+    Ok(())
 }
 
 // === head ===
@@ -653,10 +666,11 @@ impl Context<'_> {
 
     // --- forward ---
 
-    /// The upstream's answer, timed, counted and logged. Only the
-    /// upstream's own answers count as upstream responses; floodgate's 502
-    /// and 504 are refusals.
-    async fn forward<H: Send + 'static>(
+    /// The upstream's answer, timed, counted and logged, written into
+    /// `out` and lent back. Only the upstream's own answers count as
+    /// upstream responses; floodgate's 502 and 504 are refusals.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward<'o, H: Send + 'static>(
         &mut self,
         rules: &Rules,
         found: &Found<'_>,
@@ -668,7 +682,8 @@ impl Context<'_> {
         head: &mut Parts,
         body: ClientBody,
         hold: impl FnOnce() -> H,
-    ) -> Result<Response<Body>, Refusal> {
+        out: &'o mut Option<Response<Body>>,
+    ) -> Result<&'o mut Response<Body>, Refusal> {
         let Some(group) = rules.upstreams.get(upstream.index) else {
             return Err(Refusal::upstream(
                 StatusCode::BAD_GATEWAY,
@@ -706,6 +721,7 @@ impl Context<'_> {
                 started,
                 client_side,
                 hold,
+                out,
             )
             .await?;
         let took = started.elapsed();
@@ -784,9 +800,13 @@ mod tests {
     /// before the memory store decided without a future of its own, and
     /// 4 456 before the access log's record and the decide phase's results
     /// (a request's own policy, a denial) were held by pointer (3 864).
+    /// The answer and the upstream's exchange each have a place of their
+    /// own in it since, written once rather than moved out through every
+    /// layer (4 264: 400 bytes more state, 420 instructions fewer a
+    /// request).
     #[test]
     fn a_request_future_stays_small() {
-        const MOST: usize = 4_096;
+        const MOST: usize = 4_352;
         let handled =
             |s: &'static Shared, p: &'static Peer, r: Request<Incoming>| handle(s, p, r, || ());
         let size = returned(&handled);

@@ -276,7 +276,9 @@ impl Pool {
     /// Sends `head` and `body` to `upstream` on a pooled connection or a
     /// new one, and waits for the response head. An upgrade (`upgrade`)
     /// goes on an HTTP/1.1 connection. `now` is when the request began:
-    /// connections are judged idle, and later count as idle, from it.
+    /// connections are judged idle, and later count as idle, from it. The
+    /// exchange is written into `out` (where the caller keeps it: moved
+    /// back out through each layer, it was copied at every one).
     pub async fn send(
         self: &Arc<Self>,
         upstream: &Endpoint,
@@ -284,7 +286,8 @@ impl Pool {
         body: RequestBody,
         upgrade: bool,
         now: Instant,
-    ) -> Result<Exchange, SendFailure> {
+        out: &mut Option<Exchange>,
+    ) -> Result<(), SendFailure> {
         let (sender, pooled) = match self.checkout(upgrade, now) {
             Some(sender) => (sender, true),
             None => match self.connect(upstream, upgrade).await {
@@ -298,8 +301,8 @@ impl Pool {
             now,
             pooled,
         };
-        match self.send_on(sender, head, body, attempt).await {
-            Ok(exchange) => Ok(exchange),
+        match self.send_on(sender, head, body, attempt, out).await {
+            Ok(()) => Ok(()),
             Err(Failure::Final(e)) => Err(e.into()),
             // A new connection that broke: the endpoint is likely going
             // away, so the caller may send the request elsewhere.
@@ -325,7 +328,7 @@ impl Pool {
                 };
                 // Broken again: the endpoint is going away; the caller may
                 // send it to another one (and only to another one).
-                self.send_on(fresh, head, body, last)
+                self.send_on(fresh, head, body, last, out)
                     .await
                     .map_err(|f| match f {
                         Failure::Again(again, error) => SendFailure {
@@ -346,7 +349,8 @@ impl Pool {
         head: Head,
         body: RequestBody,
         attempt: Attempt<'_>,
-    ) -> Result<Exchange, Failure> {
+        out: &mut Option<Exchange>,
+    ) -> Result<(), Failure> {
         let Attempt {
             upstream,
             upgrade,
@@ -363,11 +367,12 @@ impl Pool {
                     }
                     Failure::Final(SendError::Failed(e))
                 })?;
-                return Ok(Exchange {
+                *out = Some(Exchange {
                     response,
                     release: None,
                     switched: None,
                 });
+                return Ok(());
             }
             Sender::Http1(sender) => sender,
         };
@@ -375,7 +380,10 @@ impl Pool {
         let again = (idempotent(&head.method) && body.is_end_stream()).then(|| KeptHead::of(&head));
         let request = head.request(Wire::Http1, upstream, body);
         let mut error = match sender.try_send_request(request).await {
-            Ok(response) => return Ok(self.exchange(response, sender, upgrade, now)),
+            Ok(response) => {
+                *out = Some(self.exchange(response, sender, upgrade, now));
+                return Ok(());
+            }
             Err(error) => error,
         };
         match (error.take_message(), again) {
