@@ -415,13 +415,9 @@ fn serve(
     // requests have a service of their own, so that a proxied request's
     // future holds nothing of a decision's.
     match door {
+        // The request's future is `gate::handle`'s own: no layer around it.
         Door::Proxy => connection.spawn(service_fn(move |request| {
-            let client = Arc::clone(&client);
-            async move {
-                let _busy = client.activity.begin();
-                let hold = || Arc::clone(&client);
-                Ok::<_, Infallible>(gate::handle(&client.shared, &client.peer, request, hold).await)
-            }
+            gate::handle(Arc::clone(&client), request)
         })),
         Door::Decisions => connection.spawn(service_fn(move |request| {
             let client = Arc::clone(&client);
@@ -532,6 +528,22 @@ struct Client {
     shared: Arc<Shared>,
     _open: connection::Open,
     _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl gate::Connection for Client {
+    type Busy<'a> = connection::Busy<'a>;
+
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    fn begin(&self) -> connection::Busy<'_> {
+        self.activity.begin()
+    }
 }
 
 /// Answers 408 on a connection whose first request head did not arrive in

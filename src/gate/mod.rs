@@ -26,6 +26,6 @@ pub mod shared;
 pub mod shown;
 
 pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate};
-pub use phases::{decide, handle};
+pub use phases::{Connection, decide, handle};
 pub use rules::{Rules, start_upstreams};
 pub use shared::{Readiness, Shared, StartError};

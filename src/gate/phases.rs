@@ -153,15 +153,32 @@ fn charge<'c>(
     }
 }
 
-/// One request from `peer`: every phase in order, then the log. Every
+/// A client connection as the request phases see it: what every request
+/// needs, the client, and a mark kept on it while a request is in flight.
+/// The server's connections are one; the phases take them whole, so that
+/// a request's future is the service's own, not one more layer inside it.
+pub trait Connection: Send + Sync + 'static {
+    /// Kept while a request is in flight.
+    type Busy<'a>: Send
+    where
+        Self: 'a;
+    /// What every request needs.
+    fn shared(&self) -> &Shared;
+    /// The client at the other end.
+    fn peer(&self) -> &Peer;
+    /// Marks a request in flight until the mark is dropped.
+    fn begin(&self) -> Self::Busy<'_>;
+}
+
+/// One request on `connection`: every phase in order, then the log. Every
 /// answer floodgate makes itself is counted by status and fault. An
-/// upgraded connection's tunnel holds what `hold` gives until it ends.
-pub async fn handle<H: Send + 'static>(
-    shared: &Shared,
-    peer: &Peer,
+/// upgraded connection's tunnel holds the connection until it ends.
+pub async fn handle<C: Connection>(
+    connection: Arc<C>,
     request: Request<Incoming>,
-    hold: impl FnOnce() -> H,
-) -> Response<Body> {
+) -> Result<Response<Body>, std::convert::Infallible> {
+    let _busy = connection.begin();
+    let (shared, peer) = (connection.shared(), connection.peer());
     let grpc = response::is_grpc(request.headers());
     let bytes_in = hyper::body::Body::size_hint(request.body()).exact();
     let mut cx = Context::new(
@@ -173,6 +190,7 @@ pub async fn handle<H: Send + 'static>(
         request.version(),
         bytes_in,
     );
+    let hold = || Arc::clone(&connection);
     // The answer is made once, here, and lent to the phases that add to
     // it: moved out through each layer on its way back, it was copied at
     // every one.
@@ -187,7 +205,7 @@ pub async fn handle<H: Send + 'static>(
             "no answer was made for the request",
         )),
     };
-    cx.logged(response)
+    Ok(cx.logged(response))
 }
 
 /// The phases from head to annotate: the answer, written into `out`, or
@@ -786,10 +804,24 @@ impl Context<'_> {
 mod tests {
     use super::*;
 
+    /// A connection for the size of a request's future.
+    struct Sized;
+
+    impl Connection for Sized {
+        type Busy<'a> = ();
+        fn shared(&self) -> &Shared {
+            unimplemented!("never called: only the future's size is read")
+        }
+        fn peer(&self) -> &Peer {
+            unimplemented!("never called: only the future's size is read")
+        }
+        fn begin(&self) {}
+    }
+
     /// The size of what `f` returns, without calling it.
     fn returned<F, R>(_: &F) -> usize
     where
-        F: Fn(&'static Shared, &'static Peer, Request<Incoming>) -> R,
+        F: Fn(Arc<Sized>, Request<Incoming>) -> R,
     {
         std::mem::size_of::<R>()
     }
@@ -807,9 +839,7 @@ mod tests {
     #[test]
     fn a_request_future_stays_small() {
         const MOST: usize = 4_352;
-        let handled =
-            |s: &'static Shared, p: &'static Peer, r: Request<Incoming>| handle(s, p, r, || ());
-        let size = returned(&handled);
+        let size = returned(&|c: Arc<Sized>, r: Request<Incoming>| handle(c, r));
         assert!(
             size <= MOST,
             "a request's future is {size} bytes, more than {MOST}: box the path that grew it"
