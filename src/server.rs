@@ -1,7 +1,6 @@
 //! The listeners, the accept loop with its connection cap, and graceful
 //! shutdown; each request is handed to [`crate::gate`].
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -420,11 +419,7 @@ fn serve(
             gate::handle(Arc::clone(&client), request)
         })),
         Door::Decisions => connection.spawn(service_fn(move |request| {
-            let client = Arc::clone(&client);
-            async move {
-                let _busy = client.activity.begin();
-                Ok::<_, Infallible>(gate::decide(&client.shared, &client.peer, request).await)
-            }
+            gate::decide(Arc::clone(&client), request)
         })),
     }
 }

@@ -33,15 +33,16 @@
 //! name back with the units the upstream reported (`Floodgate-Settle`,
 //! see `settled`); never named back, it stands as charged.
 
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
-use super::{Context, check_head};
+use super::{Connection, Context, check_head};
 use crate::gate::metering::{Reservation, Token};
-use crate::gate::shared::Shared;
 use crate::limit::Charge;
 use crate::proxy::{Body, Peer};
 use crate::refusal::Refusal;
@@ -59,11 +60,18 @@ const FLOODGATE_RESERVATION: HeaderName = HeaderName::from_static("floodgate-res
 /// On a settlement: the reservation settled.
 const FLOODGATE_SETTLE: HeaderName = HeaderName::from_static("floodgate-settle");
 
-/// The answer to a front proxy's question about one request from `peer`:
-/// 200 with the `RateLimit` fields when it may pass, the 429 a client of
-/// the proxy listener would get when not, or floodgate's refusal (404 with
-/// no route, 503 when the store is down and `on_error` denies).
-pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) -> Response<Body> {
+/// The answer to a front proxy's question about one request on
+/// `connection`: 200 with the `RateLimit` fields when it may pass, the 429
+/// a client of the proxy listener would get when not, or floodgate's
+/// refusal (404 with no route, 503 when the store is down and `on_error`
+/// denies). As for a proxied request, the request's future is this
+/// function's own, with no layer around it.
+pub async fn decide<C: Connection>(
+    connection: Arc<C>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let _busy = connection.begin();
+    let (shared, peer) = (connection.shared(), connection.peer());
     if response::is_grpc(request.headers()) {
         // Descriptors are whatever the caller writes: only a listed
         // peer (Envoy) may spend clients' limits with them.
@@ -73,9 +81,9 @@ pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
                 "only the peers in decision_peers may ask Envoy's rate limit service",
             );
             shared.metrics.refused(&refusal);
-            return refusal.into_grpc_response();
+            return Ok(refusal.into_grpc_response());
         }
-        return Box::pin(super::rls::answer(shared, peer, request)).await;
+        return Ok(Box::pin(super::rls::answer(shared, peer, request)).await);
     }
     let (mut head, _body) = request.into_parts();
     let rules = shared.rules.load_full();
@@ -92,7 +100,7 @@ pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
         Ok(client) => client,
         Err(refusal) => {
             shared.metrics.refused(&refusal);
-            return refusal.into_response();
+            return Ok(refusal.into_response());
         }
     };
     let client = Peer::new(
@@ -119,7 +127,7 @@ pub async fn decide(shared: &Shared, peer: &Peer, request: Request<Incoming>) ->
         Ok(response) => response,
         Err(refusal) => cx.refused(refusal),
     };
-    cx.logged(response)
+    Ok(cx.logged(response))
 }
 
 /// The phases from head to decide, then the answer: 200 (with the
