@@ -5,8 +5,13 @@
 
 /// Milliseconds since the Unix epoch by this machine's clock.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    ms_at(std::time::SystemTime::now())
+}
+
+/// Milliseconds since the Unix epoch at `time` (0 before it), for a caller
+/// that keeps the reading for something else too.
+pub fn ms_at(time: std::time::SystemTime) -> u64 {
+    time.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 

@@ -427,10 +427,7 @@ fn redis_store(
 fn in_memory(memory: &(MemoryStore, StoreMetrics), charge: Charge<'_>) -> Answer {
     let (store, metrics) = memory;
     let started = std::time::SystemTime::now();
-    let now = started
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let decision = store.decide_at(charge, now);
+    let decision = store.decide_at(charge, crate::clock::ms_at(started));
     metrics.decided(StoreKind::Memory, started.elapsed().unwrap_or_default());
     Answer::Decided(decision)
 }
