@@ -50,6 +50,7 @@ impl FrontProxy {
         let conf = NGINX
             .replace("{settle}", settle)
             .replace("{settle_location}", settle_location)
+            .replace("{ask}", NGINX_ASK)
             .replace("{dir}", &dir.display().to_string())
             .replace("{port}", &port.to_string())
             .replace("{decisions}", &servers)
@@ -238,18 +239,7 @@ http {
 
         location = /_floodgate {
             internal;
-            proxy_pass http://floodgate_decisions;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-            proxy_set_header X-Original-URI $request_uri;
-            proxy_set_header X-Original-Method $request_method;
-            proxy_set_header X-Forwarded-Uri "";
-            proxy_set_header X-Forwarded-Method "";
-            proxy_set_header X-Forwarded-Host $host;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-        }
+{ask}        }
 
         location @floodgate_refused {
             add_header RateLimit $floodgate_ratelimit always;
@@ -264,6 +254,22 @@ http {
 }
 "#;
 
+/// How nginx asks floodgate, for a decision and for a settlement alike:
+/// on a kept-alive connection, without the body, the original request
+/// described by the forwarded fields.
+const NGINX_ASK: &str = r#"            proxy_pass http://floodgate_decisions;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header X-Original-URI $request_uri;
+            proxy_set_header X-Original-Method $request_method;
+            proxy_set_header X-Forwarded-Uri "";
+            proxy_set_header X-Forwarded-Method "";
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+"#;
+
 /// In the API's location: keep the decision's reservation, and name it
 /// back once the answer has gone out.
 const NGINX_SETTLE: &str = r#"            auth_request_set $floodgate_reservation $upstream_http_floodgate_reservation;
@@ -275,19 +281,8 @@ const NGINX_SETTLE: &str = r#"            auth_request_set $floodgate_reservatio
 /// which `$upstream_http_…` no longer is once this location proxies).
 const NGINX_SETTLE_LOCATION: &str = r#"
         location @floodgate_settle {
-            proxy_pass http://floodgate_decisions;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-            proxy_set_header Floodgate-Settle $floodgate_reservation;
+{ask}            proxy_set_header Floodgate-Settle $floodgate_reservation;
             proxy_set_header X-Units-Used $sent_http_x_units_used;
-            proxy_set_header X-Original-URI $request_uri;
-            proxy_set_header X-Original-Method $request_method;
-            proxy_set_header X-Forwarded-Uri "";
-            proxy_set_header X-Forwarded-Method "";
-            proxy_set_header X-Forwarded-Host $host;
-            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         }
 "#;
 
