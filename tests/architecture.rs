@@ -337,6 +337,214 @@ fn the_module_map_in_lib_rs_names_every_module() {
     }
 }
 
+/// The house's limit on a source file: past it, a file is split by
+/// question (ARCHITECTURE.md). A check, not a hope: a limit nothing checks
+/// erodes one reasonable exception at a time.
+const MAX_FILE_LINES: usize = 600;
+
+#[test]
+fn no_source_file_is_longer_than_the_house_allows() {
+    let sources: Vec<(String, String)> = rust_files(&Path::new(ROOT).join("src"))
+        .iter()
+        .map(|f| (relative(f), read(f)))
+        .collect();
+    let long = too_long(&sources);
+    assert!(
+        long.is_empty(),
+        "{} file(s) in src/ are past {MAX_FILE_LINES} lines; split each by question:\n{}",
+        long.len(),
+        long.join("\n")
+    );
+}
+
+#[test]
+fn a_file_one_line_past_the_limit_is_reported() {
+    let at_limit = "fn f() {}\n".repeat(MAX_FILE_LINES);
+    let past = format!("{at_limit}// one more\n");
+    let sources = vec![
+        ("src/at_limit.rs".to_owned(), at_limit),
+        ("src/past.rs".to_owned(), past),
+    ];
+    assert_eq!(
+        too_long(&sources),
+        vec![format!("src/past.rs: {} lines", MAX_FILE_LINES + 1)]
+    );
+}
+
+/// The files of `sources` (path, text) past the limit, each with its length.
+fn too_long(sources: &[(String, String)]) -> Vec<String> {
+    sources
+        .iter()
+        .filter_map(|(path, text)| {
+            let lines = text.lines().count();
+            (lines > MAX_FILE_LINES).then(|| format!("{path}: {lines} lines"))
+        })
+        .collect()
+}
+
+#[test]
+fn no_modules_import_each_other_in_a_circle() {
+    let sources: Vec<(String, String)> = rust_files(&Path::new(ROOT).join("src"))
+        .iter()
+        .filter(|f| !matches!(module_of(f).as_str(), "" | "main"))
+        .map(|f| (module_of(f), read(f)))
+        .collect();
+    let circles = circles(&sources);
+    assert!(
+        circles.is_empty(),
+        "{} import circle(s) among sibling modules; one side of each must stop importing the other \
+         (move what both need below them, or pass it in):\n{}",
+        circles.len(),
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn a_planted_circle_is_reported_with_the_imports_that_close_it() {
+    let sources: Vec<(String, String)> = [
+        ("limit", "pub mod leases;\n"),
+        ("limit::leases", "use super::Limit;\nuse crate::metrics::Leases;\n"),
+        ("metrics", "pub fn refused(r: &crate::refusal::Refusal) {}\n"),
+        ("refusal", "use crate::response::Body;\n"),
+        ("response", "use crate::limit::Decision;\n"),
+        ("config::limits", "use super::calendars::Calendar;\n"),
+        ("config::calendars", "use super::limits::LimitModel;\n"),
+        ("config::plans", "use super::limits::LimitModel;\n"),
+        ("config", "use crate::limit::Limit;\n"),
+        ("gate", "use crate::limit::Limiter;\n"),
+    ]
+    .into_iter()
+    .map(|(m, t)| (m.to_owned(), t.to_owned()))
+    .collect();
+    let found = circles(&sources);
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with("config::calendars → config::limits → config::calendars"),
+        "{}",
+        found[0]
+    );
+    assert!(
+        found[1].starts_with("limit → metrics → refusal → response → limit"),
+        "{}",
+        found[1]
+    );
+    assert!(found[1].contains("limit::leases:2 imports metrics::Leases"), "{}", found[1]);
+    // Without the one import that closes it, the circle is gone.
+    let broken: Vec<(String, String)> = sources
+        .into_iter()
+        .filter(|(m, _)| m != "response" && m != "config::limits")
+        .collect();
+    assert_eq!(circles(&broken), Vec::<String>::new());
+}
+
+/// Every circle of imports among sibling modules (children of one parent,
+/// or the top-level modules), each as `a → b → … → a` followed by one import
+/// that makes each step. An import from a module into its own parent or
+/// child is no step: a parent declares and re-exports its children.
+fn circles(sources: &[(String, String)]) -> Vec<String> {
+    use std::collections::BTreeMap;
+    let modules: BTreeSet<&str> = sources.iter().map(|(m, _)| m.as_str()).collect();
+    // (from, to) between siblings → the first import that makes the step.
+    let mut steps: BTreeMap<(String, String), String> = BTreeMap::new();
+    for (module, text) in sources {
+        for import in imports(text, module) {
+            let Some(target) = owning_module(&import.path, &modules) else {
+                continue;
+            };
+            if under(target, module) || under(module, target) {
+                continue;
+            }
+            let (from, to) = siblings_below_common_parent(module, target);
+            steps
+                .entry((from, to))
+                .or_insert_with(|| format!("{module}:{} imports {}", import.line, import.path));
+        }
+    }
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (from, to) in steps.keys() {
+        next.entry(from.as_str()).or_default().push(to.as_str());
+    }
+    let mut found = Vec::new();
+    let mut seen: BTreeSet<BTreeSet<&str>> = BTreeSet::new();
+    for &start in next.keys() {
+        // The shortest way back to `start`, found breadth first.
+        let mut came_from: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        let mut closed = None;
+        while let Some(at) = queue.pop_front() {
+            for &to in next.get(at).map(Vec::as_slice).unwrap_or_default() {
+                if to == start {
+                    closed = Some(at);
+                    break;
+                }
+                if !came_from.contains_key(to) {
+                    came_from.insert(to, at);
+                    queue.push_back(to);
+                }
+            }
+            if closed.is_some() {
+                break;
+            }
+        }
+        let Some(last) = closed else {
+            continue;
+        };
+        let mut path = vec![last];
+        while let Some(&before) = came_from.get(path[path.len() - 1]) {
+            path.push(before);
+        }
+        path.reverse();
+        if path[0] != start {
+            path.insert(0, start);
+        }
+        if !seen.insert(path.iter().copied().collect()) {
+            continue;
+        }
+        let mut circle: Vec<&str> = path.clone();
+        circle.push(start);
+        let evidence: Vec<&str> = circle
+            .windows(2)
+            .map(|w| steps[&(w[0].to_owned(), w[1].to_owned())].as_str())
+            .collect();
+        found.push(format!(
+            "{}\n    {}",
+            circle.join(" → "),
+            evidence.join("\n    ")
+        ));
+    }
+    found.sort();
+    found
+}
+
+/// The deepest module of `modules` that `path` names or is inside.
+fn owning_module<'m>(path: &str, modules: &BTreeSet<&'m str>) -> Option<&'m str> {
+    modules
+        .iter()
+        .filter(|m| under(path, m))
+        .max_by_key(|m| m.len())
+        .copied()
+}
+
+/// For `a::b::c` and `a::d::e`, the children of their common parent that
+/// hold each: `a::b` and `a::d`.
+fn siblings_below_common_parent(a: &str, b: &str) -> (String, String) {
+    let a: Vec<&str> = a.split("::").collect();
+    let b: Vec<&str> = b.split("::").collect();
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    (a[..=common].join("::"), b[..=common].join("::"))
+}
+
+fn relative(file: &Path) -> String {
+    file.strip_prefix(ROOT)
+        .unwrap_or(file)
+        .display()
+        .to_string()
+}
+
+fn read(file: &Path) -> String {
+    std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file:?}: {e}"))
+}
+
 // === reading the sources ===
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

@@ -99,7 +99,7 @@ impl Validator<'_> {
         );
         let burst = match (&m.burst, algorithm) {
             (None, _) => limit,
-            (Some(b), Some(Algorithm::TokenBucket | Algorithm::Gcra)) => self.count(b, "burst"),
+            (Some(b), Some(a)) if a.has_burst() => self.count(b, "burst"),
             (Some(b), Some(other)) => {
                 self.problem(
                     b.span(),

@@ -107,11 +107,10 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 None => window(limit.window_ms),
             };
             let leased = limit.lease.map_or(String::new(), |l| {
-                let of = match limit.algorithm {
-                    crate::limit::Algorithm::TokenBucket | crate::limit::Algorithm::Gcra => {
-                        "the burst"
-                    }
-                    _ => "what remains",
+                let of = if limit.algorithm.has_burst() {
+                    "the burst"
+                } else {
+                    "what remains"
                 };
                 format!(
                     ", leased ({}ms slices, at most {} of {of})",

@@ -292,20 +292,19 @@ impl Lease {
         }
         .max(units);
         let share = |of: u64| of.saturating_mul(u64::from(self.terms.share_permille)) / 1000;
-        let cap = match limit.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => share(limit.burst).max(units),
-            _ => {
-                let now = crate::clock::now_ms();
-                let remaining = match held.remaining {
-                    Some((at, r)) if limit.span(at).0 == limit.span(now).0 => r,
-                    _ => limit.limit,
-                };
-                let cap = share(remaining);
-                if cap < units.saturating_mul(2) {
-                    return None;
-                }
-                cap
+        let cap = if limit.algorithm.has_burst() {
+            share(limit.burst).max(units)
+        } else {
+            let now = crate::clock::now_ms();
+            let remaining = match held.remaining {
+                Some((at, r)) if limit.span(at).0 == limit.span(now).0 => r,
+                _ => limit.limit,
+            };
+            let cap = share(remaining);
+            if cap < units.saturating_mul(2) {
+                return None;
             }
+            cap
         };
         Some(wanted.min(cap).min(limit.capacity()))
     }
@@ -316,13 +315,12 @@ impl Lease {
         let limit = &self.key.limit;
         let interval = u64::from(self.terms.interval_ms);
         let most = interval.saturating_mul(4);
-        let (lifetime, at_window_end) = match limit.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => (most, false),
-            _ => {
-                let (start, len) = limit.span(at_ms);
-                let to_end = (start + len).saturating_sub(at_ms);
-                (most.min(to_end), to_end <= most)
-            }
+        let (lifetime, at_window_end) = if limit.algorithm.has_burst() {
+            (most, false)
+        } else {
+            let (start, len) = limit.span(at_ms);
+            let to_end = (start + len).saturating_sub(at_ms);
+            (most.min(to_end), to_end <= most)
         };
         let mut held = self.held();
         held.generation += 1;
@@ -361,7 +359,7 @@ impl Lease {
         held.shorts = held.shorts.saturating_add(1);
         let interval = interval_ms(self.interval());
         held.pause = match limit.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => {
+            a if a.has_burst() => {
                 // Instances short of a slice at once would all ask again
                 // at once: each waits longer each time in a row it was
                 // short, by a fraction of its own. Never so long that the

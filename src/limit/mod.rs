@@ -61,6 +61,13 @@ impl Algorithm {
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize].0
     }
+
+    /// Refills continuously up to a burst (`token_bucket`, `gcra`) rather
+    /// than counting in windows: it takes a `burst`, its capacity is that
+    /// burst, and it has no window end for a lease's slice to expire at.
+    pub fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
 }
 
 /// "At most `limit` units per `window`", counted by `algorithm`.
@@ -151,9 +158,10 @@ impl Limit {
 
     /// Most units one request may cost and still be admissible.
     pub fn capacity(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => self.burst,
-            _ => self.limit,
+        if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.limit
         }
     }
 }

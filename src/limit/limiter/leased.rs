@@ -163,10 +163,7 @@ impl Shared {
         }
         let metrics = lease.metrics();
         let key = &lease.key;
-        let window = !matches!(
-            key.limit.algorithm,
-            Algorithm::TokenBucket | Algorithm::Gcra
-        );
+        let window = !key.limit.algorithm.has_burst();
         if window && (slice.ends_with_window(Instant::now()) || ended(&key.limit, slice.at_ms)) {
             metrics.units_lost.inc_by(slice.left);
             return;
