@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{Answer, Shared};
 use crate::clock::now_ms;
 use crate::limit::leases::{Key, Lease, Slice, Take};
-use crate::limit::{Algorithm, Charge, CountKey, Decision, Limit, Settlement, Verdict};
+use crate::limit::{Charge, CountKey, Decision, Limit, Settlement, Verdict};
 
 /// How often one request tries its lease before it is decided per request
 /// instead (a refill that keeps ending without a slice for it).
