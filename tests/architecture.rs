@@ -403,8 +403,14 @@ fn no_modules_import_each_other_in_a_circle() {
 fn a_planted_circle_is_reported_with_the_imports_that_close_it() {
     let sources: Vec<(String, String)> = [
         ("limit", "pub mod leases;\n"),
-        ("limit::leases", "use super::Limit;\nuse crate::metrics::Leases;\n"),
-        ("metrics", "pub fn refused(r: &crate::refusal::Refusal) {}\n"),
+        (
+            "limit::leases",
+            "use super::Limit;\nuse crate::metrics::Leases;\n",
+        ),
+        (
+            "metrics",
+            "pub fn refused(r: &crate::refusal::Refusal) {}\n",
+        ),
         ("refusal", "use crate::response::Body;\n"),
         ("response", "use crate::limit::Decision;\n"),
         ("config::limits", "use super::calendars::Calendar;\n"),
@@ -428,7 +434,11 @@ fn a_planted_circle_is_reported_with_the_imports_that_close_it() {
         "{}",
         found[1]
     );
-    assert!(found[1].contains("limit::leases:2 imports metrics::Leases"), "{}", found[1]);
+    assert!(
+        found[1].contains("limit::leases:2 imports metrics::Leases"),
+        "{}",
+        found[1]
+    );
     // Without the one import that closes it, the circle is gone.
     let broken: Vec<(String, String)> = sources
         .into_iter()

@@ -9,7 +9,6 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use super::limits::LimitModel;
 use crate::jwt::ClaimRule;
 use crate::limit::calendar::{Calendar, Unit};
 use crate::routes::{Anchor, CalendarLimit};
@@ -20,6 +19,15 @@ use crate::routes::{Anchor, CalendarLimit};
 pub(super) enum AnchorModel {
     Day(i64),
     Claim { claim: String, default: i64 },
+}
+
+/// A limit entry's keys that concern the calendar, as the entry gives them.
+pub(super) struct CalendarKeys<'a> {
+    pub(super) algorithm: &'a Spanned<String>,
+    pub(super) window: &'a Spanned<String>,
+    pub(super) time_zone: Option<&'a Spanned<String>>,
+    pub(super) week_starts: Option<&'a Spanned<String>>,
+    pub(super) anchor: Option<&'a Spanned<AnchorModel>>,
 }
 
 /// Week days by their names in configuration files.
@@ -40,14 +48,14 @@ impl Validator<'_> {
     /// a duration. `jwt` verifies an anchor read from a claim.
     pub(super) fn calendar_of(
         &mut self,
-        m: &LimitModel,
+        m: &CalendarKeys<'_>,
         jwt: Option<&ClaimRule>,
     ) -> Option<Option<CalendarLimit>> {
         let Some(unit) = Unit::parse(m.window.get_ref()) else {
             let stray = [
-                m.time_zone.as_ref().map(|z| (z.span(), "time_zone")),
-                m.week_starts.as_ref().map(|w| (w.span(), "week_starts")),
-                m.anchor.as_ref().map(|a| (a.span(), "anchor")),
+                m.time_zone.map(|z| (z.span(), "time_zone")),
+                m.week_starts.map(|w| (w.span(), "week_starts")),
+                m.anchor.map(|a| (a.span(), "anchor")),
             ];
             let mut ok = true;
             for (span, key) in stray.into_iter().flatten() {
@@ -69,7 +77,7 @@ impl Validator<'_> {
             );
             return None;
         }
-        let zone = match &m.time_zone {
+        let zone = match m.time_zone {
             None => Some(jiff::tz::TimeZone::UTC),
             Some(name) => match jiff::tz::TimeZone::get(name.get_ref()) {
                 Ok(zone) => Some(zone),
@@ -82,16 +90,16 @@ impl Validator<'_> {
                 }
             },
         };
-        let week_starts = match &m.week_starts {
+        let week_starts = match m.week_starts {
             None => Some(jiff::civil::Weekday::Monday),
             Some(_) if unit != Unit::Week => {
-                let span = m.week_starts.as_ref().map_or(0..0, Spanned::span);
+                let span = m.week_starts.map_or(0..0, Spanned::span);
                 self.problem(span, "week_starts applies to window = \"week\"");
                 None
             }
             Some(day) => self.choice(Some(day), "week_starts", &WEEKDAYS),
         };
-        let anchor = match &m.anchor {
+        let anchor = match m.anchor {
             None => Some(Anchor::Day(1)),
             Some(a) if unit != Unit::Month => {
                 self.problem(

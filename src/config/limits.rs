@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::calendars::{AnchorModel, CalendarKeys};
 use super::{MAX_LIMIT, MAX_UNIT_MS, Validator};
 use crate::limit::leases::{self, Terms};
 use crate::limit::{Algorithm, Limit};
@@ -20,17 +21,41 @@ pub(super) struct LimitModel {
     /// Whose count it is (default: the route's client).
     pub(super) key: Option<Spanned<super::clients::ClientModel>>,
     /// Its number from a verified token claim.
-    pub(super) limit_from: Option<Spanned<super::plans::ClaimLimitModel>>,
+    pub(super) limit_from: Option<Spanned<ClaimLimitModel>>,
     /// What it counts: the route's units (default) or requests.
     counts: Option<Spanned<String>>,
     /// A calendar window's zone (default UTC).
-    pub(super) time_zone: Option<Spanned<String>>,
+    time_zone: Option<Spanned<String>>,
     /// A calendar week's first day (default Monday).
-    pub(super) week_starts: Option<Spanned<String>>,
+    week_starts: Option<Spanned<String>>,
     /// The day a calendar month starts on (default 1).
-    pub(super) anchor: Option<Spanned<super::calendars::AnchorModel>>,
+    anchor: Option<Spanned<AnchorModel>>,
     /// Decided from slices taken ahead (`lease = { interval, share }`).
     lease: Option<Spanned<LeaseModel>>,
+}
+
+/// `limit_from = { claim = "rpm", default = 60, max = 1000 }`: the
+/// limit's number from a verified token claim (checked with the plans,
+/// where the route's token is known).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClaimLimitModel {
+    pub(super) claim: Spanned<String>,
+    pub(super) default: Spanned<i64>,
+    pub(super) max: Spanned<i64>,
+}
+
+impl LimitModel {
+    /// The keys that say how the limit's window follows the calendar.
+    pub(super) fn calendar(&self) -> CalendarKeys<'_> {
+        CalendarKeys {
+            algorithm: &self.algorithm,
+            window: &self.window,
+            time_zone: self.time_zone.as_ref(),
+            week_starts: self.week_starts.as_ref(),
+            anchor: self.anchor.as_ref(),
+        }
+    }
 }
 
 /// `lease = { interval = "250ms", share = 0.125 }`: both optional.
@@ -75,7 +100,32 @@ impl Validator<'_> {
     pub(super) fn limit(&mut self, item: &Spanned<LimitModel>, cost: u64) -> Option<Limit> {
         let m = item.get_ref();
         let algorithm = self.choice(Some(&m.algorithm), "algorithm", &Algorithm::NAMES);
-        let limit = match (&m.limit, &m.limit_from) {
+        let limit = self.limit_number(item);
+        let burst = self.burst(m, algorithm, limit);
+        let calendar = crate::limit::calendar::Unit::parse(m.window.get_ref());
+        let window_ms = match calendar {
+            Some(unit) => Some(unit.nominal_ms()),
+            None => self.window(&m.window),
+        };
+        let per_request = self.per_request(m);
+        let lease = match &m.lease {
+            None => Some(None),
+            Some(lease) => algorithm.and_then(|a| self.lease(lease, a)).map(Some),
+        };
+        let mut limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
+        if per_request? {
+            limit = limit.per_request();
+        }
+        limit.lease = lease?;
+        self.cost_fits(item, &limit, cost)?;
+        self.counts_exactly(item, &limit)?;
+        Some(limit)
+    }
+
+    /// The limit's number: `limit = N`, or the most `limit_from` may claim.
+    fn limit_number(&mut self, item: &Spanned<LimitModel>) -> Option<u64> {
+        let m = item.get_ref();
+        match (&m.limit, &m.limit_from) {
             (Some(l), None) => self.count(l, "limit"),
             (None, Some(from)) => self.count(&from.get_ref().max, "max"),
             (Some(l), Some(_)) => {
@@ -92,12 +142,17 @@ impl Validator<'_> {
                 );
                 None
             }
-        };
-        let limit_span = m.limit.as_ref().map_or_else(
-            || m.limit_from.as_ref().map_or(item.span(), Spanned::span),
-            Spanned::span,
-        );
-        let burst = match (&m.burst, algorithm) {
+        }
+    }
+
+    /// The burst of an algorithm that has one (the limit when not given).
+    fn burst(
+        &mut self,
+        m: &LimitModel,
+        algorithm: Option<Algorithm>,
+        limit: Option<u64>,
+    ) -> Option<u64> {
+        match (&m.burst, algorithm) {
             (None, _) => limit,
             (Some(b), Some(a)) if a.has_burst() => self.count(b, "burst"),
             (Some(b), Some(other)) => {
@@ -111,13 +166,12 @@ impl Validator<'_> {
                 None
             }
             (Some(_), None) => None,
-        };
-        let calendar = crate::limit::calendar::Unit::parse(m.window.get_ref());
-        let window_ms = match calendar {
-            Some(unit) => Some(unit.nominal_ms()),
-            None => self.window(&m.window),
-        };
-        let per_request = match m.counts.as_ref().map(|c| (c, c.get_ref().as_str())) {
+        }
+    }
+
+    /// `counts`: whether the limit counts requests rather than units.
+    fn per_request(&mut self, m: &LimitModel) -> Option<bool> {
+        match m.counts.as_ref().map(|c| (c, c.get_ref().as_str())) {
             None | Some((_, "units")) => Some(false),
             Some((_, "requests")) => Some(true),
             Some((c, other)) => {
@@ -127,31 +181,36 @@ impl Validator<'_> {
                 );
                 None
             }
-        };
-        let lease = match &m.lease {
-            None => Some(None),
-            Some(lease) => algorithm.and_then(|a| self.lease(lease, a)).map(Some),
-        };
-        let mut limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
-        if per_request? {
-            limit = limit.per_request();
         }
-        limit.lease = lease?;
+    }
+
+    /// The route's cost fits in the limit at once, or no request could pass.
+    fn cost_fits(&mut self, item: &Spanned<LimitModel>, limit: &Limit, cost: u64) -> Option<()> {
+        let m = item.get_ref();
         let cost = limit.cost_of(cost);
-        if cost > limit.capacity() {
-            let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
-                (Some(b), true) => (b.span(), "burst"),
-                _ => (limit_span, "limit"),
-            };
-            self.problem(
-                span,
-                format!(
-                    "the route's cost {cost} exceeds {what} {}, so no request could ever pass; raise the {what} or lower the cost",
-                    limit.capacity()
-                ),
-            );
-            return None;
+        if cost <= limit.capacity() {
+            return Some(());
         }
+        let limit_span = m.limit.as_ref().map_or_else(
+            || m.limit_from.as_ref().map_or(item.span(), Spanned::span),
+            Spanned::span,
+        );
+        let (span, what) = match (&m.burst, limit.capacity() == limit.burst) {
+            (Some(b), true) => (b.span(), "burst"),
+            _ => (limit_span, "limit"),
+        };
+        self.problem(
+            span,
+            format!(
+                "the route's cost {cost} exceeds {what} {}, so no request could ever pass; raise the {what} or lower the cost",
+                limit.capacity()
+            ),
+        );
+        None
+    }
+
+    /// The limit's counts stay exact integers in every store.
+    fn counts_exactly(&mut self, item: &Spanned<LimitModel>, limit: &Limit) -> Option<()> {
         // The algorithms but the fixed window count in unit-milliseconds;
         // Lua's numbers are exact integers only up to 2^53, so leave room
         // below that.
@@ -166,7 +225,7 @@ impl Validator<'_> {
             );
             return None;
         }
-        Some(limit)
+        Some(())
     }
 
     /// A limit's lease terms.

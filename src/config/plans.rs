@@ -18,7 +18,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::clients::{ClientModel, Context};
-use super::limits::LimitModel;
+use super::limits::{ClaimLimitModel, LimitModel};
 use super::{LoadError, Problem, Validator};
 use crate::client::{ClientRule, Part as IdPart};
 use crate::jwt::ClaimRule;
@@ -50,15 +50,6 @@ pub(super) struct PlanSelectionModel {
     by: Spanned<ClientModel>,
     table: Option<Spanned<String>>,
     default: Option<Spanned<String>>,
-}
-
-/// `limit_from = { claim = "rpm", default = 60, max = 1000 }`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ClaimLimitModel {
-    pub(super) claim: Spanned<String>,
-    pub(super) default: Spanned<i64>,
-    pub(super) max: Spanned<i64>,
 }
 
 /// Limits of one scope in a policy: the scope (a route's name, or `@` and
@@ -387,7 +378,7 @@ impl Validator<'_> {
                         None => ok = false,
                     }
                 }
-                match self.calendar_of(m, jwt) {
+                match self.calendar_of(&m.calendar(), jwt) {
                     Some(Some(c)) => calendars.push((limits.len(), Arc::new(c))),
                     Some(None) => {}
                     None => ok = false,
