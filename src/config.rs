@@ -38,7 +38,6 @@ mod answers;
 mod calendars;
 mod clients;
 mod concurrency;
-mod descriptors;
 mod document;
 mod durations;
 pub mod envoy_ratelimit;

@@ -12,9 +12,8 @@
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::Validator;
-use super::routes::RouteModel;
-use crate::routes::{Descriptor, DescriptorEntry};
+use super::{RouteModel, Validator};
+use crate::routes::{Descriptor, DescriptorEntry, Policy};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,11 +98,36 @@ impl Validator<'_> {
 }
 
 impl Validator<'_> {
+    /// The route's policy and its plans', each with its counts named as a
+    /// descriptor route's decisions key them (as they are on any other
+    /// route).
+    pub(super) fn descriptor_policies(
+        &mut self,
+        route: &str,
+        descriptor: Option<&Option<Descriptor>>,
+        policy: Policy,
+        plans: Vec<Option<Policy>>,
+        span: &std::ops::Range<usize>,
+    ) -> Option<(Policy, Vec<Option<Policy>>)> {
+        let Some(Some(_)) = descriptor else {
+            return Some((policy, plans));
+        };
+        let policy = self.descriptor_policy(route, policy, span.clone());
+        let plans: Option<Vec<Option<Policy>>> = plans
+            .into_iter()
+            .map(|plan| match plan {
+                Some(p) => self.descriptor_policy(route, p, span.clone()).map(Some),
+                None => Some(None),
+            })
+            .collect();
+        Some((policy?, plans?))
+    }
+
     /// A descriptor route's `policy` with every limit's count named (the
     /// descriptor's values, or the whole route), as its decisions key
     /// them; a limit counting anything else (a budget's limit keyed by a
     /// header) is a problem at `span`.
-    pub(super) fn descriptor_policy(
+    fn descriptor_policy(
         &mut self,
         route: &str,
         mut policy: crate::routes::Policy,
