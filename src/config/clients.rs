@@ -77,59 +77,124 @@ impl Validator<'_> {
             .map_or("remote_addr", |f| f.get_ref().as_str());
         let from_span = m.from.as_ref().map_or_else(|| model.span(), Spanned::span);
         let missing = self.choice(m.missing.as_ref(), "missing", &MissingHeader::NAMES);
-        let ipv6_prefix = match &m.ipv6_prefix {
-            None => Some(128),
-            Some(p) => match u8::try_from(*p.get_ref()) {
-                Ok(bits @ 1..=128) => Some(bits),
-                _ => {
-                    self.problem(
-                        p.span(),
-                        "ipv6_prefix must be a prefix length from 1 to 128",
-                    );
-                    None
-                }
-            },
+        let ipv6_prefix = self.ipv6_prefix(m.ipv6_prefix.as_ref());
+        self.keys_of_other_sources(m, from);
+        let parts = self.client_parts(m, from, from_span, cx);
+        let repeated = self.choice(m.repeated.as_ref(), "repeated", &Repeated::NAMES);
+        let parts = parts?;
+        self.keys_of_absent_parts(m, &parts);
+        let missing = missing?;
+        let checks_tokens =
+            missing == MissingHeader::Reject && parts.iter().any(|p| matches!(p, Part::Claim(_)));
+        if !checks_tokens {
+            self.only_with(
+                "failures_per_minute",
+                m.failures_per_minute.as_ref(),
+                "a jwt part and missing = \"reject\"",
+            );
+        }
+        let failures = self.bounded(
+            m.failures_per_minute.as_ref(),
+            DEFAULT_FAILURES_PER_MINUTE,
+            0..=1_000_000,
+            "failures_per_minute must be a whole number from 0 (no limit) to 1000000",
+        )?;
+        Some(ClientRule {
+            parts,
+            missing,
+            ipv6_prefix: ipv6_prefix?,
+            repeated: repeated?,
+            max_len,
+            too_long,
+            failures: (checks_tokens && failures > 0)
+                .then(|| Arc::new(Failures::new(u32::try_from(failures).unwrap_or(u32::MAX)))),
+        })
+    }
+
+    /// `ipv6_prefix`: how much of an IPv6 address names a client (all
+    /// 128 bits when not given).
+    fn ipv6_prefix(&mut self, prefix: Option<&Spanned<i64>>) -> Option<u8> {
+        let Some(p) = prefix else {
+            return Some(128);
         };
-        let misplaced = |v: &mut Self, key: &str, span: Option<Range<usize>>, wanted: &str| {
-            if let Some(span) = span {
-                v.problem(span, format!("{key} is only used with {wanted}"));
+        match u8::try_from(*p.get_ref()) {
+            Ok(bits @ 1..=128) => Some(bits),
+            _ => {
+                self.problem(
+                    p.span(),
+                    "ipv6_prefix must be a prefix length from 1 to 128",
+                );
+                None
             }
-        };
+        }
+    }
+
+    /// A key given that only another source reads is a problem at it.
+    fn only_with<T>(&mut self, key: &str, given: Option<&Spanned<T>>, wanted: &str) {
+        if let Some(given) = given {
+            self.problem(given.span(), format!("{key} is only used with {wanted}"));
+        }
+    }
+
+    /// The keys of sources other than `from` (and its parts) that are given.
+    fn keys_of_other_sources(&mut self, m: &ClientModel, from: &str) {
         if !matches!(from, "header" | "path") {
-            misplaced(
-                self,
+            self.only_with(
                 "name",
-                m.name.as_ref().map(Spanned::span),
+                m.name.as_ref(),
                 "from = \"header\" or from = \"path\"",
             );
         }
         if from != "composite" {
-            misplaced(
-                self,
-                "parts",
-                m.parts.as_ref().map(Spanned::span),
-                "from = \"composite\"",
-            );
+            self.only_with("parts", m.parts.as_ref(), "from = \"composite\"");
         }
         let uses_jwt = from == "jwt"
             || m.parts
                 .as_ref()
                 .is_some_and(|p| p.get_ref().iter().any(|p| p.get_ref().starts_with("jwt:")));
         if !uses_jwt {
-            for (key, span) in [
-                ("claim", m.claim.as_ref().map(Spanned::span)),
-                ("algorithm", m.algorithm.as_ref().map(Spanned::span)),
-                ("secret_file", m.secret_file.as_ref().map(Spanned::span)),
-                ("key_file", m.key_file.as_ref().map(Spanned::span)),
-                ("jwks_file", m.jwks_file.as_ref().map(Spanned::span)),
-                ("issuer", m.issuer.as_ref().map(Spanned::span)),
-                ("audience", m.audience.as_ref().map(Spanned::span)),
-                ("leeway", m.leeway.as_ref().map(Spanned::span)),
+            for (key, given) in [
+                ("claim", &m.claim),
+                ("algorithm", &m.algorithm),
+                ("secret_file", &m.secret_file),
+                ("key_file", &m.key_file),
+                ("jwks_file", &m.jwks_file),
+                ("issuer", &m.issuer),
+                ("audience", &m.audience),
+                ("leeway", &m.leeway),
             ] {
-                misplaced(self, key, span, "from = \"jwt\" or a \"jwt:<claim>\" part");
+                self.only_with(
+                    key,
+                    given.as_ref(),
+                    "from = \"jwt\" or a \"jwt:<claim>\" part",
+                );
             }
         }
-        let parts = match from {
+    }
+
+    /// `missing` and `repeated` given where no part reads a header (or a
+    /// token) they could apply to.
+    fn keys_of_absent_parts(&mut self, m: &ClientModel, parts: &[Part]) {
+        if !parts
+            .iter()
+            .any(|p| matches!(p, Part::Header(_) | Part::Claim(_)))
+        {
+            self.only_with("missing", m.missing.as_ref(), "a header or jwt part");
+        }
+        if !parts.iter().any(|p| matches!(p, Part::Header(_))) {
+            self.only_with("repeated", m.repeated.as_ref(), "a header part");
+        }
+    }
+
+    /// What a client id is made of, read from `from` and the keys it needs.
+    fn client_parts(
+        &mut self,
+        m: &ClientModel,
+        from: &str,
+        from_span: Range<usize>,
+        cx: &Context<'_>,
+    ) -> Option<Vec<Part>> {
+        match from {
             "remote_addr" => Some(vec![Part::RemoteAddr]),
             "forwarded_for" => Some(vec![Part::ForwardedFor]),
             "global" => Some(vec![Part::Global]),
@@ -165,24 +230,7 @@ impl Validator<'_> {
                     None
                 }
             },
-            "composite" => match &m.parts {
-                Some(list) if !list.get_ref().is_empty() => {
-                    let parts: Vec<Option<Part>> =
-                        list.get_ref().iter().map(|p| self.part(p, m, cx)).collect();
-                    parts.into_iter().collect()
-                }
-                Some(list) => {
-                    self.problem(list.span(), "parts needs at least one entry");
-                    None
-                }
-                None => {
-                    self.problem(
-                        from_span,
-                        "from = \"composite\" needs parts, e.g. [\"header:X-Api-Key\", \"remote_addr\"]",
-                    );
-                    None
-                }
-            },
+            "composite" => self.composite_parts(m, from_span, cx),
             other => {
                 self.problem(
                     from_span,
@@ -192,55 +240,34 @@ impl Validator<'_> {
                 );
                 None
             }
-        };
-        let repeated = self.choice(m.repeated.as_ref(), "repeated", &Repeated::NAMES);
-        let parts = parts?;
-        if !parts
-            .iter()
-            .any(|p| matches!(p, Part::Header(_) | Part::Claim(_)))
-        {
-            misplaced(
-                self,
-                "missing",
-                m.missing.as_ref().map(Spanned::span),
-                "a header or jwt part",
-            );
         }
-        if !parts.iter().any(|p| matches!(p, Part::Header(_))) {
-            misplaced(
-                self,
-                "repeated",
-                m.repeated.as_ref().map(Spanned::span),
-                "a header part",
-            );
+    }
+
+    /// `from = "composite"`: each of `parts`, in order.
+    fn composite_parts(
+        &mut self,
+        m: &ClientModel,
+        from_span: Range<usize>,
+        cx: &Context<'_>,
+    ) -> Option<Vec<Part>> {
+        match &m.parts {
+            Some(list) if !list.get_ref().is_empty() => {
+                let parts: Vec<Option<Part>> =
+                    list.get_ref().iter().map(|p| self.part(p, m, cx)).collect();
+                parts.into_iter().collect()
+            }
+            Some(list) => {
+                self.problem(list.span(), "parts needs at least one entry");
+                None
+            }
+            None => {
+                self.problem(
+                    from_span,
+                    "from = \"composite\" needs parts, e.g. [\"header:X-Api-Key\", \"remote_addr\"]",
+                );
+                None
+            }
         }
-        let missing = missing?;
-        let checks_tokens =
-            missing == MissingHeader::Reject && parts.iter().any(|p| matches!(p, Part::Claim(_)));
-        if !checks_tokens {
-            misplaced(
-                self,
-                "failures_per_minute",
-                m.failures_per_minute.as_ref().map(Spanned::span),
-                "a jwt part and missing = \"reject\"",
-            );
-        }
-        let failures = self.bounded(
-            m.failures_per_minute.as_ref(),
-            DEFAULT_FAILURES_PER_MINUTE,
-            0..=1_000_000,
-            "failures_per_minute must be a whole number from 0 (no limit) to 1000000",
-        )?;
-        Some(ClientRule {
-            parts,
-            missing,
-            ipv6_prefix: ipv6_prefix?,
-            repeated: repeated?,
-            max_len,
-            too_long,
-            failures: (checks_tokens && failures > 0)
-                .then(|| Arc::new(Failures::new(u32::try_from(failures).unwrap_or(u32::MAX)))),
-        })
     }
 
     pub(super) fn header_name(&mut self, name: &Spanned<String>) -> Option<HeaderName> {
@@ -337,77 +364,13 @@ impl Validator<'_> {
             );
             return None;
         }
-        let read = |v: &mut Self, file: &Spanned<String>, key: &str| -> Option<Vec<u8>> {
-            let path = v.resolve(file);
-            match std::fs::read(&path) {
-                Ok(bytes) => Some(bytes),
-                Err(e) => {
-                    v.problem(
-                        file.span(),
-                        format!("cannot read {key} {}: {e}", path.display()),
-                    );
-                    None
-                }
-            }
-        };
-        let source = [&m.secret_file, &m.key_file, &m.jwks_file]
+        let source = sources
             .into_iter()
             .flatten()
             .next()
             .map(|f| self.resolve(f));
-        let keys = if let Some(file) = &m.secret_file {
-            if algorithm != jwt::Algorithm::Hs256 {
-                self.problem(
-                    file.span(),
-                    "secret_file is for HS256; RS256 and ES256 verify with key_file or jwks_file",
-                );
-                return None;
-            }
-            let secret = read(self, file, "secret_file")?;
-            let secret = secret.trim_ascii_end();
-            if secret.len() < 32 {
-                self.problem(
-                    file.span(),
-                    "an HS256 secret must be at least 32 bytes (RFC 7518 §3.2)",
-                );
-                return None;
-            }
-            vec![(None, jwt::hmac_key(secret))]
-        } else if let Some(file) = &m.key_file {
-            let pem = read(self, file, "key_file")?;
-            match jwt::pem_key(&pem, algorithm) {
-                Ok(key) => vec![(None, key)],
-                Err(e) => {
-                    self.problem(file.span(), format!("key_file: {e}"));
-                    return None;
-                }
-            }
-        } else if let Some(file) = &m.jwks_file {
-            let json = read(self, file, "jwks_file")?;
-            match jwt::jwks_keys(&json, algorithm) {
-                Ok(keys) => keys,
-                Err(e) => {
-                    self.problem(file.span(), format!("jwks_file: {e}"));
-                    return None;
-                }
-            }
-        } else {
-            return None;
-        };
-        let leeway = match &m.leeway {
-            None => Some(DEFAULT_LEEWAY),
-            Some(l) => match super::parse_duration(l.get_ref()) {
-                Ok(d) if d <= Duration::from_secs(600) => Some(d),
-                Ok(_) => {
-                    self.problem(l.span(), "leeway is at most 10m");
-                    None
-                }
-                Err(e) => {
-                    self.problem(l.span(), format!("leeway: {e}"));
-                    None
-                }
-            },
-        };
+        let keys = self.verification_keys(m, algorithm)?;
+        let leeway = self.leeway(m.leeway.as_ref());
         Some(Arc::new(ClaimRule {
             claim: claim.into(),
             algorithm,
@@ -418,5 +381,85 @@ impl Validator<'_> {
             source,
             verified: jwt::Verified::default(),
         }))
+    }
+
+    /// The keys tokens are verified with, from the one file given.
+    fn verification_keys(
+        &mut self,
+        m: &ClientModel,
+        algorithm: jwt::Algorithm,
+    ) -> Option<Vec<(Option<String>, jwt::Key)>> {
+        if let Some(file) = &m.secret_file {
+            if algorithm != jwt::Algorithm::Hs256 {
+                self.problem(
+                    file.span(),
+                    "secret_file is for HS256; RS256 and ES256 verify with key_file or jwks_file",
+                );
+                return None;
+            }
+            let secret = self.key_file_bytes(file, "secret_file")?;
+            let secret = secret.trim_ascii_end();
+            if secret.len() < 32 {
+                self.problem(
+                    file.span(),
+                    "an HS256 secret must be at least 32 bytes (RFC 7518 §3.2)",
+                );
+                return None;
+            }
+            Some(vec![(None, jwt::hmac_key(secret))])
+        } else if let Some(file) = &m.key_file {
+            let pem = self.key_file_bytes(file, "key_file")?;
+            match jwt::pem_key(&pem, algorithm) {
+                Ok(key) => Some(vec![(None, key)]),
+                Err(e) => {
+                    self.problem(file.span(), format!("key_file: {e}"));
+                    None
+                }
+            }
+        } else if let Some(file) = &m.jwks_file {
+            let json = self.key_file_bytes(file, "jwks_file")?;
+            match jwt::jwks_keys(&json, algorithm) {
+                Ok(keys) => Some(keys),
+                Err(e) => {
+                    self.problem(file.span(), format!("jwks_file: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        }
+    }
+
+    /// The contents of a key file named by `key`.
+    fn key_file_bytes(&mut self, file: &Spanned<String>, key: &str) -> Option<Vec<u8>> {
+        let path = self.resolve(file);
+        match std::fs::read(&path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                self.problem(
+                    file.span(),
+                    format!("cannot read {key} {}: {e}", path.display()),
+                );
+                None
+            }
+        }
+    }
+
+    /// `leeway`: the clock skew tolerated on `exp` and `nbf`.
+    fn leeway(&mut self, leeway: Option<&Spanned<String>>) -> Option<Duration> {
+        let Some(l) = leeway else {
+            return Some(DEFAULT_LEEWAY);
+        };
+        match super::parse_duration(l.get_ref()) {
+            Ok(d) if d <= Duration::from_secs(600) => Some(d),
+            Ok(_) => {
+                self.problem(l.span(), "leeway is at most 10m");
+                None
+            }
+            Err(e) => {
+                self.problem(l.span(), format!("leeway: {e}"));
+                None
+            }
+        }
     }
 }

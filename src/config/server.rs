@@ -101,6 +101,43 @@ fn yes() -> bool {
     true
 }
 
+/// `[server]`'s deadlines, each as given or its default.
+struct Deadlines {
+    upstream: Duration,
+    upstream_connect: Duration,
+    upstream_body: Duration,
+    client_body: Duration,
+    client_write: Duration,
+    upgrade_idle: Duration,
+    header_read: Duration,
+}
+
+/// How much of a request body is taken, buffered, and how slowly it may
+/// arrive.
+struct Bodies {
+    max_request_body: Option<u64>,
+    request_buffer: u64,
+    client_body_min_rate: u64,
+    client_body_min_rate_after: Duration,
+}
+
+/// How long a stop takes, and how often denials are logged.
+struct Pacing {
+    shutdown_grace: Duration,
+    drain_delay: Duration,
+    denial_log_interval: Duration,
+}
+
+/// How many streams, clients and connections the server holds at most,
+/// and how long a client id may be.
+struct Capacities {
+    http2_max_concurrent_streams: u32,
+    max_client_id: usize,
+    on_long_client_id: TooLong,
+    max_client_entries: usize,
+    max_connections: Option<usize>,
+}
+
 impl Validator<'_> {
     pub(super) fn server(&mut self, model: &Spanned<ServerModel>) -> Option<Server> {
         let m = model.get_ref();
@@ -112,39 +149,121 @@ impl Validator<'_> {
         let trusted_proxies = self.networks(&m.trusted_proxies, "trusted_proxies");
         let decisions = self.decisions(model);
         let exempt = self.networks(&m.exempt, "exempt");
-        let upstream_timeout = self.optional_duration(
-            m.upstream_timeout.as_ref(),
-            "upstream_timeout",
-            DEFAULT_UPSTREAM_TIMEOUT,
+        let deadlines = self.deadlines(m);
+        let bodies = self.bodies(m);
+        let pacing = self.pacing(m);
+        let capacities = self.capacities(m);
+        let escaped_slashes = self.choice(
+            m.escaped_slashes.as_ref(),
+            "escaped_slashes",
+            &EscapedSlashes::NAMES,
         );
+        let tls = match &m.tls {
+            None => Some(None),
+            Some(tls) => self.listener_tls(tls).map(Some),
+        };
+        let rate_limit_headers = self.header_mode(
+            m.rate_limit_headers.as_ref(),
+            crate::routes::HeaderMode::default(),
+        );
+        let admin_token_file = self.admin_token_file(m.admin_token_file.as_ref());
+        let listen = listen?;
+        let admin_token_file = admin_token_file?;
+        let (deadlines, bodies, pacing) = (deadlines?, bodies?, pacing?);
+        let (capacities, escaped_slashes) = (capacities?, escaped_slashes?);
+        Some(Server {
+            listen,
+            admin_listen,
+            decision_listen: decisions.as_ref().map(|d| d.0),
+            decision_peers: decisions.map(|d| d.1).unwrap_or_default(),
+            admin_token_file,
+            trusted_proxies,
+            exempt,
+            upstream_timeout: deadlines.upstream,
+            upstream_connect_timeout: deadlines.upstream_connect,
+            upstream_body_timeout: deadlines.upstream_body,
+            client_body_timeout: deadlines.client_body,
+            client_write_timeout: deadlines.client_write,
+            upgrade_idle_timeout: deadlines.upgrade_idle,
+            max_request_body: bodies.max_request_body,
+            request_buffer: bodies.request_buffer,
+            client_body_min_rate: bodies.client_body_min_rate,
+            client_body_min_rate_after: bodies.client_body_min_rate_after,
+            http2_max_concurrent_streams: capacities.http2_max_concurrent_streams,
+            shutdown_grace: pacing.shutdown_grace,
+            drain_delay: pacing.drain_delay,
+            denial_log_interval: pacing.denial_log_interval,
+            header_read_timeout: deadlines.header_read,
+            reload_on_change: m.reload_on_change,
+            max_client_id: capacities.max_client_id,
+            on_long_client_id: capacities.on_long_client_id,
+            escaped_slashes,
+            max_client_entries: capacities.max_client_entries,
+            max_connections: capacities.max_connections,
+            tls: tls?,
+            rate_limit_headers: rate_limit_headers?,
+            exempt_keys: self.exempt_keys(&m.exempt_keys),
+            strip_untrusted_headers: m
+                .strip_untrusted_headers
+                .iter()
+                .filter_map(|name| self.header_name(name))
+                .collect(),
+        })
+    }
+
+    /// The upstream, client and upgrade deadlines.
+    fn deadlines(&mut self, m: &ServerModel) -> Option<Deadlines> {
         let mut timeout = |value: &Option<Spanned<String>>, key: &str, default: Duration| {
             self.optional_duration(value.as_ref(), key, default)
         };
-        let upstream_connect_timeout = timeout(
+        let upstream = timeout(
+            &m.upstream_timeout,
+            "upstream_timeout",
+            DEFAULT_UPSTREAM_TIMEOUT,
+        );
+        let upstream_connect = timeout(
             &m.upstream_connect_timeout,
             "upstream_connect_timeout",
             upstreams::DEFAULT_CONNECT_TIMEOUT,
         );
-        let upstream_body_timeout = timeout(
+        let upstream_body = timeout(
             &m.upstream_body_timeout,
             "upstream_body_timeout",
             upstreams::DEFAULT_BODY_TIMEOUT,
         );
-        let client_body_timeout = timeout(
+        let client_body = timeout(
             &m.client_body_timeout,
             "client_body_timeout",
             DEFAULT_CLIENT_BODY_TIMEOUT,
         );
-        let client_write_timeout = timeout(
+        let client_write = timeout(
             &m.client_write_timeout,
             "client_write_timeout",
             DEFAULT_CLIENT_WRITE_TIMEOUT,
         );
-        let upgrade_idle_timeout = timeout(
+        let upgrade_idle = timeout(
             &m.upgrade_idle_timeout,
             "upgrade_idle_timeout",
             DEFAULT_UPGRADE_IDLE_TIMEOUT,
         );
+        let header_read = timeout(
+            &m.header_read_timeout,
+            "header_read_timeout",
+            DEFAULT_HEADER_READ_TIMEOUT,
+        );
+        Some(Deadlines {
+            upstream: upstream?,
+            upstream_connect: upstream_connect?,
+            upstream_body: upstream_body?,
+            client_body: client_body?,
+            client_write: client_write?,
+            upgrade_idle: upgrade_idle?,
+            header_read: header_read?,
+        })
+    }
+
+    /// The largest body, the buffered part, and the slowest arrival.
+    fn bodies(&mut self, m: &ServerModel) -> Option<Bodies> {
         let max_request_body = match &m.max_request_body {
             None => Some(None),
             Some(size) => self.size(size, "max_request_body").map(Some),
@@ -168,12 +287,16 @@ impl Validator<'_> {
             "client_body_min_rate_after",
             DEFAULT_CLIENT_BODY_MIN_RATE_AFTER,
         );
-        let http2_max_concurrent_streams = self.bounded(
-            m.http2_max_concurrent_streams.as_ref(),
-            DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
-            1..=10_000,
-            "http2_max_concurrent_streams must be a whole number from 1 to 10000",
-        );
+        Some(Bodies {
+            max_request_body: max_request_body?,
+            request_buffer: request_buffer?,
+            client_body_min_rate: client_body_min_rate?,
+            client_body_min_rate_after: client_body_min_rate_after?,
+        })
+    }
+
+    /// The grace and drain of a stop, and the denial log's interval.
+    fn pacing(&mut self, m: &ServerModel) -> Option<Pacing> {
         let shutdown_grace = self.optional_duration(
             m.shutdown_grace.as_ref(),
             "shutdown_grace",
@@ -193,10 +316,20 @@ impl Validator<'_> {
             "denial_log_interval",
             DEFAULT_DENIAL_LOG_INTERVAL,
         );
-        let header_read_timeout = self.optional_duration(
-            m.header_read_timeout.as_ref(),
-            "header_read_timeout",
-            DEFAULT_HEADER_READ_TIMEOUT,
+        Some(Pacing {
+            shutdown_grace: shutdown_grace?,
+            drain_delay: drain_delay?,
+            denial_log_interval: denial_log_interval?,
+        })
+    }
+
+    /// HTTP/2 streams, client ids, in-process tables and connections.
+    fn capacities(&mut self, m: &ServerModel) -> Option<Capacities> {
+        let http2_max_concurrent_streams = self.bounded(
+            m.http2_max_concurrent_streams.as_ref(),
+            DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            1..=10_000,
+            "http2_max_concurrent_streams must be a whole number from 1 to 10000",
         );
         let max_client_id = self.bounded(
             m.max_client_id.as_ref(),
@@ -208,11 +341,6 @@ impl Validator<'_> {
             m.on_long_client_id.as_ref(),
             "on_long_client_id",
             &TooLong::NAMES,
-        );
-        let escaped_slashes = self.choice(
-            m.escaped_slashes.as_ref(),
-            "escaped_slashes",
-            &EscapedSlashes::NAMES,
         );
         let max_client_entries = self.bounded(
             m.max_client_entries.as_ref(),
@@ -231,67 +359,32 @@ impl Validator<'_> {
                 )
                 .map(Some),
         };
-        let tls = match &m.tls {
-            None => Some(None),
-            Some(tls) => self.listener_tls(tls).map(Some),
-        };
-        let rate_limit_headers = self.header_mode(
-            m.rate_limit_headers.as_ref(),
-            crate::routes::HeaderMode::default(),
-        );
-        let admin_token_file = match &m.admin_token_file {
-            None => Some(None),
-            Some(file) => match self.first_line(file, "admin_token_file") {
-                Some(token) if token.trim().len() < 16 => {
-                    self.problem(
-                        file.span(),
-                        "the admin token must be at least 16 characters (e.g. 32 random bytes in hex)",
-                    );
-                    None
-                }
-                Some(_) => Some(Some(self.resolve(file))),
-                None => None,
-            },
-        };
-        Some(Server {
-            listen: listen?,
-            admin_listen,
-            decision_listen: decisions.as_ref().map(|d| d.0),
-            decision_peers: decisions.map(|d| d.1).unwrap_or_default(),
-            admin_token_file: admin_token_file?,
-            trusted_proxies,
-            exempt,
-            upstream_timeout: upstream_timeout?,
-            upstream_connect_timeout: upstream_connect_timeout?,
-            upstream_body_timeout: upstream_body_timeout?,
-            client_body_timeout: client_body_timeout?,
-            client_write_timeout: client_write_timeout?,
-            upgrade_idle_timeout: upgrade_idle_timeout?,
-            max_request_body: max_request_body?,
-            request_buffer: request_buffer?,
-            client_body_min_rate: client_body_min_rate?,
-            client_body_min_rate_after: client_body_min_rate_after?,
+        Some(Capacities {
             http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams?)
                 .unwrap_or(u32::MAX),
-            shutdown_grace: shutdown_grace?,
-            drain_delay: drain_delay?,
-            denial_log_interval: denial_log_interval?,
-            header_read_timeout: header_read_timeout?,
-            reload_on_change: m.reload_on_change,
             max_client_id: max_client_id?,
             on_long_client_id: on_long_client_id?,
-            escaped_slashes: escaped_slashes?,
             max_client_entries: max_client_entries?,
             max_connections: max_connections?,
-            tls: tls?,
-            rate_limit_headers: rate_limit_headers?,
-            exempt_keys: self.exempt_keys(&m.exempt_keys),
-            strip_untrusted_headers: m
-                .strip_untrusted_headers
-                .iter()
-                .filter_map(|name| self.header_name(name))
-                .collect(),
         })
+    }
+
+    /// `admin_token_file`: a file whose first line is a long enough token.
+    fn admin_token_file(&mut self, file: Option<&Spanned<String>>) -> Option<Option<PathBuf>> {
+        let Some(file) = file else {
+            return Some(None);
+        };
+        match self.first_line(file, "admin_token_file") {
+            Some(token) if token.trim().len() < 16 => {
+                self.problem(
+                    file.span(),
+                    "the admin token must be at least 16 characters (e.g. 32 random bytes in hex)",
+                );
+                None
+            }
+            Some(_) => Some(Some(self.resolve(file))),
+            None => None,
+        }
     }
 
     /// `decision_listen` with `decision_peers`: each needs the other, so

@@ -44,150 +44,20 @@ impl Validator<'_> {
             .backend
             .as_ref()
             .map_or_else(|| model.span(), Spanned::span);
-        let key_prefix = match &m.key_prefix {
-            Some(p) if !valid_name(p.get_ref()) => {
-                self.problem(
-                    p.span(),
-                    "key_prefix may use only letters, digits, '_', '-' and '.' (1 to 64 of them)",
-                );
-                None
-            }
-            Some(p) => Some(p.get_ref().clone()),
-            None => Some("floodgate".to_owned()),
-        };
+        let key_prefix = self.key_prefix(m.key_prefix.as_ref());
         let timeout = self.optional_duration(m.timeout.as_ref(), "timeout", DEFAULT_STORE_TIMEOUT);
         let on_error = self.choice(m.on_error.as_ref(), "on_error", &OnError::NAMES);
-        let local_instances = match &m.local_instances {
-            None => Some(1),
-            Some(n) if (1..=10_000).contains(n.get_ref()) => {
-                if on_error != Some(OnError::Local) {
-                    self.problem(
-                        n.span(),
-                        "local_instances is only used with on_error = \"local\"",
-                    );
-                }
-                Some(*n.get_ref() as u64)
-            }
-            Some(n) => {
-                self.problem(
-                    n.span(),
-                    "local_instances must be a whole number from 1 to 10000",
-                );
-                None
-            }
-        };
+        let local_instances = self.local_instances(m.local_instances.as_ref(), on_error);
         match backend {
             "memory" => {
-                for (key, present) in [
-                    ("url", m.url.as_ref().map(Spanned::span)),
-                    ("urls", m.urls.as_ref().map(Spanned::span)),
-                    ("password_file", m.password_file.as_ref().map(Spanned::span)),
-                    ("id_secret", m.id_secret.as_ref().map(Spanned::span)),
-                    (
-                        "id_secret_file",
-                        m.id_secret_file.as_ref().map(Spanned::span),
-                    ),
-                ] {
-                    if let Some(span) = present {
-                        self.problem(
-                            span,
-                            format!("{key} has no meaning for backend \"memory\"; remove it or set backend = \"redis\""),
-                        );
-                    }
-                }
+                self.keys_of_redis(m);
                 Some(Store::Memory)
             }
             "redis" | "redis_cluster" | "redis_sentinel" => {
-                let single = backend == "redis";
-                let (wanted, unwanted, example) = if single {
-                    (
-                        "url",
-                        m.urls.as_ref().map(Spanned::span),
-                        "url = \"redis://host:6379/0\"",
-                    )
-                } else {
-                    (
-                        "urls",
-                        m.url.as_ref().map(Spanned::span),
-                        "urls = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]",
-                    )
-                };
-                if let Some(span) = unwanted {
-                    self.problem(
-                        span,
-                        format!("backend {backend:?} takes {wanted}, not this key"),
-                    );
-                }
-                if backend != "redis_sentinel"
-                    && let Some(name) = &m.master_name
-                {
-                    self.problem(
-                        name.span(),
-                        "master_name is only used with backend = \"redis_sentinel\"",
-                    );
-                }
+                self.keys_of_other_backends(m, backend);
                 let password = self.password_file(m.password_file.as_ref());
-                let check = |v: &mut Self, url: &str, span: Range<usize>| -> Option<String> {
-                    let url = match expand_env(url) {
-                        Ok(url) => url,
-                        Err(problem) => {
-                            v.problem(span, problem);
-                            return None;
-                        }
-                    };
-                    if url.starts_with("redis://") || url.starts_with("rediss://") {
-                        match &password {
-                            Some(Some(password)) => match with_password(&url, password) {
-                                Ok(url) => Some(url),
-                                Err(problem) => {
-                                    v.problem(span, problem);
-                                    None
-                                }
-                            },
-                            _ => Some(url),
-                        }
-                    } else {
-                        v.problem(
-                            span,
-                            format!("{url:?} must start with redis:// or rediss://"),
-                        );
-                        None
-                    }
-                };
-                let urls = match &m.urls {
-                    Some(list) if !single && !list.get_ref().is_empty() => {
-                        let urls: Vec<Option<String>> = list
-                            .get_ref()
-                            .iter()
-                            .map(|u| check(self, u, list.span()))
-                            .collect();
-                        urls.into_iter().collect::<Option<Vec<_>>>()
-                    }
-                    _ => None,
-                };
-                let endpoint = match (backend, &m.url, urls) {
-                    ("redis", Some(u), _) => {
-                        check(self, u.get_ref(), u.span()).map(Endpoint::Single)
-                    }
-                    ("redis_cluster", _, Some(urls)) => Some(Endpoint::Cluster(urls)),
-                    ("redis_sentinel", _, Some(urls)) => match &m.master_name {
-                        Some(name) if !name.get_ref().is_empty() => Some(Endpoint::Sentinel {
-                            urls,
-                            master: name.get_ref().clone(),
-                        }),
-                        _ => {
-                            self.problem(
-                                backend_span.clone(),
-                                "backend \"redis_sentinel\" needs master_name = \"mymaster\" (the monitored group)",
-                            );
-                            None
-                        }
-                    },
-                    _ => {
-                        self.problem(backend_span, format!("backend {backend:?} needs {example}"));
-                        None
-                    }
-                };
+                let given = password.as_ref().and_then(|p| p.as_deref());
+                let endpoint = self.redis_endpoint(m, backend, backend_span, given);
                 let tls = self.tls(m);
                 if endpoint.as_ref().is_some_and(|e| !e.uses_tls())
                     && let Some(key) = [&m.tls_ca_file, &m.tls_cert_file, &m.tls_key_file]
@@ -218,6 +88,177 @@ impl Validator<'_> {
                 );
                 None
             }
+        }
+    }
+
+    /// `key_prefix`: what the store's keys start with ("floodgate").
+    fn key_prefix(&mut self, prefix: Option<&Spanned<String>>) -> Option<String> {
+        match prefix {
+            Some(p) if !valid_name(p.get_ref()) => {
+                self.problem(
+                    p.span(),
+                    "key_prefix may use only letters, digits, '_', '-' and '.' (1 to 64 of them)",
+                );
+                None
+            }
+            Some(p) => Some(p.get_ref().clone()),
+            None => Some("floodgate".to_owned()),
+        }
+    }
+
+    /// `local_instances`: how many instances share the limits while the
+    /// store is away, with `on_error = "local"` (1 when not given).
+    fn local_instances(
+        &mut self,
+        count: Option<&Spanned<i64>>,
+        on_error: Option<OnError>,
+    ) -> Option<u64> {
+        match count {
+            None => Some(1),
+            Some(n) if (1..=10_000).contains(n.get_ref()) => {
+                if on_error != Some(OnError::Local) {
+                    self.problem(
+                        n.span(),
+                        "local_instances is only used with on_error = \"local\"",
+                    );
+                }
+                Some(*n.get_ref() as u64)
+            }
+            Some(n) => {
+                self.problem(
+                    n.span(),
+                    "local_instances must be a whole number from 1 to 10000",
+                );
+                None
+            }
+        }
+    }
+
+    /// The keys only Redis reads, given to the memory backend.
+    fn keys_of_redis(&mut self, m: &StoreModel) {
+        for (key, present) in [
+            ("url", m.url.as_ref().map(Spanned::span)),
+            ("urls", m.urls.as_ref().map(Spanned::span)),
+            ("password_file", m.password_file.as_ref().map(Spanned::span)),
+            ("id_secret", m.id_secret.as_ref().map(Spanned::span)),
+            (
+                "id_secret_file",
+                m.id_secret_file.as_ref().map(Spanned::span),
+            ),
+        ] {
+            if let Some(span) = present {
+                self.problem(
+                    span,
+                    format!("{key} has no meaning for backend \"memory\"; remove it or set backend = \"redis\""),
+                );
+            }
+        }
+    }
+
+    /// `url` where `urls` is read (or the other way round), and
+    /// `master_name` without Sentinel.
+    fn keys_of_other_backends(&mut self, m: &StoreModel, backend: &str) {
+        let (wanted, unwanted) = if backend == "redis" {
+            ("url", m.urls.as_ref().map(Spanned::span))
+        } else {
+            ("urls", m.url.as_ref().map(Spanned::span))
+        };
+        if let Some(span) = unwanted {
+            self.problem(
+                span,
+                format!("backend {backend:?} takes {wanted}, not this key"),
+            );
+        }
+        if backend != "redis_sentinel"
+            && let Some(name) = &m.master_name
+        {
+            self.problem(
+                name.span(),
+                "master_name is only used with backend = \"redis_sentinel\"",
+            );
+        }
+    }
+
+    /// Where a Redis backend is reached: one URL, a cluster's, or
+    /// Sentinel's with the monitored group.
+    fn redis_endpoint(
+        &mut self,
+        m: &StoreModel,
+        backend: &str,
+        backend_span: Range<usize>,
+        password: Option<&str>,
+    ) -> Option<Endpoint> {
+        let example = if backend == "redis" {
+            "url = \"redis://host:6379/0\""
+        } else {
+            "urls = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]"
+        };
+        let urls = match &m.urls {
+            Some(list) if backend != "redis" && !list.get_ref().is_empty() => {
+                let urls: Vec<Option<String>> = list
+                    .get_ref()
+                    .iter()
+                    .map(|u| self.redis_url(u, list.span(), password))
+                    .collect();
+                urls.into_iter().collect::<Option<Vec<_>>>()
+            }
+            _ => None,
+        };
+        match (backend, &m.url, urls) {
+            ("redis", Some(u), _) => self
+                .redis_url(u.get_ref(), u.span(), password)
+                .map(Endpoint::Single),
+            ("redis_cluster", _, Some(urls)) => Some(Endpoint::Cluster(urls)),
+            ("redis_sentinel", _, Some(urls)) => match &m.master_name {
+                Some(name) if !name.get_ref().is_empty() => Some(Endpoint::Sentinel {
+                    urls,
+                    master: name.get_ref().clone(),
+                }),
+                _ => {
+                    self.problem(
+                        backend_span,
+                        "backend \"redis_sentinel\" needs master_name = \"mymaster\" (the monitored group)",
+                    );
+                    None
+                }
+            },
+            _ => {
+                self.problem(backend_span, format!("backend {backend:?} needs {example}"));
+                None
+            }
+        }
+    }
+
+    /// One Redis URL, `${NAME}` expanded and the password put in.
+    fn redis_url(
+        &mut self,
+        url: &str,
+        span: Range<usize>,
+        password: Option<&str>,
+    ) -> Option<String> {
+        let url = match expand_env(url) {
+            Ok(url) => url,
+            Err(problem) => {
+                self.problem(span, problem);
+                return None;
+            }
+        };
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            self.problem(
+                span,
+                format!("{url:?} must start with redis:// or rediss://"),
+            );
+            return None;
+        }
+        match password {
+            Some(password) => match with_password(&url, password) {
+                Ok(url) => Some(url),
+                Err(problem) => {
+                    self.problem(span, problem);
+                    None
+                }
+            },
+            None => Some(url),
         }
     }
 
