@@ -272,47 +272,74 @@ impl Validator<'_> {
         defaults: Defaults,
     ) -> Option<Endpoint> {
         let https = scheme == Scheme::HTTPS;
-        let protocol = match &m.protocol {
-            None if https => Protocol::Auto,
-            None => Protocol::Http1,
-            Some(p) => {
-                let chosen = self.choice(Some(p), "protocol", &Protocol::NAMES)?;
-                match (chosen, https) {
-                    (Protocol::H2c, true) => {
-                        self.problem(
-                            p.span(),
-                            "protocol \"h2c\" is HTTP/2 without TLS; an https:// upstream speaks \"h2\" (or \"auto\")",
-                        );
-                        return None;
-                    }
-                    (Protocol::H2 | Protocol::Auto, false) => {
-                        self.problem(
-                            p.span(),
-                            "protocol \"h2\" and \"auto\" need an https:// upstream; HTTP/2 without TLS is \"h2c\"",
-                        );
-                        return None;
-                    }
-                    (chosen, _) => chosen,
-                }
-            }
+        let protocol = self.protocol(m.protocol.as_ref(), https)?;
+        let tls = if https {
+            Some(self.upstream_tls(name, m, &authority, protocol)?)
+        } else {
+            self.no_tls_keys(name, m)?;
+            None
         };
-        let tls_keys = [&m.server_name, &m.ca_file, &m.cert_file, &m.key_file];
-        if !https {
-            if let Some(key) = tls_keys.iter().copied().flatten().next() {
+        let mut endpoint = self.compiled(scheme, authority, protocol, tls, defaults);
+        endpoint.preserve_host = m.preserve_host;
+        endpoint.forwarding = Forwarding {
+            forwarded: m.forwarded,
+            via: m.via,
+        };
+        Some(endpoint)
+    }
+
+    /// `protocol`, one an `https://` (or a plain) upstream can speak;
+    /// without it, `auto` over TLS and HTTP/1.1 without.
+    fn protocol(&mut self, protocol: Option<&Spanned<String>>, https: bool) -> Option<Protocol> {
+        let Some(p) = protocol else {
+            return Some(if https {
+                Protocol::Auto
+            } else {
+                Protocol::Http1
+            });
+        };
+        let chosen = self.choice(Some(p), "protocol", &Protocol::NAMES)?;
+        match (chosen, https) {
+            (Protocol::H2c, true) => {
                 self.problem(
-                    key.span(),
-                    format!("upstream {name:?} is not https://, so it has no TLS to set up"),
+                    p.span(),
+                    "protocol \"h2c\" is HTTP/2 without TLS; an https:// upstream speaks \"h2\" (or \"auto\")",
                 );
-                return None;
+                None
             }
-            let mut endpoint = self.compiled(scheme, authority, protocol, None, defaults);
-            endpoint.preserve_host = m.preserve_host;
-            endpoint.forwarding = Forwarding {
-                forwarded: m.forwarded,
-                via: m.via,
-            };
-            return Some(endpoint);
+            (Protocol::H2 | Protocol::Auto, false) => {
+                self.problem(
+                    p.span(),
+                    "protocol \"h2\" and \"auto\" need an https:// upstream; HTTP/2 without TLS is \"h2c\"",
+                );
+                None
+            }
+            (chosen, _) => Some(chosen),
         }
+    }
+
+    /// A plain upstream has no TLS keys to set.
+    fn no_tls_keys(&mut self, name: &str, m: &UpstreamModel) -> Option<()> {
+        let tls_keys = [&m.server_name, &m.ca_file, &m.cert_file, &m.key_file];
+        if let Some(key) = tls_keys.iter().copied().flatten().next() {
+            self.problem(
+                key.span(),
+                format!("upstream {name:?} is not https://, so it has no TLS to set up"),
+            );
+            return None;
+        }
+        Some(())
+    }
+
+    /// TLS to an `https://` upstream: its files read now, so that a bad
+    /// one is refused with its key's place.
+    fn upstream_tls(
+        &mut self,
+        name: &str,
+        m: &UpstreamModel,
+        authority: &Authority,
+        protocol: Protocol,
+    ) -> Option<UpstreamTls> {
         if m.cert_file.is_some() != m.key_file.is_some() {
             let span = m
                 .cert_file
@@ -332,15 +359,7 @@ impl Validator<'_> {
             .as_ref()
             .map_or_else(|| authority.host().to_owned(), |n| n.get_ref().clone());
         match UpstreamTls::new(files.clone(), &server_name, protocol) {
-            Ok(tls) => {
-                let mut endpoint = self.compiled(scheme, authority, protocol, Some(tls), defaults);
-                endpoint.preserve_host = m.preserve_host;
-                endpoint.forwarding = Forwarding {
-                    forwarded: m.forwarded,
-                    via: m.via,
-                };
-                Some(endpoint)
-            }
+            Ok(tls) => Some(tls),
             Err(e) => {
                 let span = match &e {
                     TlsError::Read { path, .. }

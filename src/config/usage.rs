@@ -35,11 +35,61 @@ pub(super) struct FailedModel {
     charge: Option<Spanned<i64>>,
 }
 
+/// How many units a request reserves: at least `reserve`, plus
+/// `reserve_add`, at most `max_reserve`.
+struct Amounts {
+    reserve: u64,
+    add: u64,
+    max: u64,
+}
+
 impl Validator<'_> {
     /// The usage settings of a route, or `None` after reporting what is
     /// wrong.
     pub(super) fn usage(&mut self, model: &Spanned<UsageModel>) -> Option<Arc<Settings>> {
         let m = model.get_ref();
+        let amounts = self.reserve_amounts(m);
+        let reserve_header = m
+            .reserve_header
+            .as_ref()
+            .map_or(Some(None), |name| self.header_name(name).map(Some));
+        let reserve_json = m
+            .reserve_json
+            .as_ref()
+            .map_or(Some(None), |given| self.reserve_paths(given).map(Some));
+        let reserve_weight = m
+            .reserve_weight
+            .as_ref()
+            .map_or(Some(1.0), |w| self.weight(w));
+        let source = self.report_source(&m.report);
+        let (fields, weights) = self.usage_fields(&m.units, source.unwrap_or(Source::Json))?;
+        let reserve_per_kib = self.reserve_per_kib(m.reserve_per_kib.as_ref());
+        let failed = match &m.failed {
+            None => Some(None),
+            Some(f) => self.failed_answers(f).map(Some),
+        };
+        let stream_include_usage =
+            self.stream_include_usage(m.stream_include_usage.as_ref(), source);
+        let amounts = amounts?;
+        Some(Arc::new(Settings {
+            stream_include_usage: stream_include_usage?,
+            reserve: amounts.reserve,
+            reserve_header: reserve_header?,
+            reserve_json: reserve_json?,
+            reserve_weight: reserve_weight?,
+            reserve_add: amounts.add,
+            reserve_per_kib: reserve_per_kib?,
+            max_reserve: amounts.max,
+            source: source?,
+            fields,
+            weights,
+            failed: failed?,
+        }))
+    }
+
+    /// `reserve`, `reserve_add` and `max_reserve`, the last no less than
+    /// the first.
+    fn reserve_amounts(&mut self, m: &UsageModel) -> Option<Amounts> {
         let mut ok = true;
         let mut whole = |v: &mut Self, n: &Spanned<i64>, what: &str, least: i64| {
             if *n.get_ref() < least {
@@ -52,100 +102,65 @@ impl Validator<'_> {
             (*n.get_ref()).max(0) as u64
         };
         let reserve = whole(self, &m.reserve, "reserve", 1);
-        let reserve_add = m
+        let add = m
             .reserve_add
             .as_ref()
             .map_or(0, |n| whole(self, n, "reserve_add", 0));
-        let max_reserve = m
+        let max = m
             .max_reserve
             .as_ref()
             .map_or(reserve, |n| whole(self, n, "max_reserve", 1));
-        if let Some(max) = &m.max_reserve
-            && max_reserve < reserve
+        if let Some(given) = &m.max_reserve
+            && max < reserve
         {
             self.problem(
-                max.span(),
-                format!("max_reserve {max_reserve} is below reserve {reserve}; raise it"),
+                given.span(),
+                format!("max_reserve {max} is below reserve {reserve}; raise it"),
             );
             ok = false;
         }
-        let reserve_header = match &m.reserve_header {
-            None => None,
-            Some(name) => {
-                let parsed = self.header_name(name);
-                ok &= parsed.is_some();
-                parsed
+        ok.then_some(Amounts { reserve, add, max })
+    }
+
+    /// `reserve_per_kib`: units reserved for each KiB of request body.
+    fn reserve_per_kib(&mut self, given: Option<&Spanned<i64>>) -> Option<u64> {
+        let Some(n) = given else {
+            return Some(0);
+        };
+        match u64::try_from(*n.get_ref()) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.problem(
+                    n.span(),
+                    "reserve_per_kib is a whole number of units, 0 or more",
+                );
+                None
             }
-        };
-        let reserve_json = match &m.reserve_json {
-            None => None,
-            Some(given) => {
-                let parsed = self.reserve_paths(given);
-                ok &= parsed.is_some();
-                parsed
+        }
+    }
+
+    /// `stream_include_usage`, where a stream's events can carry usage.
+    fn stream_include_usage(
+        &mut self,
+        given: Option<&Spanned<bool>>,
+        source: Option<Source>,
+    ) -> Option<bool> {
+        match (given, source) {
+            (Some(on), Some(Source::Sse | Source::JsonOrSse)) | (Some(on), None) => {
+                Some(*on.get_ref())
             }
-        };
-        let reserve_weight = match &m.reserve_weight {
-            None => 1.0,
-            Some(w) => match self.weight(w) {
-                Some(w) => w,
-                None => {
-                    ok = false;
-                    1.0
-                }
-            },
-        };
-        let source = self.report_source(&m.report);
-        ok &= source.is_some();
-        let (fields, weights) = self.usage_fields(&m.units, source.unwrap_or(Source::Json))?;
-        let reserve_per_kib = match &m.reserve_per_kib {
-            None => 0,
-            Some(n) => match u64::try_from(*n.get_ref()) {
-                Ok(n) => n,
-                Err(_) => {
-                    self.problem(
-                        n.span(),
-                        "reserve_per_kib is a whole number of units, 0 or more",
-                    );
-                    ok = false;
-                    0
-                }
-            },
-        };
-        let failed = match &m.failed {
-            None => Some(None),
-            Some(f) => self.failed_answers(f).map(Some),
-        };
-        ok &= failed.is_some();
-        let stream_include_usage = match (&m.stream_include_usage, source) {
-            (Some(on), Some(Source::Sse | Source::JsonOrSse)) | (Some(on), None) => *on.get_ref(),
             (Some(on), Some(_)) => {
                 if *on.get_ref() {
                     self.problem(
                         on.span(),
                         "stream_include_usage asks an upstream to report a stream's usage in its events; it needs report = \"sse\" or \"json_or_sse\"",
                     );
-                    ok = false;
+                    return None;
                 }
-                false
+                Some(false)
             }
-            (None, _) => false,
-        };
-        let settings = Settings {
-            stream_include_usage,
-            reserve,
-            reserve_header,
-            reserve_json,
-            reserve_weight,
-            reserve_add,
-            reserve_per_kib,
-            max_reserve,
-            source: source?,
-            fields,
-            weights,
-            failed: failed?,
-        };
-        ok.then(|| Arc::new(settings))
+            (None, _) => Some(false),
+        }
     }
 
     /// `failed`: statuses from 100 to 599, at least one; a charge of 0 or
