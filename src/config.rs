@@ -5,15 +5,18 @@
 //! is reported with the file, line and column it comes from, and all of them
 //! are reported at once, so an operator fixes a file in one pass.
 //!
-//! This file holds the loaded [`Config`], the file's top-level model and the
-//! validator's shared helpers; each section is read in its own module:
+//! This file holds the loaded [`Config`] and the file's top-level model;
+//! `validator` is one run over a file and the checks every section shares,
+//! and each section is read in its own module:
 //! `document` (the file into the model, every refusal reported), `server`,
-//! `store`, `upstreams`, `routes` (match, action), with `limits` (one
-//! limit entry), `matching` (header conditions), `clients`, `overrides`
+//! `store`, `upstreams`, `routes` (match, action, policy, descriptor), with
+//! `limits` (one limit entry), `calendars` (its windows by the calendar),
+//! `matching` (header conditions), `clients`, `overrides`
 //! (per-client limits, exempt keys), `plans` (keys per limit, budgets,
 //! plans and their selection), `answers` (deny answers, header modes),
-//! `usage` and `access_log`; `summary` is what `--check` prints of a valid
-//! file; `durations` and `problems` serve them all. The settings other modules
+//! `concurrency`, `usage` and `access_log`; `summary` is what `--check`
+//! prints of a valid file, and `probe` what `--probe` reads of one;
+//! `durations` and `problems` serve them all. The settings other modules
 //! own are defined there and filled in here: the store's in
 //! [`crate::limit::settings`], and each enumeration's names (`NAMES`) beside
 //! the enumeration, so `config` depends on the rest and nothing on it but
@@ -21,7 +24,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +47,7 @@ mod limits;
 mod matching;
 mod overrides;
 mod plans;
+mod probe;
 mod problems;
 mod routes;
 mod server;
@@ -52,6 +55,7 @@ mod store;
 mod summary;
 mod upstreams;
 mod usage;
+mod validator;
 
 use upstreams::{Defaults, UpstreamModel};
 
@@ -61,11 +65,12 @@ pub use crate::limit::settings::{
 pub use durations::{parse_duration, parse_size};
 use limits::LimitModel;
 pub use plans::{PlanTableFile, load_plan_table};
-use problems::line_column;
+pub use probe::{Listeners, listeners};
 pub use problems::{LoadError, Problem};
 use routes::{RouteModel, valid_name};
 use server::ServerModel;
 use store::StoreModel;
+use validator::Validator;
 
 /// Default deadline for an upstream's response head.
 const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -344,61 +349,6 @@ struct FileModel {
 
 // === loading ===
 
-/// Where a configuration file says floodgate listens: the proxy listener,
-/// the admin listener if any, and whether the proxy listener speaks TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listeners {
-    pub listen: SocketAddr,
-    pub admin_listen: Option<SocketAddr>,
-    pub tls: bool,
-}
-
-/// Reads only `[server]`'s `listen`, `admin_listen` and whether `tls` is
-/// set, ignoring the rest of the file: what `floodgate --probe` needs to
-/// find a running floodgate. A file edited into an invalid state is still
-/// probed by the addresses the running process took at its start (a listener
-/// change needs a restart), so the health check follows the process, not
-/// the next reload.
-pub fn listeners(path: &Path) -> Result<Listeners, String> {
-    #[derive(Deserialize)]
-    struct File {
-        server: Server,
-    }
-    #[derive(Deserialize)]
-    struct Server {
-        listen: String,
-        admin_listen: Option<String>,
-        tls: Option<toml::Value>,
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file: File = toml::from_str(&text).map_err(|e| {
-        let place = e
-            .span()
-            .map(|span| {
-                let (line, column) = problems::line_column(&text, span.start);
-                format!(":{line}:{column}")
-            })
-            .unwrap_or_default();
-        format!("{}{place}: {}", path.display(), e.message())
-    })?;
-    let address = |text: &str, key: &str| {
-        text.parse::<SocketAddr>().map_err(|_| {
-            format!(
-                "{}: [server] {key} {text:?} is not an address and port",
-                path.display()
-            )
-        })
-    };
-    Ok(Listeners {
-        listen: address(&file.server.listen, "listen")?,
-        admin_listen: match &file.server.admin_listen {
-            Some(a) => Some(address(a, "admin_listen")?),
-            None => None,
-        },
-        tls: file.server.tls.is_some(),
-    })
-}
-
 /// Reads, parses and validates the file at `path`.
 pub fn load(path: &Path) -> Result<Config, LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
@@ -454,131 +404,6 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
             client_ids,
         }),
         _ => Err(LoadError::Invalid(v.sorted_problems())),
-    }
-}
-
-struct Validator<'a> {
-    path: &'a Path,
-    text: &'a str,
-    problems: Vec<Problem>,
-    /// The upstreams routes name, in the order first named: what
-    /// [`crate::routes::Upstream::index`] counts in.
-    upstreams: Vec<crate::proxy::settings::Upstream>,
-    /// Each upstream's place in `upstreams`, by the URL or name routes
-    /// give: routes that give the same one share it.
-    upstream_index: HashMap<String, usize>,
-    /// Entries taken out of the file because serde refused them (already
-    /// reported).
-    removed: document::Removed,
-}
-
-impl Validator<'_> {
-    fn problem(&mut self, span: Range<usize>, message: impl Into<String>) {
-        // A table that lacks what was taken out of it is not a second fault.
-        if self.removed.explains(&span) {
-            return;
-        }
-        let (line, column) = line_column(self.text, span.start);
-        let problem = Problem {
-            path: self.path.to_owned(),
-            line,
-            column,
-            message: message.into(),
-        };
-        // The same problem found twice (a table read again) is said once.
-        if !self.problems.contains(&problem) {
-            self.problems.push(problem);
-        }
-    }
-
-    /// The problems found, in the order of the file.
-    fn sorted_problems(&mut self) -> Vec<Problem> {
-        let mut problems = std::mem::take(&mut self.problems);
-        problems.sort_by_key(|p| (p.line, p.column));
-        problems
-    }
-
-    /// A whole number in `range`, or `default` when `value` is absent.
-    fn bounded(
-        &mut self,
-        value: Option<&Spanned<i64>>,
-        default: usize,
-        range: std::ops::RangeInclusive<usize>,
-        message: &str,
-    ) -> Option<usize> {
-        let Some(value) = value else {
-            return Some(default);
-        };
-        match usize::try_from(*value.get_ref()) {
-            Ok(n) if range.contains(&n) => Some(n),
-            _ => {
-                self.problem(value.span(), message);
-                None
-            }
-        }
-    }
-
-    /// One of `choices` by name (the first when `value` is absent).
-    fn choice<T: Copy>(
-        &mut self,
-        value: Option<&Spanned<String>>,
-        key: &str,
-        choices: &[(&str, T)],
-    ) -> Option<T> {
-        let Some(value) = value else {
-            return choices.first().map(|&(_, c)| c);
-        };
-        let found = choices
-            .iter()
-            .find(|(name, _)| *name == value.get_ref().as_str());
-        if found.is_none() {
-            let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
-            let hint = problems::closest(value.get_ref(), choices.iter().map(|&(n, _)| n))
-                .map(|near| format!("; did you mean {near:?}?"))
-                .unwrap_or_default();
-            self.problem(
-                value.span(),
-                format!(
-                    "{key} {:?} is not one of {}{hint}",
-                    value.get_ref(),
-                    names.join(", ")
-                ),
-            );
-        }
-        found.map(|&(_, c)| c)
-    }
-
-    fn socket_addr(&mut self, value: &Spanned<String>, what: &str) -> Option<SocketAddr> {
-        match value.get_ref().parse() {
-            Ok(addr) => Some(addr),
-            Err(_) => {
-                self.problem(
-                    value.span(),
-                    format!(
-                        "{what} {:?} is not an address and port such as \"0.0.0.0:8080\"",
-                        value.get_ref()
-                    ),
-                );
-                None
-            }
-        }
-    }
-
-    fn networks(&mut self, list: &[Spanned<String>], key: &str) -> Vec<IpNet> {
-        let mut nets = Vec::new();
-        for cidr in list {
-            match parse_cidr(cidr.get_ref()) {
-                Some(net) => nets.push(net),
-                None => self.problem(
-                    cidr.span(),
-                    format!(
-                        "{key} entry {:?} is not an address or CIDR such as \"10.0.0.0/8\"",
-                        cidr.get_ref()
-                    ),
-                ),
-            }
-        }
-        nets
     }
 }
 
