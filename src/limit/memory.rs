@@ -101,7 +101,18 @@ impl MemoryStore {
     /// decisions never wait on each other in a circle), every limit is
     /// checked, and all are consumed only if all allow.
     fn decide_keyed(&self, charge: Charge<'_>, now: u64) -> Decision {
-        let keys = charge.keys;
+        let mut held = self.lock_keyed(charge.keys);
+        self.make_entries(&mut held, &charge);
+        let mut decision = match charge.settle {
+            Some(settle) => held.settle(&charge, now, settle),
+            None => held.check_and_consume(&charge, now),
+        };
+        decision.at_ms = now;
+        decision
+    }
+
+    /// Locks the shards holding `keys`' entries, in shard order.
+    fn lock_keyed(&self, keys: &[super::CountKey]) -> Held<'_> {
         let places: Vec<(usize, u64)> = keys
             .iter()
             .map(|k| self.shards.place(&k.entry, &k.client))
@@ -109,17 +120,27 @@ impl MemoryStore {
         let mut order: Vec<usize> = places.iter().map(|&(shard, _)| shard).collect();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<_> = order.iter().map(|&i| self.shards.lock_shard(i)).collect();
-        let mut overflow = None;
-        // Each limit's entry: in its shard, or its scope's overflow bucket.
-        let mut in_overflow = vec![false; keys.len()];
-        for (i, (key, &(shard, hash))) in keys.iter().zip(&places).enumerate() {
+        let guards: Vec<_> = order.iter().map(|&i| self.shards.lock_shard(i)).collect();
+        Held {
+            guards,
+            overflow: None,
+            order,
+            in_overflow: vec![false; keys.len()],
+            places,
+        }
+    }
+
+    /// Gives each limit of `charge` its entry, counting by that limit: in
+    /// its shard, or its scope's overflow bucket when the shard is full.
+    fn make_entries<'a>(&'a self, held: &mut Held<'a>, charge: &Charge<'_>) {
+        for (i, (key, &(shard, hash))) in charge.keys.iter().zip(&held.places).enumerate() {
             let limit = std::slice::from_ref(&charge.limits[i]);
-            let map = &mut guards[order.partition_point(|&s| s < shard)];
+            let map = &mut held.guards[held.order.partition_point(|&s| s < shard)];
             if !self.shards.has_room(map, hash) {
                 self.metrics.full.inc();
-                in_overflow[i] = true;
-                let bucket = overflow
+                held.in_overflow[i] = true;
+                let bucket = held
+                    .overflow
                     .get_or_insert_with(|| {
                         self.overflow.lock().unwrap_or_else(PoisonError::into_inner)
                     })
@@ -137,52 +158,6 @@ impl MemoryStore {
                 *slot = Slot::new(&key.entry, &key.client, Entry::new(limit));
             }
         }
-        let mut held = Held {
-            guards,
-            overflow,
-            order,
-        };
-        let mut decision = match charge.settle {
-            Some(settle) => Decision::combine_kinds((0..keys.len()).map(|i| {
-                let limit = &charge.limits[i];
-                let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
-                if !limit.per_request {
-                    settle_state(&mut e.states[0], limit, now, settle, charge.cost);
-                }
-                e.expires_at = e.states[0].expires_at(limit);
-                let verdict = Verdict {
-                    allowed: true,
-                    retry_after_ms: 0,
-                    ..e.states[0].check(limit, now, 0)
-                };
-                (limit.per_request, verdict)
-            })),
-            None => {
-                let verdicts: Vec<Verdict> = (0..keys.len())
-                    .map(|i| {
-                        held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i])
-                            .states[0]
-                            .check(
-                                &charge.limits[i],
-                                now,
-                                charge.limits[i].cost_of(charge.cost),
-                            )
-                    })
-                    .collect();
-                let kinds = charge.limits.iter().map(|l| l.per_request);
-                let decision = Decision::combine_kinds(kinds.zip(verdicts));
-                if decision.allowed {
-                    for (i, limit) in charge.limits.iter().enumerate() {
-                        let e = held.entry(&keys[i], &charge.limits[i], places[i], in_overflow[i]);
-                        e.states[0].consume(limit, now, limit.cost_of(charge.cost));
-                        e.expires_at = e.states[0].expires_at(limit);
-                    }
-                }
-                decision
-            }
-        };
-        decision.at_ms = now;
-        decision
     }
 
     /// Forgets every client whose state has expired by `now`; returns how
@@ -208,30 +183,29 @@ impl MemoryStore {
     }
 }
 
-/// The shards (and overflow buckets) a keyed decision holds locked.
+/// The shards (and overflow buckets) a keyed decision holds locked, and
+/// where each of its limits' entries is.
 struct Held<'a> {
     guards: Vec<std::sync::MutexGuard<'a, super::shards::Map<Entry>>>,
     overflow: Option<std::sync::MutexGuard<'a, HashMap<Arc<str>, Entry>>>,
     /// The locked shards' indices, ascending, one per guard.
     order: Vec<usize>,
+    /// Per limit, whether its entry is its scope's overflow bucket.
+    in_overflow: Vec<bool>,
+    /// Per limit, its entry's shard and hash.
+    places: Vec<(usize, u64)>,
 }
 
 impl Held<'_> {
-    /// The entry of `key`, at `place` in its shard or in its overflow
-    /// bucket; made before this is asked.
-    fn entry(
-        &mut self,
-        key: &super::CountKey,
-        limit: &Limit,
-        place: (usize, u64),
-        overflowed: bool,
-    ) -> &mut Entry {
-        if overflowed
+    /// The entry of the limit at `i`, counting `key` by `limit`: in its
+    /// shard or in its overflow bucket; made before this is asked.
+    fn entry(&mut self, i: usize, key: &super::CountKey, limit: &Limit) -> &mut Entry {
+        if self.in_overflow[i]
             && let Some(entry) = self.overflow.as_mut().and_then(|o| o.get_mut(&key.entry))
         {
             return entry;
         }
-        let (shard, hash) = place;
+        let (shard, hash) = self.places[i];
         let map = &mut self.guards[self.order.partition_point(|&s| s < shard)];
         &mut map
             .entry(hash)
@@ -243,6 +217,51 @@ impl Held<'_> {
                 )
             })
             .value
+    }
+
+    /// Settles `charge`'s reservation (or makes an operator's grant) in
+    /// each limit's entry.
+    fn settle(&mut self, charge: &Charge<'_>, now: u64, settle: super::Settlement) -> Decision {
+        Decision::combine_kinds((0..charge.keys.len()).map(|i| {
+            let limit = &charge.limits[i];
+            let e = self.entry(i, &charge.keys[i], limit);
+            if !limit.per_request {
+                settle_state(&mut e.states[0], limit, now, settle, charge.cost);
+            }
+            e.expires_at = e.states[0].expires_at(limit);
+            let verdict = Verdict {
+                allowed: true,
+                retry_after_ms: 0,
+                ..e.states[0].check(limit, now, 0)
+            };
+            (limit.per_request, verdict)
+        }))
+    }
+
+    /// Decides `charge` at `now`: every limit's entry checked, then
+    /// consumed from all if all allow.
+    fn check_and_consume(&mut self, charge: &Charge<'_>, now: u64) -> Decision {
+        let keys = charge.keys;
+        let verdicts: Vec<Verdict> = (0..keys.len())
+            .map(|i| {
+                let limit = &charge.limits[i];
+                self.entry(i, &keys[i], limit).states[0].check(
+                    limit,
+                    now,
+                    limit.cost_of(charge.cost),
+                )
+            })
+            .collect();
+        let kinds = charge.limits.iter().map(|l| l.per_request);
+        let decision = Decision::combine_kinds(kinds.zip(verdicts));
+        if decision.allowed {
+            for (i, limit) in charge.limits.iter().enumerate() {
+                let e = self.entry(i, &keys[i], limit);
+                e.states[0].consume(limit, now, limit.cost_of(charge.cost));
+                e.expires_at = e.states[0].expires_at(limit);
+            }
+        }
+        decision
     }
 }
 
