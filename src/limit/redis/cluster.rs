@@ -7,10 +7,8 @@
 //! of the cluster (a node stopped answering, a slot moved), so one frozen
 //! primary used to stall the decisions bound for all of them, and one
 //! breaker for the whole cluster refused them too. Here a decision goes to
-//! its slot's primary on that node's own connection. `MOVED` moves the slot
-//! in the table and asks the new owner; `ASK` asks the importing node once,
-//! after `ASKING`; `TRYAGAIN`, `CLUSTERDOWN` and `MASTERDOWN` ask again
-//! after a short wait; all within the decision's deadline. The table is read
+//! its slot's primary on that node's own connection, and is sent on where
+//! the cluster says (see [`super::redirections`]). The table is read
 //! again in the background, never holding a decision: after a redirection,
 //! after a node fails, and on every recovery tick while some node's breaker
 //! is open, so decisions follow a promoted replica soon after it serves.
@@ -24,18 +22,11 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisError, Value};
 
-use redis::{Cmd, ErrorKind, ServerErrorKind};
-
-use super::Link;
-use super::batch::Ask;
-use super::code::code_missing;
-use super::connections::{cluster_retry_waits, retires, store_error};
+use super::connections::store_error;
+use super::slot::SLOTS;
 use crate::clock::now_ms;
 use crate::limit::StoreError;
 use crate::limit::breaker::{self, Breaker};
-
-/// Hash slots in a Redis Cluster.
-pub(super) const SLOTS: usize = 16_384;
 
 /// No primary is known for the slot.
 const NOBODY: u16 = u16::MAX;
@@ -106,114 +97,6 @@ impl Node {
     pub(super) fn retire(&self) {
         self.conn.store(None);
     }
-}
-
-impl Link {
-    /// Sends one call deciding `asks` (whose keys share one slot) to
-    /// `node`, the slot's primary as the table names it, and returns
-    /// Redis's reply, following `MOVED` and `ASK` and asking again after
-    /// `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`; the caller bounds it with
-    /// the decision's timeout.
-    pub(super) async fn cluster_call<'a>(
-        &self,
-        cluster: &Arc<Cluster>,
-        mut node: Arc<Node>,
-        asks: impl Iterator<Item = Ask<'a>> + Clone,
-    ) -> Result<Value, StoreError> {
-        /// Redirections followed for one call, at most: a slot that keeps
-        /// moving is a cluster being rebuilt, better left to `on_error`.
-        const REDIRECTIONS: u32 = 5;
-        let Some(first) = asks.clone().next() else {
-            return Err(StoreError::Backend("a call without decisions".to_owned()));
-        };
-        // Sized up front, so that building it allocates twice rather than
-        // once per doubling of its buffers: a key and about 40 bytes of
-        // limits per limit, six more arguments.
-        let n = first.limits.len();
-        let mut command = Cmd::with_capacity(6 + n, 64 + n * (first.tags.get(0).0.len() + 72));
-        self.command(&mut command, asks.clone());
-        let (least, most) = cluster_retry_waits(self.timeout);
-        let (mut asking, mut loaded, mut redirected) = (false, false, 0);
-        loop {
-            let failed = |node: &Node, e: RedisError| {
-                if retires(&e) {
-                    node.retire();
-                    cluster.refresh_soon();
-                }
-                store_error(&e, &node.addr)
-            };
-            let mut conn = match node.connection(&cluster.config).await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    cluster.refresh_soon();
-                    return Err(store_error(&e, &format!("{}: cannot connect", node.addr)));
-                }
-            };
-            self.calls.inc();
-            let sent = if std::mem::take(&mut asking) {
-                let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").ignore().add_command(command.clone());
-                pipe.query_async::<(Value,)>(&mut conn).await.map(|(v,)| v)
-            } else {
-                command.query_async::<Value>(&mut conn).await
-            };
-            let e = match sent {
-                Ok(reply) => return Ok(reply),
-                Err(e) => e,
-            };
-            if code_missing(&e) && !loaded {
-                // This primary lacks the code (a fresh replica promoted, a
-                // restart): give it the code, ask again.
-                loaded = true;
-                self.load_code(&mut conn)
-                    .await
-                    .map_err(|e| failed(&node, e))?;
-                self.command(&mut command, asks.clone());
-                continue;
-            }
-            let kind = e.kind();
-            let redirection = match kind {
-                ErrorKind::Server(ServerErrorKind::Moved) => e
-                    .redirect_node()
-                    .and_then(|(addr, slot)| cluster.moved(slot, addr)),
-                ErrorKind::Server(ServerErrorKind::Ask) => {
-                    e.redirect_node().and_then(|(addr, _)| cluster.asked(addr))
-                }
-                ErrorKind::Server(
-                    ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown,
-                ) => {
-                    if kind != ErrorKind::Server(ServerErrorKind::TryAgain) {
-                        cluster.refresh_soon();
-                    }
-                    tokio::time::sleep(Duration::from_millis(jitter(least, most))).await;
-                    continue;
-                }
-                _ => return Err(failed(&node, e)),
-            };
-            redirected += 1;
-            match redirection {
-                Some(to) if redirected <= REDIRECTIONS => {
-                    asking = kind == ErrorKind::Server(ServerErrorKind::Ask);
-                    if !asking {
-                        cluster.refresh_soon();
-                    }
-                    node = to;
-                }
-                _ => return Err(failed(&node, e)),
-            }
-        }
-    }
-}
-
-/// A number of milliseconds drawn between `least` and `most`.
-fn jitter(least: u64, most: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let draw = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    least + draw % (most.saturating_sub(least) + 1)
 }
 
 /// Which primary holds each slot.
@@ -519,69 +402,9 @@ fn slot_ranges(reply: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String)
     Ok(ranges)
 }
 
-/// The cluster slot of a key whose hash tag is `tag` (`…{route:client}`):
-/// CRC16 (XMODEM) of what the first braces hold, as Redis computes it.
-pub(super) fn slot_of(tag: &str) -> u16 {
-    let bytes = tag.as_bytes();
-    let hashed = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &bytes[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(bytes);
-    let crc = hashed.iter().fold(0u16, |crc, &b| {
-        (crc << 8) ^ CRC16[usize::from((crc >> 8) as u8 ^ b)]
-    });
-    crc % SLOTS as u16
-}
-
-/// CRC16-XMODEM (polynomial 0x1021) by byte.
-const CRC16: [u16; 256] = {
-    let mut table = [0u16; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = (i as u16) << 8;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_are_computed_as_redis_computes_them() {
-        // Each from Redis's `CLUSTER KEYSLOT`.
-        for (key, slot) in [
-            ("foo", 12182),
-            ("bar", 5061),
-            ("123456789", 12739),
-            // Empty braces: the whole key is hashed.
-            ("foo{}{bar}", 8363),
-            // The first `{` and the first `}` after it.
-            ("foo{{bar}}zap", 4015),
-            // No closing brace: the whole key.
-            ("a{b", 13340),
-            ("t:{api:h:c-7}", 14804),
-        ] {
-            assert_eq!(slot_of(key), slot, "{key}");
-        }
-        assert_eq!(slot_of("p:{user1000}.following"), slot_of("user1000"));
-    }
 
     #[test]
     fn a_slots_reply_names_each_ranges_primary() {

@@ -30,7 +30,9 @@
 //! circuit breaker, and floodgate routes each decision to its slot's
 //! primary itself.
 //!
-//! The module answers one question per file: [`keys`] (what a decision's
+//! The module answers one question per file: [`endpoint`] (reaching
+//! `[store]`'s endpoint: each URL's settings, the pool or the cluster,
+//! where to listen), [`keys`] (what a decision's
 //! keys are called), [`targets`] (where a decision goes: its hash tags and
 //! the node holding them, or its parts when its keys lie in several
 //! cluster slots), [`agreement`] (do the instances sharing the store
@@ -38,7 +40,9 @@
 //! count by), [`code`] (the Lua code and getting it loaded),
 //! [`batch`] (decisions queued and sent together), [`replies`] (reading
 //! the verdicts back), [`connections`] (the pool), [`cluster`] (a
-//! cluster's slots and primaries), [`given_back`] (hearing of units given
+//! cluster's slots and primaries), [`slot`] (which slot a key lies in),
+//! [`redirections`] (a call to a cluster's primary, sent on where the
+//! cluster says), [`given_back`] (hearing of units given
 //! back, which ends remembered denials), [`operator`] (a client's counts
 //! read without consuming, or deleted) and [`export`] (every client's
 //! window of a limit, for export).
@@ -50,10 +54,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use deadpool::managed;
 use prometheus_client::metrics::counter::Counter;
-use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionInfo, IntoConnectionInfo, RedisError,
-    Script, TlsCertificates, Value,
-};
+use redis::{Cmd, Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::deny_cache::GivenBack;
@@ -65,23 +66,27 @@ mod batch;
 mod cluster;
 mod code;
 mod connections;
+mod endpoint;
 mod export;
 mod given_back;
 mod keys;
 mod operator;
+mod redirections;
 mod replies;
+mod slot;
 mod targets;
 
 use batch::{Ask, Limits, Pending, send_calls};
+use cluster::Cluster;
 pub use cluster::Node;
-use cluster::{Cluster, slot_of};
 pub use code::SCRIPT;
-use code::{FUNCTIONS_UNKNOWN, Library, code_missing};
+use code::{Library, code_missing};
 use connections::{Lane, Lanes, retires, store_error};
 pub use keys::IdKey;
 #[doc(hidden)] // how tests find a client's keys in Redis
 pub use keys::write_client;
 use replies::{decision_from_reply, next_decision, verdict_values};
+use slot::slot_of;
 pub use targets::{Part, Target};
 
 /// Multiplexed connections in the pool; each carries many calls at once.
@@ -155,118 +160,6 @@ impl RedisStore {
             Counter::default(),
             GivenBack::default(),
         )
-    }
-
-    /// A store for `endpoint`: one Redis or a Redis Cluster, over TLS with
-    /// `tls` for `rediss://`, counting the calls it sends in `calls` and
-    /// noting in `given_back` the units the store tells were given back.
-    /// Connects lazily; listens for units given back from the start, when
-    /// made on a Tokio runtime.
-    pub fn connect(
-        endpoint: &Endpoint,
-        tls: &Tls,
-        key_prefix: &str,
-        timeout: Duration,
-        calls: Counter,
-        given_back: GivenBack,
-    ) -> Result<Self, StoreError> {
-        let connect_timeout = timeout.max(Duration::from_millis(500));
-        let invalid = |e: RedisError| StoreError::Backend(format!("invalid Redis settings: {e}"));
-        let certificates = || TlsCertificates {
-            client_tls: tls.client.as_ref().map(|(cert, key)| ClientTlsConfig {
-                client_cert: cert.clone(),
-                client_key: key.clone(),
-            }),
-            root_cert: tls.ca.clone(),
-        };
-        let custom_tls = tls.ca.is_some() || tls.client.is_some();
-        let info = |url: &str| -> Result<ConnectionInfo, StoreError> {
-            if custom_tls {
-                Ok(redis::Client::build_with_tls(url, certificates())
-                    .map_err(invalid)?
-                    .get_connection_info()
-                    .clone())
-            } else {
-                url.into_connection_info().map_err(invalid)
-            }
-        };
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None);
-        let sentinels = |urls: &[String], master: &str| {
-            redis::sentinel::SentinelClient::build(
-                urls.iter().map(String::as_str).collect(),
-                master,
-                Some(redis::sentinel::SentinelNodeConnectionInfo::default()),
-                redis::sentinel::SentinelServerType::Master,
-            )
-            .map_err(invalid)
-        };
-        let (lanes, cluster, source) = match endpoint {
-            Endpoint::Single(url) => (
-                Some(Lanes::Single(
-                    deadpool_redis::Manager::new_with_config(info(url)?, config)
-                        .map_err(invalid)?,
-                )),
-                None,
-                given_back::Source::Single(info(url)?),
-            ),
-            Endpoint::Cluster(urls) => {
-                let seeds = urls
-                    .iter()
-                    .map(|url| info(url))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let cluster = Arc::new(Cluster::new(seeds, config, connect_timeout));
-                let source = given_back::Source::Cluster(Arc::clone(&cluster));
-                (None, Some(cluster), source)
-            }
-            Endpoint::Sentinel { urls, master } => (
-                Some(Lanes::Sentinel(
-                    tokio::sync::Mutex::new(sentinels(urls, master)?),
-                    config,
-                )),
-                None,
-                given_back::Source::Sentinel(sentinels(urls, master)?),
-            ),
-        };
-        let pool = match lanes {
-            Some(lanes) => Some(
-                managed::Pool::builder(lanes)
-                    .max_size(CONNECTIONS)
-                    .runtime(deadpool::Runtime::Tokio1)
-                    .build()
-                    .map_err(|e| {
-                        StoreError::Backend(format!("cannot build the Redis pool: {e}"))
-                    })?,
-            ),
-            None => None,
-        };
-        let given_back = Arc::new(given_back);
-        let listener = given_back::listen(
-            source,
-            format!("{key_prefix}:given-back"),
-            Arc::clone(&given_back),
-            connect_timeout.max(Duration::from_secs(1)),
-        );
-        Ok(Self {
-            link: Arc::new(Link {
-                pool,
-                lanes: (0..CONNECTIONS).map(|_| ArcSwapOption::empty()).collect(),
-                next_lane: AtomicUsize::new(0),
-                script: Script::new(SCRIPT),
-                library: Library::new(),
-                functions: AtomicU8::new(FUNCTIONS_UNKNOWN),
-                cluster,
-                timeout,
-                calls,
-            }),
-            queue: ArcSwapOption::empty(),
-            key_prefix: key_prefix.to_owned(),
-            id_key: IdKey::new(None),
-            single: Arc::new(Node::single(endpoint.to_string())),
-            given_back,
-            listener,
-        })
     }
 
     /// This store with client ids digested with `secret` in keys (see

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use super::batch::OwnedTags;
-use super::cluster::{Node, slot_of};
+use super::cluster::Node;
 use super::keys::write_client;
+use super::slot::slot_of;
 use super::{RedisStore, no_primary};
 use crate::client::ClientId;
 use crate::limit::{Charge, StoreError};
