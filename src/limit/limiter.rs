@@ -1,29 +1,34 @@
 //! The limiter a server asks: the configured store, the circuit breaker
 //! around a shared one, and the `on_error` policy.
+//!
+//! Beside the decision itself, each question has its file: [`breakers`]
+//! (each node's breaker, and probing it closed), [`refusals`] (whether the
+//! store refuses floodgate's settings), [`on_error`] (what a decision gets
+//! while the store cannot make it), [`spread`] (a decision over several
+//! cluster slots), [`leased`] (limits decided from leased slices) and
+//! [`operations`] (standing, adjustments and export).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
-use super::breaker::{Change, Pass, Probe};
 use super::deny_cache::{DenyCache, GivenBack};
 use super::leases::Leases;
 use super::memory::MemoryStore;
-use super::redis::{Node, RedisStore, Target};
+use super::redis::RedisStore;
 use super::settings::{OnError, Store as StoreConfig};
-use super::{Charge, Decision, Limit, StoreError};
+use super::{Charge, Decision, StoreError};
 use crate::client::ClientId;
 use crate::clock::now_ms;
 use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
 
+mod breakers;
 mod leased;
+mod on_error;
 mod operations;
+mod refusals;
 mod spread;
 
 const ONE_SECOND: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// `Retry-After` for a 503 while the store is down.
-const STORE_RETRY_AFTER_MS: u64 = 1_000;
 
 /// The store a server counts with, chosen by `[store]`.
 #[derive(Debug)]
@@ -316,37 +321,6 @@ impl Limiter {
         }
     }
 
-    /// While the breaker around Redis is open and its cooldown has passed,
-    /// asks Redis without waiting for a request: connects, loads the
-    /// decision code, and closes the breaker if that works. An instance
-    /// that a load balancer took out of service while Redis was down (its
-    /// `/readyz` answers 503) gets no requests to probe with, and would
-    /// otherwise never come back; one that does get requests limits them
-    /// again as soon as Redis answers, instead of after a request's probe.
-    ///
-    /// Each node's breaker is probed on its own. On a cluster, the slot
-    /// table is also read again while any primary is considered down (or
-    /// none is known), so decisions follow a promoted replica.
-    pub async fn recover(&self) {
-        let Self::Redis(shared) = self else {
-            return;
-        };
-        let nodes = shared.store.nodes();
-        if nodes.is_empty() || nodes.iter().any(|n| n.breaker.is_open()) {
-            shared.store.refresh_slots();
-        }
-        for node in nodes {
-            if !node.breaker.is_open() {
-                continue;
-            }
-            let Pass::Probe(probe) = node.breaker.pass(now_ms()) else {
-                continue;
-            };
-            let result = shared.store.probe(&node).await;
-            shared.probed(&node, probe, result.as_ref().err());
-        }
-    }
-
     /// Evicts expired in-process state.
     pub fn sweep(&self) {
         let now = now_ms();
@@ -490,199 +464,5 @@ impl Shared {
         }
         let target = self.store.target(&charge)?;
         self.through_breaker(target, charge, now).await
-    }
-
-    /// Asks the store at `target` if its node's breaker lets the decision
-    /// through, and tells the breaker how it went.
-    async fn through_breaker(
-        &self,
-        target: Target,
-        charge: Charge<'_>,
-        now: u64,
-    ) -> Result<Decision, StoreError> {
-        let node = Arc::clone(&target.node);
-        match node.breaker.pass(now) {
-            Pass::Closed => {
-                let result = self.store.decide_on(target, charge, None).await;
-                let change = match &result {
-                    Ok(_) => node.breaker.success(),
-                    Err(_) => node.breaker.failure(now_ms()),
-                };
-                if change == Change::Opened {
-                    self.store.reconnect_node(&node);
-                }
-                self.log_change(&node, change, result.as_ref().err());
-                result
-            }
-            Pass::Probe(probe) => {
-                let result = self.store.decide_on(target, charge, None).await;
-                self.probed(&node, probe, result.as_ref().err());
-                result
-            }
-            Pass::Open => Err(StoreError::CircuitOpen),
-        }
-    }
-
-    /// Ends `probe` with its `error`, if any. The breaker opens again on a
-    /// failed probe, and the store's connections are retired (as when the
-    /// breaker first opened): they may be ones Redis will never answer, and
-    /// the next probe must not wait on them.
-    fn probed(&self, node: &Node, probe: Probe<'_>, error: Option<&StoreError>) {
-        let change = probe.finish(error.is_none(), now_ms());
-        match error {
-            Some(error) => {
-                self.store.reconnect_node(node);
-                self.note_refusal(error);
-            }
-            None => self.accepted(),
-        }
-        self.log_change(node, change, error);
-    }
-
-    /// Updates the gauges and logs one line when `node`'s breaker opened or
-    /// closed.
-    fn log_change(&self, node: &Node, change: Change, error: Option<&StoreError>) {
-        if change == Change::None {
-            return;
-        }
-        let open = change == Change::Opened;
-        let nodes = self.store.nodes();
-        let down = nodes.iter().all(|n| n.breaker.is_open());
-        self.metrics.circuit_open.set(i64::from(down));
-        self.metrics
-            .node_circuit_open
-            .get_or_create(&NodeLabel {
-                node: node.addr.clone(),
-            })
-            .set(i64::from(open));
-        if !self.store.is_cluster() {
-            if open {
-                tracing::warn!(
-                    error = %error.map_or_else(String::new, ToString::to_string),
-                    on_error = %self.on_error,
-                    "rate limit store is down; circuit open, on_error applies"
-                );
-            } else {
-                tracing::info!("rate limit store answers again; circuit closed");
-            }
-            return;
-        }
-        let open_nodes = nodes.iter().filter(|n| n.breaker.is_open()).count();
-        if open {
-            tracing::warn!(
-                node = %node.addr,
-                error = %error.map_or_else(String::new, ToString::to_string),
-                on_error = %self.on_error,
-                nodes_down = open_nodes,
-                nodes = nodes.len(),
-                "Redis Cluster primary is down; circuit open, on_error applies to its slots"
-            );
-        } else {
-            tracing::info!(
-                node = %node.addr,
-                nodes_down = open_nodes,
-                nodes = nodes.len(),
-                "Redis Cluster primary answers again; circuit closed"
-            );
-        }
-    }
-
-    /// Why the store refuses floodgate's settings, while it does.
-    fn refusal(&self) -> Option<String> {
-        if !self.is_refused.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// A call succeeded: the store no longer refuses floodgate (a check of
-    /// one flag on the common path).
-    fn accepted(&self) {
-        if self.is_refused.load(Ordering::Relaxed) {
-            *self
-                .refused
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-            self.is_refused.store(false, Ordering::Relaxed);
-            tracing::info!("rate limit store accepts floodgate's settings again");
-        }
-    }
-
-    /// Remembers a refusal, which makes `/readyz` fail whatever `on_error`
-    /// says, and logs it at error level at most once a second: each retry
-    /// of the breaker's probe that the store refuses is seen.
-    fn note_refusal(&self, error: &StoreError) {
-        let StoreError::Refused(why) = error else {
-            return;
-        };
-        *self
-            .refused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why.clone());
-        self.is_refused.store(true, Ordering::Relaxed);
-        if crate::clock::once_a_second(&self.refusal_logged, now_ms()) {
-            tracing::error!(
-                error = %why,
-                on_error = %self.on_error,
-                "the rate limit store refuses floodgate's settings; limits are not counted in it until this is fixed (/readyz fails meanwhile)"
-            );
-        }
-    }
-
-    fn fallback(&self, charge: Charge<'_>, error: &StoreError) -> Answer {
-        self.note_refusal(error);
-        let now = now_ms();
-        if !matches!(error, StoreError::CircuitOpen | StoreError::Refused(_))
-            && crate::clock::once_a_second(&self.last_logged, now)
-        {
-            tracing::warn!(%error, on_error = %self.on_error, "rate limit store failed");
-        }
-        match self.on_error {
-            OnError::Allow => Answer::Unavailable {
-                deny: false,
-                retry_after_ms: 0,
-            },
-            OnError::Deny => Answer::Unavailable {
-                deny: true,
-                retry_after_ms: STORE_RETRY_AFTER_MS,
-            },
-            OnError::Local => {
-                let started = Instant::now();
-                let decision = Decision {
-                    local: true,
-                    ..self.decide_locally(charge, now)
-                };
-                self.metrics.decided(StoreKind::Local, started.elapsed());
-                Answer::Decided(decision)
-            }
-        }
-    }
-
-    /// The same rules in this instance's memory, each limit divided by the
-    /// expected number of instances.
-    fn decide_locally(&self, charge: Charge<'_>, now: u64) -> Decision {
-        if self.local_instances <= 1 {
-            return self.local.decide_at(charge, now);
-        }
-        let scale = |n: u64| (n / self.local_instances).max(charge.cost).max(1);
-        let scaled: Vec<Limit> = charge
-            .limits
-            .iter()
-            .map(|l| Limit {
-                limit: scale(l.limit),
-                burst: scale(l.burst),
-                ..*l
-            })
-            .collect();
-        self.local.decide_at(
-            Charge {
-                limits: &scaled,
-                ..charge
-            },
-            now,
-        )
     }
 }
