@@ -32,20 +32,19 @@
 //!
 //! The module answers one question per file: [`endpoint`] (reaching
 //! `[store]`'s endpoint: each URL's settings, the pool or the cluster,
-//! where to listen), [`keys`] (what a decision's
-//! keys are called), [`targets`] (where a decision goes: its hash tags and
-//! the node holding them, or its parts when its keys lie in several
-//! cluster slots), [`agreement`] (do the instances sharing the store
-//! agree: the id secret they digest client ids with, the limits they
-//! count by), [`code`] (the Lua code and getting it loaded),
-//! [`batch`] (decisions queued and sent together), [`replies`] (reading
-//! the verdicts back), [`connections`] (the pool), [`cluster`] (a
-//! cluster's slots and primaries), [`slot`] (which slot a key lies in),
-//! [`redirections`] (a call to a cluster's primary, sent on where the
-//! cluster says), [`given_back`] (hearing of units given
-//! back, which ends remembered denials), [`operator`] (a client's counts
-//! read without consuming, or deleted) and [`export`] (every client's
-//! window of a limit, for export).
+//! where to listen), [`keys`] (what a decision's keys are called),
+//! [`targets`] (where a decision goes: its hash tags and the node holding
+//! them, or its parts when its keys lie in several cluster slots),
+//! [`agreement`] (do the instances sharing the store agree: the id secret
+//! they digest client ids with, the limits they count by), [`code`] (the
+//! Lua code and getting it loaded), [`batch`] (decisions queued and sent
+//! together), [`replies`] (reading the verdicts back), [`connections`]
+//! (the pool), [`cluster`] (a cluster's slots and primaries), [`slot`]
+//! (which slot a key lies in), [`redirections`] (a call to a cluster's
+//! primary, sent on where the cluster says), [`given_back`] (hearing of
+//! units given back, which ends remembered denials), [`operator`] (a
+//! client's counts read without consuming, or deleted) and [`export`]
+//! (every client's window of a limit, for export).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
