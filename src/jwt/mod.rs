@@ -18,11 +18,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use base64::Engine as _;
 use http::HeaderMap;
-use http::header::AUTHORIZATION;
 use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
-use serde::Deserialize;
 
 /// The longest token read, in bytes: anything longer is refused unread.
 pub const MAX_TOKEN: usize = 8 * 1024;
@@ -171,22 +168,6 @@ pub enum TokenError {
     Unchecked,
 }
 
-#[derive(Deserialize)]
-struct Header<'a> {
-    alg: &'a str,
-    #[serde(default)]
-    kid: Option<String>,
-    /// Extensions the verifier must understand or refuse the token.
-    #[serde(default)]
-    crit: Option<serde::de::IgnoredAny>,
-}
-
-fn base64url(text: &[u8]) -> Result<Vec<u8>, TokenError> {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(text)
-        .map_err(|_| TokenError::Malformed)
-}
-
 impl ClaimRule {
     /// A rule reading `claim` from tokens this rule verifies: the same
     /// algorithm, keys, issuer, audience and leeway, its own memory of
@@ -234,65 +215,44 @@ impl ClaimRule {
         now: u64,
         may_check: impl FnOnce() -> bool,
     ) -> Result<Vec<u8>, TokenError> {
-        let mut values = headers.get_all(AUTHORIZATION).iter();
-        let value = values.next().ok_or(TokenError::Missing)?;
-        if values.next().is_some() {
-            return Err(TokenError::Repeated);
+        let token = bearer_token(headers)?;
+        let parts = TokenParts::split(token)?;
+        let digest = token_digest(token)?;
+        if let Some(known) = self.remembered(&digest, now) {
+            return known;
         }
-        let value = value.as_bytes();
-        let token = match value.get(..7) {
-            Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => value[7..].trim_ascii(),
-            _ => return Err(TokenError::Missing),
-        };
-        if token.len() > MAX_TOKEN {
-            return Err(TokenError::Malformed);
-        }
-        let mut parts = token.splitn(3, |&b| b == b'.');
-        let (Some(head), Some(body), Some(sig)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(TokenError::Malformed);
-        };
-        if sig.contains(&b'.') {
-            return Err(TokenError::Malformed);
-        }
-        let digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, token)
-            .as_ref()
-            .try_into()
-            .map_err(|_| TokenError::Malformed)?;
-        if let Ok(verified) = self.verified.0.lock()
-            && let Some(known) = verified.get(&digest)
-        {
-            self.lifetime(known.exp, known.nbf, now)?;
-            return Ok(known.claim.to_vec());
-        }
-        let header_json = base64url(head)?;
-        let header: Header<'_> =
-            serde_json::from_slice(&header_json).map_err(|_| TokenError::Malformed)?;
-        if header.alg != self.algorithm.name() {
-            return Err(TokenError::Algorithm);
-        }
-        if header.crit.is_some() {
-            return Err(TokenError::Critical);
-        }
+        let kid = accepted_header(parts.head, self.algorithm)?;
         if !may_check() {
             return Err(TokenError::Unchecked);
         }
-        let signature = base64url(sig)?;
-        let signed = &token[..head.len() + 1 + body.len()];
-        if !self.signed_by_a_key(header.kid.as_deref(), signed, &signature) {
+        let signature = base64url(parts.signature)?;
+        if !self.signed_by_a_key(kid.as_deref(), parts.signed, &signature) {
             return Err(TokenError::Signature);
         }
-        let payload = base64url(body)?;
-        let claims: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&payload).map_err(|_| TokenError::Malformed)?;
-        let seconds = |v: &serde_json::Value| v.as_f64().map(|n| n.max(0.0) as u64);
-        let exp = claims
-            .get("exp")
-            .and_then(seconds)
-            .ok_or(TokenError::Expired)?;
-        let nbf = match claims.get("nbf") {
-            None => None,
-            Some(v) => Some(seconds(v).ok_or(TokenError::NotYet)?),
-        };
+        let claims = payload(parts.body)?;
+        let (exp, nbf) = lifetime_claims(&claims)?;
+        self.issued_by_and_for(&claims)?;
+        let claim = self.counted_claim(&claims)?;
+        // Remembered once proven, whatever its lifetime says now: an
+        // expired token stays refused by the check below and on every use.
+        self.remember(digest, &claim, exp, nbf);
+        self.lifetime(exp, nbf, now)?;
+        Ok(claim)
+    }
+
+    /// The claim of a token verified before, if it is remembered, as long
+    /// as its lifetime still holds at `now`.
+    fn remembered(&self, digest: &[u8; 32], now: u64) -> Option<Result<Vec<u8>, TokenError>> {
+        let verified = self.verified.0.lock().ok()?;
+        let known = verified.get(digest)?;
+        Some(
+            self.lifetime(known.exp, known.nbf, now)
+                .map(|()| known.claim.to_vec()),
+        )
+    }
+
+    /// `iss` and `aud` are the configured ones, where the rule names them.
+    fn issued_by_and_for(&self, claims: &Claims) -> Result<(), TokenError> {
         if let Some(issuer) = &self.issuer
             && claims.get("iss").and_then(serde_json::Value::as_str) != Some(issuer)
         {
@@ -310,13 +270,22 @@ impl ClaimRule {
                 return Err(TokenError::Audience);
             }
         }
-        let claim = match claims.get(&*self.claim) {
-            Some(serde_json::Value::String(s)) if !s.is_empty() => s.as_bytes().to_vec(),
-            Some(serde_json::Value::Number(n)) => n.to_string().into_bytes(),
-            _ => return Err(TokenError::Claim),
-        };
-        // Remembered once proven, whatever its lifetime says now: an
-        // expired token stays refused by the check below and on every use.
+        Ok(())
+    }
+
+    /// The value of the claim this rule counts by: a non-empty string or
+    /// a number.
+    fn counted_claim(&self, claims: &Claims) -> Result<Vec<u8>, TokenError> {
+        match claims.get(&*self.claim) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.as_bytes().to_vec()),
+            Some(serde_json::Value::Number(n)) => Ok(n.to_string().into_bytes()),
+            _ => Err(TokenError::Claim),
+        }
+    }
+
+    /// Remembers a proven token's claim and lifetime; a full memory is
+    /// forgotten whole first.
+    fn remember(&self, digest: [u8; 32], claim: &[u8], exp: u64, nbf: Option<u64>) {
         if let Ok(mut verified) = self.verified.0.lock() {
             if verified.len() >= VERIFIED_CAP {
                 verified.clear();
@@ -324,14 +293,12 @@ impl ClaimRule {
             verified.insert(
                 digest,
                 Remembered {
-                    claim: claim.clone().into_boxed_slice(),
+                    claim: claim.into(),
                     exp,
                     nbf,
                 },
             );
         }
-        self.lifetime(exp, nbf, now)?;
-        Ok(claim)
     }
 
     /// `exp` has not passed and `nbf` has, at `now`, within the leeway.
@@ -368,13 +335,20 @@ impl ClaimRule {
 }
 
 mod keys;
+mod token;
 
 pub use keys::{hmac_key, jwks_keys, pem_key};
+use token::{
+    Claims, TokenParts, accepted_header, base64url, bearer_token, lifetime_claims, payload,
+    token_digest,
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
     use http::HeaderValue;
+    use http::header::AUTHORIZATION;
 
     fn b64(bytes: &[u8]) -> String {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
