@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use http::header::RETRY_AFTER;
 use http::{Response, StatusCode};
 
+use crate::metrics::CountedRefusal;
 use crate::response::{self, Body};
 
 /// Whose fault a refusal is.
@@ -155,6 +156,16 @@ impl Refusal {
                 .insert(RETRY_AFTER, response::retry_after(ms));
         }
         response
+    }
+}
+
+impl CountedRefusal for Refusal {
+    fn status_label(&self) -> &str {
+        self.status.as_str()
+    }
+
+    fn fault_label(&self) -> &'static str {
+        self.fault.name()
     }
 }
 

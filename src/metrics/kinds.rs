@@ -1,5 +1,6 @@
 //! What the data path counts by: a request's outcome, the store that
-//! decided, why a decision failed, and which phase timed out.
+//! decided, why a decision failed, which phase timed out, and what an
+//! answer floodgate made itself is counted by.
 
 use prometheus_client::metrics::counter::Counter;
 
@@ -127,4 +128,16 @@ impl Timeouts {
     pub fn counter(&self, phase: Phase) -> &Counter {
         &self.counters[phase as usize]
     }
+}
+
+/// What an answer floodgate made itself (a refusal) is counted by in
+/// `floodgate_refusals`: the status sent and whose fault it was. The
+/// refusal implements it, so counting one asks nothing of how answers are
+/// built.
+pub trait CountedRefusal {
+    /// The status sent, as its three digits.
+    fn status_label(&self) -> &str;
+
+    /// Whose fault it was, as its label value.
+    fn fault_label(&self) -> &'static str;
 }

@@ -11,108 +11,39 @@
 //! 5-second buckets over the last 15 minutes, taken from these counters.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
-use histogram::Histogram;
+use families::{
+    AccessLogFamilies, Collectors, ConfigFamilies, DigestLabel, Histograms, KindLabel,
+    RefusalLabel, RequestFamilies, ResultLabel, RouteClass, RouteLabel, RouteOutcome,
+    StoreFamilies, StoreLabel, TableFamilies, TableLabel, UpstreamFamilies,
+};
 
+mod families;
 mod histogram;
 pub mod history;
 mod kinds;
 mod leases;
 mod process;
+mod route;
 mod shown;
+mod store;
 mod text;
 mod usage;
 
-pub use kinds::{Outcome, Phase, StoreErrorKind, StoreKind, Timeouts};
+pub use families::NodeLabel;
+pub use kinds::{CountedRefusal, Outcome, Phase, StoreErrorKind, StoreKind, Timeouts};
 pub use leases::{LeaseFamilies, LeaseMetrics};
-use process::Process;
+pub use route::RouteMetrics;
 use shown::Shown;
+pub use store::{StoreMetrics, TableMetrics};
 use text::text_format;
 pub use usage::UsageMetrics;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteOutcome {
-    route: String,
-    outcome: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteClass {
-    route: String,
-    class: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteLabel {
-    route: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StoreLabel {
-    store: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RefusalLabel {
-    status: String,
-    fault: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PhaseLabel {
-    phase: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TableLabel {
-    table: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: String,
-}
-
-/// A Redis node's address: one series per primary, so bounded by the
-/// cluster's size.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeLabel {
-    /// `host:port`, or the endpoint of a Redis that is not a cluster.
-    pub node: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabel {
-    result: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DigestLabel {
-    digest: String,
-}
-
-fn latency_histogram() -> Histogram {
-    // 50 µs to about 1.6 s.
-    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
-}
-
-fn upstream_histogram() -> Histogram {
-    // 1 ms to 300 s: past any upstream_timeout short of five minutes (the
-    // default is 30 s), so a slow answer lands in a bucket of its own.
-    Histogram::new([
-        0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-        120.0, 300.0,
-    ])
-}
 
 /// Every metric floodgate exposes.
 #[derive(Debug)]
@@ -120,8 +51,8 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RouteOutcome, Counter>,
     upstream_responses: Family<RouteClass, Counter>,
-    upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
-    decision_seconds: Family<StoreLabel, Histogram, fn() -> Histogram>,
+    upstream_seconds: Histograms<RouteLabel>,
+    decision_seconds: Histograms<StoreLabel>,
     store_errors: Family<KindLabel, Counter>,
     reloads: Family<ResultLabel, Counter>,
     config_info: Family<DigestLabel, Gauge>,
@@ -165,48 +96,6 @@ pub struct Metrics {
     leases: LeaseFamilies,
 }
 
-/// One route's metric handles, resolved once per load.
-#[derive(Debug, Clone)]
-pub struct RouteMetrics {
-    outcomes: [Counter; 5],
-    upstream_classes: [Counter; 5],
-    upstream_seconds: Histogram,
-}
-
-/// The store's metric handles.
-#[derive(Debug, Clone)]
-pub struct StoreMetrics {
-    decision_seconds: [Histogram; 4],
-    errors: [Counter; 4],
-    /// 1 while the circuit breaker is open (every node's, on a cluster).
-    pub circuit_open: Gauge,
-    /// 1 while the breaker of one Redis node is open, by node.
-    pub node_circuit_open: Family<NodeLabel, Gauge>,
-    /// Calls sent to Redis to decide requests; one carries one or more
-    /// decisions.
-    pub redis_calls: Counter,
-    /// Parts of refused requests given back in other cluster slots.
-    pub given_back: Counter,
-    /// Messages heard from the store: units given back (any instance).
-    pub given_back_heard: Counter,
-    /// 1 while this instance listens for units given back.
-    pub listening: Gauge,
-    /// The in-process tables: the memory store, the local fallback, the
-    /// remembered denials.
-    pub tables: [TableMetrics; 3],
-    /// The leased limits' series.
-    pub leases: LeaseFamilies,
-}
-
-/// One in-process table's size and the clients it had no room for.
-#[derive(Debug, Clone, Default)]
-pub struct TableMetrics {
-    /// Entries held, as of the last sweep.
-    pub entries: Gauge,
-    /// New clients that found the table full.
-    pub full: Counter,
-}
-
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
@@ -214,269 +103,56 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A registry with every metric registered.
+    /// A registry with every metric registered: each group of families
+    /// registers itself, in exposition order.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let requests = Family::default();
-        registry.register(
-            "floodgate_requests",
-            "Requests by route and outcome (allowed, denied, shadow_denied, exempt, store_error)",
-            requests.clone(),
-        );
-        let no_route = Counter::default();
-        registry.register(
-            "floodgate_requests_no_route",
-            "Requests that matched no route (answered 404)",
-            no_route.clone(),
-        );
-        let decision_seconds: Family<StoreLabel, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "floodgate_decision_seconds",
-            "Time to decide a request's limits, by store (memory, redis, local, cache)",
-            decision_seconds.clone(),
-        );
-        let store_errors = Family::default();
-        registry.register(
-            "floodgate_store_errors",
-            "Store decisions that failed, by kind (timeout, backend, circuit_open, refused: the store refuses floodgate's settings)",
-            store_errors.clone(),
-        );
-        let store_rule_sets = Gauge::default();
-        registry.register(
-            "floodgate_store_rule_sets",
-            "Distinct sets of limits (digests of the routes' names, costs and limits) the instances sharing the store announced in the last 30 s; above 1, instances enforce different limits on the same keys",
-            store_rule_sets.clone(),
-        );
-        let circuit_open = Gauge::default();
-        registry.register(
-            "floodgate_store_circuit_open",
-            "1 while the circuit breaker around the shared store is open",
-            circuit_open.clone(),
-        );
-        let node_circuit_open = Family::default();
-        registry.register(
-            "floodgate_redis_node_circuit_open",
-            "1 while the circuit breaker of one Redis node (a cluster primary, or the one Redis) is open, by node",
-            node_circuit_open.clone(),
-        );
-        let redis_calls = Counter::default();
-        registry.register(
-            "floodgate_redis_calls",
-            "Calls sent to Redis to decide requests; under load one call carries several decisions",
-            redis_calls.clone(),
-        );
-        let given_back = Counter::default();
-        registry.register(
-            "floodgate_store_given_back",
-            "Units a request held in one Redis Cluster slot and gave back because a limit in another slot refused it (a limit keyed by another identity, or a budget, hashed elsewhere); each is a moment where a concurrent request could have been refused for units later given back",
-            given_back.clone(),
-        );
-        let leases = LeaseFamilies::register(&mut registry);
-        let given_back_heard = Counter::default();
-        registry.register(
-            "floodgate_store_given_back_heard",
-            "Messages from the shared store that a settlement (on any instance) gave units back to a key; each ends this instance's remembered denials of that key",
-            given_back_heard.clone(),
-        );
-        let listening = Gauge::default();
-        registry.register(
-            "floodgate_store_listening",
-            "1 while this instance listens to the shared store for units given back; while 0, no denial is remembered (each refused request asks the store)",
-            listening.clone(),
-        );
-        let upstream_responses = Family::default();
-        registry.register(
-            "floodgate_upstream_responses",
-            "The upstream's own answers by route and status class (1xx to 5xx); floodgate's 502, 504 and 4xx answers are in floodgate_refusals",
-            upstream_responses.clone(),
-        );
-        let upstream_seconds: Family<RouteLabel, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(upstream_histogram);
-        registry.register(
-            "floodgate_upstream_seconds",
-            "Time until the upstream's response head, by route",
-            upstream_seconds.clone(),
-        );
-        let open_connections = Gauge::default();
-        registry.register(
-            "floodgate_open_connections",
-            "Client connections open on the proxy listener",
-            open_connections.clone(),
-        );
-        let reloads = Family::default();
-        registry.register(
-            "floodgate_config_reloads",
-            "Configuration reloads by result (success, failure)",
-            reloads.clone(),
-        );
-        let config_info = Family::default();
-        registry.register(
-            "floodgate_config_info",
-            "The configuration in force, by the first 16 hex digits of its SHA-256",
-            config_info.clone(),
-        );
-        let last_reload_successful = Gauge::default();
-        registry.register(
-            "floodgate_config_last_reload_successful",
-            "1 while the configuration file last read (at start or on a reload) was applied; 0 while the file on disk was refused and older rules run",
-            last_reload_successful.clone(),
-        );
-        let last_reload_success = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "floodgate_config_last_reload_success_timestamp_seconds",
-            "When a configuration was last applied (at start or on a reload), in seconds since the Unix epoch",
-            last_reload_success.clone(),
-        );
-        let client_entries = Family::default();
-        registry.register(
-            "floodgate_client_entries",
-            "(route, client) entries held in this instance's memory, by table (memory, local, denials), as of the last sweep (every second)",
-            client_entries.clone(),
-        );
-        let client_entries_full = Family::default();
-        registry.register(
-            "floodgate_client_entries_full",
-            "New clients that found their table full (max_client_entries): counted in their route's shared overflow bucket (memory, local), or their denial not remembered (denials)",
-            client_entries_full.clone(),
-        );
-        let refusals = Family::default();
-        registry.register(
-            "floodgate_refusals",
-            "Answers floodgate made itself instead of the upstream's, by status and fault (client: 4xx; upstream: 502, 504; store: 503); 429 denials are in floodgate_requests_total",
-            refusals.clone(),
-        );
-        let timeout_family: Family<PhaseLabel, Counter> = Family::default();
-        registry.register(
-            "floodgate_timeouts",
-            "Timeouts that fired, by phase: client_head (408), client_body (408), client_write (connection cut), upstream_connect (502), upstream_head (504), upstream_body (answer cut), upgrade_idle (tunnel closed)",
-            timeout_family.clone(),
-        );
-        let timeouts = Timeouts {
-            counters: Phase::ALL.map(|phase| {
-                timeout_family
-                    .get_or_create(&PhaseLabel {
-                        phase: phase.name(),
-                    })
-                    .clone()
-            }),
-        };
-        for result in ["success", "failure"] {
-            let _ = reloads.get_or_create(&ResultLabel {
-                result: result.into(),
-            });
-        }
-        let access_log_dropped = Counter::default();
-        registry.register(
-            "floodgate_access_log_dropped",
-            "Access log lines dropped because the writer fell behind the traffic",
-            access_log_dropped.clone(),
-        );
-        let access_log_suppressed = Counter::default();
-        registry.register(
-            "floodgate_access_log_suppressed",
-            "Access log lines for denials held back by the per-client and overall caps",
-            access_log_suppressed.clone(),
-        );
+        let requests = RequestFamilies::register(&mut registry);
+        let store = StoreFamilies::register(&mut registry);
+        let upstream = UpstreamFamilies::register(&mut registry);
+        let open_connections = families::register_open_connections(&mut registry);
+        let config = ConfigFamilies::register(&mut registry);
+        let tables = TableFamilies::register(&mut registry);
+        let refusals = families::register_refusals(&mut registry);
+        let timeouts = families::register_timeouts(&mut registry);
+        let access_log = AccessLogFamilies::register(&mut registry);
         let usage = usage::Families::default();
         usage.register(&mut registry);
-        let endpoints = Arc::new(Shown::default());
-        registry.register_collector(Box::new(Arc::clone(&endpoints)));
-        let capacities = Arc::new(Shown::default());
-        registry.register_collector(Box::new(Arc::clone(&capacities)));
-        registry.register_collector(Box::new(Process::new()));
-        let build_info = Family::<VersionLabel, Gauge>::default();
-        build_info
-            .get_or_create(&VersionLabel {
-                version: env!("CARGO_PKG_VERSION"),
-            })
-            .set(1);
-        registry.register(
-            "floodgate_build_info",
-            "1, labelled with the version of floodgate that runs",
-            build_info,
-        );
+        let shown = Collectors::register(&mut registry);
+        families::register_build_info(&mut registry);
         Self {
             registry,
-            requests,
-            upstream_responses,
-            upstream_seconds,
-            decision_seconds,
-            store_errors,
-            reloads,
-            config_info,
-            last_reload_successful,
-            last_reload_success,
-            client_entries,
-            client_entries_full,
+            requests: requests.requests,
+            upstream_responses: upstream.upstream_responses,
+            upstream_seconds: upstream.upstream_seconds,
+            decision_seconds: store.decision_seconds,
+            store_errors: store.store_errors,
+            reloads: config.reloads,
+            config_info: config.config_info,
+            last_reload_successful: config.last_reload_successful,
+            last_reload_success: config.last_reload_success,
+            client_entries: tables.client_entries,
+            client_entries_full: tables.client_entries_full,
             refusals,
             timeouts,
-            endpoints,
-            capacities,
+            endpoints: shown.endpoints,
+            capacities: shown.capacities,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
-            no_route,
+            no_route: requests.no_route,
             open_connections,
-            circuit_open,
-            store_rule_sets,
-            node_circuit_open,
-            redis_calls,
-            given_back,
-            given_back_heard,
-            listening,
-            access_log_dropped,
-            access_log_suppressed,
+            circuit_open: store.circuit_open,
+            node_circuit_open: store.node_circuit_open,
+            redis_calls: store.redis_calls,
+            given_back: store.given_back,
+            given_back_heard: store.given_back_heard,
+            listening: store.listening,
+            store_rule_sets: store.store_rule_sets,
+            access_log_dropped: access_log.dropped,
+            access_log_suppressed: access_log.suppressed,
             usage,
-            leases,
+            leases: store.leases,
         }
-    }
-
-    /// Resolves the handles of every route named in `routes`, in their
-    /// order, and removes the series of routes the previous rules had and
-    /// these do not. (A request still in flight on a removed route counts
-    /// into handles that are no longer exported.)
-    pub fn bind<'a>(&self, routes: impl IntoIterator<Item = &'a str>) -> Vec<RouteMetrics> {
-        let names: Vec<String> = routes.into_iter().map(str::to_owned).collect();
-        let mut bound = self
-            .bound_routes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for gone in bound.iter().filter(|name| !names.contains(name)) {
-            self.remove_route(gone);
-        }
-        *bound = names.clone();
-        drop(bound);
-        names
-            .into_iter()
-            .map(|name| {
-                let outcome = |o: Outcome| {
-                    self.requests
-                        .get_or_create(&RouteOutcome {
-                            route: name.clone(),
-                            outcome: o.name().into(),
-                        })
-                        .clone()
-                };
-                let class = |c: usize| {
-                    self.upstream_responses
-                        .get_or_create(&RouteClass {
-                            route: name.clone(),
-                            class: format!("{c}xx"),
-                        })
-                        .clone()
-                };
-                RouteMetrics {
-                    outcomes: Outcome::ALL.map(outcome),
-                    upstream_classes: [1, 2, 3, 4, 5].map(class),
-                    upstream_seconds: self
-                        .upstream_seconds
-                        .get_or_create(&RouteLabel {
-                            route: name.clone(),
-                        })
-                        .clone(),
-                }
-            })
-            .collect()
     }
 
     /// Shows the upstream endpoints of the rules in force through
@@ -491,86 +167,13 @@ impl Metrics {
         self.capacities.show(collector);
     }
 
-    /// Removes every series labelled with route `name`.
-    /// The usage handles of metered route `route` (bound by
-    /// [`Self::bind`]'s caller for the routes that meter; removed with the
-    /// route's other series).
-    pub fn bind_usage(&self, route: &str) -> UsageMetrics {
-        self.usage.bind(route)
-    }
-
-    fn remove_route(&self, name: &str) {
-        self.usage.remove(name);
-        for outcome in Outcome::ALL {
-            self.requests.remove(&RouteOutcome {
-                route: name.to_owned(),
-                outcome: outcome.name().into(),
-            });
-        }
-        for class in 1..=5 {
-            self.upstream_responses.remove(&RouteClass {
-                route: name.to_owned(),
-                class: format!("{class}xx"),
-            });
-        }
-        self.upstream_seconds.remove(&RouteLabel {
-            route: name.to_owned(),
-        });
-    }
-
-    /// The store's handles.
-    pub fn store(&self) -> StoreMetrics {
-        let histogram = |store: &str| {
-            self.decision_seconds
-                .get_or_create(&StoreLabel {
-                    store: store.into(),
-                })
-                .clone()
-        };
-        let counter = |kind: &str| {
-            self.store_errors
-                .get_or_create(&KindLabel { kind: kind.into() })
-                .clone()
-        };
-        StoreMetrics {
-            decision_seconds: [
-                histogram("memory"),
-                histogram("redis"),
-                histogram("local"),
-                histogram("cache"),
-            ],
-            errors: [
-                counter("timeout"),
-                counter("backend"),
-                counter("circuit_open"),
-                counter("refused"),
-            ],
-            circuit_open: self.circuit_open.clone(),
-            node_circuit_open: self.node_circuit_open.clone(),
-            redis_calls: self.redis_calls.clone(),
-            given_back: self.given_back.clone(),
-            given_back_heard: self.given_back_heard.clone(),
-            listening: self.listening.clone(),
-            leases: self.leases.clone(),
-            tables: ["memory", "local", "denials"].map(|table| {
-                let label = TableLabel {
-                    table: table.into(),
-                };
-                TableMetrics {
-                    entries: self.client_entries.get_or_create(&label).clone(),
-                    full: self.client_entries_full.get_or_create(&label).clone(),
-                }
-            }),
-        }
-    }
-
     /// Counts an answer floodgate made itself. Statuses are floodgate's own
     /// few, so the series stay bounded.
-    pub fn refused(&self, refusal: &crate::refusal::Refusal) {
+    pub fn refused(&self, refusal: &impl CountedRefusal) {
         self.refusals
             .get_or_create(&RefusalLabel {
-                status: refusal.status().as_str().to_owned(),
-                fault: refusal.fault().name().to_owned(),
+                status: refusal.status_label().to_owned(),
+                fault: refusal.fault_label().to_owned(),
             })
             .inc();
     }
@@ -639,47 +242,4 @@ impl Metrics {
     pub fn render_text(&self) -> String {
         text_format(&self.render())
     }
-}
-
-impl RouteMetrics {
-    /// The requests counted so far, by [`Outcome`] (in [`Outcome::ALL`]'s
-    /// order).
-    pub fn counts(&self) -> [u64; 5] {
-        std::array::from_fn(|i| self.outcomes[i].get())
-    }
-
-    /// Counts one request's outcome.
-    pub fn count(&self, outcome: Outcome) {
-        self.outcomes[outcome as usize].inc();
-    }
-
-    /// Answers of 500 and above from the upstream so far.
-    pub fn upstream_5xx(&self) -> u64 {
-        self.upstream_classes[4].get()
-    }
-
-    /// Records an upstream's own answer (floodgate's refusals are counted
-    /// apart).
-    pub fn upstream(&self, status: u16, took: Duration) {
-        let class = usize::from(status / 100).clamp(1, 5) - 1;
-        self.upstream_classes[class].inc();
-        self.upstream_seconds.observe(took);
-    }
-}
-
-impl StoreMetrics {
-    /// Records how long a decision by `kind` took.
-    pub fn decided(&self, kind: StoreKind, took: Duration) {
-        self.decision_seconds[kind as usize].observe(took);
-    }
-
-    /// Counts a failed decision.
-    pub fn failed(&self, kind: StoreErrorKind) {
-        self.errors[kind as usize].inc();
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VersionLabel {
-    version: &'static str,
 }
