@@ -70,9 +70,9 @@ impl Default for Terms {
 }
 
 /// Whether `algorithm` can be leased: not a sliding log (see the module's
-/// notes).
+/// notes, and [`Algorithm::can_lease`], where each algorithm answers).
 pub fn can_lease(algorithm: Algorithm) -> bool {
-    algorithm != Algorithm::SlidingLog
+    algorithm.can_lease()
 }
 
 /// Whose budget a lease is a slice of: the scope (a route, or a budget),

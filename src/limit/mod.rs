@@ -22,7 +22,10 @@ use std::sync::Arc;
 
 use crate::client::ClientId;
 
-/// A counting algorithm (see `CONFIG.md` for each one's meaning).
+/// A counting algorithm (see `CONFIG.md` for each one's meaning). Each has
+/// a module of its own in [`algorithms`], beside its Lua script, and says
+/// there what it is ([`Algorithm::properties`]: a burst, leases, credits,
+/// the calendar).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// At most `limit` in each window aligned to multiples of `window`.
@@ -60,13 +63,6 @@ impl Algorithm {
     /// The name used in configuration files.
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize].0
-    }
-
-    /// Refills continuously up to a burst (`token_bucket`, `gcra`) rather
-    /// than counting in windows: it takes a `burst`, its capacity is that
-    /// burst, and it has no window end for a lease's slice to expire at.
-    pub fn has_burst(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
 }
 

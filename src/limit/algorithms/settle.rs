@@ -3,7 +3,7 @@
 //! `lua/*.lua`'s `settle` functions are the twins, held equal by the
 //! property tests.
 
-use super::{State, fixed_window_at, sliding_window_at, token_bucket_at};
+use super::{State, fixed_window, gcra, sliding_log, sliding_window, token_bucket};
 use crate::limit::Limit;
 
 impl State {
@@ -32,110 +32,54 @@ impl State {
         if back == 0 {
             return;
         }
-        let w = limit.window_ms;
-        // What a bucket may give back: see above.
-        let refill = |rate: u64| {
-            (back * w).min((reserved * w).saturating_sub(now.saturating_sub(at) * rate))
-        };
         match self {
-            Self::FixedWindow { start, count, .. } => {
-                let (window_start, ..) = fixed_window_at(*start, *count, 0, now, limit);
-                if window_start == limit.span(at).0 {
-                    self.fixed_window_write(limit, now, |counted, granted| {
-                        (counted - back.min(counted), granted)
-                    });
-                }
-            }
+            Self::FixedWindow { .. } => fixed_window::settle(self, limit, now, at, back),
             Self::SlidingWindow {
                 start,
                 current,
                 previous,
-            } => {
-                let (_, window_start, mut cur, mut prev) =
-                    sliding_window_at(*start, *current, *previous, now, w);
-                let reserved_in = at - at % w;
-                if reserved_in == window_start {
-                    cur -= back.min(cur);
-                } else if reserved_in + w == window_start {
-                    prev -= back.min(prev);
-                } else {
-                    return;
-                }
-                (*start, *current, *previous) = (window_start, cur, prev);
-            }
+            } => sliding_window::settle((start, current, previous), limit, (now, at), back),
             Self::SlidingLog { entries, total } => {
-                if at.saturating_add(w) <= now {
-                    return;
-                }
-                let mut left = back;
-                for entry in entries.iter_mut().rev().filter(|e| e.0 == at) {
-                    let taken = left.min(entry.1);
-                    entry.1 -= taken;
-                    *total -= taken;
-                    left -= taken;
-                }
-                entries.retain(|&(_, units)| units > 0);
+                sliding_log::settle(entries, total, limit, (now, at), back);
             }
             Self::TokenBucket { tokens, last } => {
-                let give = refill(limit.limit);
-                if give == 0 {
-                    return;
-                }
-                let capacity = limit.burst * w;
-                let (available, t) = token_bucket_at(*tokens, *last, capacity, now, limit.limit);
-                (*tokens, *last) = ((available + give).min(capacity), Some(t));
+                let give = bucket_gives_back(limit, now, at, reserved, back);
+                token_bucket::settle(tokens, last, limit, now, give);
             }
             Self::Gcra { tat_ms, tat_frac } => {
-                let give = refill(limit.limit);
-                let rate = limit.limit;
-                let ahead = if *tat_ms >= now {
-                    (*tat_ms - now) * rate + *tat_frac
-                } else {
-                    0
-                };
-                if give == 0 || ahead == 0 {
-                    return;
-                }
-                let after = ahead - give.min(ahead);
-                *tat_ms = now + after / rate;
-                *tat_frac = after % rate;
+                let give = bucket_gives_back(limit, now, at, reserved, back);
+                gcra::settle(tat_ms, tat_frac, limit, now, give);
             }
         }
     }
 
-    /// Takes `units` at `now` whether or not they fit: units an answer
-    /// reported beyond its reservation. A bucket that runs dry owes the
-    /// rest: its tokens are counted from a moment in the future, so it
-    /// refills only after paying back.
     /// An operator's grant of `units` at `now`: a fixed window admits that
     /// many more in its current window, past its number, until the window
     /// ends; the other algorithms get back what a reservation of `units`
     /// taken now and settled to nothing would give back.
     pub fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
         match self {
-            Self::FixedWindow { .. } => {
-                self.fixed_window_write(limit, now, |counted, granted| (counted, granted + units));
-            }
+            Self::FixedWindow { .. } => fixed_window::grant(self, limit, now, units),
             _ => self.settle(limit, now, now, units, 0),
         }
     }
 
+    /// Takes `units` at `now` whether or not they fit: units an answer
+    /// reported beyond its reservation. A bucket that runs dry owes the
+    /// rest (see [`token_bucket::charge_over`]).
     fn charge_over(&mut self, limit: &Limit, now: u64, units: u64) {
         let Self::TokenBucket { tokens, last } = self else {
             return self.consume(limit, now, units);
         };
-        let w = limit.window_ms;
-        let capacity = limit.burst * w;
-        let (available, t) = token_bucket_at(*tokens, *last, capacity, now, limit.limit);
-        let need = units * w;
-        if available >= need {
-            (*tokens, *last) = (available - need, Some(t));
-        } else {
-            let debt = need - available;
-            let wait = debt.div_ceil(limit.limit);
-            (*tokens, *last) = ((wait * limit.limit - debt).min(capacity), Some(t + wait));
-        }
+        token_bucket::charge_over(tokens, last, limit, now, units);
     }
+}
+
+/// What a bucket may give back of `back` units reserved at `at`, scaled
+/// (units × window): see [`State::settle`].
+fn bucket_gives_back(limit: &Limit, now: u64, at: u64, reserved: u64, back: u64) -> u64 {
+    let w = limit.window_ms;
+    (back * w).min((reserved * w).saturating_sub(now.saturating_sub(at) * limit.limit))
 }
 
 #[cfg(test)]
