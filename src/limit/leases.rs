@@ -10,8 +10,10 @@
 //! only what still counts (a fixed window's units while that window
 //! lasts; a bucket's tokens less what refilled meanwhile).
 //!
-//! This file holds the slices and how big the next one is; the limiter
-//! asks the store for them ([`super::limiter`]'s `leased` module).
+//! This file holds one key's lease: its slices and how big the next one
+//! is; its `slice` module holds a slice in hand, and `table` this
+//! instance's leases, one per key. The limiter asks the store for slices
+//! ([`super::limiter`]'s `leased` module).
 //!
 //! - **Size**: about `interval` of this instance's own recent traffic on
 //!   the key, at most four times the last slice, and never more than
@@ -34,13 +36,20 @@
 //!   units taken ahead would leave it before the requests that spend them
 //!   (the configuration refuses it).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{Algorithm, Limit, Verdict};
 use crate::client::ClientId;
-use crate::metrics::{LeaseFamilies, LeaseMetrics};
+use crate::metrics::LeaseMetrics;
+
+mod slice;
+mod table;
+
+pub use slice::Slice;
+pub use table::Leases;
+
+use slice::spent_rate;
 
 /// Default lease interval: the traffic a slice is sized for, and how long
 /// it may go unspent.
@@ -84,46 +93,6 @@ pub struct Key {
     pub client: ClientId,
     pub index: usize,
     pub limit: Limit,
-}
-
-/// A slice in hand.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Slice {
-    /// Units not spent yet.
-    pub left: u64,
-    /// Units it took from the store.
-    pub size: u64,
-    /// When the store counted it (ms, the store's clock): what its
-    /// settlement names.
-    pub at_ms: u64,
-    /// When it was asked for, on this instance's clock.
-    pub taken: Instant,
-    /// When it is up whatever is spent from it: four intervals after it
-    /// was taken, or its window's end.
-    pub ends: Instant,
-    /// When a request last spent from it: it is also up an interval
-    /// after that (units nobody spends go back).
-    pub spent: Instant,
-    /// Whether `ends` is its window's end.
-    pub at_window_end: bool,
-    /// What the store said remained after it, and when it next adds units
-    /// (ms from `taken`): what the answers report meanwhile.
-    pub remaining: u64,
-    pub next_ms: u64,
-}
-
-impl Slice {
-    /// When it is up: at its end, or when nobody spent from it for an
-    /// `interval`.
-    pub fn lapses(&self, interval: Duration) -> Instant {
-        self.ends.min(self.spent + interval)
-    }
-
-    /// Whether it ends at its window's end, not before: what it did not
-    /// spend is then lost, not given back.
-    pub fn ends_with_window(&self, now: Instant) -> bool {
-        self.at_window_end && now >= self.ends
-    }
 }
 
 /// Why this instance does not spend from a slice for a while.
@@ -448,12 +417,6 @@ impl Lease {
     }
 }
 
-/// Units a millisecond `slice` spent from `taken` to `now`.
-fn spent_rate(slice: &Slice, now: Instant) -> f64 {
-    let elapsed = ms_between(slice.taken, now).max(1);
-    (slice.size - slice.left) as f64 / elapsed as f64
-}
-
 fn ms_between(from: Instant, to: Instant) -> u64 {
     u64::try_from(to.saturating_duration_since(from).as_millis()).unwrap_or(u64::MAX)
 }
@@ -470,88 +433,6 @@ fn stagger_permille(key: &Key) -> u64 {
     std::process::id().hash(&mut h);
     key.hash(&mut h);
     h.finish() % 1000
-}
-
-/// This instance's leases, one per key, at most `capacity` of them.
-#[derive(Debug)]
-pub struct Leases {
-    table: Mutex<HashMap<Key, Arc<Lease>>>,
-    capacity: usize,
-    /// Told when a slice is taken, so the keeper looks again at when the
-    /// first one is up.
-    pub taken: tokio::sync::Notify,
-    metrics: LeaseFamilies,
-}
-
-impl Leases {
-    /// An empty table of at most `capacity` leases.
-    pub fn new(capacity: usize, metrics: LeaseFamilies) -> Self {
-        Self {
-            table: Mutex::new(HashMap::new()),
-            capacity,
-            taken: tokio::sync::Notify::new(),
-            metrics,
-        }
-    }
-
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Lease>>> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The lease on `key`, made if there is room; `None` when the table is
-    /// full (the key is then decided per request).
-    pub fn get(&self, key: Key, terms: Terms) -> Option<Arc<Lease>> {
-        let mut table = self.table();
-        if let Some(lease) = table.get(&key) {
-            return Some(Arc::clone(lease));
-        }
-        if table.len() >= self.capacity {
-            return None;
-        }
-        let metrics = self.metrics.of(&key.scope, key.index);
-        let lease = Arc::new(Lease::new(key.clone(), terms, metrics));
-        table.insert(key, Arc::clone(&lease));
-        Some(lease)
-    }
-
-    /// Every lease's slice that is up at `now` (or every slice, with
-    /// `all`), taken out to be given back; leases left alone for long are
-    /// forgotten.
-    pub fn lapsed(&self, now: Instant, all: bool) -> Vec<(Arc<Lease>, Slice)> {
-        let mut table = self.table();
-        let out = table
-            .values()
-            .filter_map(|l| l.lapsed(now, all).map(|s| (Arc::clone(l), s)))
-            .collect();
-        table.retain(|_, l| !l.idle(now));
-        out
-    }
-
-    /// When the first slice in hand is up.
-    pub fn next_lapse(&self) -> Option<Instant> {
-        self.table().values().filter_map(|l| l.lapses()).min()
-    }
-
-    /// Whether any lease is held.
-    pub fn is_empty(&self) -> bool {
-        self.table().is_empty()
-    }
-
-    /// Brings the units-held gauges up to date: each the sum over the
-    /// leases of its limit (one per client, for a limit keyed by client).
-    pub fn refresh_gauges(&self) {
-        let table = self.table();
-        let mut sums: HashMap<(&str, usize), (u64, &LeaseMetrics)> = HashMap::new();
-        for lease in table.values() {
-            let sum = sums
-                .entry((&lease.key.scope, lease.key.index))
-                .or_insert((0, &lease.metrics));
-            sum.0 += lease.held_units();
-        }
-        for (held, metrics) in sums.into_values() {
-            metrics.held.set(i64::try_from(held).unwrap_or(i64::MAX));
-        }
-    }
 }
 
 #[cfg(test)]
