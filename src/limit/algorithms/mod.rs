@@ -345,6 +345,29 @@ pub(super) mod tests {
             .count()
     }
 
+    /// What each algorithm says it is, pinned: the buckets refill up to a
+    /// burst; every algorithm but the sliding log can be leased and
+    /// credited; only the fixed window keeps its windows' totals and
+    /// follows the calendar; the fixed window and the sliding log count
+    /// whole units.
+    #[test]
+    fn each_algorithm_says_what_it_is() {
+        use Algorithm::{FixedWindow, Gcra, SlidingLog, SlidingWindow, TokenBucket};
+        for a in ALL {
+            let p = a.properties();
+            assert_eq!(p.has_burst, matches!(a, TokenBucket | Gcra), "{a:?}");
+            assert_eq!(p.can_lease, a != SlidingLog, "{a:?}");
+            assert_eq!(p.can_be_credited, a != SlidingLog, "{a:?}");
+            assert_eq!(p.keeps_window_totals, a == FixedWindow, "{a:?}");
+            assert_eq!(p.follows_calendar, a == FixedWindow, "{a:?}");
+            assert_eq!(
+                p.counts_unit_milliseconds,
+                matches!(a, SlidingWindow | TokenBucket | Gcra),
+                "{a:?}"
+            );
+        }
+    }
+
     #[test]
     fn a_clock_stepping_back_across_a_boundary_admits_no_more_than_the_limit() {
         // Five admitted right after a boundary, then the clock steps back
