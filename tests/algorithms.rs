@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit, Settlement};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use support::redis::{TestRedis, unique_prefix};
 
 const ALL: [Algorithm; 5] = Algorithm::ALL;
@@ -92,9 +93,10 @@ fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
     )
         .prop_map(move |(limit, window, burst)| {
             let l = Limit::new(algorithm, limit, window);
-            match algorithm {
-                Algorithm::TokenBucket | Algorithm::Gcra => l.with_burst(burst),
-                _ => l,
+            if algorithm.has_burst() {
+                l.with_burst(burst)
+            } else {
+                l
             }
         })
 }
@@ -155,9 +157,22 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
     let seed = seed();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let redis = rt.block_on(TestRedis::start());
-    // A window by the calendar is generated with boundaries from 0: they
-    // are moved to lie around the trace's start.
-    let strategy = limits
+    let result = runner(seed, 160).run(&traces(limits), |(limits, start, steps)| {
+        rt.block_on(both_agree_on_the_trace(
+            &redis, name, &limits, start, &steps,
+        ))
+    });
+    if let Err(e) = result {
+        panic!("{name}: {e}\nreproduce with FLOODGATE_PROPTEST_SEED={seed}");
+    }
+}
+
+/// Traces of `limits`. A window by the calendar is generated with
+/// boundaries from 0: they are moved to lie around the trace's start.
+fn traces(
+    limits: impl Strategy<Value = Vec<Limit>>,
+) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step>)> {
+    limits
         .prop_flat_map(trace)
         .prop_map(|(mut limits, start, steps)| {
             for limit in &mut limits {
@@ -167,79 +182,105 @@ fn lua_agrees_with_rust(name: &str, limits: impl Strategy<Value = Vec<Limit>>) {
                 }
             }
             (limits, start, steps)
-        });
-    let result = runner(seed, 160).run(&strategy, |(limits, start, steps)| {
-        rt.block_on(async {
-            let both = Both::new(&redis, name);
-            let mut now = start;
-            let mut i = 0;
-            // Per client, the reservations admitted and not settled yet.
-            let mut open: [std::collections::VecDeque<Settlement>; 3] = Default::default();
-            for call in calls(&steps) {
-                let clients: Vec<ClientId> = call
-                    .iter()
-                    .map(|&(_, _, client, _, _)| ClientId::Addr([10, 0, 0, client].into()))
-                    .collect();
-                let mut charges = Vec::with_capacity(call.len());
-                for (&(dt, cost, client, _, used), id) in call.iter().zip(&clients) {
-                    now = now.saturating_add_signed(dt);
-                    let settle = used.and_then(|_| open[usize::from(client)].pop_front());
-                    let charge = Charge {
-                        route: &both.route,
-                        client: id,
-                        limits: &limits,
-                        keys: &[],
-                        cost: match settle {
-                            Some(_) => used.unwrap_or(cost),
-                            None => cost,
-                        },
-                        settle,
-                    };
-                    charges.push((charge, Some(now)));
-                }
-                let lua = if let [(charge, now)] = charges[..] {
-                    vec![
-                        both.redis
-                            .decide_at(charge, now)
-                            .await
-                            .expect("redis decision"),
-                    ]
-                } else {
-                    both.redis
-                        .decide_together_at(&charges)
-                        .await
-                        .expect("redis decisions")
-                };
-                prop_assert_eq!(lua.len(), charges.len());
-                for ((lua, (charge, at)), step) in lua.into_iter().zip(&charges).zip(call) {
-                    let now = at.unwrap_or_default();
-                    let rust = both.memory.decide_at(*charge, now);
-                    if lua.allowed && charge.settle.is_none() {
-                        open[usize::from(step.2)].push_back(Settlement {
-                            at_ms: lua.at_ms,
-                            reserved: charge.cost,
-                            local: false,
-                            grant: false,
-                        });
-                    }
-                    prop_assert_eq!(
-                        lua,
-                        rust,
-                        "step {} at +{} ms, cost {}, client {:?}, in a call of {}",
-                        i,
-                        now as i64 - start as i64,
-                        charge.cost,
-                        charge.client,
-                        charges.len()
-                    );
-                    i += 1;
-                }
-            }
-            Ok(())
         })
-    });
-    if let Err(e) = result {
-        panic!("{name}: {e}\nreproduce with FLOODGATE_PROPTEST_SEED={seed}");
+}
+
+/// Per client, the reservations admitted and not settled yet.
+type Open = [VecDeque<Settlement>; 3];
+
+/// One trace from `start` through both stores, call by call: Redis
+/// decides each call, the Rust twin each of its steps, and they agree.
+async fn both_agree_on_the_trace(
+    redis: &TestRedis,
+    name: &str,
+    limits: &[Limit],
+    start: u64,
+    steps: &[Step],
+) -> Result<(), TestCaseError> {
+    let both = Both::new(redis, name);
+    let mut now = start;
+    let mut i = 0;
+    let mut open = Open::default();
+    for call in calls(steps) {
+        let clients: Vec<ClientId> = call
+            .iter()
+            .map(|&(_, _, client, _, _)| ClientId::Addr([10, 0, 0, client].into()))
+            .collect();
+        let charges = charges_of(call, &clients, &both.route, limits, &mut now, &mut open);
+        let lua = redis_decides(&both, &charges).await;
+        prop_assert_eq!(lua.len(), charges.len());
+        for ((lua, (charge, at)), step) in lua.into_iter().zip(&charges).zip(call) {
+            let now = at.unwrap_or_default();
+            let rust = both.memory.decide_at(*charge, now);
+            if lua.allowed && charge.settle.is_none() {
+                open[usize::from(step.2)].push_back(Settlement {
+                    at_ms: lua.at_ms,
+                    reserved: charge.cost,
+                    local: false,
+                    grant: false,
+                });
+            }
+            prop_assert_eq!(
+                lua,
+                rust,
+                "step {} at +{} ms, cost {}, client {:?}, in a call of {}",
+                i,
+                now as i64 - start as i64,
+                charge.cost,
+                charge.client,
+                charges.len()
+            );
+            i += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The charges of one call's steps, each at its time (moving `now` on): a
+/// decision, or for a step that settles, the client's oldest open
+/// reservation settled to the units it used.
+fn charges_of<'a>(
+    call: &[Step],
+    clients: &'a [ClientId],
+    route: &'a Arc<str>,
+    limits: &'a [Limit],
+    now: &mut u64,
+    open: &mut Open,
+) -> Vec<(Charge<'a>, Option<u64>)> {
+    let mut charges = Vec::with_capacity(call.len());
+    for (&(dt, cost, client, _, used), id) in call.iter().zip(clients) {
+        *now = now.saturating_add_signed(dt);
+        let settle = used.and_then(|_| open[usize::from(client)].pop_front());
+        let charge = Charge {
+            route,
+            client: id,
+            limits,
+            keys: &[],
+            cost: match settle {
+                Some(_) => used.unwrap_or(cost),
+                None => cost,
+            },
+            settle,
+        };
+        charges.push((charge, Some(*now)));
+    }
+    charges
+}
+
+/// Redis's decisions of one call: alone, or several in one round trip.
+async fn redis_decides(both: &Both, charges: &[(Charge<'_>, Option<u64>)]) -> Vec<Decision> {
+    if let [(charge, now)] = charges[..] {
+        vec![
+            both.redis
+                .decide_at(charge, now)
+                .await
+                .expect("redis decision"),
+        ]
+    } else {
+        both.redis
+            .decide_together_at(charges)
+            .await
+            .expect("redis decisions")
     }
 }
 
