@@ -1,4 +1,4 @@
-//! Compares the five algorithms: in-process decision cost, Redis CPU per
+//! Compares the algorithms: in-process decision cost, Redis CPU per
 //! decision, Redis memory per key, and decisions per second through one
 //! floodgate Redis store. Run with `cargo bench --bench algorithms`; it starts
 //! its own `redis-server` on a free port (or uses `REDIS_URL`) and prints a
@@ -14,13 +14,6 @@ use floodgate::limit::memory::MemoryStore;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Limit};
 
-const ALGORITHMS: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingLog,
-    Algorithm::SlidingWindow,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
 const CLIENTS: u32 = 10_000;
 const LIMIT: u64 = 100;
 
@@ -79,6 +72,21 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
     let prefix = format!("bench-{}", limit.algorithm.name());
     let store = Arc::new(RedisStore::new(url, &prefix, Duration::from_secs(2)).expect("store"));
     store.load_script().await.expect("load script");
+    let mut conn = stats_connection(url).await;
+    let (total, per_second) = decide_under_load(&store, limit).await;
+    let redis_us = usec_in_calls(&redis_info(&mut conn).await) / total as f64;
+    let key_bytes = key_bytes_fully_used(&store, &mut conn, limit).await;
+    Row {
+        algorithm: limit.algorithm.name(),
+        memory_ns,
+        redis_us,
+        per_second,
+        key_bytes,
+    }
+}
+
+/// A connection of its own to read Redis's statistics, reset first.
+async fn stats_connection(url: &str) -> redis::aio::MultiplexedConnection {
     let mut conn = redis::Client::open(url)
         .expect("url")
         .get_multiplexed_async_connection()
@@ -89,12 +97,16 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
         .query_async(&mut conn)
         .await
         .expect("resetstat");
+    conn
+}
 
-    // 64 concurrent callers over 10k clients for two seconds.
+/// 64 concurrent callers over 10k clients for two seconds: the decisions
+/// made, and how many a second.
+async fn decide_under_load(store: &Arc<RedisStore>, limit: Limit) -> (u64, f64) {
     let deadline = Instant::now() + Duration::from_secs(2);
     let tasks: Vec<_> = (0..64u32)
         .map(|t| {
-            let store = Arc::clone(&store);
+            let store = Arc::clone(store);
             tokio::spawn(async move {
                 let route: Arc<str> = "bench".into();
                 let limits = [limit];
@@ -124,10 +136,15 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
     for t in tasks {
         total += t.await.unwrap_or(0);
     }
-    let per_second = total as f64 / started.elapsed().as_secs_f64();
-    let redis_us = usec_in_calls(&redis_info(&mut conn).await) / total as f64;
+    (total, total as f64 / started.elapsed().as_secs_f64())
+}
 
-    // Memory of one client's key with the limit fully used.
+/// Memory of one client's key with the limit fully used.
+async fn key_bytes_fully_used(
+    store: &RedisStore,
+    conn: &mut redis::aio::MultiplexedConnection,
+    limit: Limit,
+) -> i64 {
     let route: Arc<str> = "bench".into();
     let id = ClientId::header("memory-probe");
     let limits = [limit];
@@ -148,19 +165,12 @@ async fn redis_row(url: &str, limit: Limit, memory_ns: f64) -> Row {
         limit.algorithm.name(),
         limit.window_ms
     );
-    let key_bytes: i64 = redis::cmd("MEMORY")
+    redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(&key)
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
-        .unwrap_or(-1);
-    Row {
-        algorithm: limit.algorithm.name(),
-        memory_ns,
-        redis_us,
-        per_second,
-        key_bytes,
-    }
+        .unwrap_or(-1)
 }
 
 fn main() {
@@ -169,7 +179,7 @@ fn main() {
     let url = redis.url.clone();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut rows = Vec::new();
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL {
         let limit = Limit::new(algorithm, LIMIT, 60_000);
         let memory_ns = memory_ns_per_decision(limit);
         rows.push(runtime.block_on(redis_row(&url, limit, memory_ns)));
