@@ -90,7 +90,7 @@ local function fixed_window()
   end
 
   -- Settles a reservation of `reserved` units taken at `at` to `used`
-  -- (algorithms.rs, State::settle): more is counted in the current window;
+  -- (algorithms/fixed_window.rs, settle): more is counted in the current window;
   -- less is given back only while the reservation's window is current.
   local function settle(key, limit, window, now, burst, at, reserved, used)
     local start, len, count, extra, s, c, ends = read(key, window, now)

@@ -40,7 +40,7 @@ local function gcra()
   end
 
   -- Settles a reservation of `reserved` units taken at `at` to `used`
-  -- (algorithms.rs, State::settle): more units push the TAT on, past the
+  -- (algorithms/gcra.rs, settle): more units push the TAT on, past the
   -- tolerance if need be; unused ones pull it back, at most by what has
   -- not refilled since `at`.
   local function settle(key, limit, window, now, burst, at, reserved, used)

@@ -36,7 +36,8 @@
 -- decide.lua calls every limit's check, then every commit only if all
 -- allowed, so a route's limits decide all or nothing in one round trip; one
 -- call may decide several requests this way, one after another.
--- The pure Rust twins in src/limit/algorithms.rs follow the same steps.
+-- The pure Rust twins in src/limit/algorithms/ (one module per script)
+-- follow the same steps.
 --
 -- State: every algorithm but the sliding log keeps one string of two or
 -- three whole numbers separated by spaces ("1700000000000 3"), read through

@@ -51,7 +51,7 @@ local function sliding_log()
   end
 
   -- Settles a reservation of `reserved` units taken at `at` to `used`
-  -- (algorithms.rs, State::settle): more units are logged now; unused ones
+  -- (algorithms/sliding_log.rs, settle): more units are logged now; unused ones
   -- leave the log while its entry is still in the window. The members at
   -- `at` are "<at>:1" … "<at>:k"; the highest go, so the next commit's
   -- numbering (ZCOUNT + 1 onwards) never meets a member still there.

@@ -73,7 +73,7 @@ local function sliding_window()
   end
 
   -- Settles a reservation of `reserved` units taken at `at` to `used`
-  -- (algorithms.rs, State::settle): more is counted in the current window;
+  -- (algorithms/sliding_window.rs, settle): more is counted in the current window;
   -- less is given back to the window it went into, while that is the
   -- current or the previous one. It reads the key as check does; check
   -- keeps its reading inline, as every decision runs it and a Lua call

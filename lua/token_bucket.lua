@@ -45,7 +45,7 @@ local function token_bucket()
   end
 
   -- Settles a reservation of `reserved` units taken at `at` to `used`
-  -- (algorithms.rs, State::settle, charge_over): more units come out of
+  -- (algorithms/token_bucket.rs, settle, charge_over): more units come out of
   -- the bucket, and what it cannot pay it owes, counted from a `last` in
   -- the future; unused units go back, at most what has not refilled since.
   local function settle(key, limit, window, now, burst, at, reserved, used)
