@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use support::redis::{TestRedis, unique_prefix};
 
-const ALL: [Algorithm; 5] = Algorithm::ALL;
+const ALL: [Algorithm; Algorithm::ALL.len()] = Algorithm::ALL;
 
 /// Both stores, asked the same questions at the same times.
 struct Both {

@@ -243,7 +243,7 @@ impl State {
 pub(super) mod tests {
     use super::*;
 
-    pub(super) const ALL: [Algorithm; 5] = Algorithm::ALL;
+    pub(super) const ALL: [Algorithm; Algorithm::ALL.len()] = Algorithm::ALL;
 
     pub(super) fn limit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Limit {
         Limit::new(algorithm, limit, window_ms)
@@ -281,7 +281,7 @@ pub(super) mod tests {
             (T, 5, v(false, 0, 6_000, 30_000)),
             (T + 3_000, 5, v(false, 0, 3_000, 27_000)),
         ];
-        let cases: [(Algorithm, Vec<Step>); 5] = [
+        let cases: [(Algorithm, Vec<Step>); Algorithm::ALL.len()] = [
             (
                 // Until the minute ends, whatever is left.
                 Algorithm::FixedWindow,
