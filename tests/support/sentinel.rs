@@ -1,7 +1,7 @@
 //! A Sentinel-monitored Redis for tests: a primary, one replica and three
 //! Sentinels (quorum 2) on free ports, all killed on drop.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,58 +33,69 @@ async fn wait_for(what: &str, ready: impl Fn() -> bool) {
     }
 }
 
+/// Starts `redis-server` with `args` in `dir`, quiet.
+fn spawn_in(dir: &Path, args: Vec<String>) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start redis-server")
+}
+
+/// A throwaway Redis node on `port`: loopback only, nothing saved.
+fn node_args(port: u16) -> Vec<String> {
+    vec![
+        "--port".to_owned(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--save".into(),
+        String::new(),
+        "--appendonly".into(),
+        "no".into(),
+    ]
+}
+
+/// Writes the config of a Sentinel on `port` watching `primary` (quorum 2,
+/// quick to call it down) and returns its path.
+fn write_sentinel_config(dir: &Path, port: u16, primary: u16) -> PathBuf {
+    let file = dir.join(format!("sentinel-{port}.conf"));
+    std::fs::write(
+        &file,
+        format!(
+            "port {port}\nbind 127.0.0.1\n\
+             sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {MASTER} 1000\n\
+             sentinel failover-timeout {MASTER} 3000\n"
+        ),
+    )
+    .expect("write sentinel config");
+    file
+}
+
 impl TestSentinels {
     pub async fn start() -> Self {
         let dir = temp_dir("sentinel");
-        let spawn = |args: Vec<String>| {
-            Command::new("redis-server")
-                .args(args)
-                .current_dir(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start redis-server")
-        };
         // Five distinct ports (free_port never repeats one).
         let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
         let (primary, replica) = (ports[0], ports[1]);
         let mut children = Vec::new();
-        let node = |port: u16| {
-            vec![
-                "--port".to_owned(),
-                port.to_string(),
-                "--bind".into(),
-                "127.0.0.1".into(),
-                "--save".into(),
-                String::new(),
-                "--appendonly".into(),
-                "no".into(),
-            ]
-        };
-        children.push((primary, spawn(node(primary))));
-        let mut replica_args = node(replica);
+        children.push((primary, spawn_in(&dir, node_args(primary))));
+        let mut replica_args = node_args(replica);
         replica_args.extend([
             "--replicaof".into(),
             "127.0.0.1".into(),
             primary.to_string(),
         ]);
-        children.push((replica, spawn(replica_args)));
+        children.push((replica, spawn_in(&dir, replica_args)));
         let mut sentinels = Vec::new();
         for &port in &ports[2..] {
-            let file = dir.join(format!("sentinel-{port}.conf"));
-            std::fs::write(
-                &file,
-                format!(
-                    "port {port}\nbind 127.0.0.1\n\
-                     sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
-                     sentinel down-after-milliseconds {MASTER} 1000\n\
-                     sentinel failover-timeout {MASTER} 3000\n"
-                ),
-            )
-            .expect("write sentinel config");
+            let file = write_sentinel_config(&dir, port, primary);
             children.push((
                 port,
-                spawn(vec![file.display().to_string(), "--sentinel".into()]),
+                spawn_in(&dir, vec![file.display().to_string(), "--sentinel".into()]),
             ));
             sentinels.push(port);
         }
@@ -94,11 +105,18 @@ impl TestSentinels {
             children,
             dir,
         };
+        group.wait_until_settled(replica).await;
+        group
+    }
+
+    /// Waits until the replica follows the primary and every Sentinel knows
+    /// the replica and the other two Sentinels, so a failover can happen.
+    async fn wait_until_settled(&self, replica: u16) {
         wait_for("replication", || {
             cli(replica, &["INFO", "replication"]).contains("master_link_status:up")
         })
         .await;
-        for &s in &group.sentinels {
+        for &s in &self.sentinels {
             wait_for("sentinels finding each other and the replica", || {
                 let info = cli(s, &["SENTINEL", "MASTER", MASTER]);
                 let lines: Vec<&str> = info.lines().collect();
@@ -114,7 +132,6 @@ impl TestSentinels {
             })
             .await;
         }
-        group
     }
 
     /// Sentinel URLs for floodgate's `urls`.
