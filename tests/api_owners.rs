@@ -226,23 +226,65 @@ fn hex_sha256(value: &[u8]) -> String {
         .collect()
 }
 
-#[tokio::test]
-async fn clients_are_counted_by_a_verified_jwt_claim() {
-    let (_redis, upstream, config) = setup("jwt").await;
-    let dir = temp_dir("jwt-claims");
-    let secret = b"a-shared-secret-of-at-least-32-bytes!";
-    std::fs::write(dir.join("secret"), secret).expect("write secret");
-    let (rsa_der, rsa_pub) = rsa_key(&dir);
-    let rng = SystemRandom::new();
-    let ec = ec_key(&dir, &rng);
+/// The shared secret the HS256 route verifies with.
+const JWT_SECRET: &[u8] = b"a-shared-secret-of-at-least-32-bytes!";
+
+/// Signs tokens with the keys each JWT route was given: the HS256 secret,
+/// the RSA key pair and the EC key published in the JWKS file.
+struct Signers {
+    rsa: RsaKeyPair,
+    ec: EcdsaKeyPair,
+    rng: SystemRandom,
+}
+
+impl Signers {
+    /// Writes the secret, the RSA public key and the JWKS into `dir`, and
+    /// returns the signers with the RSA public key's path.
+    fn write_keys(dir: &Path) -> (Self, std::path::PathBuf) {
+        std::fs::write(dir.join("secret"), JWT_SECRET).expect("write secret");
+        let (rsa_der, rsa_pub) = rsa_key(dir);
+        let rng = SystemRandom::new();
+        let ec = ec_key(dir, &rng);
+        let rsa = RsaKeyPair::from_der(&rsa_der).expect("rsa pair");
+        (Self { rsa, ec, rng }, rsa_pub)
+    }
+
+    fn hs256(&self, claims: &str) -> String {
+        token(r#"{"alg":"HS256"}"#, claims, hs256(JWT_SECRET))
+    }
+
+    fn rs256(&self, claims: &str) -> String {
+        token(r#"{"alg":"RS256","typ":"JWT"}"#, claims, |input| {
+            let mut sig = vec![0; self.rsa.public().modulus_len()];
+            self.rsa
+                .sign(&signature::RSA_PKCS1_SHA256, &self.rng, input, &mut sig)
+                .expect("rsa sign");
+            sig
+        })
+    }
+
+    fn es256(&self, claims: &str) -> String {
+        token(r#"{"alg":"ES256","kid":"k1"}"#, claims, |input| {
+            self.ec
+                .sign(&self.rng, input)
+                .expect("ec sign")
+                .as_ref()
+                .to_vec()
+        })
+    }
+}
+
+/// Routes `/hs`, `/rs` and `/es`, each keyed by the `sub` of a token
+/// verified with one algorithm, 2 requests a minute.
+fn jwt_routes(config: Config, upstream: &Upstream, dir: &Path, rsa_pub: &Path) -> String {
     let jwt = |alg: &str, key: &str| {
         format!(
             r#"client = {{ from = "jwt", claim = "sub", algorithm = "{alg}", {key}, issuer = "https://idp.example", audience = "orders", missing = "reject" }}"#
         )
     };
-    let toml = config
+    config
         .route(
-            on("hs", "/hs", &upstream)
+            on("hs", "/hs", upstream)
                 .line(&jwt(
                     "HS256",
                     &format!("secret_file = \"{}\"", dir.join("secret").display()),
@@ -250,7 +292,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
                 .limit("sliding_log", 2, "60s"),
         )
         .route(
-            on("rs", "/rs", &upstream)
+            on("rs", "/rs", upstream)
                 .line(&jwt(
                     "RS256",
                     &format!("key_file = \"{}\"", rsa_pub.display()),
@@ -258,39 +300,24 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
                 .limit("sliding_log", 2, "60s"),
         )
         .route(
-            on("es", "/es", &upstream)
+            on("es", "/es", upstream)
                 .line(&jwt(
                     "ES256",
                     &format!("jwks_file = \"{}\"", dir.join("jwks.json").display()),
                 ))
                 .limit("sliding_log", 2, "60s"),
         )
-        .toml();
-    let gate = Floodgate::start(&toml).await;
-    let client = TestClient::http1();
+        .toml()
+}
 
-    let rsa = RsaKeyPair::from_der(&rsa_der).expect("rsa pair");
-    let rs256 = |claims: &str| {
-        token(r#"{"alg":"RS256","typ":"JWT"}"#, claims, |input| {
-            let mut sig = vec![0; rsa.public().modulus_len()];
-            rsa.sign(&signature::RSA_PKCS1_SHA256, &rng, input, &mut sig)
-                .expect("rsa sign");
-            sig
-        })
-    };
-    let es256 = |claims: &str| {
-        token(r#"{"alg":"ES256","kid":"k1"}"#, claims, |input| {
-            ec.sign(&rng, input).expect("ec sign").as_ref().to_vec()
-        })
-    };
-    let hs = |claims: &str| token(r#"{"alg":"HS256"}"#, claims, hs256(secret));
-
-    // Valid tokens: each subject has its own two requests, whatever else
-    // the token or the connection carries.
+/// Valid tokens: each subject has its own two requests, whatever else the
+/// token or the connection carries; an expired token is refused before it
+/// is counted.
+async fn each_subject_has_its_own_budget(gate: &Floodgate, client: &TestClient, keys: &Signers) {
     for (path, make) in [
-        ("/hs", &hs as &dyn Fn(&str) -> String),
-        ("/rs", &rs256),
-        ("/es", &es256),
+        ("/hs", Signers::hs256 as fn(&Signers, &str) -> String),
+        ("/rs", Signers::rs256),
+        ("/es", Signers::es256),
     ] {
         let url = gate.url(path);
         for sub in ["alice", "bob"] {
@@ -298,7 +325,7 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
                 let mut out = Vec::new();
                 for _ in 0..3 {
                     out.push(
-                        bearer(&client, &url, &make(&claims(sub, false)))
+                        bearer(client, &url, &make(keys, &claims(sub, false)))
                             .await
                             .status
                             .as_u16(),
@@ -309,20 +336,26 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
             assert_eq!(statuses, [200, 200, 429], "{path} {sub}");
         }
         // Expired: refused before it is counted.
-        let a = bearer(&client, &url, &make(&claims("carol", true))).await;
+        let a = bearer(client, &url, &make(keys, &claims("carol", true))).await;
         assert_eq!(a.problem().0, 401, "{path}");
         assert!(a.problem().1.contains("expired"), "{}", a.text());
     }
+}
 
-    // Wrong algorithm: an HS256 token "signed" with the RSA public key as
-    // its secret (the classic confusion), and an unsigned one.
-    let public_pem = std::fs::read(&rsa_pub).expect("read public key");
+/// Wrong algorithm: an HS256 token "signed" with the RSA public key as its
+/// secret (the classic confusion), and an unsigned one.
+async fn tokens_of_another_algorithm_are_refused(
+    gate: &Floodgate,
+    client: &TestClient,
+    rsa_pub: &Path,
+) {
+    let public_pem = std::fs::read(rsa_pub).expect("read public key");
     let confused = token(
         r#"{"alg":"HS256"}"#,
         &claims("mallory", false),
         hs256(&public_pem),
     );
-    let a = bearer(&client, &gate.url("/rs"), &confused).await;
+    let a = bearer(client, &gate.url("/rs"), &confused).await;
     assert_eq!(a.problem().0, 401);
     assert!(a.problem().1.contains("algorithm"), "{}", a.text());
     let unsigned = format!(
@@ -331,30 +364,49 @@ async fn clients_are_counted_by_a_verified_jwt_claim() {
         b64(claims("mallory", false).as_bytes())
     );
     assert_eq!(
-        bearer(&client, &gate.url("/hs"), &unsigned).await.status,
+        bearer(client, &gate.url("/hs"), &unsigned).await.status,
         401
     );
+}
 
-    // Forged: alice's claims re-signed with another secret, and a valid
-    // token whose subject was edited after signing.
+/// Forged: alice's claims re-signed with another secret, and a valid token
+/// whose subject was edited after signing.
+async fn forged_and_edited_tokens_are_refused(
+    gate: &Floodgate,
+    client: &TestClient,
+    keys: &Signers,
+) {
     let forged = token(
         r#"{"alg":"HS256"}"#,
         &claims("alice", false),
         hs256(b"not-the-secret-not-the-secret-not-it"),
     );
-    let a = bearer(&client, &gate.url("/hs"), &forged).await;
+    let a = bearer(client, &gate.url("/hs"), &forged).await;
     assert_eq!(a.problem().0, 401);
     assert!(a.problem().1.contains("signature"), "{}", a.text());
-    let genuine = es256(&claims("dave", false));
+    let genuine = keys.es256(&claims("dave", false));
     let mut parts: Vec<&str> = genuine.split('.').collect();
     let edited = b64(claims("eve", false).as_bytes());
     parts[1] = &edited;
     assert_eq!(
-        bearer(&client, &gate.url("/es"), &parts.join("."))
+        bearer(client, &gate.url("/es"), &parts.join("."))
             .await
             .status,
         401
     );
+}
+
+#[tokio::test]
+async fn clients_are_counted_by_a_verified_jwt_claim() {
+    let (_redis, upstream, config) = setup("jwt").await;
+    let dir = temp_dir("jwt-claims");
+    let (keys, rsa_pub) = Signers::write_keys(&dir);
+    let gate = Floodgate::start(&jwt_routes(config, &upstream, &dir, &rsa_pub)).await;
+    let client = TestClient::http1();
+
+    each_subject_has_its_own_budget(&gate, &client, &keys).await;
+    tokens_of_another_algorithm_are_refused(&gate, &client, &rsa_pub).await;
+    forged_and_edited_tokens_are_refused(&gate, &client, &keys).await;
     // No token at all.
     assert_eq!(client.get(&gate.url("/rs"), &[]).await.status, 401);
     assert_eq!(
@@ -594,13 +646,13 @@ fn fields(a: &Answer) -> (u64, u64) {
     (number("r="), number("t="))
 }
 
-#[tokio::test]
-async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
-    let (_redis, upstream, mut config) = setup("draft-10").await;
-    let algorithms = floodgate::limit::Algorithm::NAMES.map(|(name, _)| name);
-    for algorithm in algorithms {
+/// For every algorithm a route of 2 per 3 s and one of 10 per minute under
+/// `/minute/`; a token bucket with a burst of 5; and routes costing 5 units
+/// under `/five/`.
+fn draft_10_routes(mut config: Config, upstream: &Upstream, algorithms: &[&str]) -> Config {
+    for &algorithm in algorithms {
         config = config
-            .route(on(algorithm, &format!("/{algorithm}"), &upstream).limit(algorithm, 2, "3s"))
+            .route(on(algorithm, &format!("/{algorithm}"), upstream).limit(algorithm, 2, "3s"))
             .route(
                 Route::new(&format!("{algorithm}-minute"))
                     .upstream(&upstream.url())
@@ -609,7 +661,7 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
             );
     }
     config = config.route(
-        on("burst", "/burst", &upstream)
+        on("burst", "/burst", upstream)
             .limits(r#"{ algorithm = "token_bucket", limit = 2, window = "60s", burst = 5 }"#),
     );
     for algorithm in ["token_bucket", "gcra", "sliding_log"] {
@@ -621,40 +673,48 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
                 .limit(algorithm, 10, "60s"),
         );
     }
-    let gate = Floodgate::start(&config.toml()).await;
-    let client = TestClient::http1();
+    config
+}
 
-    // Units remaining: t is still the time until the next unit is made
-    // available (draft -10), computed here by hand for 10 per minute. The
-    // window algorithms depend on where in the aligned minute the request
-    // falls, read from this machine's clock (the one Redis reads too).
+/// Seconds until the next unit is made available (draft -10's t) at 10 per
+/// minute after `counted` requests, computed by hand. The window algorithms
+/// depend on where in the aligned minute the request falls, read from this
+/// machine's clock (the one Redis reads too).
+fn t_by_hand_for_ten_a_minute(algorithm: &str, counted: u64) -> u64 {
     let minute = 60_000u64;
-    let expected_t = |algorithm: &str, counted: u64| -> u64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let to_end = minute - now % minute;
-        let ms = match algorithm {
-            // Until the window ends.
-            "fixed_window" => to_end,
-            // Until the oldest counted request leaves: sent just now.
-            "sliding_log" => minute,
-            // Nothing from the previous window: the count falls by a unit
-            // once the next window has slid 1/counted of the way.
-            "sliding_window" => to_end + (minute - (counted - 1) * minute / counted),
-            // One unit is added every 6 s.
-            _ => 6_000,
-        };
-        ms.div_ceil(1_000)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let to_end = minute - now % minute;
+    let ms = match algorithm {
+        // Until the window ends.
+        "fixed_window" => to_end,
+        // Until the oldest counted request leaves: sent just now.
+        "sliding_log" => minute,
+        // Nothing from the previous window: the count falls by a unit
+        // once the next window has slid 1/counted of the way.
+        "sliding_window" => to_end + (minute - (counted - 1) * minute / counted),
+        // One unit is added every 6 s.
+        _ => 6_000,
     };
-    for algorithm in algorithms {
+    ms.div_ceil(1_000)
+}
+
+/// Units remaining: r counts down and t is still the time until the next
+/// unit is made available (draft -10).
+async fn r_counts_down_and_t_is_the_next_units_time(
+    gate: &Floodgate,
+    client: &TestClient,
+    algorithms: &[&str],
+) {
+    for &algorithm in algorithms {
         let url = gate.url(&format!("/minute/{algorithm}"));
         for i in 0..5 {
             let a = client.get(&url, &[]).await;
             assert_eq!(a.status, 200);
             let (r, t) = fields(&a);
             assert_eq!(r, 9 - i, "{algorithm}");
-            let want = expected_t(algorithm, i + 1);
+            let want = t_by_hand_for_ten_a_minute(algorithm, i + 1);
             assert!(
                 t.abs_diff(want) <= 1,
                 "{algorithm}: after {} of 10, t={t}, by hand {want}",
@@ -662,11 +722,13 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
             );
         }
     }
+}
 
-    // Requests of 5 units: t is the next unit's time whatever the cost,
-    // and a denial's Retry-After is this request's own wait: longer than t
-    // for the bucket algorithms (5 units at one every 6 s), equal to it for
-    // the log (all 10 units leave together).
+/// Requests of 5 units: t is the next unit's time whatever the cost, and a
+/// denial's Retry-After is this request's own wait: longer than t for the
+/// bucket algorithms (5 units at one every 6 s), equal to it for the log
+/// (all 10 units leave together).
+async fn a_costly_denial_waits_for_its_own_units(gate: &Floodgate, client: &TestClient) {
     for (algorithm, t, retry) in [
         ("token_bucket", 6, 30),
         ("gcra", 6, 30),
@@ -700,8 +762,11 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
             "{algorithm}: Retry-After {wait}, by hand {retry}, t {t}"
         );
     }
-    // The rate algorithms free one unit every 6 s: at 0 remaining that is
-    // the wait, not the 60 s to a full bucket.
+}
+
+/// The rate algorithms free one unit every 6 s: at 0 remaining that is the
+/// wait, not the 60 s to a full bucket.
+async fn an_empty_bucket_waits_for_one_unit(gate: &Floodgate, client: &TestClient) {
     for algorithm in ["token_bucket", "gcra"] {
         let url = gate.url(&format!("/minute/{algorithm}"));
         for _ in 0..4 {
@@ -715,11 +780,17 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
         assert_eq!(fields(&denied), (0, 6), "{algorithm}");
         assert_eq!(denied.header("retry-after"), Some("6"), "{algorithm}");
     }
+}
 
-    // Every algorithm, 2 per 3 s: r counts down, t is the wait for the
-    // next unit; a 429's Retry-After equals its t (one unit); a client that
-    // sleeps exactly Retry-After is admitted.
-    for algorithm in algorithms {
+/// Every algorithm, 2 per 3 s: r counts down, t is the wait for the next
+/// unit; a 429's Retry-After equals its t (one unit); a client that sleeps
+/// exactly Retry-After is admitted.
+async fn sleeping_retry_after_is_enough(
+    gate: &Floodgate,
+    client: &TestClient,
+    algorithms: &[&str],
+) {
+    for &algorithm in algorithms {
         let url = gate.url(&format!("/{algorithm}"));
         let first = client.get(&url, &[]).await;
         let (r, t) = fields(&first);
@@ -743,6 +814,19 @@ async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
         let again = client.get(&url, &[]).await;
         assert_eq!(again.status, 200, "{algorithm}: admitted after Retry-After");
     }
+}
+
+#[tokio::test]
+async fn ratelimit_fields_follow_draft_10_for_every_algorithm() {
+    let (_redis, upstream, config) = setup("draft-10").await;
+    let algorithms = floodgate::limit::Algorithm::NAMES.map(|(name, _)| name);
+    let gate = Floodgate::start(&draft_10_routes(config, &upstream, &algorithms).toml()).await;
+    let client = TestClient::http1();
+
+    r_counts_down_and_t_is_the_next_units_time(&gate, &client, &algorithms).await;
+    a_costly_denial_waits_for_its_own_units(&gate, &client).await;
+    an_empty_bucket_waits_for_one_unit(&gate, &client).await;
+    sleeping_retry_after_is_enough(&gate, &client, &algorithms).await;
 
     // With a burst above the limit, q advertises the burst and r never
     // exceeds it.
