@@ -430,49 +430,44 @@ async fn a_request_refused_for_concurrency_costs_no_rate_units() {
     in_flight_returns_to_zero(&client, &gate, "api").await;
 }
 
-#[tokio::test]
-async fn an_adaptive_cap_finds_the_upstream_knee_and_follows_it() {
-    // 40 ms up to 8 requests at once, 40 ms more for each one past 8.
-    let upstream = Arc::new(Sleeper::start(40, 8).await);
-    let toml = Config::new()
-        .admin()
-        .route(Route::new("api").upstream(&upstream.url()).line(
-            r#"concurrency = { adaptive = { min = 2, max = 64, interval = "250ms" }, queue = 200, queue_timeout = "10s" }"#,
-        ))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
-    let client = TestClient::http1();
-    let url = gate.url("/api");
-    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let load: Vec<_> = (0..32)
+/// The adaptive cap the admin's metrics show for route `api` (NaN when
+/// absent).
+async fn adaptive_cap(client: &TestClient, gate: &Floodgate) -> f64 {
+    let text = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("floodgate_concurrency_limit{route=\"api\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// 32 clients sending to `url` one request after another while `running`.
+fn steady_load(
+    client: &TestClient,
+    url: &str,
+    running: &Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..32)
         .map(|_| {
             let client = client.clone();
-            let url = url.clone();
-            let running = Arc::clone(&running);
+            let url = url.to_owned();
+            let running = Arc::clone(running);
             tokio::spawn(async move {
                 while running.load(Ordering::SeqCst) {
                     let _ = client.get(&url, &[]).await;
                 }
             })
         })
-        .collect();
-    let limit = |client: TestClient| {
-        let admin = gate.admin_url("/metrics");
-        async move {
-            let text = client.get(&admin, &[]).await.text();
-            text.lines()
-                .find_map(|l| l.strip_prefix("floodgate_concurrency_limit{route=\"api\"} "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-        }
-    };
-    // Settling: within 30 s the cap stays between 6 and 12 for 5 s, and
-    // the upstream holds little more than its knee.
+        .collect()
+}
+
+/// Settling: within 30 s the cap stays between 6 and 12 for 5 s, and the
+/// upstream holds little more than its knee, its latency near its floor.
+async fn the_cap_settles_near_the_knee(client: &TestClient, gate: &Floodgate, upstream: &Sleeper) {
     let started = Instant::now();
     let mut settled_since: Option<Instant> = None;
     let mut seen = Vec::new();
     loop {
-        let l = limit(client.clone()).await;
+        let l = adaptive_cap(client, gate).await;
         seen.push(l);
         if (6.0..=12.0).contains(&l) {
             let since = *settled_since.get_or_insert_with(|| {
@@ -503,11 +498,18 @@ async fn an_adaptive_cap_finds_the_upstream_knee_and_follows_it() {
         upstream.most()
     );
     assert!(mean <= 80.0, "mean latency {mean:.1} ms while settled");
-    // The upstream speeds up (its knee moves to 32): the cap rises again.
+}
+
+/// The upstream speeds up (its knee moves to 32): the cap rises again.
+async fn the_cap_rises_when_the_upstream_speeds_up(
+    client: &TestClient,
+    gate: &Floodgate,
+    upstream: &Sleeper,
+) {
     upstream.knee.store(32, Ordering::SeqCst);
     let raised = Instant::now();
     loop {
-        let l = limit(client.clone()).await;
+        let l = adaptive_cap(client, gate).await;
         if l >= 20.0 {
             break;
         }
@@ -517,6 +519,26 @@ async fn an_adaptive_cap_finds_the_upstream_knee_and_follows_it() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test]
+async fn an_adaptive_cap_finds_the_upstream_knee_and_follows_it() {
+    // 40 ms up to 8 requests at once, 40 ms more for each one past 8.
+    let upstream = Arc::new(Sleeper::start(40, 8).await);
+    let toml = Config::new()
+        .admin()
+        .route(Route::new("api").upstream(&upstream.url()).line(
+            r#"concurrency = { adaptive = { min = 2, max = 64, interval = "250ms" }, queue = 200, queue_timeout = "10s" }"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let load = steady_load(&client, &gate.url("/api"), &running);
+
+    the_cap_settles_near_the_knee(&client, &gate, &upstream).await;
+    the_cap_rises_when_the_upstream_speeds_up(&client, &gate, &upstream).await;
+
     running.store(false, Ordering::SeqCst);
     for task in load {
         let _ = task.await;
