@@ -340,6 +340,71 @@ async fn streams_that_do_not_ask_for_usage_are_asked_on_a_route_that_says_so() {
     );
 }
 
+/// The rate-limit field `name` of one call's answer.
+fn field(call: &serde_json::Value, name: &str) -> String {
+    call["headers"][name]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {name}: {call}"))
+        .to_owned()
+}
+
+/// The ten admitted calls: each reports both limits, the requests' counting
+/// down by one and the tokens' by what the calls before it used.
+fn each_admitted_call_reports_both_limits(calls: &[serde_json::Value]) {
+    for (n, call) in calls.iter().enumerate() {
+        let n = n as u64;
+        assert_eq!(call["read"], PROMPT + COMPLETION, "{call}");
+        assert_eq!(field(call, "x-ratelimit-limit-requests"), "10");
+        assert_eq!(
+            field(call, "x-ratelimit-remaining-requests"),
+            (9 - n).to_string(),
+            "{call}"
+        );
+        assert_eq!(field(call, "x-ratelimit-limit-tokens"), "2000");
+        // Each call reserves 300 + 100 before it is answered; the calls
+        // before it were settled to what they used.
+        let tokens = 2_000 - n * (PROMPT + COMPLETION) - 400;
+        assert_eq!(
+            field(call, "x-ratelimit-remaining-tokens"),
+            tokens.to_string(),
+            "{call}"
+        );
+        for reset in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+            let text = field(call, reset);
+            assert!(
+                text.ends_with('s') && text.len() > 1 && !text.contains(' '),
+                "{reset}: {text}"
+            );
+        }
+        assert!(call["headers"].get("retry-after").is_none(), "{call}");
+    }
+}
+
+/// The 11th: the requests' limit refuses; the tokens would have fit.
+fn the_eleventh_is_refused_by_the_requests_limit(refused: &serde_json::Value) {
+    assert_eq!(refused["error"], "RateLimitError", "{refused}");
+    assert_eq!(field(refused, "x-ratelimit-remaining-requests"), "0");
+    assert_eq!(field(refused, "x-ratelimit-limit-requests"), "10");
+    let wait: u64 = field(refused, "retry-after")
+        .parse()
+        .expect("Retry-After seconds");
+    assert!(
+        wait > 3_000,
+        "an hour's log frees its first request in about an hour: {wait}"
+    );
+    let message = refused["body"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("try again in {wait}s")),
+        "{refused}"
+    );
+    // Its reset is the same wait, as a duration: about an hour.
+    let reset = field(refused, "x-ratelimit-reset-requests");
+    assert!(
+        reset.starts_with("59m") || reset.starts_with("1h0m"),
+        "{reset}"
+    );
+}
+
 /// `rate_limit_headers = "openai"` through the SDK's raw responses: 10
 /// requests and 2 000 tokens an hour on one route, each reported on its
 /// own after every call, matching a model of both limits; the call past
@@ -374,62 +439,8 @@ async fn openai_rate_limit_fields_report_each_limit_after_every_call() {
     )
     .await;
     assert_eq!(calls.len(), 11, "{calls:?}");
-    let field = |call: &serde_json::Value, name: &str| -> String {
-        call["headers"][name]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {name}: {call}"))
-            .to_owned()
-    };
-    for (n, call) in calls[..10].iter().enumerate() {
-        let n = n as u64;
-        assert_eq!(call["read"], PROMPT + COMPLETION, "{call}");
-        assert_eq!(field(call, "x-ratelimit-limit-requests"), "10");
-        assert_eq!(
-            field(call, "x-ratelimit-remaining-requests"),
-            (9 - n).to_string(),
-            "{call}"
-        );
-        assert_eq!(field(call, "x-ratelimit-limit-tokens"), "2000");
-        // Each call reserves 300 + 100 before it is answered; the calls
-        // before it were settled to what they used.
-        let tokens = 2_000 - n * (PROMPT + COMPLETION) - 400;
-        assert_eq!(
-            field(call, "x-ratelimit-remaining-tokens"),
-            tokens.to_string(),
-            "{call}"
-        );
-        for reset in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
-            let text = field(call, reset);
-            assert!(
-                text.ends_with('s') && text.len() > 1 && !text.contains(' '),
-                "{reset}: {text}"
-            );
-        }
-        assert!(call["headers"].get("retry-after").is_none(), "{call}");
-    }
-    // The 11th: the requests' limit refuses; the tokens would have fit.
-    let refused = &calls[10];
-    assert_eq!(refused["error"], "RateLimitError", "{refused}");
-    assert_eq!(field(refused, "x-ratelimit-remaining-requests"), "0");
-    assert_eq!(field(refused, "x-ratelimit-limit-requests"), "10");
-    let wait: u64 = field(refused, "retry-after")
-        .parse()
-        .expect("Retry-After seconds");
-    assert!(
-        wait > 3_000,
-        "an hour's log frees its first request in about an hour: {wait}"
-    );
-    let message = refused["body"]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains(&format!("try again in {wait}s")),
-        "{refused}"
-    );
-    // Its reset is the same wait, as a duration: about an hour.
-    let reset = field(refused, "x-ratelimit-reset-requests");
-    assert!(
-        reset.starts_with("59m") || reset.starts_with("1h0m"),
-        "{reset}"
-    );
+    each_admitted_call_reports_both_limits(&calls[..10]);
+    the_eleventh_is_refused_by_the_requests_limit(&calls[10]);
     // The route's logs: the tokens' holds what the ten calls used, the
     // requests' one member per call; the refused call took nothing.
     let logged = 10 * (PROMPT + COMPLETION) + 10;
