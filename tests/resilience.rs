@@ -72,6 +72,65 @@ async fn limits_exactly_again(gate: &Floodgate) {
     }
 }
 
+/// Eight clients, each its own, sending to `/api` one request after another
+/// until 3 s after `started`; each task returns every request's (sent at,
+/// took, status).
+fn three_seconds_of_load(
+    gate: &Arc<Floodgate>,
+    started: Instant,
+) -> Vec<tokio::task::JoinHandle<Vec<(Duration, Duration, u16)>>> {
+    (0..8)
+        .map(|i| {
+            let gate = Arc::clone(gate);
+            tokio::spawn(async move {
+                let client = TestClient::http1();
+                let mut seen = Vec::new();
+                while started.elapsed() < Duration::from_millis(3_000) {
+                    let t = Instant::now();
+                    let a = client
+                        .get(&gate.url("/api"), &[("x-client", &format!("c{i}"))])
+                        .await;
+                    seen.push((started.elapsed(), t.elapsed(), a.status.as_u16()));
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+/// How long each of 100 requests to the route without limits took.
+async fn times_without_limits(gate: &Floodgate) -> Vec<Duration> {
+    let client = TestClient::http1();
+    let mut plain = Vec::new();
+    for _ in 0..100 {
+        let t = Instant::now();
+        assert_eq!(client.get(&gate.url("/plain"), &[]).await.status, 200);
+        plain.push(t.elapsed());
+    }
+    plain
+}
+
+/// With on_error = "allow" the instance serves through the outage: it
+/// stays ready, and says why it might not look it.
+async fn stays_ready_through_the_outage(gate: &Floodgate) {
+    let ready = TestClient::http1()
+        .get(&gate.admin_url("/readyz"), &[])
+        .await;
+    assert_eq!(ready.status, 200, "/readyz under on_error = allow");
+    assert!(
+        ready.text().contains("store is not answering"),
+        "{}",
+        ready.text()
+    );
+    assert_eq!(
+        TestClient::http1()
+            .get(&gate.admin_url("/healthz"), &[])
+            .await
+            .status,
+        200
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_under_load_every_request_is_answered_and_the_breaker_stops_waiting() {
     let mut redis = TestRedis::start_process().await;
@@ -86,23 +145,7 @@ async fn redis_killed_under_load_every_request_is_answered_and_the_breaker_stops
         .await,
     );
     let started = Instant::now();
-    let load: Vec<_> = (0..8)
-        .map(|i| {
-            let gate = Arc::clone(&gate);
-            tokio::spawn(async move {
-                let client = TestClient::http1();
-                let mut seen = Vec::new();
-                while started.elapsed() < Duration::from_millis(3_000) {
-                    let t = Instant::now();
-                    let a = client
-                        .get(&gate.url("/api"), &[("x-client", &format!("c{i}"))])
-                        .await;
-                    seen.push((started.elapsed(), t.elapsed(), a.status.as_u16()));
-                }
-                seen
-            })
-        })
-        .collect();
+    let load = three_seconds_of_load(&gate, started);
     tokio::time::sleep(Duration::from_millis(800)).await;
     redis.kill();
     let killed_at = started.elapsed();
@@ -130,36 +173,13 @@ async fn redis_killed_under_load_every_request_is_answered_and_the_breaker_stops
         "too few requests after the kill: {}",
         open.len()
     );
-    let client = TestClient::http1();
-    let mut plain = Vec::new();
-    for _ in 0..100 {
-        let t = Instant::now();
-        assert_eq!(client.get(&gate.url("/plain"), &[]).await.status, 200);
-        plain.push(t.elapsed());
-    }
+    let plain = times_without_limits(&gate).await;
     let (open, plain) = (median(open), median(plain));
     assert!(
         open < plain * 10 + Duration::from_millis(5),
         "median with the breaker open {open:?} vs without limits {plain:?}"
     );
-    // With on_error = "allow" the instance serves through the outage: it
-    // stays ready, and says why it might not look it.
-    let ready = TestClient::http1()
-        .get(&gate.admin_url("/readyz"), &[])
-        .await;
-    assert_eq!(ready.status, 200, "/readyz under on_error = allow");
-    assert!(
-        ready.text().contains("store is not answering"),
-        "{}",
-        ready.text()
-    );
-    assert_eq!(
-        TestClient::http1()
-            .get(&gate.admin_url("/healthz"), &[])
-            .await
-            .status,
-        200
-    );
+    stays_ready_through_the_outage(&gate).await;
 }
 
 #[tokio::test]
