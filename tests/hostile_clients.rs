@@ -75,14 +75,14 @@ where
     out
 }
 
-/// 2 000 unique 60 kB ids, then 2 000 unique 16-byte ids each beside a
-/// 50 kB header, each id denied once so that denials are remembered too:
-/// floodgate's resident memory grows by less than 16 MB, and its tables stop
-/// at `max_client_entries`.
-async fn hostile_ids_leave_memory_flat(store: Option<(&TestRedis, String)>) {
-    let port = free_port();
-    let admin = free_port();
-    let mut config = Config::new()
+/// One request an hour per `X-Api-Key`, long ids hashed, at most 1 000
+/// clients remembered; on `store`'s Redis when given, else in memory.
+fn one_a_client_capped_at_1000_clients(
+    port: u16,
+    admin: u16,
+    store: Option<&(&TestRedis, String)>,
+) -> Config {
+    let config = Config::new()
         .listen_on(port)
         .admin_on(admin)
         .server("on_long_client_id = \"hash\"")
@@ -92,13 +92,46 @@ async fn hostile_ids_leave_memory_flat(store: Option<(&TestRedis, String)>) {
                 .client(r#"from = "header", name = "X-Api-Key""#)
                 .limit("gcra", 1, "1h"),
         );
-    if let Some((redis, prefix)) = &store {
+    match store {
         // A decision, not on_error: on a machine whose cores are busy a
         // Redis answer can take longer than the usual 200 ms, and
         // `on_error = "allow"` would then admit an id a second time.
-        config = config.redis(&redis.url, prefix).store(r#"timeout = "5s""#);
+        Some((redis, prefix)) => config.redis(&redis.url, prefix).store(r#"timeout = "5s""#),
+        None => config,
     }
-    let path = config.write("hostile-memory");
+}
+
+/// The admin's metrics show `table` holding between 1 and 1 000 clients,
+/// and at least 2 000 ids that found it full.
+async fn the_client_table_stopped_at_its_cap(client: &TestClient, admin: u16, table: &str) {
+    let metrics = client
+        .get(&format!("http://127.0.0.1:{admin}/metrics"), &[])
+        .await
+        .text();
+    let entries = metric(
+        &metrics,
+        &format!("floodgate_client_entries{{table=\"{table}\"}}"),
+    );
+    let full = metric(
+        &metrics,
+        &format!("floodgate_client_entries_full_total{{table=\"{table}\"}}"),
+    );
+    assert!(
+        entries.is_some_and(|n| (1.0..=1_000.0).contains(&n)),
+        "{entries:?}\n{metrics}"
+    );
+    assert!(full.is_some_and(|n| n >= 2_000.0), "{full:?}\n{metrics}");
+}
+
+/// 2 000 unique 60 kB ids, then 2 000 unique 16-byte ids each beside a
+/// 50 kB header, each id denied once so that denials are remembered too:
+/// floodgate's resident memory grows by less than 16 MB, and its tables stop
+/// at `max_client_entries`.
+async fn hostile_ids_leave_memory_flat(store: Option<(&TestRedis, String)>) {
+    let port = free_port();
+    let admin = free_port();
+    let path =
+        one_a_client_capped_at_1000_clients(port, admin, store.as_ref()).write("hostile-memory");
     let gate = FloodgateProcess::spawn(&path, port).await;
     let pid = gate.pid();
     let client = TestClient::http1();
@@ -157,24 +190,8 @@ async fn hostile_ids_leave_memory_flat(store: Option<(&TestRedis, String)>) {
 
     // The cap and its metric: past 1 000 entries new ids shared a bucket.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let metrics = client
-        .get(&format!("http://127.0.0.1:{admin}/metrics"), &[])
-        .await
-        .text();
     let table = if store.is_some() { "denials" } else { "memory" };
-    let entries = metric(
-        &metrics,
-        &format!("floodgate_client_entries{{table=\"{table}\"}}"),
-    );
-    let full = metric(
-        &metrics,
-        &format!("floodgate_client_entries_full_total{{table=\"{table}\"}}"),
-    );
-    assert!(
-        entries.is_some_and(|n| (1.0..=1_000.0).contains(&n)),
-        "{entries:?}\n{metrics}"
-    );
-    assert!(full.is_some_and(|n| n >= 2_000.0), "{full:?}\n{metrics}");
+    the_client_table_stopped_at_its_cap(&client, admin, table).await;
 }
 
 #[tokio::test]
