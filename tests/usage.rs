@@ -8,6 +8,7 @@
 mod support;
 
 use std::convert::Infallible;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -25,6 +26,7 @@ use support::{Chunks, Floodgate, FloodgateProcess, TestClient, free_port, text_b
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::sync::mpsc::Sender;
 
 /// A metered API: it reports the units it was asked to in the query
 /// (`?in=N&out=M`), the way its path says.
@@ -94,6 +96,47 @@ impl Metered {
     }
 }
 
+/// Sends a whole event stream with its usage and `[DONE]`, then holds the
+/// body open until `gate` lets it go: the body ends when `tx` goes.
+fn stream_done_then_hold(tx: Sender<Bytes>, gate: Arc<Semaphore>, usage: &str) {
+    let events = format!(
+        "data: {{\"delta\":\"Hi\"}}\n\ndata: {{\"choices\":[],{usage}}}\n\ndata: [DONE]\n\n"
+    );
+    tokio::spawn(async move {
+        let _ = tx.send(Bytes::from(events)).await;
+        if let Ok(permit) = gate.acquire().await {
+            permit.forget();
+        }
+        // The body ends when `tx` goes.
+    });
+}
+
+/// Sends an event stream whose first event carries a partial usage and a
+/// later `done` event the whole `usage`; when `held`, waits for `gate`
+/// after the first event.
+fn stream_usage_in_pieces(tx: Sender<Bytes>, gate: Arc<Semaphore>, usage: &str, held: bool) {
+    let first = "data: {\"delta\":\"Hel\",\"usage\":{\"input_units\":1,\"output_units\":1}}\n\n";
+    let rest = vec![
+        "data: {\"delta\":\"lo\"}\n\n".to_owned(),
+        format!("event: done\ndata: {{{usage}}}\n\n"),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    tokio::spawn(async move {
+        let _ = tx.send(Bytes::from(first)).await;
+        if held {
+            let Ok(permit) = gate.acquire().await else {
+                return;
+            };
+            permit.forget();
+        }
+        for piece in rest {
+            if tx.send(Bytes::from(piece)).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
 async fn answer(
     req: Request<Incoming>,
     gate: Arc<Semaphore>,
@@ -136,44 +179,13 @@ async fn answer(
         }
         "/sse/done-held" => {
             response = response.header("content-type", "text/event-stream");
-            let events = format!(
-                "data: {{\"delta\":\"Hi\"}}\n\ndata: {{\"choices\":[],{usage}}}\n\ndata: [DONE]\n\n"
-            );
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(Bytes::from(events)).await;
-                if let Ok(permit) = gate.acquire().await {
-                    permit.forget();
-                }
-                // The body ends when `tx` goes.
-            });
+            stream_done_then_hold(tx.clone(), gate, &usage);
             Vec::new()
         }
         "/sse" | "/sse/held" => {
             response = response.header("content-type", "text/event-stream");
-            let first =
-                "data: {\"delta\":\"Hel\",\"usage\":{\"input_units\":1,\"output_units\":1}}\n\n";
-            let rest = vec![
-                "data: {\"delta\":\"lo\"}\n\n".to_owned(),
-                format!("event: done\ndata: {{{usage}}}\n\n"),
-                "data: [DONE]\n\n".to_owned(),
-            ];
             let held = req.uri.path() == "/sse/held";
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(Bytes::from(first)).await;
-                if held {
-                    let Ok(permit) = gate.acquire().await else {
-                        return;
-                    };
-                    permit.forget();
-                }
-                for piece in rest {
-                    if tx.send(Bytes::from(piece)).await.is_err() {
-                        return;
-                    }
-                }
-            });
+            stream_usage_in_pieces(tx.clone(), gate, &usage, held);
             Vec::new()
         }
         _ => vec!["not a metered path".into()],
@@ -465,40 +477,9 @@ async fn scrape_until(metrics: &str, name: &str, labels: &str, want: u64) -> Str
     scrape
 }
 
-#[tokio::test]
-async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_shown() {
-    let redis = TestRedis::start().await;
-    let prefix = unique_prefix("usage-missing");
-    let api = Metered::start().await;
-    let (port, admin) = (free_port(), free_port());
-    let path = Config::new()
-        .redis(&redis.url, &prefix)
-        .listen_on(port)
-        .admin_on(admin)
-        .access_log(&[r#"path = "access.log""#])
-        .route(metered(
-            "json",
-            "/json",
-            &api.url,
-            10_000,
-            r#"reserve = 40, report = "json", units = { "usage.output_units" = 1 }"#,
-        ))
-        .write("usage-missing");
-    let stderr = path.with_file_name("stderr.log");
-    let process = FloodgateProcess::spawn_logging(&path, port, &[], &[], &stderr).await;
-    let client = TestClient::http1();
-
-    assert_eq!(
-        client.get(&process.url("/json/none"), &[]).await.status,
-        200
-    );
-    assert_eq!(
-        client.get(&process.url("/json?out=3"), &[]).await.status,
-        200
-    );
-    // The first stands at its reservation of 40; the second settles to 3.
-    assert_eq!(settled(&redis, &prefix, "json", 43).await, 43);
-
+/// The scrape of instance `admin`: two reservations of 40, 3 reported and
+/// 37 given back, one answer without its units, and three Redis calls.
+async fn the_metrics_show_one_answer_without_units(admin: u16) {
     let metrics = format!("http://127.0.0.1:{admin}/metrics");
     let reported = r#"route="json",kind="reported""#;
     let scrape = scrape_until(&metrics, "floodgate_usage_units_total", reported, 3).await;
@@ -535,14 +516,11 @@ async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_s
         .find_map(|l| l.strip_prefix("floodgate_redis_calls_total "))
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert_eq!(calls, Some(3.0), "{scrape}");
+}
 
-    let logged = std::fs::read_to_string(&stderr).unwrap_or_default();
-    assert!(
-        logged.lines().any(|l| l.contains("usage not settled")
-            && l.contains("missing")
-            && l.contains("json")),
-        "{logged}"
-    );
+/// The access log's two lines: both reserved 40; only the second reported
+/// its 3 units.
+async fn the_access_log_shows_the_units_of_each_answer(path: &Path) {
     let access = path.with_file_name("access.log");
     let mut lines = Vec::new();
     for _ in 0..600 {
@@ -561,6 +539,52 @@ async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_s
     assert!(lines[0].get("units_reported").is_none(), "{}", lines[0]);
     assert_eq!(lines[1]["units_reserved"], 40);
     assert_eq!(lines[1]["units_reported"], 3);
+}
+
+#[tokio::test]
+async fn an_answer_without_its_units_leaves_the_reservation_counted_logged_and_shown() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-missing");
+    let api = Metered::start().await;
+    let (port, admin) = (free_port(), free_port());
+    let path = Config::new()
+        .redis(&redis.url, &prefix)
+        .listen_on(port)
+        .admin_on(admin)
+        .access_log(&[r#"path = "access.log""#])
+        .route(metered(
+            "json",
+            "/json",
+            &api.url,
+            10_000,
+            r#"reserve = 40, report = "json", units = { "usage.output_units" = 1 }"#,
+        ))
+        .write("usage-missing");
+    let stderr = path.with_file_name("stderr.log");
+    let process = FloodgateProcess::spawn_logging(&path, port, &[], &[], &stderr).await;
+    let client = TestClient::http1();
+
+    assert_eq!(
+        client.get(&process.url("/json/none"), &[]).await.status,
+        200
+    );
+    assert_eq!(
+        client.get(&process.url("/json?out=3"), &[]).await.status,
+        200
+    );
+    // The first stands at its reservation of 40; the second settles to 3.
+    assert_eq!(settled(&redis, &prefix, "json", 43).await, 43);
+
+    the_metrics_show_one_answer_without_units(admin).await;
+
+    let logged = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(
+        logged.lines().any(|l| l.contains("usage not settled")
+            && l.contains("missing")
+            && l.contains("json")),
+        "{logged}"
+    );
+    the_access_log_shows_the_units_of_each_answer(&path).await;
 }
 
 #[tokio::test]
@@ -967,6 +991,57 @@ fn plain_series(scrape: &str, name: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The admin's metrics scrape of `gate`.
+async fn scrape_of(client: &TestClient, gate: &Floodgate) -> String {
+    String::from_utf8_lossy(&client.get(&gate.admin_url("/metrics"), &[]).await.body).into_owned()
+}
+
+/// Asks `gate` for an answer of 5 units, reserving them all.
+async fn ask_for_five(client: &TestClient, gate: &Floodgate) -> u16 {
+    client
+        .get(&gate.url("/json?in=0&out=5"), &[("x-max-units", "5")])
+        .await
+        .status
+        .as_u16()
+}
+
+/// A flood of 50 requests for 5 units on `gate`, each refused, costs it at
+/// most 2 store calls; returns how many given-back messages it had heard.
+async fn a_refused_flood_is_remembered(client: &TestClient, gate: &Floodgate) -> u64 {
+    let calls = |scrape: &str| plain_series(scrape, "floodgate_redis_calls_total");
+    let before = scrape_of(client, gate).await;
+    for _ in 0..50 {
+        assert_eq!(ask_for_five(client, gate).await, 429);
+    }
+    let after = scrape_of(client, gate).await;
+    assert!(
+        calls(&after) - calls(&before) <= 2,
+        "a flood of 50 refused requests cost {} store calls",
+        calls(&after) - calls(&before)
+    );
+    plain_series(&after, "floodgate_store_given_back_heard_total")
+}
+
+/// Waits until `gate` has heard more given-back messages than `heard`,
+/// and insists.
+async fn hears_units_given_back(client: &TestClient, gate: &Floodgate, heard: u64) {
+    let mut heard_now = heard;
+    for _ in 0..600 {
+        heard_now = plain_series(
+            &scrape_of(client, gate).await,
+            "floodgate_store_given_back_heard_total",
+        );
+        if heard_now > heard {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        heard_now > heard,
+        "the second instance heard of no units given back"
+    );
+}
+
 /// Two instances, one store: a reservation held on the first leaves too
 /// little for 5 units, so both refuse 5 and remember it (a flood of 50 on
 /// the second costs it at most 2 store calls); once the reservation
@@ -986,15 +1061,11 @@ async fn units_given_back_end_remembered_denials_on_every_instance(store: Config
         .toml();
     let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
     let client = TestClient::http1();
-    let scrape = |gate: usize| {
-        let (client, url) = (client.clone(), gates[gate].admin_url("/metrics"));
-        async move { String::from_utf8_lossy(&client.get(&url, &[]).await.body).into_owned() }
-    };
-    for gate in 0..2 {
+    for (i, gate) in gates.iter().enumerate() {
         assert_eq!(
-            plain_series(&scrape(gate).await, "floodgate_store_listening"),
+            plain_series(&scrape_of(&client, gate).await, "floodgate_store_listening"),
             1,
-            "instance {gate} does not listen for units given back"
+            "instance {i} does not listen for units given back"
         );
     }
     // A reserves 16 on the first instance and is held upstream: 4 left.
@@ -1006,53 +1077,21 @@ async fn units_given_back_end_remembered_denials_on_every_instance(store: Config
             .status
     });
     api.until_arrived(1).await;
-    let ask = |gate: usize| {
-        let (client, url) = (client.clone(), gates[gate].url("/json?in=0&out=5"));
-        async move {
-            client
-                .get(&url, &[("x-max-units", "5")])
-                .await
-                .status
-                .as_u16()
-        }
-    };
-    assert_eq!(ask(0).await, 429);
-    let calls = |scrape: &str| plain_series(scrape, "floodgate_redis_calls_total");
-    let before = scrape(1).await;
-    for _ in 0..50 {
-        assert_eq!(ask(1).await, 429);
-    }
-    let after = scrape(1).await;
-    assert!(
-        calls(&after) - calls(&before) <= 2,
-        "a flood of 50 refused requests cost {} store calls",
-        calls(&after) - calls(&before)
-    );
-    let heard = plain_series(&after, "floodgate_store_given_back_heard_total");
+    assert_eq!(ask_for_five(&client, &gates[0]).await, 429);
+    let heard = a_refused_flood_is_remembered(&client, &gates[1]).await;
     // A settles to 1 of its 16: 15 come back. The second instance hears
     // of it (the message is part of the settlement's atomic call), and
     // admits 5 at once; the first forgot its own denial when it settled.
     api.release.add_permits(1);
     assert_eq!(held.await.expect("A"), 200);
-    let mut heard_now = heard;
-    for _ in 0..600 {
-        heard_now = plain_series(&scrape(1).await, "floodgate_store_given_back_heard_total");
-        if heard_now > heard {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        heard_now > heard,
-        "the second instance heard of no units given back"
-    );
+    hears_units_given_back(&client, &gates[1], heard).await;
     assert_eq!(
-        ask(1).await,
+        ask_for_five(&client, &gates[1]).await,
         200,
         "units given back were refused on the other instance"
     );
     assert_eq!(
-        ask(0).await,
+        ask_for_five(&client, &gates[0]).await,
         200,
         "units given back were refused on the instance that settled"
     );
