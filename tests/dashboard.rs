@@ -127,12 +127,11 @@ fn series(row: &str, name: &str) -> Vec<u64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
-    // An upstream that reports no units: the metered route's one request
-    // stays at its reservation.
-    let upstream = Upstream::start().await;
-    let toml = Config::new()
+/// Routes `bulk`, `login`, `catalog` and `api` answered by floodgate, and
+/// `metered` on `upstream`; `catalog` draws from budget `calls` and offers
+/// plan `pro`.
+fn five_routes_with_a_plan_and_a_budget(upstream: &Upstream) -> String {
+    Config::new()
         .admin()
         .access_log(&[r#"format = "off""#, r#"client_id = "raw""#])
         .route(
@@ -181,13 +180,14 @@ by = { from = "header", name = "x-plan" }
 [plans.pro]
 limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         )
-        .toml();
-    let gate = Floodgate::start(&toml).await;
-    let client = TestClient::http1();
-    // Denied most to least: mallory 20, trudy 12, carol 10, eve 3; alice
-    // never. carol asks most and her route comes first in the file, so
-    // neither requests nor configuration order puts mallory first: only
-    // denials do.
+        .toml()
+}
+
+/// Denied most to least: mallory 20, trudy 12, carol 10, eve 3; alice
+/// never. carol asks most and her route comes first in the file, so
+/// neither requests nor configuration order puts mallory first: only
+/// denials do. Then 30 requests to `api` and one to `metered`.
+async fn traffic_denied_most_to_least(client: &TestClient, gate: &Floodgate) {
     for (who, path, times) in [
         ("carol", "/bulk", 110),
         ("mallory", "/login", 25),
@@ -203,16 +203,15 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         client.get(&gate.url("/api/x"), &[]).await;
     }
     client.get(&gate.url("/metered/x"), &[]).await;
+}
 
-    let dir = temp_dir("dashboard");
-    let page = gate.admin_url("/");
-    let Some(dom) = rendered(&page, &dir, "dom").await else {
-        return;
-    };
+/// Five rows, `bulk` first, each with its limits, allowed and denied
+/// counts and units where a route meters them.
+fn each_route_shows_its_limits_and_counts(dom: &str) {
     let rows: Vec<&str> = dom.split("<tr data-route=").skip(1).collect();
     assert_eq!(rows.len(), 5, "{dom}");
     assert!(rows[0].starts_with("\"bulk\""), "{dom}");
-    let login = route_row(&dom, "login");
+    let login = route_row(dom, "login");
     assert!(login.contains("5/60s sliding_log"), "{login}");
     assert!(login.contains("<svg class=\"chart\""), "a chart: {login}");
     // login: 5 allowed each for mallory, trudy and eve, 3 for alice; 35
@@ -226,16 +225,19 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         login.contains(r#"<td class="n">–</td><td class="n">–</td>"#),
         "{login}"
     );
-    let metered = route_row(&dom, "metered");
+    let metered = route_row(dom, "metered");
     assert!(
         metered.contains("5 reserved · 0 reported · 1 unsettled"),
         "{metered}"
     );
-    let api = route_row(&dom, "api");
+    let api = route_row(dom, "api");
     assert!(api.contains("1000/1s token_bucket"), "{api}");
-    // Whose count each limit is, the budget it belongs to, each plan's
-    // limits, and the budgets and plans with the routes that use them.
-    let catalog = route_row(&dom, "catalog");
+}
+
+/// Whose count each limit is, the budget it belongs to, each plan's
+/// limits, and the budgets and plans with the routes that use them.
+fn the_catalog_shows_its_budget_and_plan(dom: &str) {
+    let catalog = route_row(dom, "catalog");
     assert!(
         catalog.contains(
             "7/60s sliding_log per remote_addr, budget calls: 900/3600s fixed_window per global"
@@ -260,6 +262,11 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         dom.contains("<th>plans chosen by</th><td>header x-plan from trusted proxies"),
         "{dom}"
     );
+}
+
+fn in_flight_shows_each_cap(dom: &str) {
+    let login = route_row(dom, "login");
+    let api = route_row(dom, "api");
     // In flight: none capped on login; api's cap of 4.
     assert!(login.ends_with(r#"<td class="n">–</td>"#), "{login}");
     let in_flight = &api[api.rfind("<td").unwrap_or(0)..];
@@ -267,6 +274,10 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         in_flight.ends_with(r#"/4</td>"#) && !in_flight.contains("refused"),
         "{api}"
     );
+}
+
+fn every_outcome_is_charted_with_axes_and_legend(dom: &str) {
+    let login = route_row(dom, "login");
     // Every outcome has its series, with the axes and the legend.
     for name in floodgate::metrics::history::SERIES {
         series(login, name);
@@ -280,7 +291,10 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         "a y axis in requests per second: {login}"
     );
     assert!(dom.contains("store errors (on_error)"), "the legend");
-    // The memory store has no breaker to speak of.
+}
+
+/// The memory store has no breaker to speak of.
+fn the_memory_store_shows_no_breaker(dom: &str) {
     let store = dom
         .split("<tbody id=\"store\">")
         .nth(1)
@@ -290,7 +304,10 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         store.contains("memory") && !store.contains("breaker"),
         "{store}"
     );
+}
 
+/// The clients table: mallory, trudy, carol, eve by denials; never alice.
+fn the_most_limited_clients_come_worst_first(dom: &str) {
     let top = dom
         .split("<tbody id=\"top\">")
         .nth(1)
@@ -313,6 +330,28 @@ limits = [{ algorithm = "sliding_log", limit = 70, window = "1m" }]"#,
         !top.iter().any(|r| r.contains("alice")),
         "alice was never denied: {top:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_routes_limits_store_and_the_most_limited_client() {
+    // An upstream that reports no units: the metered route's one request
+    // stays at its reservation.
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&five_routes_with_a_plan_and_a_budget(&upstream)).await;
+    let client = TestClient::http1();
+    traffic_denied_most_to_least(&client, &gate).await;
+
+    let dir = temp_dir("dashboard");
+    let page = gate.admin_url("/");
+    let Some(dom) = rendered(&page, &dir, "dom").await else {
+        return;
+    };
+    each_route_shows_its_limits_and_counts(&dom);
+    the_catalog_shows_its_budget_and_plan(&dom);
+    in_flight_shows_each_cap(&dom);
+    every_outcome_is_charted_with_axes_and_legend(&dom);
+    the_memory_store_shows_no_breaker(&dom);
+    the_most_limited_clients_come_worst_first(&dom);
     screenshot(&page, &dir, "dashboard").await;
 }
 
