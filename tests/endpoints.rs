@@ -171,17 +171,15 @@ async fn requests(
     answers
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
-    let a = Endpoint::start("a", 0).await;
-    let mut b = Endpoint::start("b", 0).await;
-    let toml = pair(&a, &b, r#"eject_for = "1s""#)
-        .route(Route::new("all").upstream("pair"))
-        .admin()
-        .toml();
-    let gate = Floodgate::start(&toml).await;
+/// The metric label naming `endpoint`.
+fn endpoint_label(endpoint: &Endpoint) -> String {
+    format!("endpoint=\"{}\"", endpoint.url())
+}
 
-    let answers = requests(&gate, "/x", 400, 16).await;
+/// 400 requests, 16 at a time, are all answered and split within 10 % of
+/// even between `a` and `b`.
+async fn the_load_is_shared_evenly(gate: &Floodgate, a: &Endpoint, b: &Endpoint) {
+    let answers = requests(gate, "/x", 400, 16).await;
     assert!(
         answers.iter().all(|(status, _)| *status == 200),
         "{answers:?}"
@@ -192,42 +190,31 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
         (180..=220).contains(&on_a),
         "a took {on_a} of 400, b {on_b}: not within 10 % of even"
     );
+}
 
-    // Slow GETs in flight on both when b dies: none is lost.
-    let slow = tokio::spawn({
-        let url = gate.url("/slow");
-        async move {
-            let client = TestClient::http1();
-            let mut calls = JoinSet::new();
-            for _ in 0..4 {
-                let (client, url) = (client.clone(), url.clone());
-                calls.spawn(async move { client.get(&url, &[]).await.status.as_u16() });
-            }
-            let mut statuses = Vec::new();
-            while let Some(s) = calls.join_next().await {
-                statuses.push(s.expect("call"));
-            }
-            statuses
+/// Four slow GETs sent at once; the task returns their statuses.
+fn four_slow_gets(gate: &Floodgate) -> JoinHandle<Vec<u16>> {
+    let url = gate.url("/slow");
+    tokio::spawn(async move {
+        let client = TestClient::http1();
+        let mut calls = JoinSet::new();
+        for _ in 0..4 {
+            let (client, url) = (client.clone(), url.clone());
+            calls.spawn(async move { client.get(&url, &[]).await.status.as_u16() });
         }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    b.kill().await;
-    let after = requests(&gate, "/y", 200, 8).await;
-    assert!(
-        after
-            .iter()
-            .all(|(status, body)| *status == 200 && body == "a"),
-        "a request failed or reached the dead endpoint: {:?}",
-        after.iter().find(|(s, b)| *s != 200 || b != "a")
-    );
-    assert_eq!(slow.await.expect("slow calls"), [200, 200, 200, 200]);
-    // Its metrics say what happened to it: refused connections, an
-    // ejection; the live one had no trouble.
-    let text = metrics(&gate).await;
-    let (on_a, on_b) = (
-        format!("endpoint=\"{}\"", a.url()),
-        format!("endpoint=\"{}\"", b.url()),
-    );
+        let mut statuses = Vec::new();
+        while let Some(s) = calls.join_next().await {
+            statuses.push(s.expect("call"));
+        }
+        statuses
+    })
+}
+
+/// The dead endpoint's metrics say what happened to it: refused
+/// connections, an ejection; the live one had no trouble.
+async fn the_metrics_show_the_dead_endpoint_ejected(gate: &Floodgate, a: &Endpoint, b: &Endpoint) {
+    let text = metrics(gate).await;
+    let (on_a, on_b) = (endpoint_label(a), endpoint_label(b));
     let errors = |label: &str, kind: &str| {
         metric(
             &text,
@@ -255,18 +242,26 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
         ),
         0.0
     );
+}
 
-    // Back on its port, it is tried again once its ejection ends.
-    let b_again = Endpoint::start(b.name, b.port).await;
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let later = requests(&gate, "/z", 100, 4).await;
+/// Back on its port once its ejection has ended, `b` takes a share of 100
+/// requests again; both endpoints end healthy with nothing in flight, and
+/// each counts every request sent to it, `b` also the failed attempts.
+async fn the_restarted_endpoint_takes_its_share_again(
+    gate: &Floodgate,
+    a: &Endpoint,
+    b: &Endpoint,
+    b_again: &Endpoint,
+) {
+    let later = requests(gate, "/z", 100, 4).await;
     assert!(later.iter().all(|(status, _)| *status == 200), "{later:?}");
     assert!(
         b_again.hits() >= 20,
         "the restarted endpoint took {} of 100",
         b_again.hits()
     );
-    let text = metrics(&gate).await;
+    let text = metrics(gate).await;
+    let (on_a, on_b) = (endpoint_label(a), endpoint_label(b));
     for label in [&on_a, &on_b] {
         assert_eq!(
             metric(&text, "floodgate_upstream_endpoint_in_flight", &[label]),
@@ -288,6 +283,38 @@ async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
     };
     assert!(sent(&on_a) >= a.hits() as f64, "{text}");
     assert!(sent(&on_b) > (b.hits() + b_again.hits()) as f64, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_share_the_load_and_one_that_dies_costs_no_request() {
+    let a = Endpoint::start("a", 0).await;
+    let mut b = Endpoint::start("b", 0).await;
+    let toml = pair(&a, &b, r#"eject_for = "1s""#)
+        .route(Route::new("all").upstream("pair"))
+        .admin()
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    the_load_is_shared_evenly(&gate, &a, &b).await;
+
+    // Slow GETs in flight on both when b dies: none is lost.
+    let slow = four_slow_gets(&gate);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    b.kill().await;
+    let after = requests(&gate, "/y", 200, 8).await;
+    assert!(
+        after
+            .iter()
+            .all(|(status, body)| *status == 200 && body == "a"),
+        "a request failed or reached the dead endpoint: {:?}",
+        after.iter().find(|(s, b)| *s != 200 || b != "a")
+    );
+    assert_eq!(slow.await.expect("slow calls"), [200, 200, 200, 200]);
+    the_metrics_show_the_dead_endpoint_ejected(&gate, &a, &b).await;
+
+    // Back on its port, it is tried again once its ejection ends.
+    let b_again = Endpoint::start(b.name, b.port).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    the_restarted_endpoint_takes_its_share_again(&gate, &a, &b, &b_again).await;
 }
 
 /// GETs in flight to an endpoint that dies, on connections new and reused
