@@ -9,6 +9,9 @@
 
 mod support;
 
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use support::cluster::TestCluster;
@@ -16,6 +19,7 @@ use support::config::{Config, Route};
 use support::redis::{TestRedis, unique_prefix};
 use support::tokens::hs256 as token;
 use support::{Answer, Floodgate, TestClient, temp_dir};
+use tokio::task::JoinHandle;
 
 /// A route on `/users` counting users by `X-User` (`user` an hour), their
 /// organisation by `X-Org` (`org` an hour) and everyone together
@@ -453,12 +457,14 @@ fn table(plan: &str) -> String {
     out
 }
 
-#[tokio::test]
-async fn a_client_plan_table_replaced_under_load_decides_every_request_by_a_whole_table() {
-    let dir = temp_dir("plan-table");
-    let path = dir.join("plans.txt");
-    std::fs::write(&path, table("free")).expect("write table");
-    let toml = Config::new()
+/// The `RateLimit-Policy` of a client on plan free.
+const FREE: &str = "\"api\";q=900000;w=3600";
+/// The `RateLimit-Policy` of a client on plan pro.
+const PRO: &str = "\"api\";q=800000;w=3600";
+
+/// Route `api` whose clients' plans come from the table at `path`.
+fn plans_from_a_table(path: &Path) -> String {
+    Config::new()
         .route(
             Route::new("api")
                 .client(r#"from = "header", name = "X-Api-Key""#)
@@ -477,13 +483,20 @@ limits = [{{ algorithm = "fixed_window", limit = 900000, window = "1h" }}]
 limits = [{{ algorithm = "fixed_window", limit = 800000, window = "1h" }}]"#,
             path.display()
         ))
-        .toml();
-    let gate = Floodgate::start(&toml).await;
-    let free = "\"api\";q=900000;w=3600";
-    let pro = "\"api\";q=800000;w=3600";
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let http = TestClient::http1();
-    let load: Vec<_> = (0..6u32)
+        .toml()
+}
+
+/// What a load task saw: each answer's status and `RateLimit-Policy`.
+type Policies = Vec<(u16, Option<String>)>;
+
+/// Six clients asking as keys spread over the table until `stop`; each
+/// task returns every answer's status and `RateLimit-Policy`.
+fn load_across_the_table(
+    http: &TestClient,
+    gate: &Floodgate,
+    stop: &Arc<AtomicBool>,
+) -> Vec<JoinHandle<Policies>> {
+    (0..6u32)
         .map(|task| {
             let (http, url, stop) = (http.clone(), gate.url("/"), stop.clone());
             tokio::spawn(async move {
@@ -501,52 +514,68 @@ limits = [{{ algorithm = "fixed_window", limit = 800000, window = "1h" }}]"#,
                 seen
             })
         })
-        .collect();
-    let probe = |want: &'static str| {
-        let (http, url) = (http.clone(), gate.url("/"));
-        async move {
-            let started = Instant::now();
-            loop {
-                let a = http.get(&url, &[("x-api-key", "key-99999")]).await;
-                if a.header("ratelimit-policy") == Some(want) {
-                    return;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "the table never put {want} in force"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        .collect()
+}
+
+/// Waits (30 s at most) until the table's last key is decided by the plan
+/// whose policy is `want`.
+async fn until_in_force(http: &TestClient, gate: &Floodgate, want: &str) {
+    let url = gate.url("/");
+    let started = Instant::now();
+    loop {
+        let a = http.get(&url, &[("x-api-key", "key-99999")]).await;
+        if a.header("ratelimit-policy") == Some(want) {
+            return;
         }
-    };
-    probe(free).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the table never put {want} in force"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Puts `text` at `path`: replaced whole (written aside, then renamed over
+/// it) or rewritten in place, in pieces, as an editor or a script may.
+fn replace_table(path: &Path, text: &str, whole: bool) {
+    if whole {
+        let aside = path.with_extension("txt.new");
+        std::fs::write(&aside, text).expect("write table");
+        std::fs::rename(&aside, path).expect("rename table");
+    } else {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(path).expect("truncate table");
+        for piece in text.as_bytes().chunks(64 * 1024) {
+            file.write_all(piece).expect("write piece");
+            file.flush().expect("flush");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_plan_table_replaced_under_load_decides_every_request_by_a_whole_table() {
+    let dir = temp_dir("plan-table");
+    let path = dir.join("plans.txt");
+    std::fs::write(&path, table("free")).expect("write table");
+    let gate = Floodgate::start(&plans_from_a_table(&path)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let http = TestClient::http1();
+    let load = load_across_the_table(&http, &gate, &stop);
+    until_in_force(&http, &gate, FREE).await;
     for round in 0..4 {
         let (text, want) = if round % 2 == 0 {
-            (table("pro"), pro)
+            (table("pro"), PRO)
         } else {
-            (table("free"), free)
+            (table("free"), FREE)
         };
-        if round < 2 {
-            // Replaced whole: written aside, then renamed over it.
-            let aside = dir.join("plans.txt.new");
-            std::fs::write(&aside, text).expect("write table");
-            std::fs::rename(&aside, &path).expect("rename table");
-        } else {
-            // Rewritten in place, in pieces, as an editor or a script may.
-            use std::io::Write as _;
-            let mut file = std::fs::File::create(&path).expect("truncate table");
-            for piece in text.as_bytes().chunks(64 * 1024) {
-                file.write_all(piece).expect("write piece");
-                file.flush().expect("flush");
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-        probe(want).await;
+        replace_table(&path, &text, round < 2);
+        until_in_force(&http, &gate, want).await;
     }
     // A table naming an unknown plan is refused; the one in force stays.
     std::fs::write(&path, "key-1 platinum\n").expect("write bad table");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    probe(free).await;
+    until_in_force(&http, &gate, FREE).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut answers = 0;
     for task in load {
@@ -555,7 +584,7 @@ limits = [{{ algorithm = "fixed_window", limit = 800000, window = "1h" }}]"#,
             assert_eq!(status, 200);
             let policy = policy.unwrap_or_default();
             assert!(
-                policy == free || policy == pro,
+                policy == FREE || policy == PRO,
                 "a request decided without a whole table: {policy}"
             );
         }
