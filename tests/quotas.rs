@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use support::config::{Config, Route};
@@ -367,102 +368,137 @@ fn standing_remaining(route: &serde_json::Value) -> Vec<u64> {
         .unwrap_or_default()
 }
 
-/// Operators on the admin listener: a change without the token is 401,
-/// with another 403, and refused where no token file is configured;
-/// reading a client's standing needs none. A credit, a debit and a reset
-/// change the next decision exactly on both instances (a denial the other
-/// instance remembered included), and each change writes an audit line
-/// with its reason and the standing before and after, without the
-/// client's key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
-    let redis = TestRedis::start().await;
-    let prefix = unique_prefix("operators");
-    let dir = temp_dir("operators");
-    let token = "0123456789abcdef0123456789abcdef";
-    std::fs::write(dir.join("admin-token"), format!("{token}\n")).expect("write token");
-    let chat = || {
-        Route::new("chat")
-            .respond("status = 200")
-            .client(r#"from = "header", name = "X-Key", missing = "reject""#)
-            .limits(r#"{ algorithm = "fixed_window", limit = 10, window = "day" }"#)
-            .limits(r#"{ algorithm = "sliding_window", limit = 6, window = "1h" }"#)
-    };
-    let mut gates = Vec::new();
-    let mut logs = Vec::new();
-    for i in 0..2 {
-        let (port, admin) = (support::free_port(), support::free_port());
-        let path = Config::new()
-            .redis(&redis.url, &prefix)
-            .listen_on(port)
-            .admin_on(admin)
-            .server(&format!(
-                r#"admin_token_file = "{}""#,
-                dir.join("admin-token").display()
-            ))
-            .route(chat())
-            .write(&format!("operators-{i}"));
-        let log = path.with_file_name("stderr.log");
-        let process = support::FloodgateProcess::spawn_logging(&path, port, &[], &[], &log).await;
-        gates.push((process, admin));
-        logs.push(log);
-    }
-    let http = TestClient::http1();
-    let ask = |gate: usize| {
-        let (http, url) = (http.clone(), gates[gate].0.url("/chat"));
-        async move { http.get(&url, &[("x-key", "alice")]).await }
-    };
-    let admin = |gate: usize, path: &str| format!("http://127.0.0.1:{}{path}", gates[gate].1);
-    let alice = r#""route": "chat", "client": { "headers": { "x-key": "alice" } }"#;
-    let bearer = format!("Bearer {token}");
-    let authorized = [("authorization", bearer.as_str()), ("x-operator", "dana")];
+/// The bearer token operators present on the admin listener.
+const OPERATOR_TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
+/// The client an operator changes: alice on route `chat`.
+const ALICE: &str = r#""route": "chat", "client": { "headers": { "x-key": "alice" } }"#;
+
+/// Route `chat`: 10 a day and 6 an hour per `X-Key`, a key required.
+fn chat() -> Route {
+    Route::new("chat")
+        .respond("status = 200")
+        .client(r#"from = "header", name = "X-Key", missing = "reject""#)
+        .limits(r#"{ algorithm = "fixed_window", limit = 10, window = "day" }"#)
+        .limits(r#"{ algorithm = "sliding_window", limit = 6, window = "1h" }"#)
+}
+
+/// A credit of 3 units to alice's hour, with its reason.
+fn credit_of_three() -> String {
+    format!(r#"{{ {ALICE}, "limit": "chat.2", "units": 3, "reason": "ticket 42" }}"#)
+}
+
+/// Two floodgate processes on one Redis, each with an admin listener that
+/// takes changes from operators holding the token in `dir`, logging to a
+/// file of its own.
+struct Operated {
+    gates: Vec<(support::FloodgateProcess, u16)>,
+    logs: Vec<PathBuf>,
+    http: TestClient,
+}
+
+impl Operated {
+    async fn start(redis: &TestRedis, prefix: &str, dir: &Path) -> Self {
+        let mut gates = Vec::new();
+        let mut logs = Vec::new();
+        for i in 0..2 {
+            let (port, admin) = (support::free_port(), support::free_port());
+            let path = Config::new()
+                .redis(&redis.url, prefix)
+                .listen_on(port)
+                .admin_on(admin)
+                .server(&format!(
+                    r#"admin_token_file = "{}""#,
+                    dir.join("admin-token").display()
+                ))
+                .route(chat())
+                .write(&format!("operators-{i}"));
+            let log = path.with_file_name("stderr.log");
+            let process =
+                support::FloodgateProcess::spawn_logging(&path, port, &[], &[], &log).await;
+            gates.push((process, admin));
+            logs.push(log);
+        }
+        let http = TestClient::http1();
+        Self { gates, logs, http }
+    }
+
+    /// Alice's request to route `chat` on instance `gate`.
+    async fn ask(&self, gate: usize) -> Answer {
+        let url = self.gates[gate].0.url("/chat");
+        self.http.get(&url, &[("x-key", "alice")]).await
+    }
+
+    /// The URL of `path` on instance `gate`'s admin listener.
+    fn admin(&self, gate: usize, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.gates[gate].1)
+    }
+}
+
+/// The hour's 6 are spent, 3 on each instance: both refuse (and remember
+/// it).
+async fn spend_the_hour(instances: &Operated) {
     for i in 0..6 {
-        assert_eq!(ask(i % 2).await.status, 200, "request {i}");
+        assert_eq!(instances.ask(i % 2).await.status, 200, "request {i}");
     }
-    // The hour's 6 are spent: both instances refuse (and remember it).
-    assert_eq!(ask(0).await.status, 429);
-    assert_eq!(ask(1).await.status, 429);
+    assert_eq!(instances.ask(0).await.status, 429);
+    assert_eq!(instances.ask(1).await.status, 429);
+}
 
-    let change = format!(r#"{{ {alice}, "limit": "chat.2", "units": 3, "reason": "ticket 42" }}"#);
-    let no_token = post(&admin(0, "/clients/credit"), &[], &change).await;
+/// A change without the token is 401, with another 403, without a reason
+/// 400.
+async fn a_change_needs_the_token_and_a_reason(instances: &Operated, authorized: &[(&str, &str)]) {
+    let change = credit_of_three();
+    let no_token = post(&instances.admin(0, "/clients/credit"), &[], &change).await;
     assert_eq!(no_token.status, 401, "{}", no_token.text());
     assert_eq!(no_token.header("www-authenticate"), Some("Bearer"));
     let wrong = post(
-        &admin(0, "/clients/credit"),
+        &instances.admin(0, "/clients/credit"),
         &[("authorization", "Bearer not-the-token-at-all-no")],
         &change,
     )
     .await;
     assert_eq!(wrong.status, 403, "{}", wrong.text());
     let unreasoned = post(
-        &admin(0, "/clients/credit"),
-        &authorized,
-        &format!(r#"{{ {alice}, "units": 3 }}"#),
+        &instances.admin(0, "/clients/credit"),
+        authorized,
+        &format!(r#"{{ {ALICE}, "units": 3 }}"#),
     )
     .await;
     assert_eq!(unreasoned.status, 400, "{}", unreasoned.text());
+}
 
-    // Reading needs no token, and changes nothing.
+/// Reading needs no token, and changes nothing.
+async fn reading_needs_no_token_and_changes_nothing(instances: &Operated) {
     let read = post(
-        &admin(1, "/clients/standing"),
+        &instances.admin(1, "/clients/standing"),
         &[],
-        &format!("{{ {alice} }}"),
+        &format!("{{ {ALICE} }}"),
     )
     .await;
     assert_eq!(read.status, 200, "{}", read.text());
     let standing: serde_json::Value = serde_json::from_str(&read.text()).expect("json");
     assert_eq!(standing_remaining(&standing), [4, 0]);
+}
 
-    // Credit 3 in the hour: the other instance admits at once, exactly 3.
-    let credited = post(&admin(0, "/clients/credit"), &authorized, &change).await;
+/// Credit 3 in the hour: the other instance admits at once, exactly 3.
+async fn a_credit_admits_exactly_its_units_on_the_other_instance(
+    instances: &Operated,
+    authorized: &[(&str, &str)],
+) {
+    let credited = post(
+        &instances.admin(0, "/clients/credit"),
+        authorized,
+        &credit_of_three(),
+    )
+    .await;
     assert_eq!(credited.status, 200, "{}", credited.text());
     let both: serde_json::Value = serde_json::from_str(&credited.text()).expect("json");
     assert_eq!(standing_remaining(&both["before"]), [4, 0]);
     assert_eq!(standing_remaining(&both["after"]), [4, 3]);
     let mut admitted = 0;
     for i in 0..6 {
-        let answer = ask(1 - i % 2).await;
+        let answer = instances.ask(1 - i % 2).await;
         if answer.status == 200 {
             admitted += 1;
         } else {
@@ -470,62 +506,78 @@ async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
         }
     }
     assert_eq!(admitted, 3, "a credit of 3 admitted {admitted}");
+}
 
-    // Debit 1 of the day's 1 left: none left on either instance.
+/// Debit 1 of the day's 1 left: none left on either instance.
+async fn a_debit_takes_the_days_last_unit(instances: &Operated, authorized: &[(&str, &str)]) {
     let debited = post(
-        &admin(1, "/clients/debit"),
-        &authorized,
-        &format!(r#"{{ {alice}, "limit": "chat.1", "units": 1, "reason": "abuse" }}"#),
+        &instances.admin(1, "/clients/debit"),
+        authorized,
+        &format!(r#"{{ {ALICE}, "limit": "chat.1", "units": 1, "reason": "abuse" }}"#),
     )
     .await;
     assert_eq!(debited.status, 200, "{}", debited.text());
     let both: serde_json::Value = serde_json::from_str(&debited.text()).expect("json");
     assert_eq!(standing_remaining(&both["after"]), [0, 0]);
+}
 
-    // A reset of every limit: whole again on both.
+/// A reset of every limit: whole again on both.
+async fn a_reset_makes_the_client_whole_on_both(instances: &Operated, authorized: &[(&str, &str)]) {
     let reset = post(
-        &admin(0, "/clients/reset"),
-        &authorized,
-        &format!(r#"{{ {alice}, "reason": "new contract" }}"#),
+        &instances.admin(0, "/clients/reset"),
+        authorized,
+        &format!(r#"{{ {ALICE}, "reason": "new contract" }}"#),
     )
     .await;
     assert_eq!(reset.status, 200, "{}", reset.text());
-    let first = ask(1).await;
+    let first = instances.ask(1).await;
     assert_eq!((first.status.as_u16(), fields(&first).0), (200, 5));
-    let second = ask(0).await;
+    let second = instances.ask(0).await;
     assert_eq!((second.status.as_u16(), fields(&second).0), (200, 4));
+}
 
-    // On the fixed window a credit is a grant past the number: 8 left of
-    // 10, 5 granted, 13 left.
+/// On the fixed window a credit is a grant past the number: 8 left of
+/// 10, 5 granted, 13 left.
+async fn a_credit_on_a_fixed_window_grants_past_the_limit(
+    instances: &Operated,
+    authorized: &[(&str, &str)],
+) {
     let granted = post(
-        &admin(1, "/clients/credit"),
-        &authorized,
-        &format!(r#"{{ {alice}, "limit": "chat.1", "units": 5, "reason": "goodwill" }}"#),
+        &instances.admin(1, "/clients/credit"),
+        authorized,
+        &format!(r#"{{ {ALICE}, "limit": "chat.1", "units": 5, "reason": "goodwill" }}"#),
     )
     .await;
     assert_eq!(granted.status, 200, "{}", granted.text());
     let both: serde_json::Value = serde_json::from_str(&granted.text()).expect("json");
     assert_eq!(standing_remaining(&both["before"]), [8, 4]);
     assert_eq!(standing_remaining(&both["after"]), [13, 4]);
+}
 
-    // A client the route would refuse, or a limit it does not have,
-    // cannot be changed.
+/// A client the route would refuse, or a limit it does not have,
+/// cannot be changed.
+async fn an_unknown_client_or_limit_cannot_be_changed(
+    instances: &Operated,
+    authorized: &[(&str, &str)],
+) {
     let nobody = post(
-        &admin(0, "/clients/reset"),
-        &authorized,
+        &instances.admin(0, "/clients/reset"),
+        authorized,
         r#"{ "route": "chat", "reason": "r" }"#,
     )
     .await;
     assert_eq!(nobody.status, 422, "{}", nobody.text());
     let unknown = post(
-        &admin(0, "/clients/reset"),
-        &authorized,
-        &format!(r#"{{ {alice}, "limit": "chat.9", "reason": "r" }}"#),
+        &instances.admin(0, "/clients/reset"),
+        authorized,
+        &format!(r#"{{ {ALICE}, "limit": "chat.9", "reason": "r" }}"#),
     )
     .await;
     assert_eq!(unknown.status, 422, "{}", unknown.text());
+}
 
-    // The audit lines: who, what, why, before and after; never the key.
+/// The audit lines: who, what, why, before and after; never the key.
+fn each_change_is_audited_without_the_key(logs: &[PathBuf]) {
     let audit: Vec<String> = logs
         .iter()
         .flat_map(|log| {
@@ -561,12 +613,18 @@ async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
             "the client's key is in the audit log: {line}"
         );
     }
+}
 
-    // Where no token file is configured, changes are off.
+/// Where no token file is configured, changes are off.
+async fn changes_are_off_without_a_token_file(
+    redis: &TestRedis,
+    prefix: &str,
+    authorized: &[(&str, &str)],
+) {
     let admin_port = support::free_port();
     let port = support::free_port();
     let path = Config::new()
-        .redis(&redis.url, &prefix)
+        .redis(&redis.url, prefix)
         .listen_on(port)
         .admin_on(admin_port)
         .route(chat())
@@ -574,11 +632,40 @@ async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
     let _off = support::FloodgateProcess::spawn(&path, port).await;
     let off = post(
         &format!("http://127.0.0.1:{admin_port}/clients/reset"),
-        &authorized,
-        &format!(r#"{{ {alice}, "reason": "r" }}"#),
+        authorized,
+        &format!(r#"{{ {ALICE}, "reason": "r" }}"#),
     )
     .await;
     assert_eq!(off.status, 403, "{}", off.text());
+}
+
+/// Operators on the admin listener: a change without the token is 401,
+/// with another 403, and refused where no token file is configured;
+/// reading a client's standing needs none. A credit, a debit and a reset
+/// change the next decision exactly on both instances (a denial the other
+/// instance remembered included), and each change writes an audit line
+/// with its reason and the standing before and after, without the
+/// client's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_credit_debit_and_reset_a_client_on_both_instances() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("operators");
+    let dir = temp_dir("operators");
+    std::fs::write(dir.join("admin-token"), format!("{OPERATOR_TOKEN}\n")).expect("write token");
+    let instances = Operated::start(&redis, &prefix, &dir).await;
+    let bearer = format!("Bearer {OPERATOR_TOKEN}");
+    let authorized = [("authorization", bearer.as_str()), ("x-operator", "dana")];
+
+    spend_the_hour(&instances).await;
+    a_change_needs_the_token_and_a_reason(&instances, &authorized).await;
+    reading_needs_no_token_and_changes_nothing(&instances).await;
+    a_credit_admits_exactly_its_units_on_the_other_instance(&instances, &authorized).await;
+    a_debit_takes_the_days_last_unit(&instances, &authorized).await;
+    a_reset_makes_the_client_whole_on_both(&instances, &authorized).await;
+    a_credit_on_a_fixed_window_grants_past_the_limit(&instances, &authorized).await;
+    an_unknown_client_or_limit_cannot_be_changed(&instances, &authorized).await;
+    each_change_is_audited_without_the_key(&instances.logs);
+    changes_are_off_without_a_token_file(&redis, &prefix, &authorized).await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -628,6 +715,79 @@ fn export_id(key: &str) -> String {
     id
 }
 
+/// Each client's metered requests in one minute: the units the upstream
+/// reports for each (c1's last reports more than it reserved).
+const SCRIPT: [(&str, &[u64]); 4] = [
+    ("c0", &[3, 7]),
+    ("c1", &[1, 1, 1, 15]),
+    ("c2", &[9]),
+    ("c3", &[2, 2, 2, 2, 2]),
+];
+
+/// Route `api` on `store`: metered clients counted per calendar minute.
+fn metered_per_minute(store: Config, upstream: &str) -> String {
+    store
+        .admin()
+        .route(
+            Route::new("api")
+                .upstream(upstream)
+                .client(r#"from = "header", name = "X-Key""#)
+                .limits(r#"{ algorithm = "fixed_window", limit = 100000, window = "minute" }"#)
+                .line(r#"usage = { reserve = 10, report = "header", units = { "x-units" = 1 } }"#),
+        )
+        .toml()
+}
+
+/// Sends `SCRIPT` through both instances in turn, each client under its
+/// key for `attempt`.
+async fn send_the_script(http: &TestClient, gates: &[Floodgate; 2], attempt: usize) {
+    let mut n = 0;
+    for (client, units) in SCRIPT {
+        for u in units {
+            let answer = http
+                .get(
+                    &gates[n % 2].url(&format!("/?units={u}")),
+                    &[("x-key", &format!("{client}-{attempt}"))],
+                )
+                .await;
+            assert_eq!(answer.status, 200);
+            n += 1;
+        }
+    }
+}
+
+/// The closed minute starting at `window_start` is exported with one line
+/// per client of `attempt`, holding exactly the units reported for it.
+async fn the_closed_minute_holds_each_clients_units(
+    http: &TestClient,
+    gate: &Floodgate,
+    window_start: u64,
+    attempt: usize,
+) {
+    let closed = http
+        .get(&gate.admin_url("/usage/closed?route=api&limit=api"), &[])
+        .await;
+    assert_eq!(closed.status, 200, "{}", closed.text());
+    assert_eq!(closed.header("content-type"), Some("application/x-ndjson"));
+    let lines: Vec<serde_json::Value> = closed
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .filter(|l: &serde_json::Value| l["window_start"] == window_start)
+        .collect();
+    for (client, units) in SCRIPT {
+        let id = export_id(&format!("{client}-{attempt}"));
+        let mine: Vec<&serde_json::Value> = lines
+            .iter()
+            .filter(|l| l["client"] == id.as_str())
+            .collect();
+        assert_eq!(mine.len(), 1, "{client}: {lines:?}");
+        assert_eq!(mine[0]["units"], units.iter().sum::<u64>(), "{client}");
+        assert_eq!(mine[0]["window_end"], window_start + 60_000);
+        assert_eq!(mine[0]["scope"], "api");
+    }
+}
+
 /// A month of traffic, accelerated: calendar minutes. Four clients send
 /// metered requests through two instances in one minute (one of them
 /// reporting more than it reserved); once the minute has turned, two of
@@ -637,24 +797,9 @@ fn export_id(key: &str) -> String {
 /// heaviest clients of the new minute are listed.
 async fn the_export_of_closed_windows_equals_the_settled_units(store: Config) {
     let upstream = reporting_upstream().await;
-    let toml = store
-        .admin()
-        .route(
-            Route::new("api")
-                .upstream(&upstream)
-                .client(r#"from = "header", name = "X-Key""#)
-                .limits(r#"{ algorithm = "fixed_window", limit = 100000, window = "minute" }"#)
-                .line(r#"usage = { reserve = 10, report = "header", units = { "x-units" = 1 } }"#),
-        )
-        .toml();
+    let toml = metered_per_minute(store, &upstream);
     let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
     let http = TestClient::http1();
-    let script: [(&str, &[u64]); 4] = [
-        ("c0", &[3, 7]),
-        ("c1", &[1, 1, 1, 15]),
-        ("c2", &[9]),
-        ("c3", &[2, 2, 2, 2, 2]),
-    ];
     for attempt in 0..3 {
         let second = now_ms() % 60_000;
         if !(1_000..=35_000).contains(&second) {
@@ -662,19 +807,7 @@ async fn the_export_of_closed_windows_equals_the_settled_units(store: Config) {
         }
         let window_start = now_ms() / 60_000 * 60_000;
         let key = |client: &str| format!("{client}-{attempt}");
-        let mut n = 0;
-        for (client, units) in script {
-            for u in units {
-                let answer = http
-                    .get(
-                        &gates[n % 2].url(&format!("/?units={u}")),
-                        &[("x-key", &key(client))],
-                    )
-                    .await;
-                assert_eq!(answer.status, 200);
-                n += 1;
-            }
-        }
+        send_the_script(&http, &gates, attempt).await;
         if now_ms() >= window_start + 59_000 {
             continue;
         }
@@ -689,31 +822,7 @@ async fn the_export_of_closed_windows_equals_the_settled_units(store: Config) {
                 .await;
             assert_eq!(answer.status, 200);
         }
-        let closed = http
-            .get(
-                &gates[0].admin_url("/usage/closed?route=api&limit=api"),
-                &[],
-            )
-            .await;
-        assert_eq!(closed.status, 200, "{}", closed.text());
-        assert_eq!(closed.header("content-type"), Some("application/x-ndjson"));
-        let lines: Vec<serde_json::Value> = closed
-            .text()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a JSON line"))
-            .filter(|l: &serde_json::Value| l["window_start"] == window_start)
-            .collect();
-        for (client, units) in script {
-            let id = export_id(&key(client));
-            let mine: Vec<&serde_json::Value> = lines
-                .iter()
-                .filter(|l| l["client"] == id.as_str())
-                .collect();
-            assert_eq!(mine.len(), 1, "{client}: {lines:?}");
-            assert_eq!(mine[0]["units"], units.iter().sum::<u64>(), "{client}");
-            assert_eq!(mine[0]["window_end"], window_start + 60_000);
-            assert_eq!(mine[0]["scope"], "api");
-        }
+        the_closed_minute_holds_each_clients_units(&http, &gates[0], window_start, attempt).await;
         let top = http
             .get(
                 &gates[1].admin_url("/usage/top?route=api&limit=api&n=1"),
