@@ -80,13 +80,11 @@ fn the_kustomization_names_every_manifest() {
     assert_eq!(listed, present);
 }
 
-#[test]
-fn the_manifests_hold_to_the_configuration_they_ship() {
-    let dir = support::temp_dir("kubernetes");
-    let file = shipped_config(&dir);
+/// `floodgate --check` accepts the ConfigMap's file.
+fn floodgate_check_accepts(file: &Path) {
     let check = Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .args(["--check", "--config"])
-        .arg(&file)
+        .arg(file)
         .output()
         .expect("run --check");
     assert!(
@@ -94,28 +92,10 @@ fn the_manifests_hold_to_the_configuration_they_ship() {
         "floodgate --check refuses the ConfigMap's file: {}",
         String::from_utf8_lossy(&check.stderr)
     );
-    let config = floodgate::config::load(&file).unwrap_or_else(|e| panic!("{e}"));
-    let server = &config.server;
-    let admin = server
-        .admin_listen
-        .expect("the ConfigMap's file has an admin listener for the probes");
-    assert!(
-        server.listen.ip().is_unspecified() && admin.ip().is_unspecified(),
-        "the pod's listeners must be reachable from outside the container: {} and {admin}",
-        server.listen
-    );
+}
 
-    let deployment = manifest("deployment.yaml");
-    assert_eq!(deployment["kind"], "Deployment");
-    let pod = &deployment["spec"]["template"];
-    let labels = &pod["metadata"]["labels"];
-    assert_eq!(&deployment["spec"]["selector"]["matchLabels"], labels);
-    let spec = &pod["spec"];
-    let containers = spec["containers"].as_sequence().expect("containers");
-    assert_eq!(containers.len(), 1);
-    let container = &containers[0];
-
-    // The file floodgate reads is the ConfigMap's, mounted as a directory.
+/// The file floodgate reads is the ConfigMap's, mounted as a directory.
+fn the_config_file_is_the_configmaps_mount(spec: &Value, container: &Value) {
     let env = container["env"].as_sequence().expect("env");
     let config_path = env
         .iter()
@@ -144,13 +124,20 @@ fn the_manifests_hold_to_the_configuration_they_ship() {
         volume["configMap"]["name"],
         manifest("configmap.yaml")["metadata"]["name"]
     );
+}
 
-    // Ports, probes and the scrape follow the file.
+/// Ports, probes and the scrape follow the file.
+fn ports_probes_and_scrape_follow_the_file(
+    pod: &Value,
+    container: &Value,
+    listen_port: u16,
+    admin_port: u16,
+) {
     assert_eq!(
         container_port(container, &Value::from("http")),
-        u64::from(server.listen.port())
+        u64::from(listen_port)
     );
-    let admin_port = u64::from(admin.port());
+    let admin_port = u64::from(admin_port);
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &container[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe}");
@@ -167,20 +154,23 @@ fn the_manifests_hold_to_the_configuration_they_ship() {
         admin_port.to_string()
     );
     assert_eq!(scrape["prometheus.io/path"], "/metrics");
+}
 
-    // The kubelet's SIGKILL comes after the drain and the grace.
+/// The kubelet's SIGKILL comes after the drain and the grace.
+fn the_grace_period_covers_the_drain(spec: &Value, needed: Duration) {
     let grace = number(
         &spec["terminationGracePeriodSeconds"],
         "terminationGracePeriodSeconds",
     );
-    let needed = server.drain_delay + server.shutdown_grace;
     assert!(
         Duration::from_secs(grace) > needed,
         "terminationGracePeriodSeconds {grace} does not cover drain_delay + shutdown_grace = {needed:?}"
     );
+}
 
-    // The image's user, nothing to escalate to, a read-only root, and
-    // resources the scheduler can place.
+/// The image's user, nothing to escalate to, a read-only root, and
+/// resources the scheduler can place.
+fn the_pod_runs_as_the_images_user(spec: &Value, container: &Value) {
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile"))
         .expect("Dockerfile");
     let user = dockerfile
@@ -202,8 +192,10 @@ fn the_manifests_hold_to_the_configuration_they_ship() {
     assert_eq!(security["allowPrivilegeEscalation"], false);
     let requests = &container["resources"]["requests"];
     assert!(requests.get("cpu").is_some() && requests.get("memory").is_some());
+}
 
-    // The Service reaches the proxy port, never the admin port.
+/// The Service reaches the proxy port, never the admin port.
+fn the_service_reaches_the_proxy_port_only(labels: &Value, container: &Value, listen_port: u16) {
     let service = manifest("service.yaml");
     assert_eq!(service["kind"], "Service");
     for (key, value) in service["spec"]["selector"].as_mapping().expect("selector") {
@@ -212,18 +204,54 @@ fn the_manifests_hold_to_the_configuration_they_ship() {
     for port in service["spec"]["ports"].as_sequence().expect("ports") {
         assert_eq!(
             container_port(container, &port["targetPort"]),
-            u64::from(server.listen.port()),
+            u64::from(listen_port),
             "the Service exposes {port:?}"
         );
     }
+}
 
-    // A drain keeps a replica.
+/// A drain keeps a replica.
+fn a_drain_keeps_a_replica(deployment: &Value, labels: &Value) {
     let budget = manifest("pdb.yaml");
     assert_eq!(budget["kind"], "PodDisruptionBudget");
     assert_eq!(&budget["spec"]["selector"]["matchLabels"], labels);
     let replicas = number(&deployment["spec"]["replicas"], "replicas");
     let min_available = number(&budget["spec"]["minAvailable"], "minAvailable");
     assert!(min_available >= 1 && min_available < replicas);
+}
+
+#[test]
+fn the_manifests_hold_to_the_configuration_they_ship() {
+    let dir = support::temp_dir("kubernetes");
+    let file = shipped_config(&dir);
+    floodgate_check_accepts(&file);
+    let config = floodgate::config::load(&file).unwrap_or_else(|e| panic!("{e}"));
+    let server = &config.server;
+    let admin = server
+        .admin_listen
+        .expect("the ConfigMap's file has an admin listener for the probes");
+    assert!(
+        server.listen.ip().is_unspecified() && admin.ip().is_unspecified(),
+        "the pod's listeners must be reachable from outside the container: {} and {admin}",
+        server.listen
+    );
+
+    let deployment = manifest("deployment.yaml");
+    assert_eq!(deployment["kind"], "Deployment");
+    let pod = &deployment["spec"]["template"];
+    let labels = &pod["metadata"]["labels"];
+    assert_eq!(&deployment["spec"]["selector"]["matchLabels"], labels);
+    let spec = &pod["spec"];
+    let containers = spec["containers"].as_sequence().expect("containers");
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+
+    the_config_file_is_the_configmaps_mount(spec, container);
+    ports_probes_and_scrape_follow_the_file(pod, container, server.listen.port(), admin.port());
+    the_grace_period_covers_the_drain(spec, server.drain_delay + server.shutdown_grace);
+    the_pod_runs_as_the_images_user(spec, container);
+    the_service_reaches_the_proxy_port_only(labels, container, server.listen.port());
+    a_drain_keeps_a_replica(&deployment, labels);
 }
 
 /// Writes `text` the way kubelet updates a mounted ConfigMap: a new
