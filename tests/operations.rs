@@ -44,10 +44,10 @@ fn value(samples: &HashMap<String, f64>, key: &str) -> f64 {
     })
 }
 
-#[tokio::test]
-async fn metrics_count_a_scripted_mix_exactly() {
-    let upstream = Upstream::start().await;
-    let toml = format!(
+/// Routes `limited`, `shadow` (limited, not enforced), `exempt` (for
+/// loopback) answered by floodgate, and `proxied` to `upstream_url`.
+fn four_routes(upstream_url: &str) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -76,12 +76,13 @@ limits = [{{ algorithm = "sliding_log", limit = 1, window = "1h" }}]
 [[routes]]
 name = "proxied"
 match = {{ path_prefix = "/status" }}
-upstream = "{}"
-"#,
-        upstream.url()
-    );
-    let gate = Floodgate::start(&toml).await;
-    let client = TestClient::http1();
+upstream = "{upstream_url}"
+"#
+    )
+}
+
+/// The scripted mix, one request at a time; the statuses in order.
+async fn send_the_mix(client: &TestClient, gate: &Floodgate) -> Vec<u16> {
     let mut statuses = Vec::new();
     for (path, times) in [
         ("/limited", 5),
@@ -96,19 +97,15 @@ upstream = "{}"
             statuses.push(client.get(&gate.url(path), &[]).await.status.as_u16());
         }
     }
-    assert_eq!(
-        statuses,
-        [
-            200, 200, 429, 429, 429, 200, 200, 200, 200, 200, 200, 200, 200, 404, 503, 404, 404,
-            404, 404
-        ]
-    );
+    statuses
+}
 
-    let text = client.get(&gate.admin_url("/metrics"), &[]).await.text();
-    let m = scrape(&text);
+/// Each request counted once, by route and outcome; the memory store sends
+/// nothing to Redis.
+fn requests_are_counted_by_route_and_outcome(m: &HashMap<String, f64>) {
     let requests = |route: &str, outcome: &str| {
         value(
-            &m,
+            m,
             &format!("floodgate_requests_total{{outcome={outcome},route={route}}}"),
         )
     };
@@ -120,16 +117,21 @@ upstream = "{}"
     assert_eq!(requests("exempt", "allowed"), 0.0);
     assert_eq!(requests("proxied", "allowed"), 4.0);
     assert_eq!(requests("limited", "store_error"), 0.0);
-    assert_eq!(value(&m, "floodgate_requests_no_route_total{}"), 4.0);
+    assert_eq!(value(m, "floodgate_requests_no_route_total{}"), 4.0);
     assert_eq!(
-        value(&m, "floodgate_refusals_total{fault=client,status=404}"),
+        value(m, "floodgate_refusals_total{fault=client,status=404}"),
         4.0
     );
     // The memory store sends nothing to Redis.
-    assert_eq!(value(&m, "floodgate_redis_calls_total{}"), 0.0);
+    assert_eq!(value(m, "floodgate_redis_calls_total{}"), 0.0);
+}
+
+/// The upstream's answers by class, decisions only where a limit is
+/// counted, no store errors, no reloads, and one config digest.
+fn answers_decisions_and_the_store_are_counted(m: &HashMap<String, f64>) {
     let class = |c: &str| {
         value(
-            &m,
+            m,
             &format!("floodgate_upstream_responses_total{{class={c},route=proxied}}"),
         )
     };
@@ -138,37 +140,44 @@ upstream = "{}"
         (2.0, 1.0, 1.0, 0.0)
     );
     assert_eq!(
-        value(&m, "floodgate_upstream_seconds_count{route=proxied}"),
+        value(m, "floodgate_upstream_seconds_count{route=proxied}"),
         4.0
     );
     // Decisions: 5 limited + 3 shadow; exempt and unlimited routes decide nothing.
     assert_eq!(
-        value(&m, "floodgate_decision_seconds_count{store=memory}"),
+        value(m, "floodgate_decision_seconds_count{store=memory}"),
         8.0
     );
-    assert_eq!(value(&m, "floodgate_store_errors_total{kind=timeout}"), 0.0);
-    assert_eq!(value(&m, "floodgate_store_circuit_open{}"), 0.0);
+    assert_eq!(value(m, "floodgate_store_errors_total{kind=timeout}"), 0.0);
+    assert_eq!(value(m, "floodgate_store_circuit_open{}"), 0.0);
     assert_eq!(
-        value(&m, "floodgate_config_reloads_total{result=success}"),
+        value(m, "floodgate_config_reloads_total{result=success}"),
         0.0
     );
     assert_eq!(
-        value(&m, "floodgate_config_reloads_total{result=failure}"),
+        value(m, "floodgate_config_reloads_total{result=failure}"),
         0.0
     );
-    assert!(value(&m, "floodgate_open_connections{}") >= 1.0);
+    assert!(value(m, "floodgate_open_connections{}") >= 1.0);
     let digests: Vec<_> = m
         .keys()
         .filter(|k| k.starts_with("floodgate_config_info"))
         .collect();
     assert_eq!(digests.len(), 1, "{digests:?}");
-    // The upstream's endpoint has series of its own, labelled with its
-    // address; no client address is in any label.
+}
+
+/// The upstream's endpoint has series of its own, labelled with its
+/// address; no client address is in any label.
+fn the_upstream_endpoint_is_labelled_and_no_client_is(
+    m: &HashMap<String, f64>,
+    text: &str,
+    upstream: &Upstream,
+) {
     let upstream_addr = upstream.addr.to_string();
     let url = upstream.url();
     let endpoint = |name: &str, extra: &str| {
         value(
-            &m,
+            m,
             &format!("{name}{{address={upstream_addr},endpoint={url},{extra}upstream={url}}}"),
         )
     };
@@ -198,6 +207,27 @@ upstream = "{}"
             "a client address leaked into a label: {line}"
         );
     }
+}
+
+#[tokio::test]
+async fn metrics_count_a_scripted_mix_exactly() {
+    let upstream = Upstream::start().await;
+    let gate = Floodgate::start(&four_routes(&upstream.url())).await;
+    let client = TestClient::http1();
+    let statuses = send_the_mix(&client, &gate).await;
+    assert_eq!(
+        statuses,
+        [
+            200, 200, 429, 429, 429, 200, 200, 200, 200, 200, 200, 200, 200, 404, 503, 404, 404,
+            404, 404
+        ]
+    );
+
+    let text = client.get(&gate.admin_url("/metrics"), &[]).await.text();
+    let m = scrape(&text);
+    requests_are_counted_by_route_and_outcome(&m);
+    answers_decisions_and_the_store_are_counted(&m);
+    the_upstream_endpoint_is_labelled_and_no_client_is(&m, &text, &upstream);
 }
 
 /// An instance with an admin listener and one route that answers 200 by
