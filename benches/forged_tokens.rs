@@ -6,7 +6,8 @@
 //! flood, so the client's work is not counted. Run with
 //! `cargo bench --bench forged_tokens`; it prints a markdown table.
 
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -78,19 +79,24 @@ fn clock_ticks_per_second() -> f64 {
         .unwrap_or(100.0)
 }
 
-fn main() {
-    let rng = SystemRandom::new();
-    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+/// Tokens expire in 2100: never during a run.
+const EXP: u64 = 4_102_444_800;
+
+/// A fresh P-256 signing key.
+fn signing_key(rng: &SystemRandom) -> EcdsaKeyPair {
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, rng)
         .expect("ec key");
-    let key = EcdsaKeyPair::from_pkcs8(
+    EcdsaKeyPair::from_pkcs8(
         &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
         pkcs8.as_ref(),
-        &rng,
+        rng,
     )
-    .expect("ec pair");
+    .expect("ec pair")
+}
+
+/// Writes `key`'s public half as `dir/jwks.json`, kid `k1`.
+fn write_jwks(dir: &Path, key: &EcdsaKeyPair) {
     let point = key.public_key().as_ref();
-    let dir = std::env::temp_dir().join(format!("floodgate-forged-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
     std::fs::write(
         dir.join("jwks.json"),
         format!(
@@ -100,7 +106,13 @@ fn main() {
         ),
     )
     .expect("write jwks");
-    let port = free_port();
+}
+
+/// Writes floodgate's config on `port`: routes `budget` (20 failed
+/// credentials a minute per address) and `unlimited` (no such budget),
+/// each keyed by the `sub` of an ES256 token checked against the JWKS in
+/// `dir`, 2 an hour.
+fn write_config(dir: &Path, port: u16) -> PathBuf {
     let route = |name: &str, budget: u32| {
         format!(
             "[[routes]]\nname = \"{name}\"\nmatch = {{ path_prefix = \"/{name}\" }}\nrespond = {{ status = 200 }}\n\
@@ -119,9 +131,15 @@ fn main() {
         ),
     )
     .expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+    config
+}
+
+/// Starts floodgate with `config` and waits (5 s at most) until `port`
+/// accepts connections.
+fn start_floodgate(config: &Path, port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -132,38 +150,52 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    let exp = 4_102_444_800u64;
-    let signed = |sub: &str| {
-        let input = format!(
-            "{}.{}",
-            b64(br#"{"alg":"ES256","kid":"k1"}"#),
-            b64(format!(r#"{{"sub":"{sub}","exp":{exp}}}"#).as_bytes())
-        );
-        let sig = key.sign(&rng, input.as_bytes()).expect("sign");
-        format!("{input}.{}", b64(sig.as_ref()))
-    };
-    let forged = |i: usize| {
-        let input = format!(
-            "{}.{}",
-            b64(br#"{"alg":"ES256","kid":"k1"}"#),
-            b64(format!(r#"{{"sub":"mallory-{i}","exp":{exp}}}"#).as_bytes())
-        );
-        let mut sig = [0u8; 64];
-        rng.fill(&mut sig).expect("random");
-        format!("{input}.{}", b64(&sig))
-    };
+    child
+}
+
+/// A genuine token for `sub`, signed with `key`.
+fn signed(key: &EcdsaKeyPair, rng: &SystemRandom, sub: &str) -> String {
+    let input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"ES256","kid":"k1"}"#),
+        b64(format!(r#"{{"sub":"{sub}","exp":{EXP}}}"#).as_bytes())
+    );
+    let sig = key.sign(rng, input.as_bytes()).expect("sign");
+    format!("{input}.{}", b64(sig.as_ref()))
+}
+
+/// A token for `mallory-{i}` whose signature is random bytes.
+fn forged(rng: &SystemRandom, i: usize) -> String {
+    let input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"ES256","kid":"k1"}"#),
+        b64(format!(r#"{{"sub":"mallory-{i}","exp":{EXP}}}"#).as_bytes())
+    );
+    let mut sig = [0u8; 64];
+    rng.fill(&mut sig).expect("random");
+    format!("{input}.{}", b64(&sig))
+}
+
+/// The three floods against floodgate on `port` (process `pid`): each
+/// row's name, floodgate's CPU µs per request, and how many were answered
+/// as expected.
+fn floods(
+    port: u16,
+    pid: u32,
+    key: &EcdsaKeyPair,
+    rng: &SystemRandom,
+) -> [(&'static str, f64, usize); 3] {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let pid = child.id();
-    let rows = runtime.block_on(async {
+    runtime.block_on(async {
         let base = format!("http://127.0.0.1:{port}");
-        let dave = vec![signed("dave"); N + 2];
+        let dave = vec![signed(key, rng, "dave"); N + 2];
         let (plain, denied) = flood(&format!("{base}/budget"), pid, &dave, 429).await;
-        let tokens: Vec<String> = (0..N).map(forged).collect();
+        let tokens: Vec<String> = (0..N).map(|i| forged(rng, i)).collect();
         let (budget, refused) = flood(&format!("{base}/budget"), pid, &tokens, 429).await;
-        let tokens: Vec<String> = (0..N).map(|i| forged(N + i)).collect();
+        let tokens: Vec<String> = (0..N).map(|i| forged(rng, N + i)).collect();
         let (unlimited, checked) = flood(&format!("{base}/unlimited"), pid, &tokens, 401).await;
         [
             (
@@ -174,7 +206,18 @@ fn main() {
             ("forged tokens, failures_per_minute = 20", budget, refused),
             ("forged tokens, failures_per_minute = 0", unlimited, checked),
         ]
-    });
+    })
+}
+
+fn main() {
+    let rng = SystemRandom::new();
+    let key = signing_key(&rng);
+    let dir = std::env::temp_dir().join(format!("floodgate-forged-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    write_jwks(&dir, &key);
+    let port = free_port();
+    let mut child = start_floodgate(&write_config(&dir, port), port);
+    let rows = floods(port, child.id(), &key, &rng);
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
