@@ -6,18 +6,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use floodgate::limit::Algorithm;
 use support::cluster::TestCluster;
 use support::config::{Config, Route};
 use support::redis::unique_prefix;
 use support::{Floodgate, TestClient};
-
-const ALGORITHMS: [&str; 5] = [
-    "fixed_window",
-    "sliding_log",
-    "sliding_window",
-    "token_bucket",
-    "gcra",
-];
 
 /// floodgate on the cluster at `urls`, without routes.
 fn store(urls: &[String], prefix: &str, on_error: &str, timeout: &str) -> Config {
@@ -39,7 +32,7 @@ fn route(name: &str, algorithm: &str, limit: u64) -> Route {
 
 fn config(urls: &[String], prefix: &str, on_error: &str, limit: u64) -> String {
     let mut config = store(urls, prefix, on_error, "1s");
-    for algorithm in ALGORITHMS {
+    for (algorithm, _) in Algorithm::NAMES {
         config = config.route(route(algorithm, algorithm, limit));
     }
     config.toml()
@@ -92,7 +85,7 @@ async fn every_algorithm_limits_exactly_with_clients_on_every_primary() {
     let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
     // 48 clients: their hash tags spread over all three primaries' slots.
     let clients: Vec<String> = (0..48).map(|i| format!("client-{i}")).collect();
-    for algorithm in ALGORITHMS {
+    for (algorithm, _) in Algorithm::NAMES {
         let counts = admitted(&gates, &format!("/{algorithm}"), &clients, 5).await;
         assert!(counts.iter().all(|&n| n == 3), "{algorithm}: {counts:?}");
     }
@@ -170,7 +163,7 @@ async fn a_killed_primary_is_replaced_and_limits_are_exact_again() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for algorithm in ALGORITHMS {
+    for (algorithm, _) in Algorithm::NAMES {
         let counts = admitted(&gates, &format!("/{algorithm}"), &after, 5).await;
         assert!(
             counts.iter().all(|&n| n == 3),

@@ -10,6 +10,7 @@ use toml::Spanned;
 
 use super::Validator;
 use crate::jwt::ClaimRule;
+use crate::limit::Algorithm;
 use crate::limit::calendar::{Calendar, Unit};
 use crate::routes::{Anchor, CalendarLimit};
 
@@ -67,7 +68,10 @@ impl Validator<'_> {
             }
             return ok.then_some(None);
         };
-        if m.algorithm.get_ref() != "fixed_window" {
+        let named = Algorithm::NAMES
+            .iter()
+            .find(|(n, _)| n == m.algorithm.get_ref());
+        if !named.is_some_and(|(_, a)| a.follows_calendar()) {
             self.problem(
                 m.algorithm.span(),
                 format!(

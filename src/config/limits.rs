@@ -7,7 +7,7 @@ use toml::Spanned;
 
 use super::calendars::{AnchorModel, CalendarKeys};
 use super::{MAX_LIMIT, MAX_UNIT_MS, Validator};
-use crate::limit::leases::{self, Terms};
+use crate::limit::leases::Terms;
 use crate::limit::{Algorithm, Limit};
 
 #[derive(Deserialize)]
@@ -230,7 +230,7 @@ impl Validator<'_> {
 
     /// A limit's lease terms.
     fn lease(&mut self, model: &Spanned<LeaseModel>, algorithm: Algorithm) -> Option<Terms> {
-        if !leases::can_lease(algorithm) {
+        if !algorithm.can_lease() {
             self.problem(
                 model.span(),
                 format!(

@@ -39,7 +39,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{Algorithm, Limit, Verdict};
+use super::{Limit, Verdict};
 use crate::client::ClientId;
 use crate::metrics::LeaseMetrics;
 
@@ -76,12 +76,6 @@ impl Default for Terms {
             share_permille: DEFAULT_SHARE_PERMILLE,
         }
     }
-}
-
-/// Whether `algorithm` can be leased: not a sliding log (see the module's
-/// notes, and [`Algorithm::can_lease`], where each algorithm answers).
-pub fn can_lease(algorithm: Algorithm) -> bool {
-    algorithm.can_lease()
 }
 
 /// Whose budget a lease is a slice of: the scope (a route, or a budget),
@@ -438,6 +432,7 @@ fn stagger_permille(key: &Key) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Algorithm;
 
     const DAY_MS: u64 = 86_400_000;
 
