@@ -1,10 +1,13 @@
 //! `/clients/top` on the admin listener: under a load from two clients, the
 //! heavier is first, with its allowed and denied counts exact; ids appear
-//! as the access log shows them; memory stays fixed under many clients.
+//! as the access log shows them; memory stays fixed under many clients;
+//! clients decided through Envoy's rate limit service are counted as the
+//! proxy listener's are.
 
 mod support;
 
 use support::config::{Config, Route};
+use support::peers::client;
 use support::{Floodgate, TestClient};
 
 fn limited(client_id: &str) -> String {
@@ -112,5 +115,56 @@ async fn ids_are_hashed_by_default_and_memory_stays_fixed_under_many_clients() {
     assert!(
         shown.len() == 16 && shown.bytes().all(|b| b.is_ascii_hexdigit()),
         "{shown}"
+    );
+}
+
+/// A route Envoy's rate limit service decides, three an hour per `user`
+/// value, with the admin listener that shows its top clients.
+fn decided_by_envoy() -> String {
+    Config::new()
+        .admin()
+        .access_log(&[r#"format = "off""#, r#"client_id = "raw""#])
+        .server(r#"decision_listen = "127.0.0.1:0""#)
+        .server(r#"decision_peers = ["127.0.0.1/32"]"#)
+        .route(
+            Route::new("per-user")
+                .decided_only()
+                .line(r#"descriptor = { domain = "edge", entries = ["user"] }"#)
+                .limit("fixed_window", 3, "1h"),
+        )
+        .toml()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_refused_through_envoys_rate_limit_service_is_among_the_top() {
+    let gate = Floodgate::start(&decided_by_envoy()).await;
+    let call = serde_json::json!({
+        "domain": "edge",
+        "descriptors": [{ "entries": [["user", "ann"]] }],
+    });
+    let target = gate.decisions.expect("decision listener").to_string();
+    let calls = serde_json::to_string(&vec![call; 5]).expect("json");
+    let answers = client("rls_peer.py", &[target, calls]).await;
+    let codes: Vec<_> = answers.iter().map(|a| a["code"].clone()).collect();
+    assert_eq!(
+        codes,
+        ["OK", "OK", "OK", "OVER_LIMIT", "OVER_LIMIT"],
+        "{answers:#?}"
+    );
+
+    let json = top(&gate, "").await;
+    let routes = json["routes"].as_array().expect("routes");
+    assert_eq!(routes.len(), 1, "{json}");
+    assert_eq!(routes[0]["route"], "per-user");
+    let clients = routes[0]["clients"].as_array().expect("clients");
+    assert_eq!(clients.len(), 1, "{json}");
+    assert_eq!(clients[0]["client"], "ann");
+    assert_eq!(
+        (
+            clients[0]["requests"].clone(),
+            clients[0]["allowed"].clone(),
+            clients[0]["denied"].clone()
+        ),
+        (5.into(), 3.into(), 2.into())
     );
 }

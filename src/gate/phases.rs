@@ -666,10 +666,8 @@ impl Context<'_> {
             };
             r.decided(outcome, Some(client), limit);
         }
-        if let (Some(top), Answer::Decided(d)) = (&rules.top, answer)
-            && let Some(route_top) = top.get(found.index)
-        {
-            route_top.count(client, !d.allowed, crate::clock::now_ms() / 1000);
+        if let Answer::Decided(d) = answer {
+            rules.count_top(found.index, client, !d.allowed);
         }
     }
 

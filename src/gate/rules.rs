@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
+use crate::client::ClientId;
 use crate::concurrency::Capacity;
 use crate::concurrency::metrics::Capacities;
 use crate::config::Config;
@@ -109,6 +110,17 @@ impl Rules {
                 .server
                 .admin_listen
                 .map(|_| config.routes.iter().map(|_| RouteTop::default()).collect()),
+        }
+    }
+
+    /// Counts a decided request of `client` on the route at `index` among
+    /// the route's top clients (when the admin listener shows them): every
+    /// way in that decides (the proxy listener, the decision listener,
+    /// Envoy's rate limit service) counts through here alike.
+    #[inline]
+    pub fn count_top(&self, index: usize, client: &ClientId, denied: bool) {
+        if let Some(route_top) = self.top.as_ref().and_then(|top| top.get(index)) {
+            route_top.count(client, denied, crate::clock::now_ms() / 1000);
         }
     }
 }

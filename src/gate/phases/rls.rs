@@ -266,7 +266,8 @@ impl Context<'_> {
     }
 
     /// What a group's decision says, written down: each descriptor's
-    /// status and its route's count, the denial (or the shadow one) in the
+    /// status, its route's count and its client among the route's top
+    /// clients, the denial (or the shadow one) in the
     /// log, and the call in the access log.
     fn record(
         &mut self,
@@ -305,6 +306,7 @@ impl Context<'_> {
                 );
             }
             rules.metrics[m.index].count(outcome);
+            rules.count_top(m.index, &m.client, !decision.allowed);
         }
         if !decision.allowed {
             let refusing = group
