@@ -3,155 +3,52 @@
 //! head → route → admit body → identify → reserve → decide → forward (or
 //! the route's own answer) → annotate → log.
 //!
-//! Each phase is a function of its own (identify, the longest, in
-//! `phases/identify.rs`); what they learn of the request travels in one
-//! [`Context`]. A phase that ends the request early returns
-//! the [`Refusal`] (or, for a denial, the 429) that answers it; every
-//! answer goes out watched by the access log's watcher where there is
-//! anything to watch for, which also holds the request's concurrency slot
-//! until the answer is sent.
+//! Each phase is a function of its own: head, route, admit body and
+//! reserve here; identify in `phases/identify.rs`, decide in
+//! `phases/decide.rs`, forward in `phases/forward.rs`, and the log in
+//! `phases/context.rs` with the [`Context`] in which what the phases
+//! learn of the request travels. A phase that ends the request early
+//! returns the [`Refusal`] (or, for a denial, the 429) that answers it;
+//! every answer goes out watched by the access log's watcher where there
+//! is anything to watch for, which also holds the request's concurrency
+//! slot until the answer is sent.
 
-use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 use http::request::Parts;
-use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::metering::{ClientBody, Reservation, read_first};
+use super::metering::{ClientBody, read_first};
 use super::rules::Rules;
 use super::shared::Shared;
-use crate::access_log::{Record, watcher};
-use crate::client::ClientId;
 use crate::concurrency::{Capacity, Per, Slot};
-use crate::limit::{Answer, Charge, Decision};
-use crate::metrics::Outcome;
-use crate::proxy::request_body::RequestBody;
+use crate::limit::Decision;
 use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
-use crate::routes::{Action, Policy, RequestFacts, Route, Upstream, request_paths};
-use crate::usage::{BodyRead, Unreported};
+use crate::routes::{Action, RequestFacts, Route, request_paths};
+use crate::usage::BodyRead;
 
+mod context;
+mod decide;
 mod decision;
+mod forward;
 mod identify;
 pub mod operator;
 mod rls;
 mod standing;
 
+use context::{Context, Found};
+use decide::Limits;
 pub use decision::decide;
+use forward::Exchange;
 use identify::Identity;
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
-
-/// What the phases know of one request beside its head and body.
-struct Context<'a> {
-    shared: &'a Shared,
-    peer: &'a Peer,
-    /// Answers go out as gRPC statuses.
-    grpc: bool,
-    /// The access log's record, when the log is on (boxed: every
-    /// request's future carries the field, and the record is large).
-    log: Option<Box<Record>>,
-    /// The concurrency slot, once the answer is ready to go out.
-    slot: Option<Slot>,
-    /// On a metered route, the admitted request's reservation until it is
-    /// settled (boxed: every request's future carries the field).
-    reservation: Option<Box<Reservation>>,
-}
-
-/// The route a request is on.
-struct Found<'r> {
-    /// Its position in the table (and in the side tables).
-    index: usize,
-    route: &'r Route,
-}
-
-/// Where an allowed request goes, and the slot it holds on the way.
-struct Exchange<'a> {
-    upstream: &'a Upstream,
-    /// The path and query sent upstream.
-    target: PathAndQuery,
-    slot: Option<&'a Slot>,
-}
-
-/// The limits a request falls under: as compiled with the rules (the
-/// route's, its plan's or an override's), or made for this request (the
-/// numbers its token carries). A pointer either way: the decide phase's
-/// results are moved between its steps, and a policy is large.
-enum Limits<'r> {
-    Compiled(&'r Policy),
-    ForRequest(Box<Policy>),
-}
-
-impl std::ops::Deref for Limits<'_> {
-    type Target = Policy;
-
-    fn deref(&self) -> &Policy {
-        match self {
-            Self::Compiled(policy) => policy,
-            Self::ForRequest(policy) => policy,
-        }
-    }
-}
-
-/// What the decide phase concluded for a request that goes on.
-type Allowed<'r> = Option<(Decision, Limits<'r>)>;
-
-/// The decide phase's end: `Ok(Ok)` with what the request goes on with,
-/// `Ok(Err)` with the denial that answers it (boxed: the phase's result
-/// is moved between its steps, and an answer is large), or the refusal (a
-/// malformed reservation, a store down that `on_error` closes on).
-type Decided<'r> = Result<Result<Allowed<'r>, Box<Response<Body>>>, Refusal>;
-
-/// The store's answer concluded: the decision to annotate the answer
-/// with (none when the store was unavailable), or the denial.
-type Concluded = Result<Result<Option<Decision>, Box<Response<Body>>>, Refusal>;
-
-/// The decide phase as far as it goes without waiting: done, or a
-/// question for the shared store (whose count, under which policy, for how
-/// many units).
-enum Deciding<'r, 'w> {
-    Done(Decided<'r>),
-    Ask {
-        client: &'w ClientId,
-        keys: &'w [crate::limit::CountKey],
-        policy: Limits<'r>,
-        cost: u64,
-    },
-}
-
-/// A concluded decision with the `policy` it was made under, for the
-/// answer's `RateLimit` fields.
-fn with_policy(concluded: Concluded, policy: Limits<'_>) -> Decided<'_> {
-    match concluded {
-        Ok(Ok(decision)) => Ok(Ok(decision.map(|d| (d, policy)))),
-        Ok(Err(denial)) => Ok(Err(denial)),
-        Err(refusal) => Err(refusal),
-    }
-}
-
-/// What a request on `route` asks of the store for `client`: `cost` units
-/// from every limit of `policy`, counted as `keys` say.
-fn charge<'c>(
-    route: &'c Route,
-    client: &'c ClientId,
-    policy: &'c Policy,
-    keys: &'c [crate::limit::CountKey],
-    cost: u64,
-) -> Charge<'c> {
-    Charge {
-        route: &route.name,
-        client,
-        limits: &policy.limits,
-        keys,
-        cost,
-        settle: None,
-    }
-}
 
 /// A client connection as the request phases see it: what every request
 /// needs, the client, and a mark kept on it while a request is in flight.
@@ -232,30 +129,11 @@ async fn answer<H: Send + 'static>(
         Some(capacity) => reserve(capacity, &found, &who).await?,
         None => None,
     };
-    // Boxed, as the rare path: every request's future would carry it.
-    let (body, read) = match found
-        .route
-        .usage
-        .as_ref()
-        .filter(|u| u.reserve_json.is_some() || u.stream_include_usage)
-    {
-        Some(usage) => {
-            let client_side = ClientSide {
-                max_body: found.route.max_request_body,
-                ..rules.client_timeouts
-            };
-            let headers = &mut head.headers;
-            Box::pin(read_first(
-                &cx.shared.forwarder,
-                client_side,
-                usage,
-                body,
-                headers,
-            ))
-            .await?
-        }
-        None => (ClientBody::Arrived(body), None),
-    };
+    let (body, read) =
+        match read_first_if_metered(cx.shared, &rules, &found, body, &mut head.headers) {
+            Reading::First(reading) => reading.await?,
+            Reading::Arrived(body) => (ClientBody::Arrived(body), None),
+        };
     // The memory store decides at once, without a future; the shared
     // store's is boxed, as the rare path for every request's future. (In a
     // block of its own: the identity is gone before forwarding.)
@@ -278,27 +156,19 @@ async fn answer<H: Send + 'static>(
             .insert(Box::pin(cx.standing(&rules, names, &mut head.headers, &matched_path)).await?),
         Action::Decide => return Err(decided_elsewhere(found.route)),
         Action::Upstream(upstream) => {
-            let forward_path = match found.route.stripped(&forward_path) {
-                Some(rest) => Cow::Owned(rest.to_owned()),
-                None => forward_path,
-            };
-            let target = forwarded_target(forward_path, &head.uri)?;
-            let exchange = Exchange {
+            let exchange = Exchange::to(
                 upstream,
-                target,
-                slot: slot.as_ref(),
-            };
+                found.route,
+                forward_path,
+                &head.uri,
+                slot.as_ref(),
+            )?;
             cx.forward(&rules, &found, exchange, &mut head, body, hold, out)
                 .await?
         }
     };
-    let settled = match cx.reservation.take_if(|r| r.reported_in_head()) {
-        Some(reservation) => {
-            let limiter = &cx.shared.limiter;
-            // Boxed, as the rare path.
-            let status = response.status().as_u16();
-            Box::pin(reservation.settle_from_head(status, limiter, response.headers())).await
-        }
+    let settled = match cx.settling_from_head(response) {
+        Some(settling) => settling.await,
         None => None,
     };
     if let Some((d, policy)) = &allowed {
@@ -392,54 +262,50 @@ async fn reserve(
     }
 }
 
-/// The path and query sent upstream: the request's own when its path was
-/// already normal, else the normalised path with the original query.
-fn forwarded_target(forward_path: Cow<'_, str>, uri: &http::Uri) -> Result<PathAndQuery, Refusal> {
-    let target = match (forward_path, uri.path_and_query()) {
-        (Cow::Borrowed(_), Some(pq)) => Some(pq.clone()),
-        (path, pq) => {
-            let text = match pq.and_then(PathAndQuery::query) {
-                Some(q) => format!("{path}?{q}"),
-                None => path.into_owned(),
-            };
-            PathAndQuery::try_from(text).ok()
-        }
+// === read first ===
+
+/// A request's body before the decide phase: read first (up to its
+/// usage reservation) on a metered route that reserves from the body,
+/// else as it arrived.
+enum Reading<F> {
+    /// Reading, boxed as the rare path: every request's future would
+    /// carry it.
+    First(Pin<Box<F>>),
+    Arrived(Incoming),
+}
+
+/// The body read first where the route's usage is named in it (its JSON
+/// reservation, or a stream asked to include its usage); else `body` as
+/// it arrived.
+fn read_first_if_metered<'a>(
+    shared: &'a Shared,
+    rules: &Rules,
+    found: &Found<'_>,
+    body: Incoming,
+    headers: &'a mut HeaderMap,
+) -> Reading<impl Future<Output = Result<(ClientBody, Option<BodyRead>), Refusal>>> {
+    let route = found.route;
+    let Some(usage) = route
+        .usage
+        .as_ref()
+        .filter(|u| u.reserve_json.is_some() || u.stream_include_usage)
+    else {
+        return Reading::Arrived(body);
     };
-    target.ok_or_else(|| {
-        Refusal::client(
-            StatusCode::BAD_REQUEST,
-            "the request path cannot be forwarded",
-        )
-    })
+    let client_side = ClientSide {
+        max_body: route.max_request_body,
+        ..rules.client_timeouts
+    };
+    Reading::First(Box::pin(read_first(
+        &shared.forwarder,
+        client_side,
+        usage,
+        body,
+        headers,
+    )))
 }
 
 // === impl Context ===
-
-impl<'a> Context<'a> {
-    /// A request's context from `peer`, its access log record begun (when
-    /// the log is on) with the request line and the body's size if known.
-    fn new(
-        shared: &'a Shared,
-        peer: &'a Peer,
-        grpc: bool,
-        method: &http::Method,
-        uri: &http::Uri,
-        version: http::Version,
-        bytes_in: Option<u64>,
-    ) -> Self {
-        Self {
-            shared,
-            peer,
-            grpc,
-            log: shared
-                .access_log
-                .as_ref()
-                .map(|_| Box::new(Record::begin(method, uri, version, peer.addr, bytes_in))),
-            slot: None,
-            reservation: None,
-        }
-    }
-}
 
 impl Context<'_> {
     // --- route ---
@@ -478,314 +344,23 @@ impl Context<'_> {
         Ok(Found { index, route })
     }
 
-    // --- decide ---
+    // --- settle ---
 
-    /// The rate decision, counted and logged, as far as it goes at once:
-    /// done (see [`Decided`]), or a question for the shared store (the
-    /// request's policy and cost), which [`Context::ask`] puts.
-    fn decide<'r, 'w>(
+    /// On a metered route whose upstream reports its units in the
+    /// answer's head, the reservation settled to the report (boxed, as the
+    /// rare path): the decision to annotate `response` with instead.
+    fn settling_from_head(
         &mut self,
-        rules: &Rules,
-        found: &Found<'r>,
-        who: &'w mut Identity<'r>,
-        headers: &http::HeaderMap,
-        read: Option<BodyRead>,
-    ) -> Deciding<'r, 'w> {
-        let route = found.route;
-        if who.exempt {
-            return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Exempt))));
-        }
-        let policy = who.policy.take().filter(|p| !p.limits.is_empty());
-        let (Some(client), Some(policy)) = (&who.client, policy) else {
-            return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Allowed))));
-        };
-        let cost = match &route.usage {
-            None => route.cost,
-            Some(usage) => match crate::usage::reservation(usage, headers, read) {
-                Ok(cost) => cost,
-                Err(message) => {
-                    return Deciding::Done(Err(Refusal::client(StatusCode::BAD_REQUEST, message)));
-                }
-            },
-        };
-        let charge = charge(route, client, &policy, &who.keys, cost);
-        match self.shared.limiter.decide_at_once(charge) {
-            Some(answer) => {
-                let concluded = self.concluded(rules, found, &policy, charge, answer);
-                Deciding::Done(with_policy(concluded, policy))
-            }
-            None => Deciding::Ask {
-                client,
-                keys: &who.keys,
-                policy,
-                cost,
-            },
-        }
-    }
-
-    /// The decide phase whole: at once, or with the shared store's answer
-    /// (boxed, as the rare path for every request's future).
-    async fn decided<'r>(
-        &mut self,
-        rules: &Rules,
-        found: &Found<'r>,
-        who: &mut Identity<'r>,
-        headers: &http::HeaderMap,
-        read: Option<BodyRead>,
-    ) -> Decided<'r> {
-        match self.decide(rules, found, who, headers, read) {
-            Deciding::Done(decided) => decided,
-            Deciding::Ask {
-                client,
-                keys,
-                policy,
-                cost,
-            } => Box::pin(self.ask(rules, found, client, keys, policy, cost)).await,
-        }
-    }
-
-    /// The shared store's answer to the question [`Context::decide`] left,
-    /// concluded.
-    async fn ask<'r>(
-        &mut self,
-        rules: &Rules,
-        found: &Found<'r>,
-        client: &ClientId,
-        keys: &[crate::limit::CountKey],
-        policy: Limits<'r>,
-        cost: u64,
-    ) -> Decided<'r> {
-        let charge = charge(found.route, client, &policy, keys, cost);
-        let answer = self.shared.limiter.decide(charge).await;
-        let concluded = self.concluded(rules, found, &policy, charge, answer);
-        with_policy(concluded, policy)
-    }
-
-    /// The store's `answer` to `charge` under `policy`, counted and
-    /// logged: `Ok` with the decision to annotate the answer with (none
-    /// when the store was unavailable), or `Err` with the denial that
-    /// answers the request.
-    fn concluded(
-        &mut self,
-        rules: &Rules,
-        found: &Found<'_>,
-        policy: &Policy,
-        charge: Charge<'_>,
-        answer: Answer,
-    ) -> Concluded {
-        let route = found.route;
-        let counts = &rules.metrics[found.index];
-        let client = charge.client;
-        self.log_decision(rules, found, client, policy, &answer);
-        match answer {
-            Answer::Decided(d) if d.allowed => {
-                counts.count(Outcome::Allowed);
-                self.reserved(rules, found, &charge, &d);
-                Ok(Ok(Some(d)))
-            }
-            Answer::Decided(d) if route.shadow => {
-                counts.count(Outcome::ShadowDenied);
-                self.shared.log_shadow(&route.name, client);
-                Ok(Ok(Some(d)))
-            }
-            Answer::Decided(d) => {
-                counts.count(Outcome::Denied);
-                let quota = policy.limits.get(d.limit).map_or(0, |l| l.limit);
-                self.shared
-                    .denials
-                    .denied(&route.name, client, quota, crate::clock::now_ms());
-                Ok(Err(Box::new(if self.grpc {
-                    response::grpc_too_many_requests(route, policy, &d)
-                } else {
-                    response::too_many_requests(route, policy, &d)
-                })))
-            }
-            Answer::Unavailable {
-                deny,
-                retry_after_ms,
-            } => {
-                counts.count(Outcome::StoreError);
-                if deny && !route.shadow {
-                    return Err(Refusal::store(retry_after_ms));
-                }
-                Ok(Ok(None))
-            }
-        }
-    }
-
-    /// On a metered route, keeps the reservation `charge` took when `d`
-    /// admitted it, for the answer to settle.
-    fn reserved(&mut self, rules: &Rules, found: &Found<'_>, charge: &Charge<'_>, d: &Decision) {
-        let (Some(usage), Some(Some(metering))) =
-            (&found.route.usage, rules.metering.get(found.index))
-        else {
-            return;
-        };
-        let reservation = Reservation::new(usage, metering, charge, d);
-        if let Some(r) = self.log.as_mut() {
-            r.units(&reservation.tally);
-        }
-        self.reservation = Some(Box::new(reservation));
-    }
-
-    /// Counts and logs a request its route does not limit.
-    fn unlimited<'r>(&mut self, rules: &Rules, found: &Found<'r>, outcome: Outcome) -> Allowed<'r> {
-        rules.metrics[found.index].count(outcome);
-        if let Some(r) = self.log.as_mut() {
-            r.decided(outcome, None, None);
-        }
-        None
-    }
-
-    /// The decision into the access log's record and the route's top
-    /// clients.
-    fn log_decision(
-        &mut self,
-        rules: &Rules,
-        found: &Found<'_>,
-        client: &ClientId,
-        policy: &Policy,
-        answer: &Answer,
-    ) {
-        if let Some(r) = self.log.as_mut() {
-            let (outcome, limit) = match answer {
-                Answer::Decided(d) => (
-                    if d.allowed {
-                        Outcome::Allowed
-                    } else if found.route.shadow {
-                        Outcome::ShadowDenied
-                    } else {
-                        Outcome::Denied
-                    },
-                    policy
-                        .names
-                        .get(d.limit)
-                        .map(|name| (name.as_str(), d.remaining)),
-                ),
-                Answer::Unavailable { .. } => (Outcome::StoreError, None),
-            };
-            r.decided(outcome, Some(client), limit);
-        }
-        if let Answer::Decided(d) = answer {
-            rules.count_top(found.index, client, !d.allowed);
-        }
-    }
-
-    // --- forward ---
-
-    /// The upstream's answer, timed, counted and logged, written into
-    /// `out` and lent back. Only the upstream's own answers count as
-    /// upstream responses; floodgate's 502 and 504 are refusals.
-    #[allow(clippy::too_many_arguments)]
-    async fn forward<'o, H: Send + 'static>(
-        &mut self,
-        rules: &Rules,
-        found: &Found<'_>,
-        Exchange {
-            upstream,
-            target,
-            slot,
-        }: Exchange<'_>,
-        head: &mut Parts,
-        body: ClientBody,
-        hold: impl FnOnce() -> H,
-        out: &'o mut Option<Response<Body>>,
-    ) -> Result<&'o mut Response<Body>, Refusal> {
-        let Some(group) = rules.upstreams.get(upstream.index) else {
-            return Err(Refusal::upstream(
-                StatusCode::BAD_GATEWAY,
-                "the route's upstream is not configured",
-            ));
-        };
-        if !self.peer.trusted {
-            for name in &rules.strip_untrusted_headers {
-                head.headers.remove(name);
-            }
-        }
-        let hold = {
-            let slot = slot.cloned();
-            move || (hold(), slot)
-        };
-        let client_side = ClientSide {
-            max_body: found.route.max_request_body,
-            ..rules.client_timeouts
-        };
-        let body = match body {
-            ClientBody::Arrived(body) => RequestBody::new(body, &client_side),
-            ClientBody::Read(body, sent) => (body, sent),
-        };
-        let started = Instant::now();
-        let (response, member) = self
-            .shared
-            .forwarder
-            .forward(
-                group,
-                upstream.timeout,
-                head,
-                body,
-                target,
-                self.peer,
-                started,
-                client_side,
-                hold,
-                out,
-            )
-            .await?;
-        let took = started.elapsed();
-        if let Some(slot) = slot {
-            slot.sample(took);
-        }
-        rules.metrics[found.index].upstream(response.status().as_u16(), took);
-        if let Some(r) = self.log.as_mut() {
-            r.upstream(&member.endpoint.target, took);
-        }
-        Ok(response)
-    }
-
-    // --- log ---
-
-    /// A refusal counted and made into its answer. A reservation made
-    /// for the request stands.
-    fn refused(&mut self, refusal: Refusal) -> Response<Body> {
-        self.shared.metrics.refused(&refusal);
-        if let Some(reservation) = self.reservation.take() {
-            reservation.stood(if refusal.fault() == crate::refusal::Fault::Upstream {
-                Unreported::UpstreamFailed
-            } else {
-                Unreported::ClientLeft
-            });
-        }
-        if self.grpc {
-            refusal.into_grpc_response()
-        } else {
-            refusal.into_response()
-        }
-    }
-
-    /// The answer, watched so that its access log line is written once it
-    /// has gone out and its slot held until then; on a metered route whose
-    /// answer reports in its body, read for the report on the way.
-    fn logged(mut self, mut response: Response<Body>) -> Response<Body> {
-        let mut record = self.log.take();
-        if let Some(r) = record.as_mut() {
-            r.status(response.status().as_u16());
-        }
-        let slot = self.slot.take();
-        let log = self.shared.access_log.as_ref();
-        let reservation = self.reservation.take();
+        response: &Response<Body>,
+    ) -> Option<Pin<Box<impl Future<Output = Option<Decision>>>>> {
+        let reservation = self.reservation.take_if(|r| r.reported_in_head())?;
         let limiter = &self.shared.limiter;
-        let settlements = &self.shared.settlements;
-        let meter = reservation.map(|r| {
-            let event_stream = crate::proxy::is_event_stream(response.headers());
-            r.meter(
-                limiter,
-                settlements,
-                event_stream,
-                response.status().as_u16(),
-            )
-        });
-        response.body_mut().watch(watcher(record, log, slot, meter));
-        response
+        let status = response.status().as_u16();
+        Some(Box::pin(reservation.settle_from_head(
+            status,
+            limiter,
+            response.headers(),
+        )))
     }
 }
 
