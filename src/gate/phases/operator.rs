@@ -7,10 +7,12 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{Context, Found};
+use crate::gate::rules::Rules;
 use crate::gate::shared::Shared;
 pub use crate::limit::{Adjustment, Kept};
 use crate::limit::{Algorithm, Charge};
 use crate::proxy::Peer;
+use crate::routes::{Policy, Route};
 
 /// One operator request.
 #[derive(Debug)]
@@ -45,17 +47,7 @@ pub async fn operate(
     op: &Operation,
 ) -> Result<(String, Option<String>), OperationError> {
     let rules = shared.rules.load_full();
-    let Some((index, route)) = rules
-        .routes
-        .iter()
-        .enumerate()
-        .find(|(_, r)| *r.name == *op.route)
-    else {
-        return Err(OperationError::Invalid(format!(
-            "no route is called {:?}",
-            op.route
-        )));
-    };
+    let (index, route) = route_named(&rules, &op.route)?;
     let peer = Peer::new(SocketAddr::new(op.address, 0), false, false);
     let cx = Context {
         shared,
@@ -65,10 +57,7 @@ pub async fn operate(
         slot: None,
         reservation: None,
     };
-    let found = Found {
-        index,
-        route: route.as_ref(),
-    };
+    let found = Found { index, route };
     let mut headers = op.headers.clone();
     let who = cx
         .identify(&rules, &found, &mut headers, "/")
@@ -85,28 +74,9 @@ pub async fn operate(
             op.route
         )));
     };
-    let which = match &op.limit {
-        None => None,
-        Some(name) => Some(policy.names.iter().position(|n| n == name).ok_or_else(|| {
-            OperationError::Invalid(format!(
-                "route {:?} has no limit called {name:?} for this client; it has {}",
-                op.route,
-                policy.names.join(", ")
-            ))
-        })?),
-    };
+    let which = limit_named(op, policy)?;
     if let Some(Adjustment::Credit(_)) = op.adjustment {
-        let logs = policy
-            .limits
-            .iter()
-            .enumerate()
-            .filter(|(i, l)| which.is_none_or(|w| w == *i) && l.algorithm == Algorithm::SlidingLog)
-            .count();
-        if logs > 0 {
-            return Err(OperationError::Invalid(
-                "a sliding_log keeps each unit at the time it was admitted and cannot be credited; reset it, or name another limit".to_owned(),
-            ));
-        }
+        creditable(policy, which)?;
     }
     let charge = Charge {
         route: &route.name,
@@ -135,6 +105,50 @@ pub async fn operate(
         .map_err(|e| OperationError::Store(e.to_string()))?;
     let after = standing().await?;
     Ok((before, Some(after)))
+}
+
+/// The route called `name`, with its position in the rules.
+fn route_named<'r>(rules: &'r Rules, name: &str) -> Result<(usize, &'r Route), OperationError> {
+    rules
+        .routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| *r.name == *name)
+        .map(|(index, route)| (index, route.as_ref()))
+        .ok_or_else(|| OperationError::Invalid(format!("no route is called {name:?}")))
+}
+
+/// The position in `policy` of the limit `op` names; `None` when it
+/// names none (all of them are meant).
+fn limit_named(op: &Operation, policy: &Policy) -> Result<Option<usize>, OperationError> {
+    let Some(name) = &op.limit else {
+        return Ok(None);
+    };
+    let position = policy.names.iter().position(|n| n == name).ok_or_else(|| {
+        OperationError::Invalid(format!(
+            "route {:?} has no limit called {name:?} for this client; it has {}",
+            op.route,
+            policy.names.join(", ")
+        ))
+    })?;
+    Ok(Some(position))
+}
+
+/// Whether the limits of `policy` meant (`which`, or all) can take a
+/// credit: a sliding log cannot.
+fn creditable(policy: &Policy, which: Option<usize>) -> Result<(), OperationError> {
+    let logs = policy
+        .limits
+        .iter()
+        .enumerate()
+        .filter(|(i, l)| which.is_none_or(|w| w == *i) && l.algorithm == Algorithm::SlidingLog)
+        .count();
+    if logs > 0 {
+        return Err(OperationError::Invalid(
+            "a sliding_log keeps each unit at the time it was admitted and cannot be credited; reset it, or name another limit".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 /// Every client's window of the fixed-window limit called `limit` (its
