@@ -63,32 +63,16 @@ pub(super) fn upstream_headers(
     upgrade: bool,
 ) -> HeaderMap {
     let mut headers = std::mem::take(&mut request.headers);
-    let (mut hop_by_hop, mut te_trailers) = (false, false);
-    let (mut earlier_for, mut earlier_host, mut earlier_forwarded) = (false, false, false);
-    let mut earlier_proto = None;
-    // Other fields that tell an upstream who the client is: passed on from
-    // trusted proxies only.
-    let mut earlier_claims = false;
-    for (name, value) in &headers {
-        if name == FORWARDED {
-            earlier_forwarded = true;
-        } else if name == X_FORWARDED_FOR {
-            earlier_for = true;
-        } else if name == X_FORWARDED_HOST {
-            earlier_host = true;
-        } else if name == X_FORWARDED_PROTO {
-            earlier_proto = earlier_proto.or(Some(value));
-        } else if claims_client(name.as_str()) {
-            earlier_claims = true;
-        } else if is_hop_by_hop(name.as_str()) {
-            hop_by_hop = true;
-            te_trailers |= name == TE
-                && value
-                    .as_bytes()
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
-        }
-    }
+    // Destructured: the flags outlive the borrow of the map.
+    let Seen {
+        hop_by_hop,
+        te_trailers,
+        earlier_for,
+        earlier_host,
+        earlier_forwarded,
+        earlier_proto,
+        earlier_claims,
+    } = Seen::of(&headers);
     // A trusted proxy's account of the client is passed on; anyone else's
     // `X-Forwarded-*` is replaced by what floodgate saw itself.
     let forwarded_for = if earlier_for && peer.trusted {
@@ -112,24 +96,11 @@ pub(super) fn upstream_headers(
     if earlier_claims && !peer.trusted {
         strip_client_claims(&mut headers);
     }
-    // One hash for both: the client's `Host` out, the upstream's in (or
-    // the client's kept, with `preserve_host`).
     let authority = request
         .uri
         .authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-    let client_host = match headers.entry(HOST) {
-        Entry::Occupied(host) if upstream.preserve_host => Some(host.get().clone()),
-        Entry::Occupied(mut host) => Some(host.insert(upstream.host_header.clone())),
-        Entry::Vacant(host) => {
-            let value = match &authority {
-                Some(a) if upstream.preserve_host => a.clone(),
-                _ => upstream.host_header.clone(),
-            };
-            host.insert(value);
-            None
-        }
-    };
+    let client_host = upstream_host(&mut headers, upstream, authority.as_ref());
     let forwarding = upstream.forwarding;
     let seen_host = if forwarding.forwarded {
         authority.as_ref().or(client_host.as_ref()).cloned()
@@ -141,27 +112,11 @@ pub(super) fn upstream_headers(
     } else {
         authority.or(client_host)
     };
-    match forwarded_for {
-        Some(value) => {
-            headers.insert(&X_FORWARDED_FOR, value);
-        }
-        None if earlier_for => {
-            headers.remove(&X_FORWARDED_FOR);
-        }
-        None => {}
-    }
+    set_forwarding(&mut headers, &X_FORWARDED_FOR, forwarded_for, earlier_for);
     headers.insert(&X_FORWARDED_PROTO, forwarded_proto.clone());
-    match forwarded_host {
-        Some(value) => {
-            headers.insert(&X_FORWARDED_HOST, value);
-        }
-        // A trusted proxy's value stays.
-        None if earlier_host && peer.trusted => {}
-        None if earlier_host => {
-            headers.remove(&X_FORWARDED_HOST);
-        }
-        None => {}
-    }
+    // A trusted proxy's value stays.
+    let drop_host = earlier_host && !peer.trusted;
+    set_forwarding(&mut headers, &X_FORWARDED_HOST, forwarded_host, drop_host);
     // RFC 7239: a trusted proxy's elements stay and floodgate's is added
     // after them; an untrusted client's never reach the upstream.
     if earlier_forwarded && !peer.trusted {
@@ -183,6 +138,93 @@ pub(super) fn upstream_headers(
         headers.insert(CONNECTION, UPGRADE_OPTION.clone());
     }
     headers
+}
+
+/// What one look at a request's header fields finds: the forwarding
+/// fields already there, the client's other claims, and hop-by-hop
+/// fields (among them `TE: trailers`).
+#[derive(Default)]
+struct Seen<'h> {
+    hop_by_hop: bool,
+    te_trailers: bool,
+    earlier_for: bool,
+    earlier_host: bool,
+    earlier_forwarded: bool,
+    /// The first `X-Forwarded-Proto`.
+    earlier_proto: Option<&'h HeaderValue>,
+    /// Other fields that tell an upstream who the client is: passed on
+    /// from trusted proxies only.
+    earlier_claims: bool,
+}
+
+impl<'h> Seen<'h> {
+    /// Every field of `headers` looked at once.
+    fn of(headers: &'h HeaderMap) -> Self {
+        let mut seen = Self::default();
+        for (name, value) in headers {
+            if name == FORWARDED {
+                seen.earlier_forwarded = true;
+            } else if name == X_FORWARDED_FOR {
+                seen.earlier_for = true;
+            } else if name == X_FORWARDED_HOST {
+                seen.earlier_host = true;
+            } else if name == X_FORWARDED_PROTO {
+                seen.earlier_proto = seen.earlier_proto.or(Some(value));
+            } else if claims_client(name.as_str()) {
+                seen.earlier_claims = true;
+            } else if is_hop_by_hop(name.as_str()) {
+                seen.hop_by_hop = true;
+                seen.te_trailers |= name == TE
+                    && value
+                        .as_bytes()
+                        .split(|&b| b == b',')
+                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"));
+            }
+        }
+        seen
+    }
+}
+
+/// The forwarding field `name` set to floodgate's `value`; without one,
+/// the earlier value removed when `drop_earlier` says so.
+fn set_forwarding(
+    headers: &mut HeaderMap,
+    name: &HeaderName,
+    value: Option<HeaderValue>,
+    drop_earlier: bool,
+) {
+    match value {
+        Some(value) => {
+            headers.insert(name, value);
+        }
+        None if drop_earlier => {
+            headers.remove(name);
+        }
+        None => {}
+    }
+}
+
+/// The upstream's `Host` in `headers` (or the client's kept, with
+/// `preserve_host`; the request's `authority` where it sent none), with
+/// one hash for both the client's out and the upstream's in; the
+/// client's own `Host`, if it sent one.
+fn upstream_host(
+    headers: &mut HeaderMap,
+    upstream: &Endpoint,
+    authority: Option<&HeaderValue>,
+) -> Option<HeaderValue> {
+    match headers.entry(HOST) {
+        Entry::Occupied(host) if upstream.preserve_host => Some(host.get().clone()),
+        Entry::Occupied(mut host) => Some(host.insert(upstream.host_header.clone())),
+        Entry::Vacant(host) => {
+            let value = match authority {
+                Some(a) if upstream.preserve_host => a.clone(),
+                _ => upstream.host_header.clone(),
+            };
+            host.insert(value);
+            None
+        }
+    }
 }
 
 /// Floodgate's element of `Forwarded` (RFC 7239 §4): who connected, over
