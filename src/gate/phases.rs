@@ -18,10 +18,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::metering::{ClientBody, read_first};
+use super::metering::{self, ClientBody};
 use super::rules::Rules;
 use super::shared::Shared;
 use crate::concurrency::{Capacity, Per, Slot};
@@ -30,7 +30,6 @@ use crate::proxy::{Body, ClientSide, Peer};
 use crate::refusal::Refusal;
 use crate::response;
 use crate::routes::{Action, RequestFacts, Route, request_paths};
-use crate::usage::BodyRead;
 
 mod context;
 mod decide;
@@ -129,11 +128,21 @@ async fn answer<H: Send + 'static>(
         Some(capacity) => reserve(capacity, &found, &who).await?,
         None => None,
     };
-    let (body, read) =
-        match read_first_if_metered(cx.shared, &rules, &found, body, &mut head.headers) {
-            Reading::First(reading) => reading.await?,
-            Reading::Arrived(body) => (ClientBody::Arrived(body), None),
-        };
+    // Boxed, as the rare path: every request's future would carry it.
+    let (body, read) = match read_first(found.route) {
+        Some(usage) => {
+            let (forwarder, client_side) = (&cx.shared.forwarder, client_side(&rules, found.route));
+            Box::pin(metering::read_first(
+                forwarder,
+                client_side,
+                usage,
+                body,
+                &mut head.headers,
+            ))
+            .await?
+        }
+        None => (ClientBody::Arrived(body), None),
+    };
     // The memory store decides at once, without a future; the shared
     // store's is boxed, as the rare path for every request's future. (In a
     // block of its own: the identity is gone before forwarding.)
@@ -264,45 +273,23 @@ async fn reserve(
 
 // === read first ===
 
-/// A request's body before the decide phase: read first (up to its
-/// usage reservation) on a metered route that reserves from the body,
-/// else as it arrived.
-enum Reading<F> {
-    /// Reading, boxed as the rare path: every request's future would
-    /// carry it.
-    First(Pin<Box<F>>),
-    Arrived(Incoming),
+/// What a metered route's usage is read from first, when it is named in
+/// the request's body (its JSON reservation, or a stream asked to
+/// include its usage): the body is read before the decide phase.
+fn read_first(route: &Route) -> Option<&crate::usage::settings::Settings> {
+    route
+        .usage
+        .as_deref()
+        .filter(|u| u.reserve_json.is_some() || u.stream_include_usage)
 }
 
-/// The body read first where the route's usage is named in it (its JSON
-/// reservation, or a stream asked to include its usage); else `body` as
-/// it arrived.
-fn read_first_if_metered<'a>(
-    shared: &'a Shared,
-    rules: &Rules,
-    found: &Found<'_>,
-    body: Incoming,
-    headers: &'a mut HeaderMap,
-) -> Reading<impl Future<Output = Result<(ClientBody, Option<BodyRead>), Refusal>>> {
-    let route = found.route;
-    let Some(usage) = route
-        .usage
-        .as_ref()
-        .filter(|u| u.reserve_json.is_some() || u.stream_include_usage)
-    else {
-        return Reading::Arrived(body);
-    };
-    let client_side = ClientSide {
+/// The client side's limits of a request on `route`: the rules' timeouts,
+/// and the route's largest body.
+fn client_side(rules: &Rules, route: &Route) -> ClientSide {
+    ClientSide {
         max_body: route.max_request_body,
         ..rules.client_timeouts
-    };
-    Reading::First(Box::pin(read_first(
-        &shared.forwarder,
-        client_side,
-        usage,
-        body,
-        headers,
-    )))
+    }
 }
 
 // === impl Context ===

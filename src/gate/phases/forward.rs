@@ -14,8 +14,8 @@ use super::{Context, Found};
 use crate::concurrency::Slot;
 use crate::gate::metering::ClientBody;
 use crate::gate::rules::Rules;
+use crate::proxy::Body;
 use crate::proxy::request_body::RequestBody;
-use crate::proxy::{Body, ClientSide};
 use crate::refusal::Refusal;
 use crate::routes::{Route, Upstream};
 
@@ -104,10 +104,7 @@ impl Context<'_> {
             let slot = slot.cloned();
             move || (hold(), slot)
         };
-        let client_side = ClientSide {
-            max_body: found.route.max_request_body,
-            ..rules.client_timeouts
-        };
+        let client_side = super::client_side(rules, found.route);
         let body = match body {
             ClientBody::Arrived(body) => RequestBody::new(body, &client_side),
             ClientBody::Read(body, sent) => (body, sent),
