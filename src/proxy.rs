@@ -50,6 +50,14 @@ use request_body::{ClientBodyError, RequestBody, Sent};
 use response_body::{UpstreamBody, UpstreamBodyError};
 use settings::Endpoint;
 
+/// What an upgrade the client asked for needs when the upstream accepts
+/// it: the client's side, the upstream's sender, and the idle timeout.
+type Upgraded = (
+    Option<OnUpgrade>,
+    Option<hyper::client::conn::http1::SendRequest<RequestBody>>,
+    Duration,
+);
+
 /// The client side's limits of one forwarded exchange.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientSide {
@@ -122,17 +130,8 @@ impl Forwarder {
         let members = group.members();
         let mut chosen = group.pick(&members, None);
         let mut member = &*members[chosen];
-        let headers = upstream_headers(request, &member.endpoint, peer, upgrade);
-        let on_client_upgrade = if upgrade {
-            request.extensions.remove::<OnUpgrade>()
-        } else {
-            None
-        };
-        let mut head = Head {
-            method: request.method.clone(),
-            target: path_and_query,
-            headers,
-        };
+        let (mut head, on_client_upgrade) =
+            outgoing(request, &member.endpoint, peer, upgrade, path_and_query);
         // A small body is read whole before an upstream connection is
         // taken: a slow upload holds no upstream connection.
         if timeouts.buffer > 0
@@ -170,24 +169,22 @@ impl Forwarder {
                     }
                 };
             count_failure(group, member, &failure.error);
-            // Once more, to another endpoint when there is one; a request
-            // whose connection broke goes once more even to the same one.
+            // Once more (once), to another endpoint when there is one; a
+            // request whose connection broke goes once more even to the
+            // same one.
             let broke = matches!(failure.error, SendError::Failed(_)) && !failure.elsewhere_only;
             match failure.unsent {
                 Some(unsent) if tries == 0 && (members.len() > 1 || broke) => {
                     tries += 1;
-                    tracing::debug!(
-                        endpoint = %endpoint.target,
-                        error = %failure.error,
-                        "upstream endpoint failed before answering; sending the request once more"
-                    );
                     chosen = group.pick(&members, Some(chosen));
                     member = &*members[chosen];
                     (head, body) = *unsent;
-                    if !member.endpoint.preserve_host {
-                        head.headers
-                            .insert(HOST, member.endpoint.host_header.clone());
-                    }
+                    once_more(
+                        &failure.error,
+                        endpoint,
+                        &member.endpoint,
+                        &mut head.headers,
+                    );
                 }
                 _ => return Err(self.refusal(endpoint, timeout, failure.error)),
             }
@@ -205,22 +202,8 @@ impl Forwarder {
             ));
         };
         let endpoint = &member.endpoint;
-        let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        strip_hop_by_hop(response.headers_mut(), switched);
-        if endpoint.forwarding.via {
-            let entry = via(response.version()).clone();
-            response.headers_mut().append(VIA, entry);
-        }
-        if switched {
-            self.switch(
-                &mut response,
-                endpoint,
-                on_client_upgrade,
-                sender,
-                timeouts.upgraded,
-                hold,
-            )?;
-        }
+        let upgraded = (on_client_upgrade, sender, timeouts.upgraded);
+        self.answer_head(&mut response, endpoint, upgraded, hold)?;
         let body_timeouts = self.timeouts.counter(Phase::UpstreamBody).clone();
         let (parts, body) = response.into_parts();
         let mut body = UpstreamBody::new(body, endpoint.body_timeout, release, body_timeouts);
@@ -231,6 +214,29 @@ impl Forwarder {
         }
         let response = out.insert(Response::from_parts(parts, Body::streamed(body)));
         Ok((response, Arc::clone(&members[chosen])))
+    }
+
+    /// The upstream's answer head on its way back from `endpoint`:
+    /// hop-by-hop fields dropped, `Via` added where the upstream asks for
+    /// it, and a switch of protocols spliced with what `upgraded` holds
+    /// (the client's side, the upstream's sender, the idle timeout).
+    fn answer_head<H: Send + 'static>(
+        &self,
+        response: &mut Response<Incoming>,
+        endpoint: &Endpoint,
+        (on_client_upgrade, sender, idle): Upgraded,
+        hold: impl FnOnce() -> H,
+    ) -> Result<(), Refusal> {
+        let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        strip_hop_by_hop(response.headers_mut(), switched);
+        if endpoint.forwarding.via {
+            let entry = via(response.version()).clone();
+            response.headers_mut().append(VIA, entry);
+        }
+        if switched {
+            self.switch(response, endpoint, on_client_upgrade, sender, idle, hold)?;
+        }
+        Ok(())
     }
 
     /// An upstream's `101` for the client's upgrade: the answer says
@@ -426,6 +432,44 @@ async fn by_deadline<F: Future>(
             _ => return None,
         };
         deadline.reset(later);
+    }
+}
+
+/// The request's head as it goes to `endpoint` as `target` (its header
+/// map taken from `request`), and the client's side of the upgrade it
+/// asks for, if it does.
+fn outgoing(
+    request: &mut request::Parts,
+    endpoint: &Endpoint,
+    peer: &Peer,
+    upgrade: bool,
+    target: PathAndQuery,
+) -> (Head, Option<OnUpgrade>) {
+    let headers = upstream_headers(request, endpoint, peer, upgrade);
+    let on_client_upgrade = if upgrade {
+        request.extensions.remove::<OnUpgrade>()
+    } else {
+        None
+    };
+    let head = Head {
+        method: request.method.clone(),
+        target,
+        headers,
+    };
+    (head, on_client_upgrade)
+}
+
+/// A request that failed on `from` with `error` before any answer, going
+/// once more to `to`: logged, and with `to`'s `Host` unless `to` keeps the
+/// client's.
+fn once_more(error: &SendError, from: &Endpoint, to: &Endpoint, headers: &mut http::HeaderMap) {
+    tracing::debug!(
+        endpoint = %from.target,
+        %error,
+        "upstream endpoint failed before answering; sending the request once more"
+    );
+    if !to.preserve_host {
+        headers.insert(HOST, to.host_header.clone());
     }
 }
 
