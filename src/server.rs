@@ -20,9 +20,11 @@ use crate::proxy::Peer;
 use crate::refusal::Refusal;
 use crate::response;
 
+mod background;
 mod connection;
 mod write_idle;
 
+use background::Background;
 use connection::{Activity, Connections, Ended, Protocols, Socket, WriteTimeout};
 
 /// Largest request head accepted (request line and headers together); past it
@@ -128,26 +130,12 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let baseline = crate::reload::Baseline::of(&config);
     let shared = Arc::new(Shared::start(&config).await?);
-    let sweeper = tokio::spawn(sweep(Arc::clone(&shared)));
-    let recoverer = tokio::spawn(recover(Arc::clone(&shared)));
-    let lease_keeper = {
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move { shared.keep_leases().await })
-    };
-    let watcher = tokio::spawn(crate::reload::watch(
-        Arc::clone(&shared),
-        config.clone(),
-        reload,
-        baseline,
-    ));
-    let admin = listeners.admin.map(|listener| {
-        tokio::spawn(crate::admin::serve(
-            listener,
-            Arc::clone(&shared),
-            config.server.header_read_timeout,
-            config.server.admin_token_file.clone(),
-        ))
-    });
+    let Listeners {
+        proxy,
+        admin,
+        decisions: decision_listener,
+    } = listeners;
+    let background = Background::start(&shared, &config, reload, baseline, admin);
     let protocols = Arc::new(protocols(&config));
 
     let connections = Arc::new(Connections::default());
@@ -159,27 +147,13 @@ pub async fn run(
     // pauses and new connections wait in the listen backlog until one
     // closes.
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    // A stop first turns `/readyz` to 503 and keeps accepting for
-    // `drain_delay`, so that load balancers stop sending new connections
-    // before the listeners close.
-    let drain_delay = config.server.drain_delay;
-    let draining = Arc::clone(&shared);
     let (stopping, stopped) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        draining.start_draining();
-        if !drain_delay.is_zero() {
-            tracing::info!(
-                ?drain_delay,
-                "stopping: /readyz answers 503; still accepting until drain_delay passes"
-            );
-            tokio::time::sleep(drain_delay).await;
-        }
-        let _ = stopping.send(true);
-    };
-    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
-    };
+    let shutdown = drain_then_stop(
+        shutdown,
+        Arc::clone(&shared),
+        config.server.drain_delay,
+        stopping,
+    );
     let accepting = Accepting {
         slots: &slots,
         max_connections,
@@ -187,11 +161,6 @@ pub async fn run(
         connections: &connections,
         protocols: &protocols,
     };
-    let Listeners {
-        proxy,
-        decisions: decision_listener,
-        ..
-    } = listeners;
     let decisions = async {
         if let Some(listener) = decision_listener {
             accepting
@@ -204,13 +173,52 @@ pub async fn run(
         accepting.accept(proxy, Door::Proxy, until_stopped(stopped.clone())),
         decisions,
     );
+    let grace_over = finish_in_flight(&connections, &shared, config.server.shutdown_grace).await;
+    background.stop(&shared, grace_over).await;
+    Ok(())
+}
+
+/// Once `shutdown` completes: `/readyz` turns to 503 and accepting goes
+/// on for `drain_delay`, so that load balancers stop sending new
+/// connections before the listeners close; then `stopping` says stop.
+async fn drain_then_stop(
+    shutdown: impl Future<Output = ()>,
+    shared: Arc<Shared>,
+    drain_delay: Duration,
+    stopping: tokio::sync::watch::Sender<bool>,
+) {
+    shutdown.await;
+    shared.start_draining();
+    if !drain_delay.is_zero() {
+        tracing::info!(
+            ?drain_delay,
+            "stopping: /readyz answers 503; still accepting until drain_delay passes"
+        );
+        tokio::time::sleep(drain_delay).await;
+    }
+    let _ = stopping.send(true);
+}
+
+/// Completes once `stopped` says stop.
+async fn until_stopped(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// In-flight requests finished within `grace` (the connections told to
+/// close, and those left closed when it is over), then the usage
+/// settlements in flight within the same grace; when the grace is over.
+async fn finish_in_flight(
+    connections: &Connections,
+    shared: &Shared,
+    grace: Duration,
+) -> tokio::time::Instant {
     tracing::info!(
         connections = connections.count(),
-        grace = ?config.server.shutdown_grace,
+        ?grace,
         "shutting down: finishing in-flight requests"
     );
     connections.close_all();
-    let grace_over = tokio::time::Instant::now() + config.server.shutdown_grace;
+    let grace_over = tokio::time::Instant::now() + grace;
     tokio::select! {
         () = connections.all_closed() => tracing::info!("all connections closed"),
         () = tokio::time::sleep_until(grace_over) => {
@@ -233,27 +241,7 @@ pub async fn run(
             ),
         }
     }
-    // Slices of leased limits this instance holds go back to the store,
-    // for the other instances to spend (within the same grace).
-    lease_keeper.abort();
-    if tokio::time::timeout_at(
-        grace_over.max(tokio::time::Instant::now() + Duration::from_secs(1)),
-        shared.return_leases(),
-    )
-    .await
-    .is_err()
-    {
-        tracing::warn!(
-            "grace period over; slices of leased limits not given back stay counted until their windows end"
-        );
-    }
-    sweeper.abort();
-    recoverer.abort();
-    watcher.abort();
-    if let Some(admin) = admin {
-        admin.abort();
-    }
-    Ok(())
+    grace_over
 }
 
 /// hyper's HTTP/1 and HTTP/2 server settings, and the idle timeout that
@@ -556,30 +544,4 @@ async fn request_timeout(socket: Socket, metrics: &Metrics) {
         body.len()
     );
     socket.answer_and_close(answer.as_bytes()).await;
-}
-
-/// Evicts expired in-process state every second.
-async fn sweep(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        shared.sweep();
-    }
-}
-
-/// Checks a store that is considered down twice a second, so that it is
-/// used again as soon as it answers, with or without requests; and every
-/// 10 s (first at start) tells the other instances sharing it which rules
-/// this one counts by.
-async fn recover(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    for n in 0u64.. {
-        tick.tick().await;
-        shared.recover().await;
-        if n % 20 == 0 {
-            shared.announce_rules().await;
-        }
-    }
 }
