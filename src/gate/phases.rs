@@ -386,7 +386,8 @@ mod tests {
     /// The answer and the upstream's exchange each have a place of their
     /// own in it since, written once rather than moved out through every
     /// layer (4 264: 400 bytes more state, 420 instructions fewer a
-    /// request).
+    /// request). It measured 4 304 before the phases moved into files of
+    /// their own, and 4 296 after.
     #[test]
     fn a_request_future_stays_small() {
         const MOST: usize = 4_352;
