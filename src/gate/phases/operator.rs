@@ -10,7 +10,7 @@ use super::{Context, Found};
 use crate::gate::rules::Rules;
 use crate::gate::shared::Shared;
 pub use crate::limit::{Adjustment, Kept};
-use crate::limit::{Algorithm, Charge};
+use crate::limit::Charge;
 use crate::proxy::Peer;
 use crate::routes::{Policy, Route};
 
@@ -135,18 +135,18 @@ fn limit_named(op: &Operation, policy: &Policy) -> Result<Option<usize>, Operati
 }
 
 /// Whether the limits of `policy` meant (`which`, or all) can take a
-/// credit: a sliding log cannot.
+/// credit, as each one's algorithm says (a sliding log cannot).
 fn creditable(policy: &Policy, which: Option<usize>) -> Result<(), OperationError> {
-    let logs = policy
+    let refusing = policy
         .limits
         .iter()
         .enumerate()
-        .filter(|(i, l)| which.is_none_or(|w| w == *i) && l.algorithm == Algorithm::SlidingLog)
-        .count();
-    if logs > 0 {
-        return Err(OperationError::Invalid(
-            "a sliding_log keeps each unit at the time it was admitted and cannot be credited; reset it, or name another limit".to_owned(),
-        ));
+        .find(|(i, l)| which.is_none_or(|w| w == *i) && !l.algorithm.can_be_credited());
+    if let Some((_, limit)) = refusing {
+        return Err(OperationError::Invalid(format!(
+            "a {} keeps each unit at the time it was admitted and cannot be credited; reset it, or name another limit",
+            limit.algorithm.name()
+        )));
     }
     Ok(())
 }
@@ -177,7 +177,7 @@ pub async fn kept(
         )));
     };
     let counted = policy.limits[i];
-    if counted.algorithm != Algorithm::FixedWindow {
+    if !counted.algorithm.keeps_window_totals() {
         return Err(OperationError::Invalid(format!(
             "limit {limit:?} is a {}; totals per window are kept for fixed windows (by the calendar or not)",
             counted.algorithm.name()
