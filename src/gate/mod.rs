@@ -11,6 +11,8 @@
 //! - [`shared`]: [`Shared`], what every connection shares (the rules in
 //!   force, the limiter, the forwarder, metrics, the access log), built
 //!   from a configuration and reloaded in place;
+//! - `hooks`: the concurrency slot and the usage meter as hooks on an
+//!   answer's end, beside the access log's line (`response::Hooks`);
 //! - `denials`: denials in the log, one line per route and client per
 //!   interval with the count folded into it, and a bounded number a second;
 //! - [`metering`]: routes whose cost is what their upstream reports: the
@@ -19,6 +21,7 @@
 //!   them to operators.
 
 mod denials;
+mod hooks;
 pub mod metering;
 mod phases;
 pub mod rules;

@@ -13,6 +13,7 @@ use crate::gate::metering::Reservation;
 use crate::gate::shared::Shared;
 use crate::proxy::{Body, Peer};
 use crate::refusal::Refusal;
+use crate::response::{Hooks, Watcher};
 use crate::routes::Route;
 use crate::usage::Unreported;
 
@@ -86,9 +87,10 @@ impl Context<'_> {
         }
     }
 
-    /// The answer, watched so that its access log line is written once it
-    /// has gone out and its slot held until then; on a metered route whose
-    /// answer reports in its body, read for the report on the way.
+    /// The answer with its hooks: on a metered route whose answer reports
+    /// in its body, read for the report on the way (first, so the log line
+    /// has the units); the access log line written once it has gone out;
+    /// the slot held until then.
     pub(super) fn logged(mut self, mut response: Response<Body>) -> Response<Body> {
         let mut record = self.log.take();
         if let Some(r) = record.as_mut() {
@@ -108,7 +110,11 @@ impl Context<'_> {
                 response.status().as_u16(),
             )
         });
-        response.body_mut().watch(watcher(record, log, slot, meter));
+        response.body_mut().watch(Hooks::of([
+            meter.map(|m| m as Box<dyn Watcher>),
+            watcher(record, log),
+            slot.map(|s| Box::new(s) as Box<dyn Watcher>),
+        ]));
         response
     }
 }

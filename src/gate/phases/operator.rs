@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use super::{Context, Found};
 use crate::gate::rules::Rules;
 use crate::gate::shared::Shared;
-pub use crate::limit::{Adjustment, Kept};
 use crate::limit::Charge;
+pub use crate::limit::{Adjustment, Kept};
 use crate::proxy::Peer;
 use crate::routes::{Policy, Route};
 
