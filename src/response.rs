@@ -19,7 +19,7 @@ use crate::routes::{Policy, Route};
 
 mod body;
 
-pub use body::{Body, Hooks, Watcher};
+pub use body::{Body, Watcher};
 
 /// `RateLimit-Policy` header name.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -28,7 +28,7 @@ mod record;
 pub mod settings;
 mod writer;
 
-pub use logged::watcher;
+pub use logged::Line;
 pub use record::{Record, json_string};
 pub use settings::{FORMATS, Format, Settings, ShowId};
 use writer::{Sink, write_lines};

@@ -1,41 +1,82 @@
-//! The hooks an answer's end is told to, besides the access log's line
-//! (`access_log::watcher`): the request's concurrency slot and a usage
-//! meter. Each is a hook of its own on the answer's body
-//! (`response::Hooks`), none holding another; they are told here because
-//! gate is where the answer, its slot and its meter meet (the owners sit
-//! below `response` in the house and do not import it).
+//! What an answer's end is told to: each part that waits for the answer
+//! to go out is a field of [`AnswerEnd`], owned by gate, which is where the
+//! answer, its slot, its meter and its log line meet (their owners sit
+//! below `response` and do not know one another). A part that comes next
+//! is a field more; the answer still pays one box for all of them, and an
+//! answer with none of them nothing.
 
 use bytes::Bytes;
 use hyper::body::Frame;
 
+use crate::access_log::Line;
 use crate::concurrency::Slot;
 use crate::response::Watcher;
 use crate::usage::Meter;
 
-/// A concurrency slot is held until the answer is done with: given back
-/// when the body drops it, whatever it was told.
-impl Watcher for Slot {
-    fn sent(&mut self, _: &Frame<Bytes>) {}
-    fn ended(&mut self) {}
-    fn broke(&mut self) {}
-    fn left(&mut self) {}
+/// An answer's end hooks, told in order: the usage meter first (so the
+/// log line has the units), then the access log's line. Dropped in field
+/// order: the line (written by then), the slot (given back), the meter
+/// (which settles by itself if the body never ended: see `Meter`'s drop),
+/// as when the access log held all three.
+pub(super) struct AnswerEnd {
+    /// Written once the answer has gone out, or the client left.
+    line: Option<Line>,
+    /// The request's concurrency slot, held until the body is done with.
+    _slot: Option<Slot>,
+    /// Reads the answer for the units it reports, on a metered route.
+    meter: Option<Box<Meter>>,
 }
 
-/// A usage meter reads every frame of the answer for the units it
-/// reports. Dropped before the end, it settles as "the client left" by
-/// itself.
-impl Watcher for Meter {
+impl AnswerEnd {
+    /// The hooks for an answer; None when there is nothing to watch for.
+    pub(super) fn of(
+        meter: Option<Box<Meter>>,
+        line: Option<Line>,
+        slot: Option<Slot>,
+    ) -> Option<Box<dyn Watcher>> {
+        if meter.is_none() && line.is_none() && slot.is_none() {
+            return None;
+        }
+        Some(Box::new(Self {
+            line,
+            _slot: slot,
+            meter,
+        }))
+    }
+
+    fn write_line(&mut self, complete: bool) {
+        if let Some(line) = self.line.take() {
+            line.write(complete);
+        }
+    }
+}
+
+impl Watcher for AnswerEnd {
     fn sent(&mut self, frame: &Frame<Bytes>) {
-        self.frame(frame);
+        if let Some(line) = self.line.as_mut() {
+            line.sent(frame);
+        }
+        if let Some(meter) = self.meter.as_deref_mut() {
+            meter.frame(frame);
+        }
     }
 
     fn ended(&mut self) {
-        Meter::ended(self);
+        if let Some(meter) = self.meter.as_deref_mut() {
+            meter.ended();
+        }
+        self.write_line(true);
     }
 
     fn broke(&mut self) {
-        Meter::broke(self);
+        if let Some(meter) = self.meter.as_deref_mut() {
+            meter.broke();
+        }
+        self.write_line(false);
     }
 
-    fn left(&mut self) {}
+    fn left(&mut self) {
+        // The meter, dropped before the body's end, settles by itself.
+        self.write_line(false);
+    }
 }

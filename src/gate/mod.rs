@@ -11,8 +11,9 @@
 //! - [`shared`]: [`Shared`], what every connection shares (the rules in
 //!   force, the limiter, the forwarder, metrics, the access log), built
 //!   from a configuration and reloaded in place;
-//! - `hooks`: the concurrency slot and the usage meter as hooks on an
-//!   answer's end, beside the access log's line (`response::Hooks`);
+//! - `hooks`: what an answer's end is told to (a usage meter, the access
+//!   log's line, the concurrency slot held until then), each its owner's
+//!   part, held together by gate in one box;
 //! - `denials`: denials in the log, one line per route and client per
 //!   interval with the count folded into it, and a bounded number a second;
 //! - [`metering`]: routes whose cost is what their upstream reports: the

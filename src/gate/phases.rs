@@ -9,9 +9,9 @@
 //! `phases/context.rs` with the [`Context`] in which what the phases
 //! learn of the request travels. A phase that ends the request early
 //! returns the [`Refusal`] (or, for a denial, the 429) that answers it;
-//! every answer goes out with its hooks where it has any (a usage meter,
-//! the access log's line, the request's concurrency slot held until the
-//! answer is sent: each a hook of its own, see `gate::hooks`).
+//! every answer goes out with its end hooks where it has any (a usage
+//! meter, the access log's line, the request's concurrency slot held
+//! until the answer is sent; see `gate::hooks`).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,71 +1,24 @@
 //! The body of every answer floodgate sends, the upstream's streamed or
-//! floodgate's own whole, and the hooks that watch it go out.
+//! floodgate's own whole, and what watches it go out.
 
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 
 /// Body of every response floodgate sends: the upstream's (`U`, as the
 /// proxy streams it), or floodgate's own, whole; and, on the few answers
-/// that have any, the hooks that watch it go out (the access log's line,
-/// the request's concurrency slot, a usage meter). One type of floodgate's
-/// own for every answer: one poll and one end check a frame, the
-/// upstream's error as it is, and the hooks set in place, not by a wrapper
-/// that moves the answer again.
+/// that have one, what watches it go out (gate's hooks on an answer's end:
+/// a usage meter, the access log's line, the request's concurrency slot). One type of floodgate's own
+/// for every answer: one poll and one end check a frame, the upstream's
+/// error as it is, and the watcher set in place, not by a wrapper that
+/// moves the answer again.
 pub struct Body<U> {
     kind: Kind<U>,
-    /// None on most answers (no access log, no cap, not metered): every
-    /// frame polled straight through.
-    hooks: Hooks,
-    /// Seen at its end, or empty when the hooks were set: dropped then,
+    /// None on most answers (no access log, no cap, not metered): a null
+    /// pointer, and every frame polled straight through.
+    watcher: Option<Box<dyn Watcher>>,
+    /// Seen at its end, or empty when the watcher was set: dropped then,
     /// the answer went out whole.
     at_end: bool,
-}
-
-/// The hooks an answer's end is told to, in the order they were given:
-/// each part that waits for the answer (the access log's line, the
-/// request's concurrency slot, a usage meter, and whatever comes next) is
-/// a hook of its own, and none holds another. No hook costs nothing, one
-/// costs its own box, several one allocation more for the list.
-#[derive(Default)]
-pub struct Hooks(List);
-
-#[derive(Default)]
-enum List {
-    #[default]
-    None,
-    One(Box<dyn Watcher>),
-    Many(Box<[Box<dyn Watcher>]>),
-}
-
-impl Hooks {
-    /// The hooks of `each` that are there, told in this order.
-    pub fn of<const N: usize>(each: [Option<Box<dyn Watcher>>; N]) -> Self {
-        let there = each.iter().flatten().count();
-        let mut each = each.into_iter().flatten();
-        Self(match (there, each.next()) {
-            (_, None) => List::None,
-            (1, Some(one)) => List::One(one),
-            (_, Some(first)) => {
-                let mut all = Vec::with_capacity(there);
-                all.push(first);
-                all.extend(each);
-                List::Many(all.into_boxed_slice())
-            }
-        })
-    }
-
-    fn is_empty(&self) -> bool {
-        matches!(self.0, List::None)
-    }
-
-    /// Tells every hook, in order.
-    fn tell(&mut self, mut what: impl FnMut(&mut dyn Watcher)) {
-        match &mut self.0 {
-            List::None => {}
-            List::One(hook) => what(hook.as_mut()),
-            List::Many(hooks) => hooks.iter_mut().for_each(|h| what(h.as_mut())),
-        }
-    }
 }
 
 enum Kind<U> {
@@ -109,7 +62,7 @@ impl<U: std::fmt::Debug> std::fmt::Debug for Body<U> {
             Kind::Whole(bytes) => out.field("whole", bytes),
             Kind::Trailed(bytes, trailers) => out.field("whole", bytes).field("trailers", trailers),
         };
-        out.field("watched", &!self.hooks.is_empty()).finish()
+        out.field("watched", &self.watcher.is_some()).finish()
     }
 }
 
@@ -141,18 +94,18 @@ impl<U> Body<U> {
     fn of(kind: Kind<U>) -> Self {
         Self {
             kind,
-            hooks: Hooks::default(),
+            watcher: None,
             at_end: false,
         }
     }
 }
 
 impl<U: hyper::body::Body<Data = Bytes> + Unpin> Body<U> {
-    /// Has `hooks` watch this body go out.
-    pub fn watch(&mut self, hooks: Hooks) {
+    /// Has `watcher` (if any) watch this body go out.
+    pub fn watch(&mut self, watcher: Option<Box<dyn Watcher>>) {
         // An empty body may never be polled: dropped, it went out whole.
         self.at_end = self.kind.is_end_stream();
-        self.hooks = hooks;
+        self.watcher = watcher;
     }
 }
 
@@ -174,24 +127,24 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
                 None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
             }),
         };
-        if this.hooks.is_empty() {
+        let Some(watcher) = this.watcher.as_deref_mut() else {
             return polled;
-        }
+        };
         let ended = match &polled {
             Poll::Ready(Some(Ok(frame))) => {
-                this.hooks.tell(|h| h.sent(frame));
+                watcher.sent(frame);
                 this.kind.is_end_stream()
             }
             Poll::Ready(None) => true,
             Poll::Ready(Some(Err(_))) => {
-                this.hooks.tell(|h| h.broke());
+                watcher.broke();
                 false
             }
             Poll::Pending => false,
         };
         if ended {
             this.at_end = true;
-            this.hooks.tell(|h| h.ended());
+            watcher.ended();
         }
         polled
     }
@@ -212,10 +165,12 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
 
 impl<U> Drop for Body<U> {
     fn drop(&mut self) {
-        if self.at_end {
-            self.hooks.tell(|h| h.ended());
-        } else {
-            self.hooks.tell(|h| h.left());
+        if let Some(watcher) = self.watcher.as_deref_mut() {
+            if self.at_end {
+                watcher.ended();
+            } else {
+                watcher.left();
+            }
         }
     }
 }
@@ -228,8 +183,8 @@ mod tests {
 
     use http_body_util::BodyExt;
 
-    /// Writes down what it is told, under its name.
-    struct Notes(&'static str, Arc<Mutex<Vec<String>>>);
+    /// Writes down what it is told.
+    struct Notes(Arc<Mutex<Vec<String>>>);
 
     impl Watcher for Notes {
         fn sent(&mut self, frame: &Frame<Bytes>) {
@@ -249,11 +204,8 @@ mod tests {
 
     impl Notes {
         fn note(&self, what: String) {
-            if let Ok(mut notes) = self.1.lock() {
-                notes.push(match self.0 {
-                    "" => what,
-                    name => format!("{name} {what}"),
-                });
+            if let Ok(mut notes) = self.0.lock() {
+                notes.push(what);
             }
         }
     }
@@ -284,7 +236,7 @@ mod tests {
         F: AsyncFnOnce(&mut Body<U>),
     {
         let notes = Arc::new(Mutex::new(Vec::new()));
-        body.watch(Hooks::of([Some(Box::new(Notes("", Arc::clone(&notes))))]));
+        body.watch(Some(Box::new(Notes(Arc::clone(&notes)))));
         tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime for the test")
@@ -310,37 +262,5 @@ mod tests {
             while let Some(Ok(_)) = b.frame().await {}
         });
         assert_eq!(broke, ["sent 3", "broke", "left"]);
-    }
-    #[test]
-    fn every_hook_hears_the_answer_in_the_order_given_and_none_through_another() {
-        let notes = Arc::new(Mutex::new(Vec::new()));
-        let hook =
-            |name| -> Option<Box<dyn Watcher>> { Some(Box::new(Notes(name, Arc::clone(&notes)))) };
-        let mut body = Body::<http_body_util::Empty<Bytes>>::whole("hi");
-        body.watch(Hooks::of([hook("meter"), None, hook("line"), hook("slot")]));
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime for the test")
-            .block_on(async {
-                let _ = body.frame().await;
-            });
-        drop(body);
-        let heard = notes.lock().map(|n| n.clone()).unwrap_or_default();
-        assert_eq!(
-            heard,
-            [
-                "meter sent 2",
-                "line sent 2",
-                "slot sent 2",
-                "meter ended",
-                "line ended",
-                "slot ended",
-                "meter ended",
-                "line ended",
-                "slot ended",
-            ]
-        );
-        // No hook given: nothing to tell, and nothing allocated for it.
-        assert!(Hooks::of([None, None]).is_empty());
     }
 }

@@ -265,7 +265,7 @@ impl Tally {
 pub type OnReport = Box<dyn FnOnce(Result<u64, Unreported>) + Send + Sync>;
 
 /// Reads one metered answer for the units it reports, as the body goes
-/// out: the access log's watcher on the answer's body shows it every
+/// out: its hook on the answer's body (gate's `AnswerEnd`) shows it every
 /// frame, then the end. Its report goes to `done`
 /// once: the units when the body ended with them; why not when it ended
 /// without them, broke off, or was dropped before its end.

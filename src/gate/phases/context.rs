@@ -7,13 +7,13 @@
 
 use http::Response;
 
-use crate::access_log::{Record, watcher};
+use crate::access_log::{Line, Record};
 use crate::concurrency::Slot;
+use crate::gate::hooks::AnswerEnd;
 use crate::gate::metering::Reservation;
 use crate::gate::shared::Shared;
 use crate::proxy::{Body, Peer};
 use crate::refusal::Refusal;
-use crate::response::{Hooks, Watcher};
 use crate::routes::Route;
 use crate::usage::Unreported;
 
@@ -110,11 +110,8 @@ impl Context<'_> {
                 response.status().as_u16(),
             )
         });
-        response.body_mut().watch(Hooks::of([
-            meter.map(|m| m as Box<dyn Watcher>),
-            watcher(record, log),
-            slot.map(|s| Box::new(s) as Box<dyn Watcher>),
-        ]));
+        let hooks = AnswerEnd::of(meter, Line::of(record, log), slot);
+        response.body_mut().watch(hooks);
         response
     }
 }

@@ -14,7 +14,6 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: true,
     keeps_window_totals: true,
     follows_calendar: true,
-    counts_unit_milliseconds: false,
 };
 
 /// Whether `cost` units fit at `now` in the window the state counts.

@@ -45,9 +45,6 @@ pub struct Properties {
     /// Can count in windows by the calendar (`window = "month"`; see
     /// [`super::calendar`]).
     pub follows_calendar: bool,
-    /// Counts in unit-milliseconds (units × window), so limit × window
-    /// must stay exact in Lua's numbers (below 2^53).
-    pub counts_unit_milliseconds: bool,
 }
 
 impl Algorithm {
@@ -85,12 +82,6 @@ impl Algorithm {
     /// Can count by the calendar (see [`Properties::follows_calendar`]).
     pub const fn follows_calendar(self) -> bool {
         self.properties().follows_calendar
-    }
-
-    /// Counts in unit-milliseconds (see
-    /// [`Properties::counts_unit_milliseconds`]).
-    pub const fn counts_unit_milliseconds(self) -> bool {
-        self.properties().counts_unit_milliseconds
     }
 }
 
@@ -352,7 +343,7 @@ pub(super) mod tests {
     /// whole units.
     #[test]
     fn each_algorithm_says_what_it_is() {
-        use Algorithm::{FixedWindow, Gcra, SlidingLog, SlidingWindow, TokenBucket};
+        use Algorithm::{FixedWindow, Gcra, SlidingLog, TokenBucket};
         for a in ALL {
             let p = a.properties();
             assert_eq!(p.has_burst, matches!(a, TokenBucket | Gcra), "{a:?}");
@@ -360,11 +351,6 @@ pub(super) mod tests {
             assert_eq!(p.can_be_credited, a != SlidingLog, "{a:?}");
             assert_eq!(p.keeps_window_totals, a == FixedWindow, "{a:?}");
             assert_eq!(p.follows_calendar, a == FixedWindow, "{a:?}");
-            assert_eq!(
-                p.counts_unit_milliseconds,
-                matches!(a, SlidingWindow | TokenBucket | Gcra),
-                "{a:?}"
-            );
         }
     }
 

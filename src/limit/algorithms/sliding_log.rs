@@ -17,7 +17,6 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: false,
     keeps_window_totals: false,
     follows_calendar: false,
-    counts_unit_milliseconds: false,
 };
 
 /// Whether `cost` units fit at `now` in the trailing window; forgets the

@@ -13,7 +13,6 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: true,
     keeps_window_totals: false,
     follows_calendar: false,
-    counts_unit_milliseconds: true,
 };
 
 /// Whether `cost` tokens are in the bucket at `now`.
