@@ -18,8 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::algorithms::State;
 use super::shards::{Shards, Slot};
-use super::{Charge, Decision, Limit, Store, StoreError, Verdict};
-use crate::clock::now_ms;
+use super::{Charge, Decision, Limit, Verdict};
 use crate::metrics::TableMetrics;
 
 mod operations;
@@ -366,12 +365,6 @@ impl Entry {
             }
         }
         decision
-    }
-}
-
-impl Store for MemoryStore {
-    async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
-        Ok(self.decide_at(charge, now_ms()))
     }
 }
 

@@ -6,6 +6,7 @@
 //! [`redis`] runs their Lua twins atomically in Redis.
 
 pub mod algorithms;
+pub mod backend;
 pub mod breaker;
 pub mod calendar;
 pub mod deny_cache;
@@ -16,6 +17,7 @@ pub mod redis;
 pub mod settings;
 mod shards;
 
+pub use backend::Backend;
 pub use limiter::{Answer, Limiter};
 
 use std::sync::Arc;
@@ -437,16 +439,6 @@ pub enum StoreError {
     /// The message says what to change.
     #[error("the store refuses floodgate's settings: {0}")]
     Refused(String),
-}
-
-/// Something that counts limits.
-pub trait Store: Send + Sync {
-    /// Decides one request atomically: all limits allow and are consumed, or
-    /// none is.
-    fn decide(
-        &self,
-        charge: Charge<'_>,
-    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send;
 }
 
 #[cfg(test)]

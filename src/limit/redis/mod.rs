@@ -43,8 +43,9 @@
 //! (which slot a key lies in), [`redirections`] (a call to a cluster's
 //! primary, sent on where the cluster says), [`given_back`] (hearing of
 //! units given back, which ends remembered denials), [`operator`] (a
-//! client's counts read without consuming, or deleted) and [`export`]
-//! (every client's window of a limit, for export).
+//! client's counts read without consuming, or deleted), [`export`]
+//! (every client's window of a limit, for export) and [`backend`] (the
+//! store as the limiter's [`crate::limit::Backend`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -58,9 +59,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::deny_cache::GivenBack;
 use super::settings::{Endpoint, Tls};
-use super::{Charge, Decision, Store, StoreError};
+use super::{Charge, Decision, StoreError};
 
 mod agreement;
+mod backend;
 mod batch;
 mod cluster;
 mod code;
@@ -431,12 +433,6 @@ impl RedisStore {
 /// A cluster slot no primary is known for.
 fn no_primary() -> StoreError {
     StoreError::Backend("no Redis Cluster primary is known for this slot".to_owned())
-}
-
-impl Store for RedisStore {
-    async fn decide(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
-        self.decide_at(charge, None).await
-    }
 }
 
 impl Link {
