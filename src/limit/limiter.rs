@@ -7,6 +7,9 @@
 //! while the store cannot make it), [`spread`] (a decision over several
 //! cluster slots), [`leased`] (limits decided from leased slices) and
 //! [`operations`] (standing, adjustments and export).
+//!
+//! All of that is [`Shared`], over any [`Backend`]: the Redis store in the
+//! product, a fake in the tests.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
@@ -16,10 +19,10 @@ use super::leases::Leases;
 use super::memory::MemoryStore;
 use super::redis::RedisStore;
 use super::settings::{OnError, Store as StoreConfig};
-use super::{Charge, Decision, StoreError};
+use super::{Backend, Charge, Decision, StoreError};
 use crate::client::ClientId;
 use crate::clock::now_ms;
-use crate::metrics::{NodeLabel, StoreErrorKind, StoreKind, StoreMetrics};
+use crate::metrics::{StoreErrorKind, StoreKind, StoreMetrics};
 
 mod breakers;
 mod leased;
@@ -43,8 +46,8 @@ pub enum Limiter {
 /// (the one Redis, or each primary of a cluster) has its own circuit
 /// breaker, so a lost cluster node costs only the decisions for its slots.
 #[derive(Debug)]
-pub struct Shared {
-    store: RedisStore,
+pub struct Shared<B: Backend = RedisStore> {
+    store: B,
     on_error: OnError,
     /// Per-instance counting while Redis is unavailable (`on_error = "local"`).
     local: MemoryStore,
@@ -98,9 +101,9 @@ impl Limiter {
         max_entries: usize,
         metrics: StoreMetrics,
     ) -> Result<Self, StoreError> {
-        let [memory, local, denials] = metrics.tables.clone();
         let settings = match config {
             StoreConfig::Memory => {
+                let memory = metrics.tables[0].clone();
                 let store = MemoryStore::with_capacity(max_entries, memory);
                 return Ok(Self::Memory(Box::new((store, metrics))));
             }
@@ -139,20 +142,12 @@ impl Limiter {
                 );
             }
         }
-        let leases = Leases::new(max_entries, metrics.leases.clone());
-        Ok(Self::Redis(Box::new(Shared {
+        Ok(Self::Redis(Box::new(Shared::new(
             store,
-            on_error: settings.on_error,
-            local: MemoryStore::with_capacity(max_entries, local),
-            local_instances: settings.local_instances,
-            last_logged: AtomicU64::new(0),
+            (settings.on_error, settings.local_instances),
+            max_entries,
             metrics,
-            denials: DenyCache::with_capacity(max_entries, denials),
-            refused: std::sync::Mutex::new(None),
-            is_refused: std::sync::atomic::AtomicBool::new(false),
-            refusal_logged: AtomicU64::new(0),
-            leases,
-        })))
+        ))))
     }
 
     /// Connects to the store `config` names and gives it the decision
@@ -179,12 +174,7 @@ impl Limiter {
     pub async fn announce_rules(&self, digest: &str) -> Option<usize> {
         match self {
             Self::Memory(..) => None,
-            Self::Redis(shared) => shared
-                .store
-                .announce_rules(digest)
-                .await
-                .ok()
-                .map(|d| d.len()),
+            Self::Redis(shared) => shared.announce_rules(digest).await,
         }
     }
 
@@ -214,18 +204,7 @@ impl Limiter {
     pub async fn settle(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
         match self {
             Self::Memory(memory) => Ok(memory.0.decide_at(charge, now_ms())),
-            Self::Redis(shared) => {
-                let now = now_ms();
-                if charge.settle.is_some_and(|s| s.local) {
-                    return Ok(shared.decide_locally(charge, now));
-                }
-                let settled = shared.ask_store(charge, now).await;
-                if settled.is_ok() && charge.settle.is_some_and(|s| s.reserved > charge.cost) {
-                    // Units came back: a remembered denial may not hold.
-                    shared.denials.forget(charge.route, &remembered_as(&charge));
-                }
-                settled
-            }
+            Self::Redis(shared) => shared.settle(charge).await,
         }
     }
 
@@ -261,7 +240,7 @@ impl Limiter {
     pub fn ready(&self) -> bool {
         match self {
             Self::Memory(..) => true,
-            Self::Redis(shared) => shared.store.nodes().iter().any(|n| !n.breaker.is_open()),
+            Self::Redis(shared) => shared.ready(),
         }
     }
 
@@ -281,12 +260,7 @@ impl Limiter {
     pub fn nodes(&self) -> Vec<(String, bool, Option<u64>)> {
         match self {
             Self::Memory(..) => Vec::new(),
-            Self::Redis(shared) => shared
-                .store
-                .nodes()
-                .iter()
-                .map(|n| (n.addr.clone(), n.breaker.is_open(), n.breaker.changed_at()))
-                .collect(),
+            Self::Redis(shared) => shared.nodes(),
         }
     }
 
@@ -296,28 +270,15 @@ impl Limiter {
     pub fn degraded(&self) -> bool {
         match self {
             Self::Memory(..) => false,
-            Self::Redis(shared) => {
-                let nodes = shared.store.nodes();
-                let open = nodes.iter().filter(|n| n.breaker.is_open()).count();
-                open > 0 && open < nodes.len()
-            }
+            Self::Redis(shared) => shared.degraded(),
         }
     }
 
     /// Brings the per-node breaker gauges up to date: one series per node
     /// the store decides on now.
     pub fn refresh_gauges(&self) {
-        let Self::Redis(shared) = self else {
-            return;
-        };
-        let family = &shared.metrics.node_circuit_open;
-        family.clear();
-        for node in shared.store.nodes() {
-            family
-                .get_or_create(&NodeLabel {
-                    node: node.addr.clone(),
-                })
-                .set(i64::from(node.breaker.is_open()));
+        if let Self::Redis(shared) = self {
+            shared.refresh_gauges();
         }
     }
 
@@ -329,11 +290,7 @@ impl Limiter {
                 let (store, _) = &**memory;
                 store.sweep(now);
             }
-            Self::Redis(shared) => {
-                shared.local.sweep(now);
-                shared.denials.sweep(Instant::now());
-                shared.leases.refresh_gauges();
-            }
+            Self::Redis(shared) => shared.sweep(now),
         }
     }
 
@@ -406,7 +363,64 @@ fn in_memory(memory: &(MemoryStore, StoreMetrics), charge: Charge<'_>) -> Answer
     Answer::Decided(decision)
 }
 
-impl Shared {
+impl<B: Backend> Shared<B> {
+    /// The orchestration over `store`: what `on_error` says and how many
+    /// instances share the store (`local_instances`), with in-process
+    /// tables of at most `max_entries` entries.
+    fn new(
+        store: B,
+        (on_error, local_instances): (OnError, u64),
+        max_entries: usize,
+        metrics: StoreMetrics,
+    ) -> Self {
+        let [_, local, denials] = metrics.tables.clone();
+        Self {
+            store,
+            on_error,
+            local: MemoryStore::with_capacity(max_entries, local),
+            local_instances,
+            last_logged: AtomicU64::new(0),
+            leases: Leases::new(max_entries, metrics.leases.clone()),
+            metrics,
+            denials: DenyCache::with_capacity(max_entries, denials),
+            refused: std::sync::Mutex::new(None),
+            is_refused: std::sync::atomic::AtomicBool::new(false),
+            refusal_logged: AtomicU64::new(0),
+        }
+    }
+
+    /// Settles `charge` where it was decided (see [`Limiter::settle`]).
+    async fn settle(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
+        let now = now_ms();
+        if charge.settle.is_some_and(|s| s.local) {
+            return Ok(self.decide_locally(charge, now));
+        }
+        let settled = self.ask_store(charge, now).await;
+        if settled.is_ok() && charge.settle.is_some_and(|s| s.reserved > charge.cost) {
+            // Units came back: a remembered denial may not hold.
+            self.denials.forget(charge.route, &remembered_as(&charge));
+        }
+        settled
+    }
+
+    /// How many rules digests the instances sharing the store announced
+    /// lately, this one's `digest` announced (see
+    /// [`Limiter::announce_rules`]).
+    async fn announce_rules(&self, digest: &str) -> Option<usize> {
+        self.store
+            .announce_rules(digest)
+            .await
+            .ok()
+            .map(|d| d.len())
+    }
+
+    /// Evicts expired in-process state at `now` (ms).
+    fn sweep(&self, now: u64) {
+        self.local.sweep(now);
+        self.denials.sweep(Instant::now());
+        self.leases.refresh_gauges();
+    }
+
     async fn decide(&self, charge: Charge<'_>) -> Answer {
         if charge.limits.iter().any(|l| l.lease.is_some()) {
             return Box::pin(self.decide_leased(charge)).await;

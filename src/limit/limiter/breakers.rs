@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::{Limiter, Shared};
 use crate::clock::now_ms;
+use crate::limit::backend::StoreNode;
 use crate::limit::breaker::{Change, Pass, Probe};
-use crate::limit::redis::{Node, Target};
-use crate::limit::{Charge, Decision, StoreError};
+use crate::limit::{Backend, Charge, Decision, StoreError};
 use crate::metrics::NodeLabel;
 
 impl Limiter {
@@ -25,42 +25,87 @@ impl Limiter {
     /// table is also read again while any primary is considered down (or
     /// none is known), so decisions follow a promoted replica.
     pub async fn recover(&self) {
-        let Self::Redis(shared) = self else {
-            return;
-        };
-        let nodes = shared.store.nodes();
-        if nodes.is_empty() || nodes.iter().any(|n| n.breaker.is_open()) {
-            shared.store.refresh_slots();
-        }
-        for node in nodes {
-            if !node.breaker.is_open() {
-                continue;
-            }
-            let Pass::Probe(probe) = node.breaker.pass(now_ms()) else {
-                continue;
-            };
-            let result = shared.store.probe(&node).await;
-            shared.probed(&node, probe, result.as_ref().err());
+        if let Self::Redis(shared) = self {
+            shared.recover().await;
         }
     }
 }
 
-impl Shared {
+impl<B: Backend> Shared<B> {
+    /// Probes each node whose breaker is open and whose cooldown has
+    /// passed (see [`Limiter::recover`]).
+    pub(super) async fn recover(&self) {
+        let nodes = self.store.nodes();
+        if nodes.is_empty() || nodes.iter().any(|n| n.breaker().is_open()) {
+            self.store.refresh_nodes();
+        }
+        for node in nodes {
+            if !node.breaker().is_open() {
+                continue;
+            }
+            let Pass::Probe(probe) = node.breaker().pass(now_ms()) else {
+                continue;
+            };
+            let result = self.store.probe(&node).await;
+            self.probed(&node, probe, result.as_ref().err());
+        }
+    }
+
+    /// Whether any node's breaker is closed (see [`Limiter::ready`]).
+    pub(super) fn ready(&self) -> bool {
+        self.store.nodes().iter().any(|n| !n.breaker().is_open())
+    }
+
+    /// Each node's address, whether its breaker is open, and since when
+    /// (see [`Limiter::nodes`]).
+    pub(super) fn nodes(&self) -> Vec<(String, bool, Option<u64>)> {
+        self.store
+            .nodes()
+            .iter()
+            .map(|n| {
+                let breaker = n.breaker();
+                (n.addr().to_owned(), breaker.is_open(), breaker.changed_at())
+            })
+            .collect()
+    }
+
+    /// Whether some but not all nodes' breakers are open (see
+    /// [`Limiter::degraded`]).
+    pub(super) fn degraded(&self) -> bool {
+        let nodes = self.store.nodes();
+        let open = nodes.iter().filter(|n| n.breaker().is_open()).count();
+        open > 0 && open < nodes.len()
+    }
+
+    /// Brings the per-node breaker gauges up to date: one series per node
+    /// the store decides on now.
+    pub(super) fn refresh_gauges(&self) {
+        let family = &self.metrics.node_circuit_open;
+        family.clear();
+        for node in self.store.nodes() {
+            family
+                .get_or_create(&NodeLabel {
+                    node: node.addr().to_owned(),
+                })
+                .set(i64::from(node.breaker().is_open()));
+        }
+    }
+
     /// Asks the store at `target` if its node's breaker lets the decision
     /// through, and tells the breaker how it went.
     pub(super) async fn through_breaker(
         &self,
-        target: Target,
+        target: B::Target,
         charge: Charge<'_>,
         now: u64,
     ) -> Result<Decision, StoreError> {
-        let node = Arc::clone(&target.node);
-        match node.breaker.pass(now) {
+        let node = Arc::clone(B::node_of(&target));
+        match node.breaker().pass(now) {
             Pass::Closed => {
-                let result = self.store.decide_on(target, charge, None).await;
+                let result = self.store.decide_on(target, charge).await;
                 let change = match &result {
-                    Ok(_) => node.breaker.success(),
-                    Err(_) => node.breaker.failure(now_ms()),
+                    Ok(_) => node.breaker().success(),
+                    Err(_) => node.breaker().failure(now_ms()),
                 };
                 if change == Change::Opened {
                     self.store.reconnect_node(&node);
@@ -69,7 +114,7 @@ impl Shared {
                 result
             }
             Pass::Probe(probe) => {
-                let result = self.store.decide_on(target, charge, None).await;
+                let result = self.store.decide_on(target, charge).await;
                 self.probed(&node, probe, result.as_ref().err());
                 result
             }
@@ -81,7 +126,7 @@ impl Shared {
     /// failed probe, and the store's connections are retired (as when the
     /// breaker first opened): they may be ones Redis will never answer, and
     /// the next probe must not wait on them.
-    pub(super) fn probed(&self, node: &Node, probe: Probe<'_>, error: Option<&StoreError>) {
+    pub(super) fn probed(&self, node: &B::Node, probe: Probe<'_>, error: Option<&StoreError>) {
         let change = probe.finish(error.is_none(), now_ms());
         match error {
             Some(error) => {
@@ -95,18 +140,18 @@ impl Shared {
 
     /// Updates the gauges and logs one line when `node`'s breaker opened or
     /// closed.
-    pub(super) fn log_change(&self, node: &Node, change: Change, error: Option<&StoreError>) {
+    pub(super) fn log_change(&self, node: &B::Node, change: Change, error: Option<&StoreError>) {
         if change == Change::None {
             return;
         }
         let open = change == Change::Opened;
         let nodes = self.store.nodes();
-        let down = nodes.iter().all(|n| n.breaker.is_open());
+        let down = nodes.iter().all(|n| n.breaker().is_open());
         self.metrics.circuit_open.set(i64::from(down));
         self.metrics
             .node_circuit_open
             .get_or_create(&NodeLabel {
-                node: node.addr.clone(),
+                node: node.addr().to_owned(),
             })
             .set(i64::from(open));
         if !self.store.is_cluster() {
@@ -121,10 +166,10 @@ impl Shared {
             }
             return;
         }
-        let open_nodes = nodes.iter().filter(|n| n.breaker.is_open()).count();
+        let open_nodes = nodes.iter().filter(|n| n.breaker().is_open()).count();
         if open {
             tracing::warn!(
-                node = %node.addr,
+                node = %node.addr(),
                 error = %error.map_or_else(String::new, ToString::to_string),
                 on_error = %self.on_error,
                 nodes_down = open_nodes,
@@ -133,7 +178,7 @@ impl Shared {
             );
         } else {
             tracing::info!(
-                node = %node.addr,
+                node = %node.addr(),
                 nodes_down = open_nodes,
                 nodes = nodes.len(),
                 "Redis Cluster primary answers again; circuit closed"

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{Answer, Shared};
 use crate::clock::now_ms;
 use crate::limit::leases::{Key, Lease, Slice, Take};
-use crate::limit::{Charge, CountKey, Decision, Limit, Settlement, Verdict};
+use crate::limit::{Backend, Charge, CountKey, Decision, Limit, Settlement, Verdict};
 
 /// How often one request tries its lease before it is decided per request
 /// instead (a refill that keeps ending without a slice for it).
@@ -34,7 +34,7 @@ impl Drop for Refilling<'_> {
     }
 }
 
-impl Shared {
+impl<B: Backend> Shared<B> {
     /// Decides `charge`, a route with at least one leased limit.
     pub(super) async fn decide_leased(&self, charge: Charge<'_>) -> Answer {
         let mut taken: Vec<Taken> = Vec::new();

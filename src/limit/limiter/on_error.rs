@@ -8,13 +8,13 @@ use std::time::Instant;
 use super::{Answer, Shared};
 use crate::clock::now_ms;
 use crate::limit::settings::OnError;
-use crate::limit::{Charge, Decision, Limit, StoreError};
+use crate::limit::{Backend, Charge, Decision, Limit, StoreError};
 use crate::metrics::StoreKind;
 
 /// `Retry-After` for a 503 while the store is down.
 const STORE_RETRY_AFTER_MS: u64 = 1_000;
 
-impl Shared {
+impl<B: Backend> Shared<B> {
     /// The answer `on_error` gives `charge`, which the store could not
     /// decide for `error`.
     pub(super) fn fallback(&self, charge: Charge<'_>, error: &StoreError) -> Answer {

@@ -4,7 +4,8 @@
 
 use super::{Limiter, Shared, remembered_as};
 use crate::clock::now_ms;
-use crate::limit::{Charge, Limit, StoreError};
+use crate::limit::backend::StoreNode as _;
+use crate::limit::{Backend, Charge, Limit, StoreError};
 
 impl Limiter {
     /// What each of `charge`'s limits holds now, consuming nothing: for
@@ -107,13 +108,13 @@ impl Limiter {
     }
 }
 
-impl Shared {
+impl<B: Backend> Shared<B> {
     /// What each of `charge`'s limits holds in the store (see
     /// [`Limiter::standing`]).
     async fn standing(&self, charge: Charge<'_>) -> Result<Vec<crate::limit::Verdict>, StoreError> {
         let Some(parts) = self.store.parts(&charge) else {
             let target = self.store.target(&charge)?;
-            if target.node.breaker.is_open() {
+            if B::node_of(&target).breaker().is_open() {
                 return Err(StoreError::CircuitOpen);
             }
             return self.store.peek_on(target, charge).await;
@@ -121,7 +122,7 @@ impl Shared {
         let mut verdicts = vec![crate::limit::Verdict::default(); charge.limits.len()];
         for (positions, target) in parts {
             let target = target?;
-            if target.node.breaker.is_open() {
+            if B::node_of(&target).breaker().is_open() {
                 return Err(StoreError::CircuitOpen);
             }
             let limits: Vec<Limit> = positions.iter().map(|&i| charge.limits[i]).collect();

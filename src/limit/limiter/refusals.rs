@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 
 use super::Shared;
 use crate::clock::now_ms;
-use crate::limit::StoreError;
+use crate::limit::{Backend, StoreError};
 
-impl Shared {
+impl<B: Backend> Shared<B> {
     /// Why the store refuses floodgate's settings, while it does.
     pub(super) fn refusal(&self) -> Option<String> {
         if !self.is_refused.load(Ordering::Relaxed) {

@@ -15,21 +15,23 @@
 //! has none.
 
 use super::Shared;
-use crate::limit::redis::{Part as SlotPart, Target};
-use crate::limit::{Brief, Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict};
+use crate::limit::backend::Part as SlotPart;
+use crate::limit::{
+    Backend, Brief, Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict,
+};
 
 /// The limits of one slot: their positions in the charge, their own
 /// copies, for a charge of their own, and where they go (kept to give
 /// them back there).
-struct Part {
+struct Part<T> {
     positions: Vec<usize>,
     limits: Vec<Limit>,
     keys: Vec<CountKey>,
-    target: Target,
+    target: T,
 }
 
-impl Part {
-    fn of(charge: &Charge<'_>, positions: Vec<usize>, target: Target) -> Self {
+impl<T> Part<T> {
+    fn of(charge: &Charge<'_>, positions: Vec<usize>, target: T) -> Self {
         Self {
             limits: positions.iter().map(|&i| charge.limits[i]).collect(),
             keys: positions.iter().map(|&i| charge.keys[i].clone()).collect(),
@@ -47,17 +49,17 @@ impl Part {
     }
 }
 
-impl Shared {
+impl<B: Backend> Shared<B> {
     /// Decides (or settles) `charge` in `parts` (positions of its limits
     /// and where they go, one part per slot, in slot order; see
-    /// [`crate::limit::redis::RedisStore::parts`]).
+    /// [`Backend::parts`]).
     pub(super) async fn decide_spread(
         &self,
         charge: Charge<'_>,
-        parts: Vec<SlotPart>,
+        parts: Vec<SlotPart<B::Target>>,
         now: u64,
     ) -> Result<Decision, StoreError> {
-        let mut taken: Vec<(Part, Decision)> = Vec::with_capacity(parts.len());
+        let mut taken: Vec<(Part<B::Target>, Decision)> = Vec::with_capacity(parts.len());
         let mut failed = None;
         for (positions, target) in parts {
             let result = match target {
@@ -94,7 +96,12 @@ impl Shared {
     /// Settles the parts `taken` of a refused `charge` to nothing. A part
     /// that cannot be given back (its primary went away meanwhile) stays
     /// consumed: counted too much, never too little.
-    async fn give_back(&self, charge: &Charge<'_>, taken: &[(Part, Decision)], now: u64) {
+    async fn give_back(
+        &self,
+        charge: &Charge<'_>,
+        taken: &[(Part<B::Target>, Decision)],
+        now: u64,
+    ) {
         for (part, decision) in taken {
             let back = Charge {
                 cost: 0,
@@ -124,7 +131,7 @@ impl Shared {
 /// the most constrained limit (or the longest wait) by its position in the
 /// whole charge, and the most constrained of the other kind of `limits`
 /// (see [`Decision::combine_kinds`]), at the first part's time.
-fn combined(parts: &[(Part, Decision)], limits: &[Limit]) -> Decision {
+fn combined<T>(parts: &[(Part<T>, Decision)], limits: &[Limit]) -> Decision {
     let verdicts = parts.iter().map(|(_, d)| Verdict {
         allowed: d.allowed,
         remaining: d.remaining,
@@ -137,7 +144,7 @@ fn combined(parts: &[(Part, Decision)], limits: &[Limit]) -> Decision {
     }
     let per_request = |at: u16| limits.get(usize::from(at)).is_some_and(|l| l.per_request);
     let winner = limits.get(decision.limit).is_some_and(|l| l.per_request);
-    let global = |part: &Part, at: u16| {
+    let global = |part: &Part<T>, at: u16| {
         let at = part.positions.get(usize::from(at)).copied().unwrap_or(0);
         u16::try_from(at).unwrap_or(u16::MAX)
     };
