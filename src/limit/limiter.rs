@@ -30,6 +30,8 @@ mod on_error;
 mod operations;
 mod refusals;
 mod spread;
+#[cfg(test)]
+mod tests;
 
 const ONE_SECOND: std::time::Duration = std::time::Duration::from_secs(1);
 

@@ -1,0 +1,394 @@
+//! The orchestration over a fake store that answers as it is told:
+//! decides, fails as in an outage, refuses floodgate's settings, answers
+//! late, recovers. Each test pins what was decided, never how long it took.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{Answer, Shared};
+use crate::client::ClientId;
+use crate::limit::backend::{Part, StoreNode};
+use crate::limit::breaker::{Breaker, DEFAULT_THRESHOLD};
+use crate::limit::deny_cache::GivenBack;
+use crate::limit::settings::OnError;
+use crate::limit::{
+    Algorithm, Backend, Charge, Decision, Kept, Limit, Settlement, StoreError, Verdict,
+};
+use crate::metrics::Metrics;
+
+/// The fake store's deadline.
+const TIMEOUT: Duration = Duration::from_millis(100);
+/// A cooldown no test waits out: an open breaker stays open.
+const LONG: u64 = 3_600_000;
+
+/// What the fake store answers.
+#[derive(Debug, Clone)]
+enum Told {
+    Decide(Decision),
+    /// Cannot be reached.
+    Outage,
+    /// Answers, and refuses floodgate's password.
+    Refuse,
+    /// Allows after this long, if that is within its deadline.
+    Late(Duration),
+}
+
+#[derive(Debug)]
+struct FakeNode {
+    breaker: Breaker,
+}
+
+impl StoreNode for FakeNode {
+    fn addr(&self) -> &str {
+        "fake:6379"
+    }
+
+    fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+}
+
+/// One node; counts how often it was asked.
+#[derive(Debug)]
+struct Fake {
+    node: Arc<FakeNode>,
+    told: Mutex<Told>,
+    asked: AtomicUsize,
+    given_back: GivenBack,
+}
+
+impl Fake {
+    fn new(cooldown_ms: u64, told: Told) -> Self {
+        let given_back = GivenBack::default();
+        given_back.listening();
+        Self {
+            node: Arc::new(FakeNode {
+                breaker: Breaker::new(DEFAULT_THRESHOLD, cooldown_ms),
+            }),
+            told: Mutex::new(told),
+            asked: AtomicUsize::new(0),
+            given_back,
+        }
+    }
+
+    fn tell(&self, told: Told) {
+        *self.told.lock().unwrap() = told;
+    }
+
+    fn asked(&self) -> usize {
+        self.asked.load(Ordering::SeqCst)
+    }
+
+    async fn answer(&self) -> Result<Decision, StoreError> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let told = self.told.lock().unwrap().clone();
+        match told {
+            Told::Decide(decision) => Ok(decision),
+            Told::Outage => Err(StoreError::Backend("connection refused".to_owned())),
+            Told::Refuse => Err(StoreError::Refused(
+                "WRONGPASS: set the password".to_owned(),
+            )),
+            Told::Late(by) => {
+                tokio::time::timeout(TIMEOUT, tokio::time::sleep(by))
+                    .await
+                    .map_err(|_| StoreError::Timeout(TIMEOUT))?;
+                Ok(allowed())
+            }
+        }
+    }
+}
+
+impl Backend for Fake {
+    type Node = FakeNode;
+    type Target = Arc<FakeNode>;
+
+    fn nodes(&self) -> Vec<Arc<FakeNode>> {
+        vec![Arc::clone(&self.node)]
+    }
+
+    fn node_of(target: &Arc<FakeNode>) -> &Arc<FakeNode> {
+        target
+    }
+
+    fn is_cluster(&self) -> bool {
+        false
+    }
+
+    fn refresh_nodes(&self) {}
+
+    fn target(&self, _: &Charge<'_>) -> Result<Arc<FakeNode>, StoreError> {
+        Ok(Arc::clone(&self.node))
+    }
+
+    fn parts(&self, _: &Charge<'_>) -> Option<Vec<Part<Arc<FakeNode>>>> {
+        None
+    }
+
+    async fn decide_on(&self, _: Arc<FakeNode>, _: Charge<'_>) -> Result<Decision, StoreError> {
+        self.answer().await
+    }
+
+    async fn peek_on(&self, _: Arc<FakeNode>, _: Charge<'_>) -> Result<Vec<Verdict>, StoreError> {
+        self.answer().await.map(|_| Vec::new())
+    }
+
+    async fn reset(&self, _: &Charge<'_>, _: Option<usize>) -> Result<(), StoreError> {
+        self.answer().await.map(|_| ())
+    }
+
+    async fn kept(&self, _: &str, _: usize, _: &Limit, _: u64) -> Result<Vec<Kept>, StoreError> {
+        self.answer().await.map(|_| Vec::new())
+    }
+
+    async fn announce_rules(&self, digest: &str) -> Result<Vec<String>, StoreError> {
+        self.answer().await.map(|_| vec![digest.to_owned()])
+    }
+
+    async fn probe(&self, _: &FakeNode) -> Result<(), StoreError> {
+        self.answer().await.map(|_| ())
+    }
+
+    fn reconnect_node(&self, _: &FakeNode) {}
+
+    fn timeout(&self) -> Duration {
+        TIMEOUT
+    }
+
+    fn given_back(&self) -> &GivenBack {
+        &self.given_back
+    }
+
+    fn tag_buckets(&self, charge: &Charge<'_>) -> Box<[u16]> {
+        Box::new([GivenBack::bucket(charge.route.as_bytes())])
+    }
+}
+
+fn allowed() -> Decision {
+    Decision {
+        allowed: true,
+        remaining: 5,
+        ..Decision::default()
+    }
+}
+
+fn denied() -> Decision {
+    Decision {
+        allowed: false,
+        retry_after_ms: 60_000,
+        next_ms: 60_000,
+        ..Decision::default()
+    }
+}
+
+fn shared(on_error: OnError, fake: Fake) -> Shared<Fake> {
+    Shared::new(fake, (on_error, 1), 64, Metrics::new().store())
+}
+
+/// Six requests a minute, for client `a` on route `api`.
+struct Request {
+    route: Arc<str>,
+    client: ClientId,
+    limits: [Limit; 1],
+}
+
+impl Request {
+    fn new() -> Self {
+        Self {
+            route: "api".into(),
+            client: ClientId::header("a"),
+            limits: [Limit::new(Algorithm::FixedWindow, 6, 60_000)],
+        }
+    }
+
+    fn charge(&self) -> Charge<'_> {
+        Charge {
+            route: &self.route,
+            client: &self.client,
+            limits: &self.limits,
+            keys: &[],
+            cost: 1,
+            settle: None,
+        }
+    }
+}
+
+/// The answers to `n` requests while the store is down, with `on_error`.
+async fn answers_in_an_outage(on_error: OnError, n: usize) -> (Vec<Answer>, Shared<Fake>) {
+    let shared = shared(on_error, Fake::new(LONG, Told::Outage));
+    let request = Request::new();
+    let mut answers = Vec::new();
+    for _ in 0..n {
+        answers.push(shared.decide(request.charge()).await);
+    }
+    (answers, shared)
+}
+
+const THRESHOLD: usize = DEFAULT_THRESHOLD as usize;
+
+#[tokio::test]
+async fn an_outage_with_on_error_allow_lets_requests_through_and_opens_the_breaker() {
+    let (answers, shared) = answers_in_an_outage(OnError::Allow, THRESHOLD + 3).await;
+    let through = Answer::Unavailable {
+        deny: false,
+        retry_after_ms: 0,
+    };
+    assert!(answers.iter().all(|a| *a == through), "{answers:?}");
+    assert_eq!(shared.store.asked(), THRESHOLD, "not asked once open");
+    assert!(!shared.ready());
+    assert_eq!(shared.refusal(), None, "an outage is no refusal");
+}
+
+#[tokio::test]
+async fn an_outage_with_on_error_deny_refuses_requests_and_opens_the_breaker() {
+    let (answers, shared) = answers_in_an_outage(OnError::Deny, THRESHOLD + 3).await;
+    let refused = Answer::Unavailable {
+        deny: true,
+        retry_after_ms: 1_000,
+    };
+    assert!(answers.iter().all(|a| *a == refused), "{answers:?}");
+    assert_eq!(shared.store.asked(), THRESHOLD, "not asked once open");
+    assert!(!shared.ready());
+}
+
+#[tokio::test]
+async fn an_outage_with_on_error_local_counts_in_memory_and_opens_the_breaker() {
+    let (answers, shared) = answers_in_an_outage(OnError::Local, 7).await;
+    let decided: Vec<(bool, bool)> = answers
+        .iter()
+        .map(|a| match a {
+            Answer::Decided(d) => (d.allowed, d.local),
+            Answer::Unavailable { .. } => panic!("on_error = local decides: {a:?}"),
+        })
+        .collect();
+    // Six a minute, counted here: the seventh is refused, by this instance.
+    assert_eq!(
+        decided,
+        [[(true, true)].repeat(6), vec![(false, true)]].concat()
+    );
+    assert_eq!(shared.store.asked(), THRESHOLD, "not asked once open");
+    assert!(!shared.ready());
+}
+
+#[tokio::test]
+async fn a_refusal_is_reported_as_a_refusal_not_an_outage() {
+    let shared = shared(OnError::Deny, Fake::new(LONG, Told::Refuse));
+    let request = Request::new();
+    let answer = shared.decide(request.charge()).await;
+    assert_eq!(
+        answer,
+        Answer::Unavailable {
+            deny: true,
+            retry_after_ms: 1_000
+        }
+    );
+    let why = shared.refusal().expect("the refusal is remembered");
+    assert!(why.contains("WRONGPASS"), "{why}");
+    // Fixed on the server: the next answer ends it.
+    shared.store.tell(Told::Decide(allowed()));
+    assert_eq!(
+        shared.decide(request.charge()).await,
+        Answer::Decided(allowed())
+    );
+    assert_eq!(shared.refusal(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_node_past_its_deadline_counts_as_a_failure() {
+    let shared = shared(OnError::Deny, Fake::new(LONG, Told::Late(TIMEOUT / 2)));
+    let request = Request::new();
+    // Within its deadline: decided.
+    assert_eq!(
+        shared.decide(request.charge()).await,
+        Answer::Decided(allowed())
+    );
+    shared.store.tell(Told::Late(TIMEOUT * 10));
+    for _ in 0..THRESHOLD + 2 {
+        let answer = shared.decide(request.charge()).await;
+        assert!(
+            matches!(answer, Answer::Unavailable { deny: true, .. }),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(shared.store.asked(), 1 + THRESHOLD, "not asked once open");
+    assert!(!shared.ready());
+    assert_eq!(shared.refusal(), None);
+}
+
+#[tokio::test]
+async fn recovery_closes_the_breaker_and_decisions_go_to_the_store_again() {
+    // No cooldown: once open, each decision is the breaker's probe.
+    let shared = shared(OnError::Deny, Fake::new(0, Told::Outage));
+    let request = Request::new();
+    for _ in 0..THRESHOLD {
+        shared.decide(request.charge()).await;
+    }
+    assert!(!shared.ready());
+    // A failed probe leaves it open.
+    assert!(matches!(
+        shared.decide(request.charge()).await,
+        Answer::Unavailable { deny: true, .. }
+    ));
+    assert!(!shared.ready());
+    shared.store.tell(Told::Decide(allowed()));
+    assert_eq!(
+        shared.decide(request.charge()).await,
+        Answer::Decided(allowed())
+    );
+    assert!(shared.ready());
+    let asked = shared.store.asked();
+    assert_eq!(
+        shared.decide(request.charge()).await,
+        Answer::Decided(allowed())
+    );
+    assert_eq!(shared.store.asked(), asked + 1);
+}
+
+#[tokio::test]
+async fn the_recovery_probe_closes_the_breaker_without_a_request() {
+    let shared = shared(OnError::Deny, Fake::new(0, Told::Outage));
+    let request = Request::new();
+    for _ in 0..THRESHOLD {
+        shared.decide(request.charge()).await;
+    }
+    shared.recover().await;
+    assert!(!shared.ready(), "the store is still down");
+    shared.store.tell(Told::Decide(allowed()));
+    shared.recover().await;
+    assert!(shared.ready());
+    assert_eq!(
+        shared.decide(request.charge()).await,
+        Answer::Decided(allowed())
+    );
+}
+
+#[tokio::test]
+async fn a_remembered_denial_answers_without_asking_the_store_until_units_come_back() {
+    let shared = shared(OnError::Allow, Fake::new(LONG, Told::Decide(denied())));
+    let request = Request::new();
+    let refused = |answer: Answer| matches!(answer, Answer::Decided(d) if !d.allowed);
+    assert!(refused(shared.decide(request.charge()).await));
+    assert!(refused(shared.decide(request.charge()).await));
+    assert_eq!(shared.store.asked(), 1, "the second is remembered");
+    // Another instance's settlement gave units back to the key.
+    shared.store.given_back.note(request.route.as_bytes());
+    assert!(refused(shared.decide(request.charge()).await));
+    assert_eq!(shared.store.asked(), 2);
+    assert!(refused(shared.decide(request.charge()).await));
+    assert_eq!(shared.store.asked(), 2, "remembered again");
+    // This instance's own settlement gives units back.
+    let settlement = Charge {
+        cost: 0,
+        settle: Some(Settlement {
+            at_ms: 0,
+            reserved: 1,
+            local: false,
+            grant: false,
+        }),
+        ..request.charge()
+    };
+    assert!(shared.settle(settlement).await.is_ok());
+    assert_eq!(shared.store.asked(), 3);
+    assert!(refused(shared.decide(request.charge()).await));
+    assert_eq!(shared.store.asked(), 4, "asked again");
+}
