@@ -16,7 +16,7 @@ use crate::limit::{Charge, StoreError};
 /// Part of a decision whose keys lie in several cluster slots: the
 /// positions of its limits in the charge, and where they go (or why no
 /// primary is known for their slot).
-pub type Part = (Vec<usize>, Result<Target, StoreError>);
+pub type Part = crate::limit::backend::Part<Target>;
 
 /// Where one decision goes: its keys' hash tag and the node holding them.
 #[derive(Debug, Clone)]
