@@ -60,7 +60,7 @@ mod validator;
 use upstreams::{Defaults, UpstreamModel};
 
 pub use crate::limit::settings::{
-    DEFAULT_MAX_CLIENT_ENTRIES, Endpoint, OnError, RedisStore, Store, Tls,
+    DEFAULT_MAX_CLIENT_ENTRIES, Endpoint, OnError, RedisSettings, Store, Tls,
 };
 pub use durations::{parse_duration, parse_size};
 use limits::LimitModel;

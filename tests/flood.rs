@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::client::ClientId;
-use floodgate::config::{Endpoint, OnError, RedisStore, Store};
+use floodgate::config::{Endpoint, OnError, RedisSettings, Store};
 use floodgate::limit::{Algorithm, Answer, Charge, Limit, Limiter};
 use floodgate::metrics::Metrics;
 use support::config::{Config, Route};
@@ -66,7 +66,7 @@ async fn a_flooding_client_costs_one_redis_call_per_retry_after_period() {
 }
 
 fn limiter_config(redis: &TestRedis, prefix: &str) -> Store {
-    Store::Redis(RedisStore {
+    Store::Redis(RedisSettings {
         endpoint: Endpoint::Single(redis.url.clone()),
         key_prefix: prefix.to_owned(),
         timeout: Duration::from_secs(1),

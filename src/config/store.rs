@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use super::{
-    DEFAULT_STORE_TIMEOUT, Endpoint, OnError, RedisStore, Store, Tls, Validator, valid_name,
+    DEFAULT_STORE_TIMEOUT, Endpoint, OnError, RedisSettings, Store, Tls, Validator, valid_name,
 };
 use crate::limit::settings::IdSecret;
 
@@ -69,7 +69,7 @@ impl Validator<'_> {
                 }
                 password?;
                 let id_secret = self.id_secret(m);
-                Some(Store::Redis(RedisStore {
+                Some(Store::Redis(RedisSettings {
                     id_secret: id_secret?,
                     endpoint: endpoint?,
                     key_prefix: key_prefix?,

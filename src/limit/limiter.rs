@@ -339,7 +339,7 @@ fn remembered_as<'c>(charge: &Charge<'c>) -> std::borrow::Cow<'c, ClientId> {
 /// The Redis store `settings` describe, counting its calls in `calls` and
 /// noting units given back in `given_back`; connects lazily.
 fn redis_store(
-    settings: &super::settings::RedisStore,
+    settings: &super::settings::RedisSettings,
     calls: prometheus_client::metrics::counter::Counter,
     given_back: GivenBack,
 ) -> Result<RedisStore, StoreError> {

@@ -14,7 +14,7 @@ pub enum Store {
     /// In-process counting: exact for one instance.
     Memory,
     /// One Redis, or one Redis Cluster, shared by every instance.
-    Redis(RedisStore),
+    Redis(RedisSettings),
 }
 
 /// Where the Redis store is.
@@ -33,9 +33,11 @@ pub enum Endpoint {
     },
 }
 
-/// Settings of a Redis-backed store.
+/// `[store]` with a Redis backend (`redis`, `redis_cluster`,
+/// `redis_sentinel`): the settings the Redis store
+/// (`limit::redis::RedisStore`) and the limiter over it are built from.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct RedisStore {
+pub struct RedisSettings {
     /// Where Redis is (URLs may hold passwords: never logged).
     pub endpoint: Endpoint,
     /// Prefix of every key floodgate writes.
