@@ -65,7 +65,7 @@ pub use crate::limit::settings::{
 pub use durations::{parse_duration, parse_size};
 use limits::LimitModel;
 pub use plans::{PlanTableFile, load_plan_table};
-pub use probe::{Listeners, listeners};
+pub use probe::{ListenAddresses, listen_addresses};
 pub use problems::{LoadError, Problem};
 use routes::{RouteModel, valid_name};
 use server::ServerModel;
@@ -140,15 +140,15 @@ impl Overrides {
         config
     }
 
-    /// `listeners` with these addresses in place of the file's.
-    pub fn apply_to(self, mut listeners: Listeners) -> Listeners {
+    /// `addresses` with these in place of the file's.
+    pub fn apply_to(self, mut addresses: ListenAddresses) -> ListenAddresses {
         if let Some(listen) = self.listen {
-            listeners.listen = listen;
+            addresses.listen = listen;
         }
         if let Some(admin) = self.admin_listen {
-            listeners.admin_listen = Some(admin);
+            addresses.admin_listen = Some(admin);
         }
-        listeners
+        addresses
     }
 }
 

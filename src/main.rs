@@ -277,17 +277,17 @@ fn probe(url: &str) -> ExitCode {
 /// admin listener. An unspecified address (`0.0.0.0`, `[::]`) is probed on
 /// loopback.
 fn probe_configured(path: &std::path::Path, overrides: floodgate::config::Overrides) -> ExitCode {
-    let listeners = match floodgate::config::listeners(path) {
-        Ok(listeners) => overrides.apply_to(listeners),
+    let addresses = match floodgate::config::listen_addresses(path) {
+        Ok(addresses) => overrides.apply_to(addresses),
         Err(problem) => {
             eprintln!("cannot tell where to probe: {problem}");
             return ExitCode::FAILURE;
         }
     };
-    if let Some(admin) = listeners.admin_listen {
+    if let Some(admin) = addresses.admin_listen {
         return probe(&format!("http://{}/healthz", reachable(admin)));
     }
-    let address = reachable(listeners.listen);
+    let address = reachable(addresses.listen);
     let connected = std::net::TcpStream::connect_timeout(&address, PROBE_TIMEOUT);
     match connected {
         Ok(_) => ExitCode::SUCCESS,

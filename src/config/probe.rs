@@ -7,12 +7,17 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-/// Where a configuration file says floodgate listens: the proxy listener,
-/// the admin listener if any, and whether the proxy listener speaks TLS.
+/// Where a configuration file says floodgate listens, as `--probe` reads
+/// it: the proxy listener's address, the admin listener's if any, and
+/// whether the proxy listener speaks TLS. Addresses only; the bound
+/// sockets are `server::Listeners`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listeners {
+pub struct ListenAddresses {
+    /// `[server] listen`: the proxy listener.
     pub listen: SocketAddr,
+    /// `[server] admin_listen`: the admin listener, if any.
     pub admin_listen: Option<SocketAddr>,
+    /// Whether `[server] tls` is set: the proxy listener speaks TLS.
     pub tls: bool,
 }
 
@@ -22,7 +27,7 @@ pub struct Listeners {
 /// probed by the addresses the running process took at its start (a listener
 /// change needs a restart), so the health check follows the process, not
 /// the next reload.
-pub fn listeners(path: &Path) -> Result<Listeners, String> {
+pub fn listen_addresses(path: &Path) -> Result<ListenAddresses, String> {
     #[derive(Deserialize)]
     struct File {
         server: Server,
@@ -52,7 +57,7 @@ pub fn listeners(path: &Path) -> Result<Listeners, String> {
             )
         })
     };
-    Ok(Listeners {
+    Ok(ListenAddresses {
         listen: address(&file.server.listen, "listen")?,
         admin_listen: match &file.server.admin_listen {
             Some(a) => Some(address(a, "admin_listen")?),
