@@ -8,7 +8,7 @@
 //! cluster slots), [`leased`] (limits decided from leased slices) and
 //! [`operations`] (standing, adjustments and export).
 //!
-//! All of that is [`Shared`], over any [`Backend`]: the Redis store in the
+//! All of that is [`Guarded`], over any [`Backend`]: the Redis store in the
 //! product, a fake in the tests.
 
 use std::sync::atomic::AtomicU64;
@@ -41,14 +41,16 @@ pub enum Limiter {
     /// In-process counting.
     Memory(Box<(MemoryStore, StoreMetrics)>),
     /// Shared counting in Redis, behind a circuit breaker.
-    Redis(Box<Shared>),
+    Redis(Box<Guarded>),
 }
 
-/// A shared store and what to do when it cannot answer. Each of its nodes
-/// (the one Redis, or each primary of a cluster) has its own circuit
-/// breaker, so a lost cluster node costs only the decisions for its slots.
+/// A store shared by every instance, guarded: the circuit breakers, the
+/// remembered denials, the `on_error` fallback and the leased slices
+/// around its [`Backend`]. Each of its nodes (the one Redis, or each
+/// primary of a cluster) has its own circuit breaker, so a lost cluster
+/// node costs only the decisions for its slots.
 #[derive(Debug)]
-pub struct Shared<B: Backend = RedisStore> {
+pub struct Guarded<B: Backend = RedisStore> {
     store: B,
     on_error: OnError,
     /// Per-instance counting while Redis is unavailable (`on_error = "local"`).
@@ -144,7 +146,7 @@ impl Limiter {
                 );
             }
         }
-        Ok(Self::Redis(Box::new(Shared::new(
+        Ok(Self::Redis(Box::new(Guarded::new(
             store,
             (settings.on_error, settings.local_instances),
             max_entries,
@@ -176,7 +178,7 @@ impl Limiter {
     pub async fn announce_rules(&self, digest: &str) -> Option<usize> {
         match self {
             Self::Memory(..) => None,
-            Self::Redis(shared) => shared.announce_rules(digest).await,
+            Self::Redis(guarded) => guarded.announce_rules(digest).await,
         }
     }
 
@@ -184,7 +186,7 @@ impl Limiter {
     pub async fn decide(&self, charge: Charge<'_>) -> Answer {
         match self {
             Self::Memory(memory) => in_memory(memory, charge),
-            Self::Redis(shared) => shared.decide(charge).await,
+            Self::Redis(guarded) => guarded.decide(charge).await,
         }
     }
 
@@ -206,7 +208,7 @@ impl Limiter {
     pub async fn settle(&self, charge: Charge<'_>) -> Result<Decision, StoreError> {
         match self {
             Self::Memory(memory) => Ok(memory.0.decide_at(charge, now_ms())),
-            Self::Redis(shared) => shared.settle(charge).await,
+            Self::Redis(guarded) => guarded.settle(charge).await,
         }
     }
 
@@ -223,7 +225,7 @@ impl Limiter {
     pub fn on_error(&self) -> OnError {
         match self {
             Self::Memory(..) => OnError::Allow,
-            Self::Redis(shared) => shared.on_error,
+            Self::Redis(guarded) => guarded.on_error,
         }
     }
 
@@ -232,7 +234,7 @@ impl Limiter {
     pub fn refuses_when_down(&self) -> bool {
         match self {
             Self::Memory(..) => false,
-            Self::Redis(shared) => shared.on_error == OnError::Deny,
+            Self::Redis(guarded) => guarded.on_error == OnError::Deny,
         }
     }
 
@@ -242,7 +244,7 @@ impl Limiter {
     pub fn ready(&self) -> bool {
         match self {
             Self::Memory(..) => true,
-            Self::Redis(shared) => shared.ready(),
+            Self::Redis(guarded) => guarded.ready(),
         }
     }
 
@@ -251,7 +253,7 @@ impl Limiter {
     pub fn refused(&self) -> Option<String> {
         match self {
             Self::Memory(..) => None,
-            Self::Redis(shared) => shared.refusal(),
+            Self::Redis(guarded) => guarded.refusal(),
         }
     }
 
@@ -262,7 +264,7 @@ impl Limiter {
     pub fn nodes(&self) -> Vec<(String, bool, Option<u64>)> {
         match self {
             Self::Memory(..) => Vec::new(),
-            Self::Redis(shared) => shared.nodes(),
+            Self::Redis(guarded) => guarded.nodes(),
         }
     }
 
@@ -272,15 +274,15 @@ impl Limiter {
     pub fn degraded(&self) -> bool {
         match self {
             Self::Memory(..) => false,
-            Self::Redis(shared) => shared.degraded(),
+            Self::Redis(guarded) => guarded.degraded(),
         }
     }
 
     /// Brings the per-node breaker gauges up to date: one series per node
     /// the store decides on now.
     pub fn refresh_gauges(&self) {
-        if let Self::Redis(shared) = self {
-            shared.refresh_gauges();
+        if let Self::Redis(guarded) = self {
+            guarded.refresh_gauges();
         }
     }
 
@@ -292,7 +294,7 @@ impl Limiter {
                 let (store, _) = &**memory;
                 store.sweep(now);
             }
-            Self::Redis(shared) => shared.sweep(now),
+            Self::Redis(guarded) => guarded.sweep(now),
         }
     }
 
@@ -300,16 +302,16 @@ impl Limiter {
     /// Slices of leased limits are given back by the next
     /// [`Limiter::return_leases`].
     pub fn rules_changed(&self) {
-        if let Self::Redis(shared) = self {
-            shared.denials.clear();
+        if let Self::Redis(guarded) = self {
+            guarded.denials.clear();
         }
     }
 
     /// Gives back what leased limits' slices leave when they are up, for
     /// ever (returns at once with the memory store, which leases nothing).
     pub async fn keep_leases(&self) {
-        if let Self::Redis(shared) = self {
-            shared.keep_leases().await;
+        if let Self::Redis(guarded) = self {
+            guarded.keep_leases().await;
         }
     }
 
@@ -317,8 +319,8 @@ impl Limiter {
     /// (a slice of a limit that is gone would be held to its end), or
     /// floodgate stops.
     pub async fn return_leases(&self) {
-        if let Self::Redis(shared) = self {
-            shared.return_lapsed(true).await;
+        if let Self::Redis(guarded) = self {
+            guarded.return_lapsed(true).await;
         }
     }
 }
@@ -365,7 +367,7 @@ fn in_memory(memory: &(MemoryStore, StoreMetrics), charge: Charge<'_>) -> Answer
     Answer::Decided(decision)
 }
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// The orchestration over `store`: what `on_error` says and how many
     /// instances share the store (`local_instances`), with in-process
     /// tables of at most `max_entries` entries.

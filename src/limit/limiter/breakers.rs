@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{Limiter, Shared};
+use super::{Guarded, Limiter};
 use crate::clock::now_ms;
 use crate::limit::backend::StoreNode;
 use crate::limit::breaker::{Change, Pass, Probe};
@@ -31,7 +31,7 @@ impl Limiter {
     }
 }
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// Probes each node whose breaker is open and whose cooldown has
     /// passed (see [`Limiter::recover`]).
     pub(super) async fn recover(&self) {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Answer, Shared};
+use super::{Answer, Guarded};
 use crate::clock::now_ms;
 use crate::limit::leases::{Key, Lease, Slice, Take};
 use crate::limit::{Backend, Charge, CountKey, Decision, Limit, Settlement, Verdict};
@@ -34,7 +34,7 @@ impl Drop for Refilling<'_> {
     }
 }
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// Decides `charge`, a route with at least one leased limit.
     pub(super) async fn decide_leased(&self, charge: Charge<'_>) -> Answer {
         let mut taken: Vec<Taken> = Vec::new();

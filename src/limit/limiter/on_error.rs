@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::{Answer, Shared};
+use super::{Answer, Guarded};
 use crate::clock::now_ms;
 use crate::limit::settings::OnError;
 use crate::limit::{Backend, Charge, Decision, Limit, StoreError};
@@ -14,7 +14,7 @@ use crate::metrics::StoreKind;
 /// `Retry-After` for a 503 while the store is down.
 const STORE_RETRY_AFTER_MS: u64 = 1_000;
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// The answer `on_error` gives `charge`, which the store could not
     /// decide for `error`.
     pub(super) fn fallback(&self, charge: Charge<'_>, error: &StoreError) -> Answer {

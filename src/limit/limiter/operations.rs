@@ -2,7 +2,7 @@
 //! client's standing read without consuming, an operator's adjustment of
 //! one client's counts, and every client's window of a limit for export.
 
-use super::{Limiter, Shared, remembered_as};
+use super::{Guarded, Limiter, remembered_as};
 use crate::clock::now_ms;
 use crate::limit::backend::StoreNode as _;
 use crate::limit::{Backend, Charge, Limit, StoreError};
@@ -108,7 +108,7 @@ impl Limiter {
     }
 }
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// What each of `charge`'s limits holds in the store (see
     /// [`Limiter::standing`]).
     async fn standing(&self, charge: Charge<'_>) -> Result<Vec<crate::limit::Verdict>, StoreError> {

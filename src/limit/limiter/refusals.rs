@@ -5,11 +5,11 @@
 
 use std::sync::atomic::Ordering;
 
-use super::Shared;
+use super::Guarded;
 use crate::clock::now_ms;
 use crate::limit::{Backend, StoreError};
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// Why the store refuses floodgate's settings, while it does.
     pub(super) fn refusal(&self) -> Option<String> {
         if !self.is_refused.load(Ordering::Relaxed) {

@@ -14,7 +14,7 @@
 //! A single Redis or a Sentinel group decides every key in one call and
 //! has none.
 
-use super::Shared;
+use super::Guarded;
 use crate::limit::backend::Part as SlotPart;
 use crate::limit::{
     Backend, Brief, Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict,
@@ -49,7 +49,7 @@ impl<T> Part<T> {
     }
 }
 
-impl<B: Backend> Shared<B> {
+impl<B: Backend> Guarded<B> {
     /// Decides (or settles) `charge` in `parts` (positions of its limits
     /// and where they go, one part per slot, in slot order; see
     /// [`Backend::parts`]).

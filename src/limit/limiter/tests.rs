@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{Answer, Shared};
+use super::{Answer, Guarded};
 use crate::client::ClientId;
 use crate::limit::backend::{Part, StoreNode};
 use crate::limit::breaker::{Breaker, DEFAULT_THRESHOLD};
@@ -181,8 +181,8 @@ fn denied() -> Decision {
     }
 }
 
-fn shared(on_error: OnError, fake: Fake) -> Shared<Fake> {
-    Shared::new(fake, (on_error, 1), 64, Metrics::new().store())
+fn guarded(on_error: OnError, fake: Fake) -> Guarded<Fake> {
+    Guarded::new(fake, (on_error, 1), 64, Metrics::new().store())
 }
 
 /// Six requests a minute, for client `a` on route `api`.
@@ -214,46 +214,46 @@ impl Request {
 }
 
 /// The answers to `n` requests while the store is down, with `on_error`.
-async fn answers_in_an_outage(on_error: OnError, n: usize) -> (Vec<Answer>, Shared<Fake>) {
-    let shared = shared(on_error, Fake::new(LONG, Told::Outage));
+async fn answers_in_an_outage(on_error: OnError, n: usize) -> (Vec<Answer>, Guarded<Fake>) {
+    let guarded = guarded(on_error, Fake::new(LONG, Told::Outage));
     let request = Request::new();
     let mut answers = Vec::new();
     for _ in 0..n {
-        answers.push(shared.decide(request.charge()).await);
+        answers.push(guarded.decide(request.charge()).await);
     }
-    (answers, shared)
+    (answers, guarded)
 }
 
 const THRESHOLD: usize = DEFAULT_THRESHOLD as usize;
 
 #[tokio::test]
 async fn an_outage_with_on_error_allow_lets_requests_through_and_opens_the_breaker() {
-    let (answers, shared) = answers_in_an_outage(OnError::Allow, THRESHOLD + 3).await;
+    let (answers, guarded) = answers_in_an_outage(OnError::Allow, THRESHOLD + 3).await;
     let through = Answer::Unavailable {
         deny: false,
         retry_after_ms: 0,
     };
     assert!(answers.iter().all(|a| *a == through), "{answers:?}");
-    assert_eq!(shared.store.asked(), THRESHOLD, "not asked once open");
-    assert!(!shared.ready());
-    assert_eq!(shared.refusal(), None, "an outage is no refusal");
+    assert_eq!(guarded.store.asked(), THRESHOLD, "not asked once open");
+    assert!(!guarded.ready());
+    assert_eq!(guarded.refusal(), None, "an outage is no refusal");
 }
 
 #[tokio::test]
 async fn an_outage_with_on_error_deny_refuses_requests_and_opens_the_breaker() {
-    let (answers, shared) = answers_in_an_outage(OnError::Deny, THRESHOLD + 3).await;
+    let (answers, guarded) = answers_in_an_outage(OnError::Deny, THRESHOLD + 3).await;
     let refused = Answer::Unavailable {
         deny: true,
         retry_after_ms: 1_000,
     };
     assert!(answers.iter().all(|a| *a == refused), "{answers:?}");
-    assert_eq!(shared.store.asked(), THRESHOLD, "not asked once open");
-    assert!(!shared.ready());
+    assert_eq!(guarded.store.asked(), THRESHOLD, "not asked once open");
+    assert!(!guarded.ready());
 }
 
 #[tokio::test]
 async fn an_outage_with_on_error_local_counts_in_memory_and_opens_the_breaker() {
-    let (answers, shared) = answers_in_an_outage(OnError::Local, 7).await;
+    let (answers, guarded) = answers_in_an_outage(OnError::Local, 7).await;
     let decided: Vec<(bool, bool)> = answers
         .iter()
         .map(|a| match a {
@@ -266,15 +266,15 @@ async fn an_outage_with_on_error_local_counts_in_memory_and_opens_the_breaker() 
         decided,
         [[(true, true)].repeat(6), vec![(false, true)]].concat()
     );
-    assert_eq!(shared.store.asked(), THRESHOLD, "not asked once open");
-    assert!(!shared.ready());
+    assert_eq!(guarded.store.asked(), THRESHOLD, "not asked once open");
+    assert!(!guarded.ready());
 }
 
 #[tokio::test]
 async fn a_refusal_is_reported_as_a_refusal_not_an_outage() {
-    let shared = shared(OnError::Deny, Fake::new(LONG, Told::Refuse));
+    let guarded = guarded(OnError::Deny, Fake::new(LONG, Told::Refuse));
     let request = Request::new();
-    let answer = shared.decide(request.charge()).await;
+    let answer = guarded.decide(request.charge()).await;
     assert_eq!(
         answer,
         Answer::Unavailable {
@@ -282,100 +282,100 @@ async fn a_refusal_is_reported_as_a_refusal_not_an_outage() {
             retry_after_ms: 1_000
         }
     );
-    let why = shared.refusal().expect("the refusal is remembered");
+    let why = guarded.refusal().expect("the refusal is remembered");
     assert!(why.contains("WRONGPASS"), "{why}");
     // Fixed on the server: the next answer ends it.
-    shared.store.tell(Told::Decide(allowed()));
+    guarded.store.tell(Told::Decide(allowed()));
     assert_eq!(
-        shared.decide(request.charge()).await,
+        guarded.decide(request.charge()).await,
         Answer::Decided(allowed())
     );
-    assert_eq!(shared.refusal(), None);
+    assert_eq!(guarded.refusal(), None);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_node_past_its_deadline_counts_as_a_failure() {
-    let shared = shared(OnError::Deny, Fake::new(LONG, Told::Late(TIMEOUT / 2)));
+    let guarded = guarded(OnError::Deny, Fake::new(LONG, Told::Late(TIMEOUT / 2)));
     let request = Request::new();
     // Within its deadline: decided.
     assert_eq!(
-        shared.decide(request.charge()).await,
+        guarded.decide(request.charge()).await,
         Answer::Decided(allowed())
     );
-    shared.store.tell(Told::Late(TIMEOUT * 10));
+    guarded.store.tell(Told::Late(TIMEOUT * 10));
     for _ in 0..THRESHOLD + 2 {
-        let answer = shared.decide(request.charge()).await;
+        let answer = guarded.decide(request.charge()).await;
         assert!(
             matches!(answer, Answer::Unavailable { deny: true, .. }),
             "{answer:?}"
         );
     }
-    assert_eq!(shared.store.asked(), 1 + THRESHOLD, "not asked once open");
-    assert!(!shared.ready());
-    assert_eq!(shared.refusal(), None);
+    assert_eq!(guarded.store.asked(), 1 + THRESHOLD, "not asked once open");
+    assert!(!guarded.ready());
+    assert_eq!(guarded.refusal(), None);
 }
 
 #[tokio::test]
 async fn recovery_closes_the_breaker_and_decisions_go_to_the_store_again() {
     // No cooldown: once open, each decision is the breaker's probe.
-    let shared = shared(OnError::Deny, Fake::new(0, Told::Outage));
+    let guarded = guarded(OnError::Deny, Fake::new(0, Told::Outage));
     let request = Request::new();
     for _ in 0..THRESHOLD {
-        shared.decide(request.charge()).await;
+        guarded.decide(request.charge()).await;
     }
-    assert!(!shared.ready());
+    assert!(!guarded.ready());
     // A failed probe leaves it open.
     assert!(matches!(
-        shared.decide(request.charge()).await,
+        guarded.decide(request.charge()).await,
         Answer::Unavailable { deny: true, .. }
     ));
-    assert!(!shared.ready());
-    shared.store.tell(Told::Decide(allowed()));
+    assert!(!guarded.ready());
+    guarded.store.tell(Told::Decide(allowed()));
     assert_eq!(
-        shared.decide(request.charge()).await,
+        guarded.decide(request.charge()).await,
         Answer::Decided(allowed())
     );
-    assert!(shared.ready());
-    let asked = shared.store.asked();
+    assert!(guarded.ready());
+    let asked = guarded.store.asked();
     assert_eq!(
-        shared.decide(request.charge()).await,
+        guarded.decide(request.charge()).await,
         Answer::Decided(allowed())
     );
-    assert_eq!(shared.store.asked(), asked + 1);
+    assert_eq!(guarded.store.asked(), asked + 1);
 }
 
 #[tokio::test]
 async fn the_recovery_probe_closes_the_breaker_without_a_request() {
-    let shared = shared(OnError::Deny, Fake::new(0, Told::Outage));
+    let guarded = guarded(OnError::Deny, Fake::new(0, Told::Outage));
     let request = Request::new();
     for _ in 0..THRESHOLD {
-        shared.decide(request.charge()).await;
+        guarded.decide(request.charge()).await;
     }
-    shared.recover().await;
-    assert!(!shared.ready(), "the store is still down");
-    shared.store.tell(Told::Decide(allowed()));
-    shared.recover().await;
-    assert!(shared.ready());
+    guarded.recover().await;
+    assert!(!guarded.ready(), "the store is still down");
+    guarded.store.tell(Told::Decide(allowed()));
+    guarded.recover().await;
+    assert!(guarded.ready());
     assert_eq!(
-        shared.decide(request.charge()).await,
+        guarded.decide(request.charge()).await,
         Answer::Decided(allowed())
     );
 }
 
 #[tokio::test]
 async fn a_remembered_denial_answers_without_asking_the_store_until_units_come_back() {
-    let shared = shared(OnError::Allow, Fake::new(LONG, Told::Decide(denied())));
+    let guarded = guarded(OnError::Allow, Fake::new(LONG, Told::Decide(denied())));
     let request = Request::new();
     let refused = |answer: Answer| matches!(answer, Answer::Decided(d) if !d.allowed);
-    assert!(refused(shared.decide(request.charge()).await));
-    assert!(refused(shared.decide(request.charge()).await));
-    assert_eq!(shared.store.asked(), 1, "the second is remembered");
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert_eq!(guarded.store.asked(), 1, "the second is remembered");
     // Another instance's settlement gave units back to the key.
-    shared.store.given_back.note(request.route.as_bytes());
-    assert!(refused(shared.decide(request.charge()).await));
-    assert_eq!(shared.store.asked(), 2);
-    assert!(refused(shared.decide(request.charge()).await));
-    assert_eq!(shared.store.asked(), 2, "remembered again");
+    guarded.store.given_back.note(request.route.as_bytes());
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert_eq!(guarded.store.asked(), 2);
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert_eq!(guarded.store.asked(), 2, "remembered again");
     // This instance's own settlement gives units back.
     let settlement = Charge {
         cost: 0,
@@ -387,8 +387,8 @@ async fn a_remembered_denial_answers_without_asking_the_store_until_units_come_b
         }),
         ..request.charge()
     };
-    assert!(shared.settle(settlement).await.is_ok());
-    assert_eq!(shared.store.asked(), 3);
-    assert!(refused(shared.decide(request.charge()).await));
-    assert_eq!(shared.store.asked(), 4, "asked again");
+    assert!(guarded.settle(settlement).await.is_ok());
+    assert_eq!(guarded.store.asked(), 3);
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert_eq!(guarded.store.asked(), 4, "asked again");
 }
