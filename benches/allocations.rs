@@ -158,7 +158,7 @@ async fn floodgate(toml: &str) -> std::net::SocketAddr {
 }
 
 /// Allocations per request for `n` sequential GETs to `url`.
-async fn per_request(url: &str, n: u64) -> f64 {
+async fn allocations_per_request(url: &str, n: u64) -> f64 {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let uri: hyper::Uri = url.parse().expect("uri");
     for _ in 0..500 {
@@ -184,16 +184,16 @@ fn main() {
     runtime.block_on(async {
         let n = 20_000;
         let up = upstream().await;
-        let direct = per_request(&format!("http://{up}/x"), n).await;
+        let direct = allocations_per_request(&format!("http://{up}/x"), n).await;
         let bare = gateway(up, false).await;
-        let through_gateway = per_request(&format!("http://{bare}/x"), n).await;
+        let through_gateway = allocations_per_request(&format!("http://{bare}/x"), n).await;
         let same_job = gateway(up, true).await;
-        let through_same_job = per_request(&format!("http://{same_job}/x"), n).await;
+        let through_same_job = allocations_per_request(&format!("http://{same_job}/x"), n).await;
         let route = format!(
             "[[routes]]\nname = \"api\"\nupstream = \"http://{up}\"\nlimits = [{{ algorithm = \"gcra\", limit = 1000000, window = \"1s\" }}]\n"
         );
         let memory = floodgate(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{route}")).await;
-        let through_memory = per_request(&format!("http://{memory}/x"), n).await;
+        let through_memory = allocations_per_request(&format!("http://{memory}/x"), n).await;
         println!("| path | allocations per request |");
         println!("|---|---:|");
         println!("| client → upstream (baseline) | {direct:.1} |");
@@ -215,7 +215,7 @@ fn main() {
                 "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"redis\"\nurl = \"{url}\"\nkey_prefix = \"alloc-bench\"\n{route}"
             ))
             .await;
-            let through_redis = per_request(&format!("http://{with_redis}/x"), n).await;
+            let through_redis = allocations_per_request(&format!("http://{with_redis}/x"), n).await;
             println!(
                 "| client → floodgate (Redis store) → upstream | {through_redis:.1} (floodgate: {:.1}; beyond the floor: {:.1}) |",
                 through_redis - direct,

@@ -136,7 +136,7 @@ fn openai_fields(
         let Some(counted) = limits.limits.get(limit) else {
             continue;
         };
-        let kind = usize::from(!(counted.per_request || units_are_requests));
+        let kind = usize::from(!(counted.counts_requests || units_are_requests));
         let [quota, left, reset] = &OPENAI[kind];
         if let Some(q) = limits.quotas.get(limit) {
             headers.insert(quota.clone(), q.clone());

@@ -107,14 +107,14 @@ impl Validator<'_> {
             Some(unit) => Some(unit.nominal_ms()),
             None => self.window(&m.window),
         };
-        let per_request = self.per_request(m);
+        let counts_requests = self.counts_requests(m);
         let lease = match &m.lease {
             None => Some(None),
             Some(lease) => algorithm.and_then(|a| self.lease(lease, a)).map(Some),
         };
         let mut limit = Limit::new(algorithm?, limit?, window_ms?).with_burst(burst?);
-        if per_request? {
-            limit = limit.per_request();
+        if counts_requests? {
+            limit = limit.counting_requests();
         }
         limit.lease = lease?;
         self.cost_fits(item, &limit, cost)?;
@@ -170,7 +170,7 @@ impl Validator<'_> {
     }
 
     /// `counts`: whether the limit counts requests rather than units.
-    fn per_request(&mut self, m: &LimitModel) -> Option<bool> {
+    fn counts_requests(&mut self, m: &LimitModel) -> Option<bool> {
         match m.counts.as_ref().map(|c| (c, c.get_ref().as_str())) {
             None | Some((_, "units")) => Some(false),
             Some((_, "requests")) => Some(true),

@@ -94,7 +94,7 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 ),
                 None => limit.limit.to_string(),
             };
-            let number = if limit.per_request {
+            let number = if limit.counts_requests {
                 format!("{number} requests")
             } else {
                 number

@@ -35,7 +35,7 @@ pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
         let _ = write!(
             out,
             ",\"counts\":\"{}\",\"algorithm\":\"{}\",\"limit\":{},\"window_seconds\":{},\"burst\":{}}}",
-            if limit.per_request {
+            if limit.counts_requests {
                 "requests"
             } else {
                 "units"

@@ -224,7 +224,7 @@ impl Held<'_> {
         Decision::combine_kinds((0..charge.keys.len()).map(|i| {
             let limit = &charge.limits[i];
             let e = self.entry(i, &charge.keys[i], limit);
-            if !limit.per_request {
+            if !limit.counts_requests {
                 settle_state(&mut e.states[0], limit, now, settle, charge.cost);
             }
             e.expires_at = e.states[0].expires_at(limit);
@@ -233,7 +233,7 @@ impl Held<'_> {
                 retry_after_ms: 0,
                 ..e.states[0].check(limit, now, 0)
             };
-            (limit.per_request, verdict)
+            (limit.counts_requests, verdict)
         }))
     }
 
@@ -251,7 +251,7 @@ impl Held<'_> {
                 )
             })
             .collect();
-        let kinds = charge.limits.iter().map(|l| l.per_request);
+        let kinds = charge.limits.iter().map(|l| l.counts_requests);
         let decision = Decision::combine_kinds(kinds.zip(verdicts));
         if decision.allowed {
             for (i, limit) in charge.limits.iter().enumerate() {
@@ -311,7 +311,7 @@ impl Entry {
             Some(settle) => {
                 let states = self.states.iter_mut().zip(charge.limits);
                 Decision::combine_kinds(states.map(|(state, limit)| {
-                    if !limit.per_request {
+                    if !limit.counts_requests {
                         settle_state(state, limit, now, settle, charge.cost);
                     }
                     let verdict = Verdict {
@@ -319,7 +319,7 @@ impl Entry {
                         retry_after_ms: 0,
                         ..state.check(limit, now, 0)
                     };
-                    (limit.per_request, verdict)
+                    (limit.counts_requests, verdict)
                 }))
             }
         };
@@ -347,7 +347,7 @@ impl Entry {
             for (i, (state, limit)) in self.states.iter_mut().zip(charge.limits).enumerate() {
                 verdicts[i] = state.check(limit, now, limit.cost_of(charge.cost));
             }
-            let kinds = charge.limits.iter().map(|l| l.per_request);
+            let kinds = charge.limits.iter().map(|l| l.counts_requests);
             Decision::combine_kinds(kinds.zip(verdicts[..charge.limits.len()].iter().copied()))
         } else {
             let verdicts: Vec<Verdict> = self
@@ -356,7 +356,7 @@ impl Entry {
                 .zip(charge.limits)
                 .map(|(state, limit)| state.check(limit, now, limit.cost_of(charge.cost)))
                 .collect();
-            let kinds = charge.limits.iter().map(|l| l.per_request);
+            let kinds = charge.limits.iter().map(|l| l.counts_requests);
             Decision::combine_kinds(kinds.zip(verdicts))
         };
         if decision.allowed {

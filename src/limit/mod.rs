@@ -83,7 +83,7 @@ pub struct Limit {
     /// Counts each request as one unit, whatever the route's `cost` or
     /// `usage` (`counts = "requests"`): requests a minute beside tokens a
     /// minute on one metered route. Settlements leave it as decided.
-    pub per_request: bool,
+    pub counts_requests: bool,
     /// A `fixed_window` by the calendar: the boundaries around this
     /// request's time (see [`calendar`]), set per request; `window_ms` is
     /// then the calendar unit's usual length, naming the window only.
@@ -101,7 +101,7 @@ impl Limit {
             limit,
             window_ms,
             burst: limit,
-            per_request: false,
+            counts_requests: false,
             bounds: None,
             lease: None,
         }
@@ -137,16 +137,16 @@ impl Limit {
     }
 
     /// The same limit counting each request as one unit.
-    pub fn per_request(self) -> Self {
+    pub fn counting_requests(self) -> Self {
         Self {
-            per_request: true,
+            counts_requests: true,
             ..self
         }
     }
 
     /// The units a request of `cost` takes from this limit.
     pub fn cost_of(&self, cost: u64) -> u64 {
-        if self.per_request { 1 } else { cost }
+        if self.counts_requests { 1 } else { cost }
     }
 
     /// The same limit with another burst.
@@ -236,7 +236,7 @@ impl Decision {
             verdicts
                 .into_iter()
                 .enumerate()
-                .map(|(i, (per_request, v))| (i, per_request, v)),
+                .map(|(i, (counts_requests, v))| (i, counts_requests, v)),
         )
     }
 
@@ -248,8 +248,8 @@ impl Decision {
         // The most constrained of each kind: (index, verdict).
         let mut kinds: [Option<(usize, Verdict)>; 2] = [None, None];
         let mut winner_kind = false;
-        for (i, per_request, v) in verdicts {
-            let kind = &mut kinds[usize::from(per_request)];
+        for (i, counts_requests, v) in verdicts {
+            let kind = &mut kinds[usize::from(counts_requests)];
             if kind.is_none_or(|(_, best)| v.constrains_more_than(&best)) {
                 *kind = Some((i, v));
             }
@@ -265,7 +265,7 @@ impl Decision {
             };
             out = Some(match out {
                 None => {
-                    winner_kind = per_request;
+                    winner_kind = counts_requests;
                     candidate
                 }
                 Some(best) => {
@@ -276,7 +276,7 @@ impl Decision {
                         retry_after_ms: best.retry_after_ms,
                     };
                     if v.constrains_more_than(&best_verdict) {
-                        winner_kind = per_request;
+                        winner_kind = counts_requests;
                         Decision {
                             allowed: best.allowed && v.allowed,
                             ..candidate

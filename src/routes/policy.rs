@@ -66,7 +66,7 @@ impl Policy {
 
     /// Whether a request's limits differ from these (a number a claim
     /// carries, windows by the calendar): see [`Self::for_request`].
-    pub fn per_request(&self) -> bool {
+    pub fn varies_by_request(&self) -> bool {
         !self.claimed.is_empty() || !self.calendars.is_empty()
     }
 

@@ -83,7 +83,7 @@ impl Validator<'_> {
         let capacities = policies
             .flat_map(|p| p.limits.iter())
             .chain(overrides.iter().flat_map(|o| o.policy.limits.iter()))
-            .filter(|l| !l.per_request)
+            .filter(|l| !l.counts_requests)
             .map(Limit::capacity);
         if let Some(least) = capacities.min()
             && usage.max_reserve > least

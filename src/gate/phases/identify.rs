@@ -78,7 +78,7 @@ impl Context<'_> {
                 chosen = plan;
                 let policy = route.policy_for(client, headers, plan);
                 let keys = self.keys(rules, policy, client, headers, matched_path)?;
-                let policy = if policy.per_request() {
+                let policy = if policy.varies_by_request() {
                     Limits::ForRequest(Box::new(
                         policy.for_request(headers, crate::clock::now_ms()),
                     ))

@@ -414,7 +414,7 @@ fn matched<'r>(
                 "descriptors counting different hits_addend cannot be decided all or nothing; send them in separate requests",
             );
         }
-        let policy = if chosen.per_request() {
+        let policy = if chosen.varies_by_request() {
             Cow::Owned(chosen.for_request(&HeaderMap::new(), crate::clock::now_ms()))
         } else {
             Cow::Borrowed(chosen)

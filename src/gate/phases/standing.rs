@@ -134,7 +134,7 @@ fn limits_json(out: &mut String, policy: &crate::routes::Policy, verdicts: &[Ver
         let _ = write!(
             out,
             ",\"counts\":\"{}\",\"limit\":{},\"remaining\":{},\"reset_seconds\":{},\"window_seconds\":{}",
-            if limit.per_request {
+            if limit.counts_requests {
                 "requests"
             } else {
                 "units"

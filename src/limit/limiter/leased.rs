@@ -233,13 +233,13 @@ impl<B: Backend> Guarded<B> {
         let mut all: Vec<(usize, bool, Verdict)> = verdicts
             .iter()
             .enumerate()
-            .filter_map(|(i, v)| v.map(|v| (i, charge.limits[i].per_request, v)))
+            .filter_map(|(i, v)| v.map(|v| (i, charge.limits[i].counts_requests, v)))
             .collect();
         if let Some((rest, d)) = &store {
             let at = |i: usize| rest.get(i).copied().unwrap_or(0);
             all.push((
                 at(d.limit),
-                charge.limits[at(d.limit)].per_request,
+                charge.limits[at(d.limit)].counts_requests,
                 Verdict {
                     allowed: d.allowed,
                     remaining: d.remaining,
@@ -251,7 +251,7 @@ impl<B: Backend> Guarded<B> {
                 let i = at(usize::from(o.limit));
                 all.push((
                     i,
-                    charge.limits[i].per_request,
+                    charge.limits[i].counts_requests,
                     Verdict {
                         allowed: true,
                         remaining: o.remaining,
@@ -299,7 +299,7 @@ impl SliceTerms {
     fn of(key: &Key) -> Self {
         Self {
             limit: Limit {
-                per_request: false,
+                counts_requests: false,
                 ..key.limit
             },
             keys: [CountKey::new(

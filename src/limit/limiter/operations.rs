@@ -37,7 +37,7 @@ impl Limiter {
             .limits
             .iter()
             .map(|l| Limit {
-                per_request: false,
+                counts_requests: false,
                 ..*l
             })
             .collect();

@@ -142,8 +142,14 @@ fn combined<T>(parts: &[(Part<T>, Decision)], limits: &[Limit]) -> Decision {
     if let Some((part, d)) = parts.get(decision.limit) {
         decision.limit = part.positions.get(d.limit).copied().unwrap_or(0);
     }
-    let per_request = |at: u16| limits.get(usize::from(at)).is_some_and(|l| l.per_request);
-    let winner = limits.get(decision.limit).is_some_and(|l| l.per_request);
+    let counts_requests = |at: u16| {
+        limits
+            .get(usize::from(at))
+            .is_some_and(|l| l.counts_requests)
+    };
+    let winner = limits
+        .get(decision.limit)
+        .is_some_and(|l| l.counts_requests);
     let global = |part: &Part<T>, at: u16| {
         let at = part.positions.get(usize::from(at)).copied().unwrap_or(0);
         u16::try_from(at).unwrap_or(u16::MAX)
@@ -163,7 +169,7 @@ fn combined<T>(parts: &[(Part<T>, Decision)], limits: &[Limit]) -> Decision {
             [Some(main), other]
         })
         .flatten()
-        .filter(|b| per_request(b.limit) != winner)
+        .filter(|b| counts_requests(b.limit) != winner)
         .min_by_key(|b| (b.remaining, std::cmp::Reverse(b.next_ms)));
     decision.at_ms = parts.first().map_or(0, |(_, d)| d.at_ms);
     decision

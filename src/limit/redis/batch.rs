@@ -221,7 +221,7 @@ impl ToRedisArgs for Spec<'_> {
             }
             let _ = spec.write_all(b" ");
             let _ = spec.write_all(digits.format(limit.burst).as_bytes());
-            let _ = spec.write_all(if limit.per_request { b" 1" } else { b" 0" });
+            let _ = spec.write_all(if limit.counts_requests { b" 1" } else { b" 0" });
         }
     }
 }
@@ -279,7 +279,7 @@ mod tests {
         let one = [Limit::new(Algorithm::Gcra, 5, 1_000).with_burst(7)];
         let two = [
             Limit::new(Algorithm::FixedWindow, 3, 60_000),
-            Limit::new(Algorithm::SlidingLog, 10, 2_500).per_request(),
+            Limit::new(Algorithm::SlidingLog, 10, 2_500).counting_requests(),
         ];
         let asks = [
             Ask {

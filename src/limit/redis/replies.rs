@@ -46,7 +46,7 @@ pub(super) fn decision_from_values(values: &[u8], limits: &[Limit]) -> Decision 
         i64::from_le_bytes(bytes)
     };
     let whole = |at: &[u8]| u64::try_from(int(at)).unwrap_or(0);
-    let kinds = limits.iter().map(|l| l.per_request);
+    let kinds = limits.iter().map(|l| l.counts_requests);
     let verdicts = verdicts.chunks_exact(VERDICT).map(|v| Verdict {
         allowed: int(v) == 1,
         remaining: whole(&v[INT..]),
@@ -110,7 +110,7 @@ mod tests {
         let two = [
             one[0],
             Limit {
-                per_request: true,
+                counts_requests: true,
                 ..one[0]
             },
         ];
