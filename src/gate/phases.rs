@@ -8,7 +8,8 @@
 //! `phases/decide.rs`, forward in `phases/forward.rs`, and the log in
 //! `phases/context.rs` with the [`Context`] in which what the phases
 //! learn of the request travels. A phase that ends the request early
-//! returns the [`Refusal`] (or, for a denial, the 429) that answers it;
+//! returns the [`Refusal`] that answers it; the decide phase's ruling
+//! (`phases/ruling.rs`) is rendered by `answer`, a denial as the 429;
 //! every answer goes out with its end hooks where it has any (a usage
 //! meter, the access log's line, the request's concurrency slot held
 //! until the answer is sent; see `gate::hooks`).
@@ -38,6 +39,7 @@ mod forward;
 mod identify;
 pub mod operator;
 mod rls;
+mod ruling;
 mod standing;
 
 use context::{Context, Found};
@@ -45,6 +47,7 @@ use decide::Limits;
 pub use decision::decide;
 use forward::Exchange;
 use identify::Identity;
+use ruling::Ruling;
 
 /// Longest request target (path and query) accepted; past it 414.
 const MAX_URI_BYTES: usize = 8 * 1024;
@@ -152,11 +155,15 @@ async fn answer<H: Send + 'static>(
             .await
     };
     let allowed = match decided? {
-        Ok(allowed) => allowed,
-        Err(denial) => {
-            *out = Some(*denial);
+        Ruling::Allowed { decision, limits } | Ruling::ShadowDenied { decision, limits } => {
+            Some((decision, limits))
+        }
+        Ruling::Unlimited | Ruling::StoreDown(None) => None,
+        Ruling::Denied { decision, limits } => {
+            *out = Some(cx.too_many_requests(found.route, &limits, &decision));
             return Ok(());
         }
+        Ruling::StoreDown(Some(refusal)) => return Err(refusal),
     };
     let response = match &found.route.action {
         Action::Respond(r) => out.insert(response::respond(r)),

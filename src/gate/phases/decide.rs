@@ -1,22 +1,21 @@
 //! The decide phase: the limits a request falls under asked of the store
 //! (at once when the memory store decides, else the shared store's
-//! answer awaited, boxed as the rare path), and the answer counted
-//! (metrics, top clients, denials, the access log) and concluded: the
-//! request goes on with the decision its answer is annotated with, or is
-//! answered by its denial or a refusal.
+//! answer awaited, boxed as the rare path), and the answer ruled and
+//! recorded (see `ruling`): the front door renders the ruling, going on
+//! with the decision its answer is annotated with, or answering with the
+//! denial or the refusal.
 
-use http::{Response, StatusCode};
+use http::StatusCode;
 
 use super::identify::Identity;
+use super::ruling::{Ruling, Whose};
 use super::{Context, Found};
 use crate::client::ClientId;
 use crate::gate::metering::Reservation;
 use crate::gate::rules::Rules;
-use crate::limit::{Answer, Charge, Decision};
+use crate::limit::{Answer, Charge};
 use crate::metrics::Outcome;
-use crate::proxy::Body;
 use crate::refusal::Refusal;
-use crate::response;
 use crate::routes::{Policy, Route};
 use crate::usage::BodyRead;
 
@@ -40,18 +39,10 @@ impl std::ops::Deref for Limits<'_> {
     }
 }
 
-/// What the decide phase concluded for a request that goes on.
-pub(super) type Allowed<'r> = Option<(Decision, Limits<'r>)>;
-
-/// The decide phase's end: `Ok(Ok)` with what the request goes on with,
-/// `Ok(Err)` with the denial that answers it (boxed: the phase's result
-/// is moved between its steps, and an answer is large), or the refusal (a
-/// malformed reservation, a store down that `on_error` closes on).
-type Decided<'r> = Result<Result<Allowed<'r>, Box<Response<Body>>>, Refusal>;
-
-/// The store's answer concluded: the decision to annotate the answer
-/// with (none when the store was unavailable), or the denial.
-type Concluded = Result<Result<Option<Decision>, Box<Response<Body>>>, Refusal>;
+/// The decide phase's end: the ruling, with the limits a store decided
+/// under; or the refusal of a malformed reservation, before anything is
+/// decided.
+type Decided<'r> = Result<Ruling<Limits<'r>>, Refusal>;
 
 /// The decide phase as far as it goes without waiting: done, or a
 /// question for the shared store (whose count, under which policy, for how
@@ -64,16 +55,6 @@ enum Deciding<'r, 'w> {
         policy: Limits<'r>,
         cost: u64,
     },
-}
-
-/// A concluded decision with the `policy` it was made under, for the
-/// answer's `RateLimit` fields.
-fn with_policy(concluded: Concluded, policy: Limits<'_>) -> Decided<'_> {
-    match concluded {
-        Ok(Ok(decision)) => Ok(Ok(decision.map(|d| (d, policy)))),
-        Ok(Err(denial)) => Ok(Err(denial)),
-        Err(refusal) => Err(refusal),
-    }
 }
 
 /// What a request on `route` asks of the store for `client`: `cost` units
@@ -109,11 +90,11 @@ impl Context<'_> {
     ) -> Deciding<'r, 'w> {
         let route = found.route;
         if who.exempt {
-            return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Exempt))));
+            return Deciding::Done(self.unlimited(rules, found, Outcome::Exempt));
         }
         let policy = who.policy.take().filter(|p| !p.limits.is_empty());
         let (Some(client), Some(policy)) = (&who.client, policy) else {
-            return Deciding::Done(Ok(Ok(self.unlimited(rules, found, Outcome::Allowed))));
+            return Deciding::Done(self.unlimited(rules, found, Outcome::Allowed));
         };
         let cost = match &route.usage {
             None => route.cost,
@@ -127,8 +108,8 @@ impl Context<'_> {
         let charge = charge(route, client, &policy, &who.keys, cost);
         match self.shared.limiter.decide_at_once(charge) {
             Some(answer) => {
-                let concluded = self.concluded(rules, found, &policy, charge, answer);
-                Deciding::Done(with_policy(concluded, policy))
+                self.reserved(rules, found, &charge, &answer);
+                Deciding::Done(Ok(self.ruled(rules, found, client, policy, answer)))
             }
             None => Deciding::Ask {
                 client,
@@ -173,70 +154,41 @@ impl Context<'_> {
     ) -> Decided<'r> {
         let charge = charge(found.route, client, &policy, keys, cost);
         let answer = self.shared.limiter.decide(charge).await;
-        let concluded = self.concluded(rules, found, &policy, charge, answer);
-        with_policy(concluded, policy)
+        self.reserved(rules, found, &charge, &answer);
+        Ok(self.ruled(rules, found, client, policy, answer))
     }
 
-    /// The store's `answer` to `charge` under `policy`, counted and
-    /// logged: `Ok` with the decision to annotate the answer with (none
-    /// when the store was unavailable), or `Err` with the denial that
-    /// answers the request.
-    fn concluded(
+    /// The store's `answer` for `client` under `policy`, ruled and
+    /// recorded.
+    fn ruled<'r>(
         &mut self,
         rules: &Rules,
         found: &Found<'_>,
-        policy: &Policy,
-        charge: Charge<'_>,
+        client: &ClientId,
+        policy: Limits<'r>,
         answer: Answer,
-    ) -> Concluded {
-        let route = found.route;
-        let counts = &rules.metrics[found.index];
-        let client = charge.client;
-        self.log_decision(rules, found, client, policy, &answer);
-        match answer {
-            Answer::Decided(d) if d.allowed => {
-                counts.count(Outcome::Allowed);
-                self.reserved(rules, found, &charge, &d);
-                Ok(Ok(Some(d)))
-            }
-            Answer::Decided(d) if route.shadow => {
-                counts.count(Outcome::ShadowDenied);
-                self.shared.log_shadow(&route.name, client);
-                Ok(Ok(Some(d)))
-            }
-            Answer::Decided(d) => {
-                counts.count(Outcome::Denied);
-                let quota = policy.limits.get(d.limit).map_or(0, |l| l.limit);
-                self.shared
-                    .denials
-                    .denied(&route.name, client, quota, crate::clock::now_ms());
-                Ok(Err(Box::new(if self.grpc {
-                    response::grpc_too_many_requests(route, policy, &d)
-                } else {
-                    response::too_many_requests(route, policy, &d)
-                })))
-            }
-            Answer::Unavailable {
-                deny,
-                retry_after_ms,
-            } => {
-                counts.count(Outcome::StoreError);
-                if deny && !route.shadow {
-                    return Err(Refusal::store(retry_after_ms));
-                }
-                Ok(Ok(None))
-            }
-        }
+    ) -> Ruling<Limits<'r>> {
+        let ruling = Ruling::of(answer, found.route.shadow, policy);
+        let whose = Whose {
+            counted: std::iter::once((found.index, client)),
+            denied: (&found.route.name, client),
+            logged: client,
+        };
+        self.record(rules, &ruling, whose);
+        ruling
     }
 
-    /// On a metered route, keeps the reservation `charge` took when `d`
-    /// admitted it, for the answer to settle.
-    fn reserved(&mut self, rules: &Rules, found: &Found<'_>, charge: &Charge<'_>, d: &Decision) {
-        let (Some(usage), Some(Some(metering))) =
-            (&found.route.usage, rules.metering.get(found.index))
+    /// On a metered route, keeps the reservation `charge` took when the
+    /// store's `answer` admitted it, for the answer to settle.
+    fn reserved(&mut self, rules: &Rules, found: &Found<'_>, charge: &Charge<'_>, answer: &Answer) {
+        let (Answer::Decided(d), Some(usage), Some(Some(metering))) =
+            (answer, &found.route.usage, rules.metering.get(found.index))
         else {
             return;
         };
+        if !d.allowed {
+            return;
+        }
         let reservation = Reservation::new(usage, metering, charge, d);
         if let Some(r) = self.log.as_mut() {
             r.units(&reservation.tally);
@@ -245,45 +197,11 @@ impl Context<'_> {
     }
 
     /// Counts and logs a request its route does not limit.
-    fn unlimited<'r>(&mut self, rules: &Rules, found: &Found<'r>, outcome: Outcome) -> Allowed<'r> {
+    fn unlimited<'r>(&mut self, rules: &Rules, found: &Found<'r>, outcome: Outcome) -> Decided<'r> {
         rules.metrics[found.index].count(outcome);
         if let Some(r) = self.log.as_mut() {
             r.decided(outcome, None, None);
         }
-        None
-    }
-
-    /// The decision into the access log's record and the route's top
-    /// clients.
-    fn log_decision(
-        &mut self,
-        rules: &Rules,
-        found: &Found<'_>,
-        client: &ClientId,
-        policy: &Policy,
-        answer: &Answer,
-    ) {
-        if let Some(r) = self.log.as_mut() {
-            let (outcome, limit) = match answer {
-                Answer::Decided(d) => (
-                    if d.allowed {
-                        Outcome::Allowed
-                    } else if found.route.shadow {
-                        Outcome::ShadowDenied
-                    } else {
-                        Outcome::Denied
-                    },
-                    policy
-                        .names
-                        .get(d.limit)
-                        .map(|name| (name.as_str(), d.remaining)),
-                ),
-                Answer::Unavailable { .. } => (Outcome::StoreError, None),
-            };
-            r.decided(outcome, Some(client), limit);
-        }
-        if let Answer::Decided(d) = answer {
-            rules.count_top(found.index, client, !d.allowed);
-        }
+        Ok(Ruling::Unlimited)
     }
 }

@@ -41,6 +41,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
+use super::ruling::Ruling;
 use super::{Connection, Context, check_head};
 use crate::gate::metering::{Reservation, Token};
 use crate::limit::Charge;
@@ -142,8 +143,14 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
         .decided(&rules, &found, &mut who, &head.headers, None)
         .await;
     let allowed = match decided? {
-        Ok(allowed) => allowed,
-        Err(denial) => return Ok(*denial),
+        Ruling::Allowed { decision, limits } | Ruling::ShadowDenied { decision, limits } => {
+            Some((decision, limits))
+        }
+        Ruling::Unlimited | Ruling::StoreDown(None) => None,
+        Ruling::Denied { decision, limits } => {
+            return Ok(cx.too_many_requests(found.route, &limits, &decision));
+        }
+        Ruling::StoreDown(Some(refusal)) => return Err(refusal),
     };
     let mut answer = Response::new(Body::empty());
     // A metered route's reservation, for the front proxy to name back

@@ -25,8 +25,10 @@
 //! the `RateLimit` fields (and `Retry-After` when over) as headers for
 //! Envoy to add to its answer. A store that cannot decide answers as
 //! `on_error` says: `allow` and `local` answer as any request's decision
-//! would; `deny` answers gRPC `UNAVAILABLE`, and Envoy's own
-//! `failure_mode_deny` then chooses.
+//! would; `deny` answers gRPC `UNAVAILABLE` (counted among refusals as
+//! the proxy listener's 503 is), and Envoy's own `failure_mode_deny`
+//! then chooses. The ruling is recorded as the proxy listener's is
+//! (`phases::ruling`).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -37,6 +39,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::Context;
+use super::ruling::{Ruling, Whose};
 use crate::client::ClientId;
 use crate::envoy::{self, RateLimitRequest, RateLimitResponse, code};
 use crate::gate::rules::Rules;
@@ -61,16 +64,6 @@ struct Matched<'r> {
     policy: Cow<'r, Policy>,
     client: ClientId,
     hits: u64,
-}
-
-/// A group's decision, with what it was made of.
-struct Concluded<'g, 'r> {
-    group: &'g [Matched<'r>],
-    /// Each descriptor's limits' positions in the charge.
-    owns: &'g [std::ops::Range<usize>],
-    combined: &'g Policy,
-    decision: &'g Decision,
-    shadow: bool,
 }
 
 /// A request's descriptors as its routes see them.
@@ -145,30 +138,29 @@ impl Context<'_> {
             let Some(first) = group.first() else {
                 continue;
             };
-            match self
+            let ruling = self
                 .decide_group(&rules, &group, shadow, &mut statuses)
-                .await
-            {
-                Err(()) if !shadow => {
-                    return response::grpc_status(
-                        UNAVAILABLE,
-                        "the rate limit store cannot decide and on_error is \"deny\"",
-                    );
-                }
-                Err(()) | Ok(None) => {}
-                Ok(Some((decision, combined))) => {
-                    over |= !shadow && !decision.allowed;
-                    // The fields a client of the proxy listener would get,
-                    // for Envoy to add to its answer: the enforced
-                    // descriptors', else the shadow ones'.
-                    if fields.is_empty() {
-                        response::annotate(&mut fields, first.route, &combined, &decision);
-                        if !shadow && !decision.allowed {
-                            fields.insert(
-                                http::header::RETRY_AFTER,
-                                response::retry_after(decision.retry_after_ms),
-                            );
-                        }
+                .await;
+            let denied = matches!(ruling, Ruling::Denied { .. });
+            if let Ruling::StoreDown(Some(refusal)) = &ruling {
+                self.shared.metrics.refused(refusal);
+                return response::grpc_status(
+                    UNAVAILABLE,
+                    "the rate limit store cannot decide and on_error is \"deny\"",
+                );
+            }
+            // The fields a client of the proxy listener would get, for
+            // Envoy to add to its answer: the enforced descriptors', else
+            // the shadow ones'.
+            if let Some((decision, combined)) = ruling.decided() {
+                over |= denied;
+                if fields.is_empty() {
+                    response::annotate(&mut fields, first.route, combined, decision);
+                    if denied {
+                        fields.insert(
+                            http::header::RETRY_AFTER,
+                            response::retry_after(decision.retry_after_ms),
+                        );
                     }
                 }
             }
@@ -189,18 +181,17 @@ impl Context<'_> {
     }
 
     /// Decides `group` (descriptors on routes that are all `shadow`, or
-    /// none) as one charge, and writes each one's status: the decision
-    /// with the limits it was made under; `None` when the store could not
-    /// decide and `on_error` lets it pass, `Err` when it refuses.
+    /// none) as one charge, records the ruling and writes each
+    /// descriptor's status.
     async fn decide_group<'g>(
         &mut self,
         rules: &Rules,
         group: &'g [Matched<'_>],
         shadow: bool,
         statuses: &mut [envoy::DescriptorStatus],
-    ) -> Result<Option<(Decision, Cow<'g, Policy>)>, ()> {
+    ) -> Ruling<Cow<'g, Policy>> {
         let Some(first) = group.first() else {
-            return Ok(None);
+            return Ruling::Unlimited;
         };
         // Each descriptor's limits, placed one after another in the charge.
         let mut owns = Vec::with_capacity(group.len());
@@ -243,98 +234,57 @@ impl Context<'_> {
             Some(answer) => answer,
             None => self.shared.limiter.decide(charge).await,
         };
-        let decision = match answer {
-            Answer::Decided(d) => d,
-            Answer::Unavailable { deny, .. } => {
-                for m in group {
-                    rules.metrics[m.index].count(Outcome::StoreError);
-                }
-                self.log_rls(first, Outcome::StoreError, None);
-                return if deny && !shadow { Err(()) } else { Ok(None) };
-            }
+        let verdicts = match &answer {
+            Answer::Decided(decision) => self.verdicts(charge, decision).await,
+            Answer::Unavailable { .. } => None,
         };
-        let verdicts = self.verdicts(charge, &decision).await;
-        let concluded = Concluded {
-            group,
-            owns: &owns,
-            combined: &combined,
-            decision: &decision,
-            shadow,
-        };
-        self.record(rules, &concluded, verdicts.as_deref(), statuses);
-        Ok(Some((decision, combined)))
+        let ruling = Ruling::of(answer, shadow, combined);
+        self.record_group(rules, group, &owns, &ruling);
+        if let Some((decision, combined)) = ruling.decided() {
+            write_statuses(
+                group,
+                &owns,
+                combined,
+                decision,
+                verdicts.as_deref(),
+                statuses,
+            );
+        }
+        ruling
     }
 
-    /// What a group's decision says, written down: each descriptor's
-    /// status, its route's count and its client among the route's top
-    /// clients, the denial (or the shadow one) in the
-    /// log, and the call in the access log.
-    fn record(
+    /// A group's ruling recorded: on each descriptor's route, its denial
+    /// logged for the descriptor whose limit refused, and the call in the
+    /// access log as the first descriptor's route and client.
+    fn record_group(
         &mut self,
         rules: &Rules,
-        concluded: &Concluded<'_, '_>,
-        verdicts: Option<&[Verdict]>,
-        statuses: &mut [envoy::DescriptorStatus],
+        group: &[Matched<'_>],
+        owns: &[std::ops::Range<usize>],
+        ruling: &Ruling<Cow<'_, Policy>>,
     ) {
-        let Concluded {
-            group,
-            owns,
-            combined,
-            decision,
-            shadow,
-        } = *concluded;
         let Some(first) = group.first() else {
             return;
         };
-        let outcome = if decision.allowed {
-            Outcome::Allowed
-        } else if shadow {
-            Outcome::ShadowDenied
-        } else {
-            Outcome::Denied
+        let refusing = ruling
+            .decided()
+            .filter(|(d, _)| !d.allowed)
+            .and_then(|(d, _)| {
+                group
+                    .iter()
+                    .zip(owns)
+                    .find(|(_, own)| own.contains(&d.limit))
+            })
+            .map_or(first, |(m, _)| m);
+        if let Some(r) = self.log.as_mut() {
+            r.route(&first.route.name);
+        }
+        let whose = Whose {
+            counted: group.iter().map(|m| (m.index, &m.client)),
+            denied: (&refusing.route.name, &refusing.client),
+            logged: &first.client,
         };
-        for (m, own) in group.iter().zip(owns) {
-            let own = own.clone();
-            if let Some(slot) = statuses.get_mut(m.at) {
-                *slot = status(
-                    &combined.limits[own.clone()],
-                    &combined.names[own.clone()],
-                    verdicts.map(|v| &v[own.clone()]),
-                    decision,
-                    own,
-                    m.hits,
-                );
-            }
-            rules.metrics[m.index].count(outcome);
-            rules.count_top(m.index, &m.client, !decision.allowed);
-        }
-        if !decision.allowed {
-            let refusing = group
-                .iter()
-                .zip(owns)
-                .find(|(_, own)| own.contains(&decision.limit))
-                .map_or(first, |(m, _)| m);
-            let quota = combined.limits.get(decision.limit).map_or(0, |l| l.limit);
-            if shadow {
-                self.shared
-                    .log_shadow(&refusing.route.name, &refusing.client);
-            } else {
-                self.shared.denials.denied(
-                    &refusing.route.name,
-                    &refusing.client,
-                    quota,
-                    crate::clock::now_ms(),
-                );
-            }
-        }
-        self.log_rls(
-            first,
-            outcome,
-            combined
-                .names
-                .get(decision.limit)
-                .map(|n| (n.as_str(), decision.remaining)),
-        );
+        self.record(rules, ruling, whose);
     }
 
     /// Each limit's standing after `decision`: the decision itself when
@@ -350,15 +300,6 @@ impl Context<'_> {
             }]);
         }
         self.shared.limiter.standing(charge).await.ok()
-    }
-
-    /// The call in the access log: the first descriptor's route and
-    /// client, the outcome, and the limit that decided.
-    fn log_rls(&mut self, first: &Matched<'_>, outcome: Outcome, limit: Option<(&str, u64)>) {
-        if let Some(r) = self.log.as_mut() {
-            r.route(&first.route.name);
-            r.decided(outcome, Some(&first.client), limit);
-        }
     }
 }
 
@@ -432,6 +373,30 @@ fn matched<'r>(
         limited: matched,
         unlimited,
     })
+}
+
+/// Each descriptor of `group` (its limits at `owns` in `combined`) its
+/// status after `decision`.
+fn write_statuses(
+    group: &[Matched<'_>],
+    owns: &[std::ops::Range<usize>],
+    combined: &Policy,
+    decision: &Decision,
+    verdicts: Option<&[Verdict]>,
+    statuses: &mut [envoy::DescriptorStatus],
+) {
+    for (m, own) in group.iter().zip(owns) {
+        if let Some(slot) = statuses.get_mut(m.at) {
+            *slot = status(
+                &combined.limits[own.clone()],
+                &combined.names[own.clone()],
+                verdicts.map(|v| &v[own.clone()]),
+                decision,
+                own.clone(),
+                m.hits,
+            );
+        }
+    }
 }
 
 /// A descriptor's status: over limit when its own limits could not take
