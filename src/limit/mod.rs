@@ -368,6 +368,27 @@ pub struct Charge<'a> {
     pub settle: Option<Settlement>,
 }
 
+impl<'a> Charge<'a> {
+    /// A charge to decide: `cost` units from every limit of `limits`, for
+    /// `client` on `route`, counted as `keys` say.
+    pub fn new(
+        route: &'a Arc<str>,
+        client: &'a ClientId,
+        limits: &'a [Limit],
+        keys: &'a [CountKey],
+        cost: u64,
+    ) -> Self {
+        Self {
+            route,
+            client,
+            limits,
+            keys,
+            cost,
+            settle: None,
+        }
+    }
+}
+
 /// Whose count one limit is: a scope (a route's name, or a budget's,
 /// which routes share), the id counted in it, and the limit's place among
 /// the scope's limits. Two limits count together exactly when their keys,

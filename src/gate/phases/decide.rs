@@ -16,7 +16,7 @@ use crate::gate::rules::Rules;
 use crate::limit::{Answer, Charge};
 use crate::metrics::Outcome;
 use crate::refusal::Refusal;
-use crate::routes::{Policy, Route};
+use crate::routes::Policy;
 use crate::usage::BodyRead;
 
 /// The limits a request falls under: as compiled with the rules (the
@@ -57,25 +57,6 @@ enum Deciding<'r, 'w> {
     },
 }
 
-/// What a request on `route` asks of the store for `client`: `cost` units
-/// from every limit of `policy`, counted as `keys` say.
-fn charge<'c>(
-    route: &'c Route,
-    client: &'c ClientId,
-    policy: &'c Policy,
-    keys: &'c [crate::limit::CountKey],
-    cost: u64,
-) -> Charge<'c> {
-    Charge {
-        route: &route.name,
-        client,
-        limits: &policy.limits,
-        keys,
-        cost,
-        settle: None,
-    }
-}
-
 impl Context<'_> {
     /// The rate decision, counted and logged, as far as it goes at once:
     /// done (see [`Decided`]), or a question for the shared store (the
@@ -105,7 +86,7 @@ impl Context<'_> {
                 }
             },
         };
-        let charge = charge(route, client, &policy, &who.keys, cost);
+        let charge = Charge::new(&route.name, client, &policy.limits, &who.keys, cost);
         match self.shared.limiter.decide_at_once(charge) {
             Some(answer) => {
                 self.reserved(rules, found, &charge, &answer);
@@ -152,7 +133,7 @@ impl Context<'_> {
         policy: Limits<'r>,
         cost: u64,
     ) -> Decided<'r> {
-        let charge = charge(found.route, client, &policy, keys, cost);
+        let charge = Charge::new(&found.route.name, client, &policy.limits, keys, cost);
         let answer = self.shared.limiter.decide(charge).await;
         self.reserved(rules, found, &charge, &answer);
         Ok(self.ruled(rules, found, client, policy, answer))

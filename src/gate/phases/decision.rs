@@ -207,14 +207,13 @@ async fn settled(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
             "the request is not limited (exempt, or no limits): there is nothing to settle",
         ));
     };
-    let charge = Charge {
-        route: &found.route.name,
+    let charge = Charge::new(
+        &found.route.name,
         client,
-        limits: &policy.limits,
-        keys: &who.keys,
-        cost: token.reserved,
-        settle: None,
-    };
+        &policy.limits,
+        &who.keys,
+        token.reserved,
+    );
     let reservation = Reservation::resumed(usage, metering, &charge, token.at_ms, token.local);
     match reservation
         .settle_from_head(200, &cx.shared.limiter, &head.headers)

@@ -78,14 +78,7 @@ pub async fn operate(
     if let Some(Adjustment::Credit(_)) = op.adjustment {
         creditable(policy, which)?;
     }
-    let charge = Charge {
-        route: &route.name,
-        client,
-        limits: &policy.limits,
-        keys: &who.keys,
-        cost: 0,
-        settle: None,
-    };
+    let charge = Charge::new(&route.name, client, &policy.limits, &who.keys, 0);
     let standing = || async {
         let verdicts = super::standing::read_standing(shared, &route.name, &who)
             .await

@@ -222,14 +222,13 @@ impl Context<'_> {
                 Cow::Owned(Policy::named(names, limits, Vec::new()))
             }
         };
-        let charge = Charge {
-            route: &first.route.name,
-            client: &first.client,
-            limits: &combined.limits,
-            keys: &keys,
-            cost: first.hits,
-            settle: None,
-        };
+        let charge = Charge::new(
+            &first.route.name,
+            &first.client,
+            &combined.limits,
+            &keys,
+            first.hits,
+        );
         let answer = match self.shared.limiter.decide_at_once(charge) {
             Some(answer) => answer,
             None => self.shared.limiter.decide(charge).await,

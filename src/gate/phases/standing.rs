@@ -83,14 +83,7 @@ pub(super) async fn read_standing(
     let (Some(client), Some(policy)) = (&who.client, &who.policy) else {
         return Ok(Vec::new());
     };
-    let charge = Charge {
-        route,
-        client,
-        limits: &policy.limits,
-        keys: &who.keys,
-        cost: 0,
-        settle: None,
-    };
+    let charge = Charge::new(route, client, &policy.limits, &who.keys, 0);
     shared.limiter.standing(charge).await
 }
 
