@@ -380,3 +380,37 @@ async fn a_descriptor_entry_chooses_the_plan_whose_limits_apply() {
     each.sort_unstable();
     assert_eq!(each, [2, 2, 5]);
 }
+
+/// A store that was right and went away, with `on_error = "deny"`: Envoy
+/// is answered UNAVAILABLE (what its `failure_mode_deny` acts on), and
+/// each such answer is counted with floodgate's own refusals, as the
+/// proxy listener's 503 is: status 503, the store's fault.
+#[tokio::test]
+async fn a_store_outage_with_on_error_deny_answers_unavailable_and_counts_each_refusal() {
+    // A redis-server process of this test's own, to kill.
+    let mut redis = TestRedis::start_process().await;
+    let prefix = unique_prefix("rls-outage");
+    let config = rls(&redis, &prefix, r#""127.0.0.1/32""#)
+        .store(r#"on_error = "deny""#)
+        .admin();
+    let gate = Floodgate::start(&config.toml()).await;
+    let before = ask(&gate, &[call(&[user("ann")])]).await;
+    assert_eq!(codes(&before), ["OK"], "{before:?}");
+
+    redis.kill();
+    let during = ask(&gate, &[call(&[user("ann")]), call(&[user("bob")])]).await;
+    let errors: Vec<&str> = during
+        .iter()
+        .map(|a| a["error"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(errors, ["UNAVAILABLE", "UNAVAILABLE"], "{during:?}");
+
+    let metrics = support::TestClient::http1()
+        .get(&gate.admin_url("/metrics"), &[])
+        .await
+        .text();
+    assert!(
+        metrics.contains("floodgate_refusals_total{status=\"503\",fault=\"store\"} 2"),
+        "{metrics}"
+    );
+}
