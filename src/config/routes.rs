@@ -7,7 +7,7 @@
 //! (which requests), `action` (what it does with them), `policy` (what it
 //! counts) and `descriptor` (what Envoy's descriptors it decides).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ops::Range;
 
 use serde::Deserialize;
@@ -15,7 +15,7 @@ use toml::Spanned;
 
 use ipnet::IpNet;
 
-use super::upstreams::Defaults;
+use super::upstreams::{Defaults, NamedUpstreams};
 use super::{LimitModel, Server, Validator, answers, clients, concurrency, overrides};
 use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
 use crate::routes::{KeyExemption, Match, Route};
@@ -106,7 +106,7 @@ impl Validator<'_> {
         &mut self,
         models: &[Spanned<RouteModel>],
         (server, defaults): (Option<&Server>, Defaults),
-        upstreams: &HashMap<String, Option<crate::proxy::settings::Upstream>>,
+        upstreams: &NamedUpstreams,
         catalog: &super::plans::Catalog<'_>,
     ) -> Vec<Route> {
         let mut used = Vec::new();
@@ -189,10 +189,7 @@ impl Validator<'_> {
         &mut self,
         m: &RouteModel,
         span: Range<usize>,
-        (upstreams, defaults): (
-            &HashMap<String, Option<crate::proxy::settings::Upstream>>,
-            Defaults,
-        ),
+        (upstreams, defaults): (&NamedUpstreams, Defaults),
         (server_exempt, long_ids): (Exempt<'_>, (usize, TooLong)),
         catalog: &super::plans::Catalog<'_>,
     ) -> (Option<Route>, Option<Match>) {
@@ -216,10 +213,7 @@ impl Validator<'_> {
         m: &RouteModel,
         span: Range<usize>,
         matcher: Option<Match>,
-        (upstreams, defaults): (
-            &HashMap<String, Option<crate::proxy::settings::Upstream>>,
-            Defaults,
-        ),
+        (upstreams, defaults): (&NamedUpstreams, Defaults),
         (server_exempt, long_ids): (Exempt<'_>, (usize, TooLong)),
         catalog: &super::plans::Catalog<'_>,
     ) -> Option<Route> {

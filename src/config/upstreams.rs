@@ -105,6 +105,10 @@ impl Defaults {
     }
 }
 
+/// The `[upstreams.NAME]` tables by name: each compiled, or `None` where
+/// its table had a problem (already reported).
+pub(super) type NamedUpstreams = HashMap<String, Option<settings::Upstream>>;
+
 impl Validator<'_> {
     /// Every `[upstreams.NAME]`, compiled; one with a problem is reported
     /// and left out (routes naming it report nothing more). Only those
@@ -113,7 +117,7 @@ impl Validator<'_> {
         &mut self,
         models: &BTreeMap<String, Spanned<UpstreamModel>>,
         defaults: Defaults,
-    ) -> HashMap<String, Option<settings::Upstream>> {
+    ) -> NamedUpstreams {
         let mut out = HashMap::new();
         for (name, model) in models {
             if !super::valid_name(name) {
@@ -391,7 +395,7 @@ impl Validator<'_> {
     pub(super) fn route_upstream(
         &mut self,
         u: &Spanned<String>,
-        named: &HashMap<String, Option<settings::Upstream>>,
+        named: &NamedUpstreams,
         defaults: Defaults,
         timeout: Duration,
     ) -> Option<Upstream> {

@@ -3,7 +3,6 @@
 //! answer the caller's standing on other routes, or only be decided for
 //! front proxies.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{RouteModel, Validator};
-use crate::config::upstreams::Defaults;
+use crate::config::upstreams::{Defaults, NamedUpstreams};
 use crate::routes::{Action, Match, Respond};
 
 #[derive(Deserialize)]
@@ -30,10 +29,7 @@ impl Validator<'_> {
         &mut self,
         m: &RouteModel,
         span: Range<usize>,
-        (upstreams, defaults): (
-            &HashMap<String, Option<crate::proxy::settings::Upstream>>,
-            Defaults,
-        ),
+        (upstreams, defaults): (&NamedUpstreams, Defaults),
     ) -> Option<Action> {
         let name = m.name.get_ref();
         let timeout = self.optional_duration(
