@@ -23,11 +23,21 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// An upstream that notes when each request reached it (ms, the system
-/// clock, which is also the clock of the Redis on this machine).
+/// One request the upstream saw: when it arrived, when the load sent it
+/// (ms, the system clock, which is also the clock of the Redis on this
+/// machine), and the instance the load sent it to (`u8::MAX`: not sent by
+/// the load). floodgate decided it between `sent` and `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Arrival {
+    pub at: u64,
+    pub sent: u64,
+    pub from: u8,
+}
+
+/// An upstream that notes each request that reached it.
 pub struct Ledger {
     pub url: String,
-    arrivals: Arc<Mutex<Vec<(u64, u8)>>>,
+    arrivals: Arc<Mutex<Vec<Arrival>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -42,12 +52,17 @@ impl Ledger {
                 let log = Arc::clone(&log);
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<Incoming>| {
-                        let from = req
-                            .headers()
-                            .get("x-instance")
-                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                        let at = now_ms();
+                        let header = |name: &str| {
+                            req.headers()
+                                .get(name)
+                                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                        };
+                        let from = header("x-instance")
+                            .and_then(|i| u8::try_from(i).ok())
                             .unwrap_or(u8::MAX);
-                        log.lock().expect("ledger").push((now_ms(), from));
+                        let sent = header("x-sent").unwrap_or(at);
+                        log.lock().expect("ledger").push(Arrival { at, sent, from });
                         async {
                             Ok::<_, std::convert::Infallible>(Response::new(Full::new(
                                 Bytes::from_static(b"ok"),
@@ -67,9 +82,8 @@ impl Ledger {
         }
     }
 
-    /// When each request arrived, in order, with the instance the load
-    /// sent it to (`u8::MAX`: not sent by the load).
-    pub fn arrivals(&self) -> Vec<(u64, u8)> {
+    /// The requests that arrived, in the order they arrived.
+    pub fn arrivals(&self) -> Vec<Arrival> {
         let mut out = self.arrivals.lock().expect("ledger").clone();
         out.sort_unstable();
         out
@@ -189,12 +203,22 @@ pub async fn get_status(port: u16) -> Option<u16> {
     Some(get(port, "/", "api").await?.status().as_u16())
 }
 
-/// What one instance's share of the load got: answers by status.
-#[derive(Debug, Default, Clone, Copy)]
+/// What one instance's share of the load got: answers by status, and
+/// when each refused request was sent and answered (ms): floodgate refused
+/// it in between.
+#[derive(Debug, Default, Clone)]
 pub struct Got {
     pub ok: u64,
     pub refused: u64,
     pub other: u64,
+    pub refusals: Vec<(u64, u64)>,
+}
+
+impl Got {
+    /// Requests the load sent and had answered.
+    pub fn offered(&self) -> u64 {
+        self.ok + self.refused + self.other
+    }
 }
 
 /// Offers `rates[i]` requests a second to instance `i` until `until_ms`,
@@ -221,15 +245,20 @@ pub async fn offer(ports: &[u16], rates: &[u64], until_ms: u64) -> Vec<Got> {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 while now_ms() < until_ms {
                     tick.tick().await;
+                    let sent = now_ms();
                     let request = Request::get("/")
                         .header("host", "api")
                         .header("x-instance", i.to_string())
+                        .header("x-sent", sent.to_string())
                         .body(Empty::<Bytes>::new())
                         .expect("request");
                     match sender.send_request(request).await {
                         Ok(answer) => match answer.status().as_u16() {
                             200 => got.ok += 1,
-                            429 => got.refused += 1,
+                            429 => {
+                                got.refused += 1;
+                                got.refusals.push((sent, now_ms()));
+                            }
                             _ => got.other += 1,
                         },
                         Err(_) => break,
@@ -246,6 +275,7 @@ pub async fn offer(ports: &[u16], rates: &[u64], until_ms: u64) -> Vec<Got> {
         total.ok += got.ok;
         total.refused += got.refused;
         total.other += got.other;
+        total.refusals.extend(got.refusals);
     }
     per_instance
 }
