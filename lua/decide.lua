@@ -147,6 +147,16 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
       end
       l[2](KEYS[key + i - 1], l[3], l[4], now, units, l[5], read_a[i], read_b[i], read_c[i])
     end
+    return
+  end
+  -- Refused: nothing was taken, so a limit that would have allowed reports
+  -- what it holds (as a settlement does), not what it would have held.
+  for i = 1, n do
+    local l, o = limits[i], out + (i - 1) * 4
+    if reply[o] == 1 then
+      local _, remaining, reset = l[1](KEYS[key + i - 1], l[3], l[4], now, 0, l[5])
+      reply[o + 1], reply[o + 2] = max(remaining, 0), reset
+    end
   end
 end
 

@@ -252,15 +252,36 @@ impl Held<'_> {
             })
             .collect();
         let kinds = charge.limits.iter().map(|l| l.counts_requests);
-        let decision = Decision::combine_kinds(kinds.zip(verdicts));
-        if decision.allowed {
-            for (i, limit) in charge.limits.iter().enumerate() {
-                let e = self.entry(i, &keys[i], limit);
-                e.states[0].consume(limit, now, limit.cost_of(charge.cost));
-                e.expires_at = e.states[0].expires_at(limit);
-            }
+        let decision = Decision::combine_kinds(kinds.clone().zip(verdicts.iter().copied()));
+        if !decision.allowed {
+            let mut verdicts = verdicts;
+            untaken(&mut verdicts, |i| {
+                let limit = &charge.limits[i];
+                self.entry(i, &keys[i], limit).states[0].check(limit, now, 0)
+            });
+            return Decision::combine_kinds(kinds.zip(verdicts));
+        }
+        for (i, limit) in charge.limits.iter().enumerate() {
+            let e = self.entry(i, &keys[i], limit);
+            e.states[0].consume(limit, now, limit.cost_of(charge.cost));
+            e.expires_at = e.states[0].expires_at(limit);
         }
         decision
+    }
+}
+
+/// A refused request's verdicts: each limit that would have allowed it
+/// reads again, taking nothing (`check` of its index at cost 0), so that
+/// every verdict is what the store holds after the refusal.
+fn untaken(verdicts: &mut [Verdict], mut check: impl FnMut(usize) -> Verdict) {
+    for (i, v) in verdicts.iter_mut().enumerate() {
+        if v.allowed {
+            *v = Verdict {
+                allowed: true,
+                retry_after_ms: 0,
+                ..check(i)
+            };
+        }
     }
 }
 
@@ -342,27 +363,29 @@ impl Entry {
     /// Decides `charge` at `now`: every limit checked, then consumed from
     /// all if all allow.
     fn check_and_consume(&mut self, charge: Charge<'_>, now: u64) -> Decision {
-        let mut verdicts = [Verdict::default(); 8];
-        let decision = if charge.limits.len() <= verdicts.len() {
-            for (i, (state, limit)) in self.states.iter_mut().zip(charge.limits).enumerate() {
-                verdicts[i] = state.check(limit, now, limit.cost_of(charge.cost));
-            }
-            let kinds = charge.limits.iter().map(|l| l.counts_requests);
-            Decision::combine_kinds(kinds.zip(verdicts[..charge.limits.len()].iter().copied()))
+        let mut in_hand = [Verdict::default(); 8];
+        let mut more = Vec::new();
+        let verdicts: &mut [Verdict] = if charge.limits.len() <= in_hand.len() {
+            &mut in_hand[..charge.limits.len()]
         } else {
-            let verdicts: Vec<Verdict> = self
-                .states
-                .iter_mut()
-                .zip(charge.limits)
-                .map(|(state, limit)| state.check(limit, now, limit.cost_of(charge.cost)))
-                .collect();
-            let kinds = charge.limits.iter().map(|l| l.counts_requests);
-            Decision::combine_kinds(kinds.zip(verdicts))
+            more.resize(charge.limits.len(), Verdict::default());
+            &mut more
         };
-        if decision.allowed {
-            for (state, limit) in self.states.iter_mut().zip(charge.limits) {
-                state.consume(limit, now, limit.cost_of(charge.cost));
-            }
+        for (v, (state, limit)) in verdicts
+            .iter_mut()
+            .zip(self.states.iter_mut().zip(charge.limits))
+        {
+            *v = state.check(limit, now, limit.cost_of(charge.cost));
+        }
+        let kinds = charge.limits.iter().map(|l| l.counts_requests);
+        let decision = Decision::combine_kinds(kinds.clone().zip(verdicts.iter().copied()));
+        if !decision.allowed {
+            let states = &mut self.states;
+            untaken(verdicts, |i| states[i].check(&charge.limits[i], now, 0));
+            return Decision::combine_kinds(kinds.zip(verdicts.iter().copied()));
+        }
+        for (state, limit) in self.states.iter_mut().zip(charge.limits) {
+            state.consume(limit, now, limit.cost_of(charge.cost));
         }
         decision
     }
@@ -480,6 +503,33 @@ mod tests {
         let d = store.decide_at(c, 5_000);
         assert!(!d.allowed);
         assert_eq!((d.limit, d.retry_after_ms), (0, 55_000));
+    }
+
+    #[test]
+    fn a_refused_request_reports_every_limit_as_it_stands_nothing_taken() {
+        let route: Arc<str> = "api".into();
+        let client = ClientId::Addr([192, 0, 2, 1].into());
+        let limits = [
+            Limit::new(Algorithm::FixedWindow, 2, 1_000).counting_requests(),
+            Limit::new(Algorithm::SlidingLog, 100, 60_000),
+        ];
+        let store = MemoryStore::new();
+        let c = Charge {
+            cost: 30,
+            ..charge(&route, &client, &limits)
+        };
+        assert!(store.decide_at(c, 0).allowed);
+        assert!(store.decide_at(c, 1).allowed);
+        // Refused by the requests' limit: the tokens' still holds 40.
+        let d = store.decide_at(c, 2);
+        assert_eq!((d.allowed, d.limit, d.remaining), (false, 0, 0));
+        let other = d.other.expect("the tokens' limit");
+        assert_eq!((other.limit, other.remaining), (1, 40));
+        // Refused by the tokens' limit: the requests' still holds 2.
+        let d = store.decide_at(Charge { cost: 50, ..c }, 1_000);
+        assert_eq!((d.allowed, d.limit, d.remaining), (false, 1, 40));
+        let other = d.other.expect("the requests' limit");
+        assert_eq!((other.limit, other.remaining), (0, 2));
     }
 
     #[test]
