@@ -9,6 +9,7 @@
 mod support;
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -83,30 +84,15 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> 
             let _ = tx.send(Bytes::from(whole.to_string())).await;
             return;
         }
-        let chunk = |delta: serde_json::Value, usage: serde_json::Value| {
-            let choices = if delta.is_null() {
-                serde_json::json!([])
-            } else {
-                serde_json::json!([{"index": 0, "delta": delta, "finish_reason": null}])
-            };
-            let event = serde_json::json!({
-                "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                "model": "fake-model", "choices": choices, "usage": usage,
-            });
-            Bytes::from(format!("data: {event}\n\n"))
-        };
-        for piece in ["Hel", "lo!"] {
-            let _ = tx
-                .send(chunk(
-                    serde_json::json!({"content": piece}),
-                    serde_json::Value::Null,
-                ))
-                .await;
+        // A stream of its own framing: the request's `seed`, else the
+        // next of a count.
+        let seed = asked["seed"]
+            .as_u64()
+            .unwrap_or_else(|| STREAMS.fetch_add(1, Ordering::Relaxed));
+        let stream = event_stream(seed, report.then_some(&usage));
+        for piece in pieces(seed, stream.as_bytes()) {
+            let _ = tx.send(piece).await;
         }
-        if report {
-            let _ = tx.send(chunk(serde_json::Value::Null, usage)).await;
-        }
-        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
         // The stream's own end comes a moment later; the SDK has closed
         // the answer by then.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -115,6 +101,75 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> 
         .header("content-type", content_type)
         .body(Chunks(rx))
         .expect("response"))
+}
+
+/// Streams answered without a `seed`: each is framed by the next count.
+static STREAMS: AtomicU64 = AtomicU64::new(0);
+
+/// The line end of stream `seed`: a line feed, or on every other stream
+/// a carriage return and a line feed.
+fn eol(seed: u64) -> &'static str {
+    if seed % 2 == 0 { "\n" } else { "\r\n" }
+}
+
+/// One event of stream `seed`: a chat completion chunk of `choices`, and
+/// of `usage` when there is one.
+fn chunk_event(seed: u64, choices: serde_json::Value, usage: Option<&serde_json::Value>) -> String {
+    let mut event = serde_json::json!({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+        "model": "fake-model", "choices": choices,
+    });
+    if let Some(usage) = usage {
+        event["usage"] = usage.clone();
+    }
+    let eol = eol(seed);
+    format!("data: {event}{eol}{eol}")
+}
+
+/// The usage event of stream `seed` reporting `usage`: `choices` empty.
+fn usage_event(seed: u64, usage: &serde_json::Value) -> String {
+    chunk_event(seed, serde_json::json!([]), Some(usage))
+}
+
+/// Stream `seed`, as the OpenAI API sends it: a comment now and then,
+/// "Hel" and "lo!", then (when reported) the `usage` event, then
+/// `[DONE]`; with `include_usage`, every other chunk carries `"usage":
+/// null`.
+fn event_stream(seed: u64, usage: Option<&serde_json::Value>) -> String {
+    let eol = eol(seed);
+    let mut text = String::new();
+    if seed % 3 == 0 {
+        text.push_str(&format!(": keep-alive{eol}{eol}"));
+    }
+    for piece in ["Hel", "lo!"] {
+        let choices =
+            serde_json::json!([{"index": 0, "delta": {"content": piece}, "finish_reason": null}]);
+        let null = serde_json::Value::Null;
+        text.push_str(&chunk_event(seed, choices, usage.map(|_| &null)));
+    }
+    if let Some(usage) = usage {
+        text.push_str(&usage_event(seed, usage));
+    }
+    text.push_str(&format!("data: [DONE]{eol}{eol}"));
+    text
+}
+
+/// `bytes` in the frames stream `seed` is sent in: pieces of 1 to 97
+/// bytes, so that events (the usage event too) are split across frames
+/// and frames hold several events, at places that differ per stream.
+fn pieces(seed: u64, bytes: &[u8]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut n = seed;
+    while at < bytes.len() {
+        n = n
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let len = (((n >> 33) % 97) as usize + 1).min(bytes.len() - at);
+        out.push(Bytes::copy_from_slice(&bytes[at..at + len]));
+        at += len;
+    }
+    out
 }
 
 /// A route for the chat completions API at `api`, keyed by the
@@ -271,55 +326,134 @@ async fn one_route_one_budget_for_streamed_and_whole_answers_through_the_sdk() {
     }
 }
 
+/// The usage every call reports.
+fn usage() -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": PROMPT,
+        "completion_tokens": COMPLETION,
+        "total_tokens": PROMPT + COMPLETION,
+    })
+}
+
+/// Fifty streams that do not ask for their usage, read by the plain loop
+/// that indexes `chunk.choices[0]`, on two instances of a route that asks
+/// for it: no chunk without a choice reaches the SDK, the client never
+/// sees the usage, and every stream is settled to what the upstream
+/// reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn streams_that_do_not_ask_for_usage_are_asked_on_a_route_that_says_so() {
+async fn fifty_streams_asked_for_their_usage_by_floodgate_read_as_the_client_asked_them() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-unasked");
+    let api = fake_openai().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(chat_named(
+            "chat",
+            &api,
+            1_000_000,
+            ", stream_include_usage = true",
+        ))
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let calls = sdk(&gates, 10, 5, "indexing").await;
+    assert_eq!(calls.len(), 50);
+    for call in &calls {
+        assert_eq!(call["text"], "Hello!", "{call}");
+        assert_eq!(call["chunks"], 2, "{call}");
+        assert!(call["read"].is_null(), "the client did not ask: {call}");
+    }
+    let want = 50 * (PROMPT + COMPLETION);
+    assert_eq!(settled(&redis, &prefix, want).await, want);
+    for gate in &gates {
+        for reason in ["missing", "client_left", "upstream_failed", "store_failed"] {
+            assert_eq!(unreported(gate, reason).await, 0, "{reason}");
+        }
+    }
+}
+
+/// A streaming request with `seed`, asking for its usage or not.
+fn stream_request(url: &str, seed: u64, ask: bool) -> Request<support::ClientBody> {
+    let mut body = serde_json::json!({
+        "model": "fake-model", "stream": true, "max_tokens": 300, "seed": seed,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    });
+    if ask {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    Request::post(url)
+        .header("authorization", "Bearer sk-raw")
+        .header("content-type", "application/json")
+        .body(support::text_body(&body.to_string()))
+        .expect("request")
+}
+
+/// Byte for byte, over streams framed every way the upstream frames them
+/// (events split across frames, several in one, `\n` and `\r\n` line
+/// ends, comments): a client that did not ask for usage receives the
+/// upstream's stream without its usage event, one that asked the whole
+/// stream; each settled to the usage reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_receives_the_upstreams_bytes_less_only_the_usage_event_it_did_not_ask_for() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("raw-unasked");
+    let api = fake_openai().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(chat_named(
+            "chat",
+            &api,
+            1_000_000,
+            ", stream_include_usage = true",
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let http = TestClient::http1();
+    let url = gate.url("/v1/chat/completions");
+    let usage = usage();
+    let mut streams = 0;
+    for seed in 1_000..1_024 {
+        let upstream = event_stream(seed, Some(&usage));
+        let unasked = http.send(stream_request(&url, seed, false)).await;
+        assert_eq!(unasked.status, 200);
+        let less = upstream.replacen(&usage_event(seed, &usage), "", 1);
+        assert_ne!(less, upstream);
+        assert_eq!(unasked.text(), less, "seed {seed}");
+        let asked = http.send(stream_request(&url, seed, true)).await;
+        assert_eq!(asked.text(), upstream, "seed {seed}");
+        streams += 2;
+    }
+    let want = streams * (PROMPT + COMPLETION);
+    assert_eq!(settled(&redis, &prefix, want).await, want);
+    assert_eq!(unreported(&gate, "client_left").await, 0);
+    assert_eq!(unreported(&gate, "missing").await, 0);
+}
+
+/// On a route that does not ask for a stream's usage, a stream that does
+/// not ask either reports nothing: it stands at its reservation of
+/// 300 + 100, counted as missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_do_not_ask_for_usage_stand_at_their_reservation_where_nobody_asks() {
     let redis = TestRedis::start().await;
     let prefix = unique_prefix("sdk-ask");
     let api = fake_openai().await;
     let toml = Config::new()
         .admin()
         .redis(&redis.url, &prefix)
-        .route(chat_named(
-            "asks",
-            &api,
-            1_000_000,
-            ", stream_include_usage = true",
-        ))
         .route(chat_named("plain", &api, 1_000_000, ""))
         .toml();
     let gate = Floodgate::start(&toml).await;
-    let run = |path: &str| {
-        let args = [
-            "calls".to_owned(),
-            gate.url(path),
-            "sk-test-key".to_owned(),
-            "1".to_owned(),
-            "4".to_owned(),
-            "0.05".to_owned(),
-            "bare".to_owned(),
-        ];
-        async move { client("openai_peer.py", &args).await }
-    };
-    // Asked for by floodgate, the usage comes (the SDK reads it too) and
-    // is what each stream is charged.
-    let asked = run("/asks/v1").await;
-    assert_eq!(asked.len(), 4);
-    for call in &asked {
-        assert_eq!(call["read"], PROMPT + COMPLETION, "{call}");
-    }
-    let want = 4 * (PROMPT + COMPLETION);
-    let mut found = 0;
-    for _ in 0..600 {
-        found = charged_on(&redis, &prefix, "asks").await;
-        if found == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(found, want);
-    // Not asked, nothing is reported: each stands at its reservation of
-    // 300 + 100, counted as missing.
-    let bare = run("/plain/v1").await;
+    let args = [
+        "calls".to_owned(),
+        gate.url("/plain/v1"),
+        "sk-test-key".to_owned(),
+        "1".to_owned(),
+        "4".to_owned(),
+        "0.05".to_owned(),
+        "bare".to_owned(),
+    ];
+    let bare = client("openai_peer.py", &args).await;
     assert!(bare.iter().all(|c| c["read"].is_null()), "{bare:?}");
     let mut found = 0;
     for _ in 0..600 {
@@ -445,4 +579,136 @@ async fn openai_rate_limit_fields_report_each_limit_after_every_call() {
     // requests' one member per call; the refused call took nothing.
     let logged = 10 * (PROMPT + COMPLETION) + 10;
     assert_eq!(settled(&redis, &prefix, logged).await, logged);
+}
+
+/// The sum of the samples of counter `family` on route `chat` of `gate`
+/// whose labels hold `label`.
+async fn counted(gate: &Floodgate, family: &str, label: &str) -> u64 {
+    let scrape = TestClient::http1()
+        .get(&gate.admin_url("/metrics"), &[])
+        .await
+        .text();
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(r#"route="chat""#))
+        .filter(|l| l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// One SDK call through `gate` with `max_tokens`: its answer's fields.
+async fn one_call(gate: &Floodgate, max_tokens: u64) -> serde_json::Value {
+    let args = [
+        "calls".to_owned(),
+        gate.url("/v1"),
+        "sk-test-key".to_owned(),
+        "1".to_owned(),
+        "1".to_owned(),
+        "0".to_owned(),
+        format!("headers:{max_tokens}"),
+    ];
+    let mut calls = client("openai_peer.py", &args).await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    calls.remove(0)
+}
+
+/// Twelve calls against the model of 10 requests and 2 000 tokens (each
+/// call reserving its `max_tokens` + 100, settled to 155): seven of 900
+/// admitted, the eighth refused by the tokens' limit (915 left, 1 000
+/// asked), three of 300 admitted, the twelfth refused by the requests'
+/// limit. After every call each `x-ratelimit-*` field is the model's: a
+/// refused call reports every limit as it stands, nothing taken.
+async fn every_field_follows_the_model(gate: &Floodgate, redis: Option<(&TestRedis, &str)>) {
+    let (mut requests, mut tokens, mut refunded, mut logged) = (10u64, 2_000u64, 0u64, 0u64);
+    let mut refusals = Vec::new();
+    for max_tokens in [900; 8].into_iter().chain([300; 4]) {
+        let reserve = max_tokens + 100;
+        let call = one_call(gate, max_tokens).await;
+        assert_eq!(field(&call, "x-ratelimit-limit-requests"), "10", "{call}");
+        assert_eq!(field(&call, "x-ratelimit-limit-tokens"), "2000", "{call}");
+        for reset in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+            assert!(field(&call, reset).ends_with('s'), "{call}");
+        }
+        let refused_by = if requests == 0 {
+            Some("requests")
+        } else if tokens < reserve {
+            Some("tokens")
+        } else {
+            None
+        };
+        let (shown_requests, shown_tokens) = match refused_by {
+            Some(which) => {
+                assert_eq!(call["error"], "RateLimitError", "{call}");
+                assert!(call["headers"].get("retry-after").is_some(), "{call}");
+                refusals.push(which);
+                (requests, tokens)
+            }
+            None => {
+                assert_eq!(call["read"], PROMPT + COMPLETION, "{call}");
+                assert!(call["headers"].get("retry-after").is_none(), "{call}");
+                requests -= 1;
+                let shown = (requests, tokens - reserve);
+                tokens -= PROMPT + COMPLETION;
+                refunded += reserve - (PROMPT + COMPLETION);
+                logged += PROMPT + COMPLETION + 1;
+                shown
+            }
+        };
+        assert_eq!(
+            field(&call, "x-ratelimit-remaining-requests"),
+            shown_requests.to_string(),
+            "{call}"
+        );
+        assert_eq!(
+            field(&call, "x-ratelimit-remaining-tokens"),
+            shown_tokens.to_string(),
+            "{call}"
+        );
+        // The next call comes once this one is settled.
+        for _ in 0..600 {
+            let store_done = match redis {
+                Some((redis, prefix)) => charged(redis, prefix).await == logged,
+                None => true,
+            };
+            if store_done
+                && counted(gate, "floodgate_usage_units_total", r#"kind="refunded""#).await
+                    == refunded
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(refusals, ["tokens", "requests"]);
+}
+
+/// [`every_field_follows_the_model`] on a route of 10 requests and 2 000
+/// tokens an hour (the model needs no window to pass), `store` its
+/// store's TOML lines.
+fn model_route(api: &str) -> Route {
+    chat(api, 2_000)
+        .limits(r#"{ algorithm = "sliding_log", limit = 10, window = "1h", counts = "requests" }"#)
+        .line(r#"rate_limit_headers = "openai""#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_report_every_limit_as_the_memory_store_holds_it() {
+    let api = fake_openai().await;
+    let toml = Config::new().admin().route(model_route(&api)).toml();
+    let gate = Floodgate::start(&toml).await;
+    every_field_follows_the_model(&gate, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_report_every_limit_as_redis_holds_it() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-model");
+    let api = fake_openai().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(model_route(&api))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    every_field_follows_the_model(&gate, Some((&redis, &prefix))).await;
 }

@@ -12,6 +12,7 @@ use crate::access_log::Line;
 use crate::concurrency::Slot;
 use crate::response::Watcher;
 use crate::usage::Meter;
+use crate::usage::unasked::UnaskedUsage;
 
 /// An answer's end hooks, told in order: the usage meter first (so the
 /// log line has the units), then the access log's line. Dropped in field
@@ -25,22 +26,27 @@ pub(super) struct AnswerEnd {
     _slot: Option<Slot>,
     /// Reads the answer for the units it reports, on a metered route.
     meter: Option<Box<Meter>>,
+    /// Takes the usage event the client did not ask for out of the answer
+    /// (the meter reads it first).
+    unasked: Option<Box<UnaskedUsage>>,
 }
 
 impl AnswerEnd {
     /// The hooks for an answer; None when there is nothing to watch for.
     pub(super) fn of(
-        meter: Option<Box<Meter>>,
+        meter: Option<(Box<Meter>, Option<Box<UnaskedUsage>>)>,
         line: Option<Line>,
         slot: Option<Slot>,
     ) -> Option<Box<dyn Watcher>> {
         if meter.is_none() && line.is_none() && slot.is_none() {
             return None;
         }
+        let (meter, unasked) = meter.map_or((None, None), |(m, u)| (Some(m), u));
         Some(Box::new(Self {
             line,
             _slot: slot,
             meter,
+            unasked,
         }))
     }
 
@@ -52,12 +58,30 @@ impl AnswerEnd {
 }
 
 impl Watcher for AnswerEnd {
+    fn edit(&mut self, frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+        if let Some(meter) = self.meter.as_deref_mut() {
+            meter.frame(&frame);
+        }
+        let Some(unasked) = self.unasked.as_deref_mut() else {
+            return Some(frame);
+        };
+        match frame.into_data() {
+            Ok(data) => unasked.edit(data).map(Frame::data),
+            Err(frame) => Some(frame),
+        }
+    }
+
+    fn held(&mut self) -> Option<Bytes> {
+        self.unasked.as_deref_mut().and_then(UnaskedUsage::held)
+    }
+
+    fn edits(&self) -> bool {
+        self.unasked.is_some()
+    }
+
     fn sent(&mut self, frame: &Frame<Bytes>) {
         if let Some(line) = self.line.as_mut() {
             line.sent(frame);
-        }
-        if let Some(meter) = self.meter.as_deref_mut() {
-            meter.frame(frame);
         }
     }
 

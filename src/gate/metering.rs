@@ -27,6 +27,7 @@ use crate::proxy::request_body::{RequestBody, Sent};
 use crate::proxy::{ClientSide, Forwarder};
 use crate::refusal::Refusal;
 use crate::usage::settings::{READ_FIRST, Settings, Source};
+use crate::usage::unasked::UnaskedUsage;
 use crate::usage::{BodyRead, Meter, OnReport, Tally, Unreported, from_headers, named_in_json};
 
 /// The request's body: as it arrived, or with its first bytes read for a
@@ -43,7 +44,8 @@ pub(super) enum ClientBody {
 ///
 /// With `stream_include_usage`, a streaming request read whole is asked to
 /// report its usage (see [`crate::usage::asking_for_usage`]), and its
-/// `Content-Length` in `headers` follows.
+/// `Content-Length` in `headers` follows; the answer's usage event is then
+/// taken out of what the client receives (see [`Reservation::meter`]).
 pub(super) async fn read_first(
     forwarder: &Forwarder,
     client: ClientSide,
@@ -53,11 +55,13 @@ pub(super) async fn read_first(
 ) -> Result<(ClientBody, Option<BodyRead>), Refusal> {
     let (mut read, sent) = RequestBody::new(body, &client);
     forwarder.read_first(&mut read, READ_FIRST).await?;
+    let mut usage_unasked = false;
     if usage.stream_include_usage && read.read_whole() {
         let whole: Vec<u8> = read.read().flat_map(|b| b.iter().copied()).collect();
         if let Some(asking) = crate::usage::asking_for_usage(&whole) {
             let length = http::HeaderValue::from(asking.len());
-            if read.replace_read(asking) && headers.contains_key(http::header::CONTENT_LENGTH) {
+            usage_unasked = read.replace_read(asking);
+            if usage_unasked && headers.contains_key(http::header::CONTENT_LENGTH) {
                 headers.insert(http::header::CONTENT_LENGTH, length);
             }
         }
@@ -66,6 +70,7 @@ pub(super) async fn read_first(
         len: read.read().map(|b| b.len() as u64).sum(),
         named: named_in_json(usage, read.read()),
         whole: read.read_whole(),
+        usage_unasked,
     };
     Ok((ClientBody::Read(read, sent), Some(named)))
 }
@@ -102,6 +107,9 @@ pub(super) struct Reservation {
     keys: Box<[CountKey]>,
     /// The answer's status, once known.
     status: u16,
+    /// floodgate asked the upstream for the stream's usage, the client
+    /// did not: the usage event is read, then taken out of the answer.
+    pub(super) usage_unasked: bool,
 }
 
 impl Reservation {
@@ -142,6 +150,7 @@ impl Reservation {
             limits: charge.limits.into(),
             keys: charge.keys.into(),
             status: 0,
+            usage_unasked: false,
         }
     }
 
@@ -181,7 +190,9 @@ impl Reservation {
 
     /// The meter that reads the answer's body for the units it reports as
     /// it goes out; settled in a task of its own when it ends (or standing
-    /// when it breaks off or the client leaves).
+    /// when it breaks off or the client leaves). With it, on an event
+    /// stream whose usage the client did not ask for, what takes the
+    /// usage event out of the answer.
     /// `event_stream`: the answer is a `text/event-stream` (what a
     /// `json_or_sse` report reads); `status`: the answer's.
     pub(super) fn meter(
@@ -190,8 +201,9 @@ impl Reservation {
         settlements: &Arc<in_flight::Count>,
         event_stream: bool,
         status: u16,
-    ) -> Box<Meter> {
+    ) -> (Box<Meter>, Option<Box<UnaskedUsage>>) {
         self.status = status;
+        let unasked = (self.usage_unasked && event_stream).then(Box::default);
         let (settings, tally) = (Arc::clone(&self.settings), Arc::clone(&self.tally));
         let limiter = Arc::clone(limiter);
         let settlements = Arc::clone(settlements);
@@ -208,7 +220,10 @@ impl Reservation {
                 Err(_) => self.stood(Unreported::StoreFailed),
             }
         });
-        Box::new(Meter::new(settings, tally, done, event_stream))
+        (
+            Box::new(Meter::new(settings, tally, done, event_stream)),
+            unasked,
+        )
     }
 
     /// Settles the reservation to `report`'s units: the settled decision,

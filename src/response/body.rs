@@ -31,6 +31,42 @@ enum Kind<U> {
     Trailed(Option<Bytes>, Option<Box<http::HeaderMap>>),
 }
 
+impl<U: hyper::body::Body<Data = Bytes> + Unpin> Kind<U> {
+    fn poll_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, U::Error>>> {
+        use std::task::Poll;
+        match self {
+            Self::Streamed(body) => std::pin::Pin::new(body).poll_frame(cx),
+            Self::Whole(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Self::Trailed(bytes, trailers) => Poll::Ready(match bytes.take() {
+                Some(b) => Some(Ok(Frame::data(b))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
+        }
+    }
+
+    /// `frame` as `watcher` edits it; trailers wait for what the watcher
+    /// holds back, which goes out first (the trailers next, from here).
+    fn held_before(
+        &mut self,
+        watcher: &mut dyn Watcher,
+        frame: Frame<Bytes>,
+    ) -> Option<Frame<Bytes>> {
+        if !frame.is_trailers() {
+            return watcher.edit(frame);
+        }
+        let Some(rest) = watcher.held() else {
+            return watcher.edit(frame);
+        };
+        if let Ok(trailers) = frame.into_trailers() {
+            *self = Self::Trailed(None, Some(Box::new(trailers)));
+        }
+        Some(Frame::data(rest))
+    }
+}
+
 impl<U: hyper::body::Body> Kind<U> {
     fn is_end_stream(&self) -> bool {
         match self {
@@ -44,6 +80,22 @@ impl<U: hyper::body::Body> Kind<U> {
 /// What watches an answer's body go out, told of every frame and of how
 /// the body ended.
 pub trait Watcher: Send {
+    /// A frame came from the body: what goes out instead (`None`: nothing
+    /// now, the watcher holds it back). As it came, unless the watcher
+    /// edits the body (see [`Watcher::edits`]).
+    fn edit(&mut self, frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+        Some(frame)
+    }
+    /// What the watcher still holds back when the body ends (or before its
+    /// trailers): it goes out then.
+    fn held(&mut self) -> Option<Bytes> {
+        None
+    }
+    /// Whether the watcher may change what goes out (the body's length is
+    /// then not known in advance).
+    fn edits(&self) -> bool {
+        false
+    }
     /// A frame went out.
     fn sent(&mut self, frame: &Frame<Bytes>);
     /// The body went out whole (told again when it is then dropped).
@@ -119,34 +171,44 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, U::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
-        let polled = match &mut this.kind {
-            Kind::Streamed(body) => std::pin::Pin::new(body).poll_frame(cx),
-            Kind::Whole(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Kind::Trailed(bytes, trailers) => Poll::Ready(match bytes.take() {
-                Some(b) => Some(Ok(Frame::data(b))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
-            }),
-        };
-        let Some(watcher) = this.watcher.as_deref_mut() else {
+        loop {
+            let polled = this.kind.poll_frame(cx);
+            let Some(watcher) = this.watcher.as_deref_mut() else {
+                return polled;
+            };
+            let polled = match polled {
+                Poll::Ready(Some(Ok(frame))) => match this.kind.held_before(watcher, frame) {
+                    Some(frame) => Poll::Ready(Some(Ok(frame))),
+                    // Held back whole: the next frame may go out.
+                    None => continue,
+                },
+                Poll::Ready(None) => match watcher.held() {
+                    Some(rest) => {
+                        this.kind = Kind::Whole(None);
+                        Poll::Ready(Some(Ok(Frame::data(rest))))
+                    }
+                    None => Poll::Ready(None),
+                },
+                other => other,
+            };
+            let ended = match &polled {
+                Poll::Ready(Some(Ok(frame))) => {
+                    watcher.sent(frame);
+                    this.kind.is_end_stream()
+                }
+                Poll::Ready(None) => true,
+                Poll::Ready(Some(Err(_))) => {
+                    watcher.broke();
+                    false
+                }
+                Poll::Pending => false,
+            };
+            if ended {
+                this.at_end = true;
+                watcher.ended();
+            }
             return polled;
-        };
-        let ended = match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                watcher.sent(frame);
-                this.kind.is_end_stream()
-            }
-            Poll::Ready(None) => true,
-            Poll::Ready(Some(Err(_))) => {
-                watcher.broke();
-                false
-            }
-            Poll::Pending => false,
-        };
-        if ended {
-            this.at_end = true;
-            watcher.ended();
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -155,6 +217,14 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
+            // Edited, the body is no longer than the upstream's.
+            Kind::Streamed(body) if self.watcher.as_deref().is_some_and(|w| w.edits()) => {
+                let mut hint = SizeHint::new();
+                if let Some(upper) = body.size_hint().upper() {
+                    hint.set_upper(upper);
+                }
+                hint
+            }
             Kind::Streamed(body) => body.size_hint(),
             Kind::Whole(bytes) | Kind::Trailed(bytes, _) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))

@@ -8,6 +8,7 @@
 pub mod json;
 pub mod settings;
 pub mod sse;
+pub mod unasked;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +86,9 @@ pub struct BodyRead {
     pub whole: bool,
     /// Bytes read.
     pub len: u64,
+    /// floodgate asked the upstream to report the stream's usage
+    /// (`stream_include_usage`); the client did not.
+    pub usage_unasked: bool,
 }
 
 /// The number at the first of `settings`' `reserve_json` paths that the
@@ -410,6 +414,7 @@ mod tests {
             len: text.len() as u64,
             named: named_in_json(&s, std::iter::once(&Bytes::from(text.to_owned()))),
             whole,
+            usage_unasked: false,
         };
         let asked = r#"{"model":"m","max_tokens":40,"n":{"max_tokens":900}}"#;
         assert_eq!(reservation(&s, &headers, Some(body(asked, true))), Ok(50));
@@ -486,6 +491,7 @@ mod tests {
             named: Some(20.0),
             whole: true,
             len: 10,
+            usage_unasked: false,
         };
         assert_eq!(reservation(&s, &headers, Some(read)), Ok(20 + 10 + 250));
     }

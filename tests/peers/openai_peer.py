@@ -9,9 +9,11 @@ round with a new SDK client (its own connections), alternating between the
 base URLs round by round. MODE is "stream" (stream_options.include_usage:
 the usage arrives in a last chunk before `data: [DONE]`, where the SDK
 stops reading and closes the answer), "bare" (streams that do not ask for
-their usage), "plain", "both" (alternating stream and plain), or "headers"
+their usage), "indexing" (streams that do not ask for their usage,
+read by the plain loop that indexes `chunk.choices[0]` on every chunk),
+"plain", "both" (alternating stream and plain), or "headers"
 (plain calls through the SDK's raw-response interface, which hands the
-caller the answer's headers).
+caller the answer's headers; "headers:N" with max_tokens N, else 300).
 Prints one JSON line per call: the usage tokens the SDK read, or the error
 it raised; in "headers" mode, with the answer's `x-ratelimit-*` and
 `retry-after` headers, and a refusal's body.
@@ -57,6 +59,26 @@ def one_call(client, stream, max_tokens, ask_usage=True):
         return {"error": type(e).__name__, "detail": str(e)}
 
 
+def indexing_call(client, max_tokens):
+    """A stream read as most code reads one: every chunk's first choice."""
+    messages = [{"role": "user", "content": "Say hello."}]
+    try:
+        chunks = client.chat.completions.create(
+            model="fake-model", messages=messages, max_tokens=max_tokens, stream=True
+        )
+        read, text, count = None, "", 0
+        for chunk in chunks:
+            text += chunk.choices[0].delta.content or ""
+            count += 1
+            if getattr(chunk, "usage", None) is not None:
+                read = chunk.usage.total_tokens
+        return {"stream": True, "read": read, "text": text, "chunks": count}
+    except IndexError as e:
+        return {"error": "IndexError", "detail": str(e)}
+    except openai.APIError as e:
+        return {"error": type(e).__name__, "detail": str(e)}
+
+
 def rate_limit_fields(headers):
     return {
         name: value
@@ -92,8 +114,13 @@ def calls(urls, key, rounds, per_round, gap, mode):
             base_url=urls[r % len(urls)], api_key=key, max_retries=0, timeout=30
         )
         for i in range(per_round):
-            if mode == "headers":
-                print(json.dumps(call_with_headers(client, 300)), flush=True)
+            if mode.startswith("headers"):
+                max_tokens = int(mode.split(":")[1]) if ":" in mode else 300
+                print(json.dumps(call_with_headers(client, max_tokens)), flush=True)
+                time.sleep(gap)
+                continue
+            if mode == "indexing":
+                print(json.dumps(indexing_call(client, 300)), flush=True)
                 time.sleep(gap)
                 continue
             stream = mode in ("stream", "bare") or (mode == "both" and i % 2 == 0)

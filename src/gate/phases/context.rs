@@ -103,12 +103,17 @@ impl Context<'_> {
         let settlements = &self.shared.settlements;
         let meter = reservation.map(|r| {
             let event_stream = crate::proxy::is_event_stream(response.headers());
-            r.meter(
+            let (meter, unasked) = r.meter(
                 limiter,
                 settlements,
                 event_stream,
                 response.status().as_u16(),
-            )
+            );
+            if unasked.is_some() {
+                // The client receives fewer bytes than the upstream sent.
+                response.headers_mut().remove(http::header::CONTENT_LENGTH);
+            }
+            (meter, unasked)
         });
         let hooks = AnswerEnd::of(meter, Line::of(record, log), slot);
         response.body_mut().watch(hooks);

@@ -111,7 +111,7 @@ impl Context<'_> {
         headers: &http::HeaderMap,
         read: Option<BodyRead>,
     ) -> Decided<'r> {
-        match self.decide(rules, found, who, headers, read) {
+        let decided = match self.decide(rules, found, who, headers, read) {
             Deciding::Done(decided) => decided,
             Deciding::Ask {
                 client,
@@ -119,7 +119,13 @@ impl Context<'_> {
                 policy,
                 cost,
             } => Box::pin(self.ask(rules, found, client, keys, policy, cost)).await,
+        };
+        // floodgate asked for the stream's usage: the answer's usage event
+        // is read, then taken out of what the client receives.
+        if let (Some(r), Some(BodyRead { usage_unasked, .. })) = (self.reservation.as_mut(), read) {
+            r.usage_unasked = usage_unasked;
         }
+        decided
     }
 
     /// The shared store's answer to the question [`Context::decide`] left,
