@@ -109,7 +109,7 @@ static STREAMS: AtomicU64 = AtomicU64::new(0);
 /// The line end of stream `seed`: a line feed, or on every other stream
 /// a carriage return and a line feed.
 fn eol(seed: u64) -> &'static str {
-    if seed % 2 == 0 { "\n" } else { "\r\n" }
+    if seed.is_multiple_of(2) { "\n" } else { "\r\n" }
 }
 
 /// One event of stream `seed`: a chat completion chunk of `choices`, and
@@ -138,7 +138,7 @@ fn usage_event(seed: u64, usage: &serde_json::Value) -> String {
 fn event_stream(seed: u64, usage: Option<&serde_json::Value>) -> String {
     let eol = eol(seed);
     let mut text = String::new();
-    if seed % 3 == 0 {
+    if seed.is_multiple_of(3) {
         text.push_str(&format!(": keep-alive{eol}{eol}"));
     }
     for piece in ["Hel", "lo!"] {
