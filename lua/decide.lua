@@ -14,7 +14,11 @@
 --            cost: units the request consumes; or, to settle a
 --              reservation, "<used> <at> <reserved>": `reserved` units
 --              were taken by a decision at time `at` and the answer
---              reported `used` (see each algorithm's settle); or, for an
+--              reported `used` (see each algorithm's settle); or, to
+--              give back the part of a refused request taken before
+--              another part (in another cluster slot) refused it,
+--              "r <at> <reserved>": every limit gets back what it took,
+--              `reserved` or 1 for a limit counting requests; or, for an
 --              operator's grant, "g <units>" (grant_one)
 --            the route's limits, "<algorithm> <limit> <window ms> <burst>
 --              <per request>" for each, separated by spaces; one key per
@@ -179,14 +183,20 @@ end
 -- Settles one request's reservation against `limits`, whose keys start at
 -- KEYS[key], and writes what each limit holds afterwards into `reply` from
 -- reply[out] as an allowed verdict: the units remaining once settled.
--- Settling below the reservation gives units back: see given_back.
-local function settle_one(KEYS, key, limits, now, at, reserved, used, reply, out)
+-- Settling below the reservation gives units back: see given_back. A
+-- limit counting requests is left as decided, unless `refused`: then the
+-- request was refused after all, and it gets back the one it took.
+local function settle_one(KEYS, key, limits, now, at, reserved, used, refused, reply, out)
   local told = nil
   for i = 1, #limits do
     local l, o, k = limits[i], out + (i - 1) * 4, KEYS[key + i - 1]
-    if not l[7] then
-      l[6](k, l[3], l[4], now, l[5], at, reserved, used)
-      if used < reserved then
+    local took = reserved
+    if l[7] then
+      took = refused and 1 or nil
+    end
+    if took then
+      l[6](k, l[3], l[4], now, l[5], at, took, used)
+      if used < took then
         told = told or {}
         given_back(k, told)
       end
@@ -266,9 +276,13 @@ local function decide(KEYS, ARGV)
     if not tonumber(ARGV[at + 1]) then
       local used, reserved_at, reserved = match(ARGV[at + 1], '^(%d+) (%d+) (%d+)$')
       local granted = match(ARGV[at + 1], '^g (%d+)$')
+      local refused_at, refused = match(ARGV[at + 1], '^r (%d+) (%d+)$')
       if granted then
         settles = settles or {}
         settles[#requests] = {nil, nil, tonumber(granted)}
+      elseif refused_at then
+        settles = settles or {}
+        settles[#requests] = {0, tonumber(refused_at), tonumber(refused), true}
       elseif not used then
         return redis.error_reply('floodgate: bad cost ' .. tostring(ARGV[at + 1]))
       else
@@ -304,7 +318,7 @@ local function decide(KEYS, ARGV)
     if settle and not settle[1] then
       grant_one(KEYS, key, limits, now, settle[3], reply, out)
     elseif settle then
-      settle_one(KEYS, key, limits, now, settle[2], settle[3], settle[1], reply, out)
+      settle_one(KEYS, key, limits, now, settle[2], settle[3], settle[1], settle[4], reply, out)
     else
       decide_one(KEYS, key, limits, now, tonumber(ARGV[at + 1]), reply, out)
     end

@@ -218,6 +218,7 @@ async fn both_agree_on_the_trace(
                     reserved: charge.cost,
                     local: false,
                     grant: false,
+                    refused: false,
                 });
             }
             prop_assert_eq!(
@@ -622,6 +623,7 @@ async fn a_grant_admits_as_many_more_in_lua_and_rust() {
                 reserved: 3,
                 local: false,
                 grant: true,
+                refused: false,
             }),
         };
         let lua = both

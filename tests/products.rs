@@ -242,7 +242,7 @@ async fn on_a_cluster_keys_in_other_slots_are_given_back_and_no_limit_is_exceede
     let back = given_back(&gates[0]).await + given_back(&gates[1]).await;
     let false_refusals = MODEL_ADMITS - admitted.min(MODEL_ADMITS);
     println!(
-        "cluster: {admitted} admitted of the model's {MODEL_ADMITS}; {false_refusals} false refusals; {back} parts given back"
+        "cluster: {admitted} admitted of the model's {MODEL_ADMITS}; {false_refusals} false refusals; {back} units given back"
     );
     assert!(admitted <= MODEL_ADMITS, "{admitted} admitted");
     // A unit left unused at the end is one a refused request held and
@@ -289,6 +289,153 @@ async fn on_a_cluster_keys_in_other_slots_are_given_back_and_no_limit_is_exceede
     assert_eq!(users_now.iter().sum::<u64>(), MODEL_ADMITS as u64);
     assert_eq!(orgs_now.iter().sum::<u64>(), MODEL_ADMITS as u64);
     assert_eq!(global_now, [MODEL_ADMITS as u64]);
+}
+
+// === a refused request's parts, whatever each limit counts ===
+
+/// Route `sl{n}` on `/sl{n}/`, costing 2 units: 200 an hour for everyone,
+/// 14 an hour per `X-Org`, and 3 requests an hour per `X-User` (a limit
+/// counting requests: each takes one, whatever the cost). Each a sliding
+/// log.
+fn costly_with_a_requests_limit(n: usize) -> Route {
+    Route::new(&format!("sl{n}"))
+        .matching(&format!(r#"path_prefix = "/sl{n}/""#))
+        .client(r#"from = "header", name = "X-User", missing = "reject""#)
+        .line("cost = 2")
+        .limits(r#"{ algorithm = "sliding_log", limit = 200, window = "1h", key = { from = "global" } }"#)
+        .limits(r#"{ algorithm = "sliding_log", limit = 14, window = "1h", key = { from = "header", name = "X-Org", missing = "reject" } }"#)
+        .limits(r#"{ algorithm = "sliding_log", limit = 3, window = "1h", counts = "requests" }"#)
+}
+
+/// Routes `sl0`…`sl19`: each repetition of the sequence below on keys of
+/// its own.
+const REPEATS: usize = 20;
+
+fn costly_routes(config: Config) -> Config {
+    (0..REPEATS).fold(config.admin(), |c, n| {
+        c.route(costly_with_a_requests_limit(n))
+    })
+}
+
+/// Users u0 and u1 of org A, three requests each, then ann of org A once:
+/// org A is full (14 units). Ann of org A three more times is refused by
+/// the org's limit; ann of org B is then admitted: nothing of hers
+/// refused was kept, in any limit. Run on route `sl{n}` through `gates`
+/// in turn; the answers, in order.
+async fn refused_parts_sequence(gates: &[Floodgate], n: usize) -> Vec<u16> {
+    let http = TestClient::http1();
+    let mut asks: Vec<(&str, &str)> = vec![];
+    for user in ["u0", "u1"] {
+        asks.extend([(user, "A"); 3]);
+    }
+    asks.extend([("ann", "A"); 4]);
+    asks.push(("ann", "B"));
+    let mut answers = Vec::new();
+    for (i, (user, org)) in asks.into_iter().enumerate() {
+        let url = gates[i % gates.len()].url(&format!("/sl{n}/x"));
+        answers.push(ask(&http, &url, user, org).await);
+    }
+    answers
+}
+
+const SEQUENCE_ANSWERS: [u16; 11] = [200, 200, 200, 200, 200, 200, 200, 429, 429, 429, 200];
+
+async fn a_refused_requests_parts_are_all_given_back(gates: &[Floodgate]) {
+    for n in 0..REPEATS {
+        let answers = refused_parts_sequence(gates, n).await;
+        assert_eq!(answers, SEQUENCE_ANSWERS, "repetition {n}");
+    }
+}
+
+#[tokio::test]
+async fn in_memory_a_refused_request_keeps_nothing_of_a_limit_counting_requests() {
+    let gate = Floodgate::start(&costly_routes(Config::new()).toml()).await;
+    a_refused_requests_parts_are_all_given_back(std::slice::from_ref(&gate)).await;
+}
+
+#[tokio::test]
+async fn on_one_redis_a_refused_request_keeps_nothing_of_a_limit_counting_requests() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("refused-parts");
+    let toml = costly_routes(Config::new().redis(&redis.url, &prefix)).toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    a_refused_requests_parts_are_all_given_back(&gates).await;
+    for n in 0..REPEATS {
+        // Ann's requests: the one admitted before and the one after.
+        let users = redis
+            .logged_each(&format!("{prefix}:{{sl{n}:*}}:2:sliding_log:*"))
+            .await;
+        assert_eq!(users, [2, 3, 3], "sl{n}");
+    }
+    assert_eq!(given_back(&gates[0]).await + given_back(&gates[1]).await, 0);
+}
+
+/// The cluster slot of `key`.
+fn slot(cluster: &TestCluster, key: &str) -> u64 {
+    let port = cluster.primaries()[0];
+    let answer = cluster.cli(port, &["CLUSTER", "KEYSLOT", key]);
+    answer
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT {key}: {answer}"))
+}
+
+/// The key matching `pattern` on the cluster holding `units` entries.
+fn key_holding(cluster: &TestCluster, pattern: &str, units: u64) -> String {
+    let mut found = Vec::new();
+    for port in cluster.primaries() {
+        for key in cluster.keys(port, pattern) {
+            let n = cluster.cli(port, &["ZCARD", &key]);
+            if n.trim().parse::<u64>().ok() == Some(units) {
+                return key;
+            }
+            found.push(format!("{key}: {}", n.trim()));
+        }
+    }
+    panic!("no key matching {pattern} holds {units}: {found:?}")
+}
+
+#[tokio::test]
+async fn on_a_cluster_a_refused_request_keeps_nothing_of_a_limit_counting_requests() {
+    let cluster = TestCluster::start().await;
+    let prefix = unique_prefix("refused-parts-cluster");
+    let toml = costly_routes(
+        Config::new()
+            .redis_cluster(&cluster.urls(), &prefix)
+            .store(r#"timeout = "2s""#),
+    )
+    .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let mut expected_back = 0;
+    for n in 0..REPEATS {
+        let before = given_back(&gates[0]).await + given_back(&gates[1]).await;
+        let answers = refused_parts_sequence(&gates, n).await;
+        assert_eq!(answers, SEQUENCE_ANSWERS, "repetition {n}");
+        // What each limit holds: every admitted request's units (2 each)
+        // in the global and org counts, one per admitted request in the
+        // user's.
+        let count = |index: usize, client: &str| {
+            format!("{prefix}:{{sl{n}:{client}}}:{index}:sliding_log:*")
+        };
+        assert_eq!(cluster_counts(&cluster, &count(0, "g")), [16], "sl{n}");
+        assert_eq!(cluster_counts(&cluster, &count(1, "*")), [2, 14], "sl{n}");
+        assert_eq!(cluster_counts(&cluster, &count(2, "*")), [2, 3, 3], "sl{n}");
+        // Each refused request took the parts in slots before the org's
+        // (parts are taken in slot order) and gave back what each took:
+        // 2 units of the global limit, 1 of the user's (it counts
+        // requests). A refusal remembered by an instance asks nothing.
+        let org = slot(&cluster, &key_holding(&cluster, &count(1, "*"), 14));
+        let ann = slot(&cluster, &key_holding(&cluster, &count(2, "*"), 2));
+        let global = slot(&cluster, &key_holding(&cluster, &count(0, "g"), 16));
+        let per_refusal = 2 * u64::from(global < org) + u64::from(ann < org);
+        let back = given_back(&gates[0]).await + given_back(&gates[1]).await - before;
+        assert!(
+            (0..=3).any(|k| back == k * per_refusal) && (per_refusal == 0 || back > 0),
+            "sl{n}: {back} units given back, {per_refusal} per refused request asked of the store"
+        );
+        expected_back += back;
+    }
+    println!("cluster: {expected_back} units given back over {REPEATS} repetitions");
 }
 
 #[tokio::test]

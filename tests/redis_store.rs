@@ -520,6 +520,7 @@ async fn redis_without_functions_decides_through_evalsha() {
                     reserved: 1,
                     local: false,
                     grant: false,
+                    refused: false,
                 }),
             },
             Some(t),

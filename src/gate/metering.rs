@@ -144,6 +144,7 @@ impl Reservation {
                 reserved: charge.cost,
                 local,
                 grant: false,
+                refused: false,
             },
             route: Arc::clone(charge.route),
             client: charge.client.clone(),

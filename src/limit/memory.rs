@@ -224,7 +224,7 @@ impl Held<'_> {
         Decision::combine_kinds((0..charge.keys.len()).map(|i| {
             let limit = &charge.limits[i];
             let e = self.entry(i, &charge.keys[i], limit);
-            if !limit.counts_requests {
+            if !limit.counts_requests || settle.refused {
                 settle_state(&mut e.states[0], limit, now, settle, charge.cost);
             }
             e.expires_at = e.states[0].expires_at(limit);
@@ -289,6 +289,8 @@ fn untaken(verdicts: &mut [Verdict], mut check: impl FnMut(usize) -> Verdict) {
 fn settle_state(state: &mut State, limit: &Limit, now: u64, settle: super::Settlement, cost: u64) {
     if settle.grant {
         state.grant(limit, now, settle.reserved);
+    } else if settle.refused {
+        state.settle(limit, now, settle.at_ms, limit.cost_of(settle.reserved), 0);
     } else {
         state.settle(limit, now, settle.at_ms, settle.reserved, cost);
     }
@@ -332,7 +334,7 @@ impl Entry {
             Some(settle) => {
                 let states = self.states.iter_mut().zip(charge.limits);
                 Decision::combine_kinds(states.map(|(state, limit)| {
-                    if !limit.counts_requests {
+                    if !limit.counts_requests || settle.refused {
                         settle_state(state, limit, now, settle, charge.cost);
                     }
                     let verdict = Verdict {

@@ -440,6 +440,12 @@ pub struct Settlement {
     /// number; the other algorithms get them back as a settlement to
     /// nothing at `at_ms` would give them ([`algorithms::State::grant`]).
     pub grant: bool,
+    /// Not a reservation's settlement but the part of a refused request
+    /// taken before another part refused it, given back whole: every
+    /// limit gets back what the decision took from it, `reserved` units,
+    /// or one for a limit that counts requests (which a settlement
+    /// otherwise leaves as decided). `cost` is 0.
+    pub refused: bool,
 }
 
 /// Why a store could not decide.

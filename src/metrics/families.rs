@@ -172,7 +172,7 @@ impl StoreFamilies {
         let given_back = Counter::default();
         registry.register(
             "floodgate_store_given_back",
-            "Units a request held in one Redis Cluster slot and gave back because a limit in another slot refused it (a limit keyed by another identity, or a budget, hashed elsewhere); each is a moment where a concurrent request could have been refused for units later given back",
+            "Units a request held in one Redis Cluster slot and gave back because a limit in another slot refused it (a limit keyed by another identity, or a budget, hashed elsewhere), per slot the most any of its limits took: the cost, or one for a limit counting requests; each is a moment where a concurrent request could have been refused for units later given back",
             given_back.clone(),
         );
         let leases = LeaseFamilies::register(registry);

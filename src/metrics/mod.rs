@@ -80,7 +80,7 @@ pub struct Metrics {
     pub node_circuit_open: Family<NodeLabel, Gauge>,
     /// Calls sent to Redis to decide requests.
     pub redis_calls: Counter,
-    /// Parts of refused requests given back in other cluster slots.
+    /// Units of refused requests given back in other cluster slots.
     pub given_back: Counter,
     /// Messages heard from the store: units given back (any instance).
     pub given_back_heard: Counter,

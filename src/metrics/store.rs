@@ -24,7 +24,7 @@ pub struct StoreMetrics {
     /// Calls sent to Redis to decide requests; one carries one or more
     /// decisions.
     pub redis_calls: Counter,
-    /// Parts of refused requests given back in other cluster slots.
+    /// Units of refused requests given back in other cluster slots.
     pub given_back: Counter,
     /// Messages heard from the store: units given back (any instance).
     pub given_back_heard: Counter,

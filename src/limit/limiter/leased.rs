@@ -174,6 +174,7 @@ impl<B: Backend> Guarded<B> {
             reserved: slice.size,
             local: false,
             grant: false,
+            refused: false,
         };
         let charge = terms.charge(key, slice.size - slice.left, Some(settlement));
         match self.ask_store(charge, now_ms()).await {

@@ -84,6 +84,7 @@ impl Limiter {
                 reserved,
                 local: false,
                 grant,
+                refused: false,
             }),
             ..charge
         };

@@ -93,9 +93,12 @@ impl<B: Backend> Guarded<B> {
         }
     }
 
-    /// Settles the parts `taken` of a refused `charge` to nothing. A part
-    /// that cannot be given back (its primary went away meanwhile) stays
-    /// consumed: counted too much, never too little.
+    /// Gives back the parts `taken` of a refused `charge`: each limit
+    /// gets back what it took, the cost or, for a limit that counts
+    /// requests, one ([`Settlement::refused`]). A part that cannot be
+    /// given back (its primary went away meanwhile) stays consumed:
+    /// counted too much, never too little. The units given back are
+    /// counted per part: the most any of its limits took.
     async fn give_back(
         &self,
         charge: &Charge<'_>,
@@ -110,12 +113,14 @@ impl<B: Backend> Guarded<B> {
                     reserved: charge.cost,
                     local: false,
                     grant: false,
+                    refused: true,
                 }),
                 ..part.charge(charge)
             };
             match self.through_breaker(part.target.clone(), back, now).await {
                 Ok(_) => {
-                    self.metrics.given_back.inc();
+                    let held = part.limits.iter().map(|l| l.cost_of(charge.cost)).max();
+                    self.metrics.given_back.inc_by(held.unwrap_or(0));
                 }
                 Err(error) => {
                     if crate::clock::once_a_second(&self.last_logged, now) {

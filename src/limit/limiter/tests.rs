@@ -384,6 +384,7 @@ async fn a_remembered_denial_answers_without_asking_the_store_until_units_come_b
             reserved: 1,
             local: false,
             grant: false,
+            refused: false,
         }),
         ..request.charge()
     };

@@ -229,7 +229,8 @@ impl ToRedisArgs for Spec<'_> {
 impl Link {
     /// Builds in `command`: `FCALL <function> <number of keys> <keys…>`, then
     /// per decision `<now> <cost> "<algorithm> <limit> <window> <burst>…"`
-    /// (a settlement's cost is `"<used> <at> <reserved>"`);
+    /// (a settlement's cost is `"<used> <at> <reserved>"`, a refused
+    /// part's `"r <at> <reserved>"`, a grant's `"g <units>"`);
     /// or `EVALSHA <sha> …` with the same arguments where Redis has no
     /// functions.
     pub(super) fn command<'a>(
@@ -258,6 +259,7 @@ impl Link {
             match ask.settle {
                 None => command.arg(ask.cost),
                 Some(s) if s.grant => command.arg(format!("g {}", s.reserved)),
+                Some(s) if s.refused => command.arg(format!("r {} {}", s.at_ms, s.reserved)),
                 Some(s) => command.arg(format!("{} {} {}", ask.cost, s.at_ms, s.reserved)),
             };
             command.arg(Spec(ask.limits));
@@ -305,6 +307,7 @@ mod tests {
                     reserved: 7,
                     local: false,
                     grant: false,
+                    refused: false,
                 }),
                 now: None,
             },

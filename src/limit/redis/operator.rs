@@ -31,6 +31,7 @@ impl RedisStore {
                 reserved: 0,
                 local: false,
                 grant: false,
+                refused: false,
             }),
             now: None,
         };
