@@ -101,11 +101,34 @@ fn start_is_refused(test: &str, url: &str, says: &[&str]) {
     for word in says {
         assert!(text.contains(word), "no {word:?} in:\n{text}");
     }
+    first_word_about_the_store_is_the_refusal(&text);
     assert!(
         !text.contains("secret"),
         "the password is in the message:\n{text}"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The refusal is the first thing floodgate says about the store at warning
+/// level or above (other warnings, such as a loopback address inside a
+/// container, may come before): no warning before it sends a newcomer elsewhere (to the
+/// channel's permission, say, when the password is wrong).
+fn first_word_about_the_store_is_the_refusal(text: &str) {
+    let logged = |l: &&str| l.contains(" WARN ") || l.contains(" ERROR ");
+    let about_the_store = |l: &&str| {
+        ["store", "Redis", "redis", "given"]
+            .iter()
+            .any(|w| l.contains(w))
+    };
+    let first = text
+        .lines()
+        .find(|l| (logged(l) && about_the_store(l)) || l.contains("refuses floodgate's settings"))
+        .unwrap_or_else(|| panic!("nothing about the store in:\n{text}"));
+    assert!(
+        first.contains("refuses floodgate's settings")
+            && !first.contains("cannot listen for units given back"),
+        "the first word about the store is not the refusal: {first}\nin:\n{text}"
+    );
 }
 
 #[tokio::test]
@@ -126,6 +149,23 @@ async fn a_wrong_password_or_user_or_none_refuses_to_start() {
         &format!("redis://127.0.0.1:{port}"),
         &["requires a password"],
     );
+}
+
+/// Started again and again with a wrong password, floodgate never warns
+/// about the store before it names the password: the listener for units
+/// given back, which fails as the start's check does, keeps its advice
+/// (a permission on the channel) to itself until the store has accepted
+/// floodgate.
+#[tokio::test]
+async fn a_wrong_password_is_named_before_any_other_word_about_the_store() {
+    let (_redis, port) = redis_with_password().await;
+    for i in 0..10 {
+        start_is_refused(
+            &format!("wrong-password-{i}"),
+            &format!("redis://:wrong@127.0.0.1:{port}"),
+            &["password"],
+        );
+    }
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@
 //! messages meanwhile may be lost).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -73,11 +74,27 @@ pub(super) enum Source {
 }
 
 /// The listening task, stopped when the store that started it is dropped.
-pub(super) struct Listener(tokio::task::AbortHandle);
+pub(super) struct Listener {
+    task: tokio::task::AbortHandle,
+    /// Set once the store has accepted floodgate's settings (see
+    /// [`Self::store_accepted`]).
+    accepted: Arc<AtomicBool>,
+}
+
+impl Listener {
+    /// The store accepted floodgate's settings: from now on, a failure to
+    /// listen is this listener's own to report. Before, a store that
+    /// refuses floodgate (a wrong password, a user without permission)
+    /// is reported by the start's own check, naming what to fix, and the
+    /// listener's complaint would only come first and point elsewhere.
+    pub(super) fn store_accepted(&self) {
+        self.accepted.store(true, Ordering::Relaxed);
+    }
+}
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -92,11 +109,21 @@ pub(super) fn listen(
     timeout: Duration,
 ) -> Option<Listener> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let task = runtime.spawn(run(source, channel, given_back, timeout));
-    Some(Listener(task.abort_handle()))
+    let accepted = Arc::new(AtomicBool::new(false));
+    let heard = (given_back, Arc::clone(&accepted));
+    let task = runtime.spawn(run(source, channel, heard, timeout));
+    Some(Listener {
+        task: task.abort_handle(),
+        accepted,
+    })
 }
 
-async fn run(mut source: Source, channel: String, given_back: Arc<GivenBack>, timeout: Duration) {
+async fn run(
+    mut source: Source,
+    channel: String,
+    (given_back, accepted): (Arc<GivenBack>, Arc<AtomicBool>),
+    timeout: Duration,
+) {
     let mut failing = false;
     loop {
         match tokio::time::timeout(timeout, subscribe(&mut source, &channel)).await {
@@ -109,6 +136,12 @@ async fn run(mut source: Source, channel: String, given_back: Arc<GivenBack>, ti
                 let why = hear(sink, stream, &given_back, timeout).await;
                 given_back.deaf();
                 tracing::debug!(%channel, why, "stopped listening for units given back");
+            }
+            Ok(Err(e)) if !accepted.load(Ordering::Relaxed) => {
+                // Said once the store has accepted floodgate: a refusal
+                // is the start's to report (see `Listener::store_accepted`).
+                given_back.deaf();
+                tracing::debug!(%channel, error = %e, "cannot listen for units given back yet");
             }
             Ok(Err(e)) => {
                 given_back.deaf();

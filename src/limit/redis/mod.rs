@@ -208,6 +208,14 @@ impl RedisStore {
     /// On a cluster: reads the slot table, then gives every primary the
     /// code; fails if the table cannot be read or any primary fails.
     pub async fn load_script(&self) -> Result<(), StoreError> {
+        let checked = self.load_and_check().await;
+        if let (Ok(()), Some(listener)) = (&checked, &self.listener) {
+            listener.store_accepted();
+        }
+        checked
+    }
+
+    async fn load_and_check(&self) -> Result<(), StoreError> {
         let link = &*self.link;
         let limit = link.timeout.max(Duration::from_secs(1));
         if let Some(cluster) = &link.cluster {
