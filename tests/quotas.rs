@@ -856,3 +856,110 @@ async fn the_export_of_closed_windows_equals_the_settled_units_on_a_cluster() {
     )
     .await;
 }
+
+// === an operator's change ends remembered denials on every instance ===
+
+/// Route `spent` on `/spent`: 5 an hour per `X-Key`.
+fn five_an_hour() -> Route {
+    Route::new("spent")
+        .matching(r#"path_prefix = "/spent""#)
+        .client(r#"from = "header", name = "X-Key", missing = "reject""#)
+        .limits(r#"{ algorithm = "sliding_window", limit = 5, window = "1h" }"#)
+}
+
+/// What an operator does through the second instance.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Credit3,
+    Reset,
+}
+
+/// Two instances on `store` with admin listeners taking changes; key
+/// `k{n}` spends its hour, both refuse it (the second refusal on each from
+/// memory), the operator changes its counts through the second instance,
+/// and then requests alternate between the instances over kept-alive
+/// connections: each admitted while the change left units, none refused
+/// by a denial remembered from before it. 50 tries, a key each.
+async fn a_change_ends_remembered_denials_on_both_instances(store: Config, change: Change) {
+    let dir = temp_dir("operator-denials");
+    std::fs::write(dir.join("admin-token"), format!("{OPERATOR_TOKEN}\n")).expect("write token");
+    let toml = store
+        .admin()
+        .server(&format!(
+            r#"admin_token_file = "{}""#,
+            dir.join("admin-token").display()
+        ))
+        .route(five_an_hour())
+        .toml();
+    let gates = [Floodgate::start(&toml).await, Floodgate::start(&toml).await];
+    let bearer = format!("Bearer {OPERATOR_TOKEN}");
+    let authorized = [("authorization", bearer.as_str())];
+    let http = TestClient::http1();
+    // After the change: i1 i2 i1 i1 i2 i1, as many admitted as it left.
+    let (order, expected): (&[usize], &[u16]) = match change {
+        Change::Credit3 => (&[0, 1, 0, 0, 1], &[200, 200, 200, 429, 429]),
+        Change::Reset => (&[0, 1, 0, 0, 1, 0], &[200, 200, 200, 200, 200, 429]),
+    };
+    for n in 0..50 {
+        let key = format!("k{n}");
+        let ask = |gate: usize| {
+            let (http, url, key) = (http.clone(), gates[gate].url("/spent"), key.clone());
+            async move { http.get(&url, &[("x-key", &key)]).await.status.as_u16() }
+        };
+        for i in 0..5 {
+            assert_eq!(ask(i % 2).await, 200, "try {n}: request {i}");
+        }
+        for gate in [0, 1, 0, 1] {
+            assert_eq!(ask(gate).await, 429, "try {n}: spent on instance {gate}");
+        }
+        let client =
+            format!(r#""route": "spent", "client": {{ "headers": {{ "x-key": "{key}" }} }}"#);
+        let (path, body) = match change {
+            Change::Credit3 => (
+                "/clients/credit",
+                format!(r#"{{ {client}, "limit": "spent", "units": 3, "reason": "ticket" }}"#),
+            ),
+            Change::Reset => (
+                "/clients/reset",
+                format!(r#"{{ {client}, "reason": "contract" }}"#),
+            ),
+        };
+        let changed = post(&gates[1].admin_url(path), &authorized, &body).await;
+        assert_eq!(changed.status, 200, "try {n}: {}", changed.text());
+        let mut answers = Vec::new();
+        for &gate in order {
+            answers.push(ask(gate).await);
+        }
+        assert_eq!(
+            answers, expected,
+            "try {n}: {change:?} through instance 2, then {order:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_or_reset_ends_remembered_denials_on_both_instances_on_one_redis() {
+    let redis = TestRedis::start().await;
+    for change in [Change::Credit3, Change::Reset] {
+        let prefix = unique_prefix("operator-denials");
+        a_change_ends_remembered_denials_on_both_instances(
+            Config::new().redis(&redis.url, &prefix),
+            change,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_or_reset_ends_remembered_denials_on_both_instances_on_a_cluster() {
+    let cluster = support::cluster::TestCluster::start().await;
+    for change in [Change::Credit3, Change::Reset] {
+        let prefix = unique_prefix("operator-denials-cluster");
+        a_change_ends_remembered_denials_on_both_instances(
+            Config::new().redis_cluster(&cluster.urls(), &prefix),
+            change,
+        )
+        .await;
+    }
+}

@@ -127,9 +127,15 @@ impl GivenBack {
 
     /// The store told that units were given back under hash tag `tag`.
     pub fn note(&self, tag: &[u8]) {
+        self.note_again(tag);
+        self.heard.inc();
+    }
+
+    /// The store told again of units given back under `tag` (a cluster's
+    /// message heard from a second node): noted, not counted as heard.
+    pub fn note_again(&self, tag: &[u8]) {
         let n = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         self.buckets[usize::from(Self::bucket(tag))].fetch_max(n, Ordering::SeqCst);
-        self.heard.inc();
     }
 
     /// Listening (again): messages sent before now may have been missed,

@@ -171,17 +171,18 @@ impl Cluster {
         self.table.load().nodes.clone()
     }
 
-    /// How to reach each node: the primaries of the current table, then
-    /// the seeds (for a connection any node will do, such as a
-    /// subscription: a cluster's messages reach every node).
-    pub(super) fn any_node(&self) -> Vec<ConnectionInfo> {
-        let mut infos: Vec<ConnectionInfo> = self
-            .nodes()
+    /// Each primary of the current table by address, with how to reach
+    /// it (a subscription on every primary: see `super::given_back`).
+    pub(super) fn primaries(&self) -> Vec<(String, ConnectionInfo)> {
+        self.nodes()
             .iter()
-            .filter_map(|n| self.info_for(&n.addr))
-            .collect();
-        infos.extend(self.seeds.iter().cloned());
-        infos
+            .filter_map(|n| Some((n.addr.clone(), self.info_for(&n.addr)?)))
+            .collect()
+    }
+
+    /// Whether the current table names `addr` as the owner of `slot`.
+    pub(super) fn owns(&self, addr: &str, slot: u16) -> bool {
+        self.node(slot).is_some_and(|n| n.addr == addr)
     }
 
     /// The node at `addr` (`host:port`): a known one, or a new one.

@@ -6,11 +6,12 @@
 //! denials of those keys (see `limit::deny_cache`).
 //!
 //! The subscription is to the one Redis, the primary the Sentinels name,
-//! or any node of a cluster (a cluster's messages reach every node). It is
-//! pinged every second: a connection that broke, or that no longer
-//! answers, is replaced, and until it is no denial is remembered (the
-//! messages meanwhile may be lost).
+//! or every primary of a cluster (see [`every_primary`]). It is pinged
+//! every second: a connection that broke, or that no longer answers, is
+//! replaced, and until it is no denial is remembered (the messages
+//! meanwhile may be lost).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use super::RedisStore;
 use super::cluster::Cluster;
 use super::connections::store_error;
+use super::slot::slot_of;
 use crate::limit::Charge;
 use crate::limit::deny_cache::GivenBack;
 
@@ -63,19 +65,32 @@ impl RedisStore {
 /// How often the subscription is pinged.
 const PING_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a cluster's slot table is looked at for primaries to
+/// subscribe to (an in-process read, no store call).
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+
 /// Where to subscribe.
 pub(super) enum Source {
     /// The one Redis.
     Single(ConnectionInfo),
     /// The primary the Sentinels name.
     Sentinel(redis::sentinel::SentinelClient),
-    /// Any node of a cluster.
+    /// Every primary of a cluster.
     Cluster(Arc<Cluster>),
+}
+
+/// A task, stopped when this is dropped.
+struct Task(tokio::task::AbortHandle);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The listening task, stopped when the store that started it is dropped.
 pub(super) struct Listener {
-    task: tokio::task::AbortHandle,
+    _task: Task,
     /// Set once the store has accepted floodgate's settings (see
     /// [`Self::store_accepted`]).
     accepted: Arc<AtomicBool>,
@@ -92,10 +107,17 @@ impl Listener {
     }
 }
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+/// What one subscription hears for: the store's only one (the one Redis,
+/// the Sentinels' primary), or one primary's of a cluster's.
+#[derive(Clone)]
+enum Role {
+    Only,
+    /// The primary at `addr`; `live` while subscribed there.
+    Primary {
+        cluster: Arc<Cluster>,
+        addr: String,
+        live: Arc<AtomicBool>,
+    },
 }
 
 /// Starts listening on `channel` from `source`, noting each message in
@@ -110,34 +132,100 @@ pub(super) fn listen(
 ) -> Option<Listener> {
     let runtime = tokio::runtime::Handle::try_current().ok()?;
     let accepted = Arc::new(AtomicBool::new(false));
-    let heard = (given_back, Arc::clone(&accepted));
-    let task = runtime.spawn(run(source, channel, heard, timeout));
+    let heard = Heard {
+        channel,
+        given_back,
+        accepted: Arc::clone(&accepted),
+        timeout,
+    };
+    let task = match source {
+        Source::Cluster(cluster) => runtime.spawn(every_primary(cluster, heard)),
+        source => runtime.spawn(async move { keep_subscribed(source, &heard, &Role::Only).await }),
+    };
     Some(Listener {
-        task: task.abort_handle(),
+        _task: Task(task.abort_handle()),
         accepted,
     })
 }
 
-async fn run(
-    mut source: Source,
+/// What every subscription of one store shares.
+#[derive(Clone)]
+struct Heard {
     channel: String,
-    (given_back, accepted): (Arc<GivenBack>, Arc<AtomicBool>),
+    given_back: Arc<GivenBack>,
+    accepted: Arc<AtomicBool>,
     timeout: Duration,
-) {
+}
+
+/// A cluster's messages, heard where they are published: a settlement
+/// publishes on the primary that runs it, and the cluster bus carries the
+/// message to the other nodes only some tens of milliseconds later, longer
+/// than an operator's next request takes. So each instance subscribes on
+/// every primary of the current slot table, following it as it changes,
+/// and hears each message from the node that ran the settlement, in the
+/// same moment as that settlement's own answer (and again, later, from
+/// the others). Redis 7's sharded `SPUBLISH` would keep a message on its
+/// shard, but a shard channel must hash to the publishing key's slot, so
+/// an instance would need a channel per slot; and an operator's answer
+/// waiting until it is heard would prove only that this instance heard it.
+/// Denials are remembered only while every primary's subscription lives.
+async fn every_primary(cluster: Arc<Cluster>, heard: Heard) {
+    let mut subscribed: HashMap<String, (Task, Arc<AtomicBool>)> = HashMap::new();
+    loop {
+        let primaries = cluster.primaries();
+        subscribed.retain(|addr, _| primaries.iter().any(|(a, _)| a == addr));
+        for (addr, info) in primaries {
+            subscribed.entry(addr).or_insert_with_key(|addr| {
+                let live = Arc::new(AtomicBool::new(false));
+                let role = Role::Primary {
+                    cluster: Arc::clone(&cluster),
+                    addr: addr.clone(),
+                    live: Arc::clone(&live),
+                };
+                let heard = heard.clone();
+                let task = tokio::spawn(async move {
+                    keep_subscribed(Source::Single(info), &heard, &role).await;
+                });
+                (Task(task.abort_handle()), live)
+            });
+        }
+        let all_live =
+            || !subscribed.is_empty() && subscribed.values().all(|(_, l)| l.load(Ordering::SeqCst));
+        if all_live() && !heard.given_back.is_listening() {
+            heard.given_back.listening();
+        }
+        // A subscription that ended meanwhile may have missed messages.
+        if !all_live() {
+            heard.given_back.deaf();
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// Subscribes to the channel from `source` and hears it, again after
+/// every break.
+async fn keep_subscribed(mut source: Source, heard: &Heard, role: &Role) {
+    let (channel, given_back) = (&heard.channel, &*heard.given_back);
     let mut failing = false;
     loop {
-        match tokio::time::timeout(timeout, subscribe(&mut source, &channel)).await {
+        match tokio::time::timeout(heard.timeout, subscribe(&mut source, channel)).await {
             Ok(Ok((sink, stream))) => {
-                given_back.listening();
+                match role {
+                    Role::Only => given_back.listening(),
+                    Role::Primary { live, .. } => live.store(true, Ordering::SeqCst),
+                }
                 if failing {
                     tracing::info!(%channel, "listening for units given back again");
                 }
                 failing = false;
-                let why = hear(sink, stream, &given_back, timeout).await;
+                let why = hear(sink, stream, heard, role).await;
+                if let Role::Primary { live, .. } = role {
+                    live.store(false, Ordering::SeqCst);
+                }
                 given_back.deaf();
                 tracing::debug!(%channel, why, "stopped listening for units given back");
             }
-            Ok(Err(e)) if !accepted.load(Ordering::Relaxed) => {
+            Ok(Err(e)) if !heard.accepted.load(Ordering::Relaxed) => {
                 // Said once the store has accepted floodgate: a refusal
                 // is the start's to report (see `Listener::store_accepted`).
                 given_back.deaf();
@@ -168,54 +256,62 @@ async fn subscribe(
     source: &mut Source,
     channel: &str,
 ) -> Result<(PubSubSink, PubSubStream), String> {
-    let infos = match source {
-        Source::Single(info) => vec![info.clone()],
+    let info = match source {
+        Source::Single(info) => info.clone(),
         Source::Sentinel(sentinels) => {
             let client = sentinels
                 .async_get_client()
                 .await
                 .map_err(|e| store_error(&e, "sentinels").to_string())?;
-            vec![client.get_connection_info().clone()]
+            client.get_connection_info().clone()
         }
-        Source::Cluster(cluster) => cluster.any_node(),
+        Source::Cluster(_) => return Err("a cluster is heard on each primary".to_owned()),
     };
-    let mut last = "no node is known".to_owned();
-    for info in infos {
-        let attempt = async {
-            let (mut sink, stream) = redis::Client::open(info)?.get_async_pubsub().await?.split();
-            sink.subscribe(channel).await?;
-            Ok::<_, redis::RedisError>((sink, stream))
-        };
-        match attempt.await {
-            Ok(subscribed) => return Ok(subscribed),
-            Err(e) => last = store_error(&e, "").to_string(),
-        }
-    }
-    Err(last)
+    let attempt = async {
+        let (mut sink, stream) = redis::Client::open(info)?.get_async_pubsub().await?.split();
+        sink.subscribe(channel).await?;
+        Ok::<_, redis::RedisError>((sink, stream))
+    };
+    attempt.await.map_err(|e| store_error(&e, "").to_string())
 }
 
 /// Notes every message until the subscription breaks or a ping goes
-/// unanswered; says which.
+/// unanswered; says which. A cluster's primary hears every message of the
+/// cluster, its own at once and the others' over the cluster bus: all are
+/// noted, and counted as heard only from the primary owning the tag's
+/// slot, so each is counted once.
 async fn hear(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
-    given_back: &GivenBack,
-    timeout: Duration,
+    heard: &Heard,
+    role: &Role,
 ) -> &'static str {
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             message = stream.next() => match message {
-                Some(message) => given_back.note(message.get_payload_bytes()),
+                Some(message) => note(&heard.given_back, message.get_payload_bytes(), role),
                 None => return "the connection closed",
             },
             _ = ping.tick() => {
-                let answered = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+                let answered = tokio::time::timeout(heard.timeout, sink.ping::<redis::Value>()).await;
                 if !matches!(answered, Ok(Ok(_))) {
                     return "a ping went unanswered";
                 }
             }
         }
+    }
+}
+
+/// Notes units given back under `tag`, heard in `role`.
+fn note(given_back: &GivenBack, tag: &[u8], role: &Role) {
+    match role {
+        Role::Primary { cluster, addr, .. }
+            if !std::str::from_utf8(tag).is_ok_and(|t| cluster.owns(addr, slot_of(t))) =>
+        {
+            given_back.note_again(tag);
+        }
+        _ => given_back.note(tag),
     }
 }
