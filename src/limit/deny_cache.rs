@@ -18,6 +18,10 @@
 //!   request was sent before a message for one of its keys arrived is not
 //!   held (the message may tell of a settlement Redis ran after it).
 //!
+//! A denial holds only for a request facing the very limits it was refused
+//! under: a client whose plan changed, or whose token carries another
+//! number, is asked of the store.
+//!
 //! The deadline is counted from when the request was sent to Redis, which
 //! is no later than the moment Redis decided, so the cache never denies for
 //! longer than Redis would.
@@ -33,8 +37,8 @@ use std::time::Instant;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
-use super::Decision;
 use super::shards::{Shards, Slot};
+use super::{Decision, Limit};
 use crate::client::ClientId;
 use crate::metrics::TableMetrics;
 
@@ -50,6 +54,8 @@ pub struct DenyCache {
 #[derive(Debug)]
 struct Entry {
     decision: Decision,
+    /// The limits the request was refused under.
+    limits: Box<[Limit]>,
     /// Units the refused request needed.
     cost: u64,
     sent: Instant,
@@ -194,14 +200,14 @@ impl DenyCache {
     }
 
     /// The denial in force for a request of `cost` units from `client` on
-    /// `route` at `now`, with its retry-after and reset shortened by the
-    /// time that has passed: only when the request needs at least the
-    /// units of the one refused, and no units were given back to its keys
-    /// since (as far as `given_back` knows).
+    /// `route` facing `limits` at `now`, with its retry-after and reset
+    /// shortened by the time that has passed: only when the request faces
+    /// the limits the refused one did and needs at least its units, and no
+    /// units were given back to its keys since (as far as `given_back`
+    /// knows).
     pub fn get(
         &self,
-        route: &Arc<str>,
-        client: &ClientId,
+        (route, client, limits): (&Arc<str>, &ClientId, &[Limit]),
         cost: u64,
         now: Instant,
         given_back: &GivenBack,
@@ -211,6 +217,7 @@ impl DenyCache {
         let entry = &slot.value;
         if now >= entry.until
             || cost < entry.cost
+            || *entry.limits != *limits
             || !slot.holds(route, client)
             || !given_back.holds(entry.mark, &entry.tags)
         {
@@ -225,14 +232,13 @@ impl DenyCache {
         })
     }
 
-    /// Remembers a denial decided for a request of `cost` units sent to the
-    /// store at `sent`, when [`GivenBack::mark`] said `mark` (nothing is
+    /// Remembers a denial decided under `limits` for a request of `cost`
+    /// units sent to the store at `sent`, when [`GivenBack::mark`] said `mark` (nothing is
     /// remembered for `None`), whose keys' hash tags fall in the buckets
     /// `tags` makes (called only for a denial).
     pub fn insert(
         &self,
-        route: &Arc<str>,
-        client: &ClientId,
+        (route, client, limits): (&Arc<str>, &ClientId, &[Limit]),
         cost: u64,
         (sent, mark): (Instant, Option<u64>),
         decision: Decision,
@@ -253,6 +259,7 @@ impl DenyCache {
         }
         let entry = Entry {
             decision,
+            limits: limits.into(),
             cost,
             sent,
             until,
@@ -297,6 +304,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The limits requests are refused under here: a plan's 10 an hour.
+    const FREE: [Limit; 1] = [Limit::new(
+        crate::limit::Algorithm::SlidingLog,
+        10,
+        3_600_000,
+    )];
+
     fn listening() -> GivenBack {
         let given_back = GivenBack::default();
         given_back.listening();
@@ -328,8 +342,15 @@ mod tests {
             ..Decision::default()
         };
         let mark = given_back.mark();
-        cache.insert(&route, &client, 5, (sent, mark), denial, tags(&["t"]));
-        let get = |route: &Arc<str>, client, at| cache.get(route, client, 5, at, &given_back);
+        cache.insert(
+            (&route, &client, &FREE),
+            5,
+            (sent, mark),
+            denial,
+            tags(&["t"]),
+        );
+        let get =
+            |route: &Arc<str>, client, at| cache.get((route, client, &FREE), 5, at, &given_back);
         let d = get(&route, &client, sent + Duration::from_millis(100));
         assert_eq!(d.map(|d| (d.retry_after_ms, d.next_ms)), Some((200, 800)));
         assert!(get(&route, &other, sent).is_none());
@@ -352,13 +373,50 @@ mod tests {
             ..Decision::default()
         };
         let mark = given_back.mark();
-        cache.insert(&route, &client, 5, (sent, mark), denial, tags(&["t"]));
-        let get = |cost| cache.get(&route, &client, cost, sent, &given_back);
+        cache.insert(
+            (&route, &client, &FREE),
+            5,
+            (sent, mark),
+            denial,
+            tags(&["t"]),
+        );
+        let get = |cost| cache.get((&route, &client, &FREE), cost, sent, &given_back);
         assert!(get(4).is_none(), "4 units may fit");
         assert!(get(5).is_some());
         assert!(get(50).is_some());
         cache.forget(&route, &client);
         assert!(get(50).is_none(), "units came back");
+    }
+
+    #[test]
+    fn a_request_facing_other_limits_is_asked_of_the_store() {
+        let cache = DenyCache::new();
+        let given_back = listening();
+        let route: Arc<str> = "r".into();
+        let client = ClientId::header("k");
+        let sent = Instant::now();
+        let denial = Decision {
+            allowed: false,
+            retry_after_ms: 60_000,
+            ..Decision::default()
+        };
+        let mark = given_back.mark();
+        cache.insert(
+            (&route, &client, &FREE),
+            1,
+            (sent, mark),
+            denial,
+            tags(&["t"]),
+        );
+        // The client moved to a plan of 30 an hour: its count may fit.
+        let pro = [Limit::new(
+            crate::limit::Algorithm::SlidingLog,
+            30,
+            3_600_000,
+        )];
+        let get = |limits: &[Limit]| cache.get((&route, &client, limits), 1, sent, &given_back);
+        assert!(get(&pro).is_none(), "another plan's limits");
+        assert!(get(&FREE).is_some(), "the same limits");
     }
 
     #[test]
@@ -376,14 +434,36 @@ mod tests {
         // Not listening: nothing is remembered.
         let mark = given_back.mark();
         assert_eq!(mark, None);
-        cache.insert(&route, &a, 5, (sent, mark), denial, tags(&["{r:a}"]));
+        cache.insert(
+            (&route, &a, &FREE),
+            5,
+            (sent, mark),
+            denial,
+            tags(&["{r:a}"]),
+        );
         assert!(cache.is_empty());
 
         given_back.listening();
         let mark = given_back.mark();
-        cache.insert(&route, &a, 5, (sent, mark), denial, tags(&["{r:a}", "{g}"]));
-        cache.insert(&route, &b, 5, (sent, mark), denial, tags(&["{r:b}"]));
-        let held = |client| cache.get(&route, client, 5, sent, &given_back).is_some();
+        cache.insert(
+            (&route, &a, &FREE),
+            5,
+            (sent, mark),
+            denial,
+            tags(&["{r:a}", "{g}"]),
+        );
+        cache.insert(
+            (&route, &b, &FREE),
+            5,
+            (sent, mark),
+            denial,
+            tags(&["{r:b}"]),
+        );
+        let held = |client| {
+            cache
+                .get((&route, client, &FREE), 5, sent, &given_back)
+                .is_some()
+        };
         assert!(held(&a) && held(&b));
         // Units given back to a key of a's (the global one) end a's denial
         // only.
@@ -393,7 +473,13 @@ mod tests {
         // its mark) ends the denial remembered from its answer.
         let mark = given_back.mark();
         given_back.note(b"{r:a}");
-        cache.insert(&route, &a, 5, (sent, mark), denial, tags(&["{r:a}"]));
+        cache.insert(
+            (&route, &a, &FREE),
+            5,
+            (sent, mark),
+            denial,
+            tags(&["{r:a}"]),
+        );
         assert!(!held(&a));
         // Listening broke: no denial holds, and once listening again the
         // ones from before do not come back (messages may have been lost).

@@ -438,10 +438,8 @@ impl<B: Backend> Guarded<B> {
         let started = Instant::now();
         let remembered = remembered_as(&charge);
         let given_back = self.store.given_back();
-        if let Some(denial) =
-            self.denials
-                .get(charge.route, &remembered, charge.cost, started, given_back)
-        {
+        let whose = (charge.route, &*remembered, charge.limits);
+        if let Some(denial) = self.denials.get(whose, charge.cost, started, given_back) {
             self.metrics.decided(StoreKind::Cache, started.elapsed());
             return Answer::Decided(denial);
         }
@@ -451,14 +449,10 @@ impl<B: Backend> Guarded<B> {
             Ok(decision) => {
                 self.accepted();
                 self.metrics.decided(StoreKind::Redis, started.elapsed());
-                self.denials.insert(
-                    charge.route,
-                    &remembered,
-                    charge.cost,
-                    (started, mark),
-                    decision,
-                    || self.store.tag_buckets(&charge),
-                );
+                self.denials
+                    .insert(whose, charge.cost, (started, mark), decision, || {
+                        self.store.tag_buckets(&charge)
+                    });
                 Answer::Decided(decision)
             }
             Err(e) => {

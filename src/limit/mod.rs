@@ -95,7 +95,7 @@ pub struct Limit {
 
 impl Limit {
     /// `limit` units per `window_ms`, with a burst of `limit`.
-    pub fn new(algorithm: Algorithm, limit: u64, window_ms: u64) -> Self {
+    pub const fn new(algorithm: Algorithm, limit: u64, window_ms: u64) -> Self {
         Self {
             algorithm,
             limit,
