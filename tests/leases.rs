@@ -296,8 +296,8 @@ async fn eight_instances_share_one_global_token_bucket_exactly_with_few_store_ca
     // 10 000 tokens a 10 s (1 a ms), holding 10 000; about 3× offered.
     // A bucket emptied by its traffic hands out slices as fast as it
     // refills, and instances waiting for one ask again now and then: a
-    // longer interval than the default (larger slices) keeps that under 1
-    // call in 50 here (see the README).
+    // longer interval than the default (larger slices) keeps the calls
+    // near one a slice (see the README).
     let run = run(
         "lease-bucket",
         r#"{ algorithm = "token_bucket", limit = 10000, window = "10s", key = { from = "global" }, lease = { interval = "500ms" } }"#,
