@@ -18,6 +18,11 @@
 //!   request was sent before a message for one of its keys arrived is not
 //!   held (the message may tell of a settlement Redis ran after it).
 //!
+//! A message is in this instance's subscription socket before the
+//! settlement that sent it returns, but the listener may read it later:
+//! before refusing from memory, a [`Barrier`] round reads every message
+//! already sent, and the denial is looked up again (see [`barrier`]).
+//!
 //! A denial holds only for a request facing the very limits it was refused
 //! under: a client whose plan changed, or whose token carries another
 //! number, is asked of the store.
@@ -32,7 +37,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -41,6 +46,10 @@ use super::shards::{Shards, Slot};
 use super::{Decision, Limit};
 use crate::client::ClientId;
 use crate::metrics::TableMetrics;
+
+pub mod barrier;
+
+pub use barrier::{Barrier, Subscription};
 
 const SHARDS: usize = 32;
 
@@ -90,18 +99,21 @@ pub struct GivenBack {
     heard: Counter,
     /// 1 while listening (`floodgate_store_listening`).
     listening: Gauge,
+    /// Reading every message already sent, before a refusal from memory.
+    barrier: Barrier,
 }
 
 impl Default for GivenBack {
     fn default() -> Self {
-        Self::new(Counter::default(), Gauge::default())
+        Self::new(Counter::default(), Gauge::default(), Counter::default())
     }
 }
 
 impl GivenBack {
-    /// Not listening yet; counts the messages it hears in `heard` and
-    /// shows whether it listens in `listening`.
-    pub fn new(heard: Counter, listening: Gauge) -> Self {
+    /// Not listening yet; counts the messages it hears in `heard`, shows
+    /// whether it listens in `listening` and counts the PINGs its
+    /// [`Barrier`] rounds cost in `barrier_pings`.
+    pub fn new(heard: Counter, listening: Gauge, barrier_pings: Counter) -> Self {
         Self {
             seq: AtomicU64::new(0),
             buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
@@ -109,7 +121,20 @@ impl GivenBack {
             live: AtomicBool::new(false),
             heard,
             listening,
+            barrier: Barrier::new(barrier_pings),
         }
+    }
+
+    /// The rounds that read every message already sent.
+    pub fn barrier(&self) -> &Barrier {
+        &self.barrier
+    }
+
+    /// Waits, at most `within`, until every message the store sent this
+    /// instance before this call has been read and noted; whether it was
+    /// (see [`Barrier::passed`]).
+    pub async fn caught_up(&self, within: Duration) -> bool {
+        self.barrier.passed(within).await
     }
 
     /// The bucket of hash tag `tag`.

@@ -116,7 +116,11 @@ impl Limiter {
         let store = redis_store(
             settings,
             metrics.redis_calls.clone(),
-            GivenBack::new(metrics.given_back_heard.clone(), metrics.listening.clone()),
+            GivenBack::new(
+                metrics.given_back_heard.clone(),
+                metrics.listening.clone(),
+                metrics.given_back_barrier_pings.clone(),
+            ),
         )?;
         match store.load_script().await {
             Err(refused @ StoreError::Refused(_)) => return Err(refused),
@@ -437,13 +441,12 @@ impl<B: Backend> Guarded<B> {
     async fn decide_plain(&self, charge: Charge<'_>) -> Answer {
         let started = Instant::now();
         let remembered = remembered_as(&charge);
-        let given_back = self.store.given_back();
         let whose = (charge.route, &*remembered, charge.limits);
-        if let Some(denial) = self.denials.get(whose, charge.cost, started, given_back) {
+        if let Some(denial) = self.remembered_denial(whose, charge.cost, started).await {
             self.metrics.decided(StoreKind::Cache, started.elapsed());
             return Answer::Decided(denial);
         }
-        let mark = given_back.mark();
+        let mark = self.store.given_back().mark();
         let now = now_ms();
         match self.ask_store(charge, now).await {
             Ok(decision) => {
@@ -465,6 +468,25 @@ impl<B: Backend> Guarded<B> {
                 self.fallback(charge, &e)
             }
         }
+    }
+
+    /// The denial remembered for a request of `cost` units by `whose`,
+    /// once every message the store sent this instance before it has been
+    /// read (one may end the denial; see `deny_cache::barrier`). `None`
+    /// when none holds, or when that cannot be made sure within the
+    /// store's timeout: the store then decides, exactly.
+    async fn remembered_denial(
+        &self,
+        whose: (&std::sync::Arc<str>, &ClientId, &[super::Limit]),
+        cost: u64,
+        started: Instant,
+    ) -> Option<Decision> {
+        let given_back = self.store.given_back();
+        self.denials.get(whose, cost, started, given_back)?;
+        if !given_back.caught_up(self.store.timeout()).await {
+            return None;
+        }
+        self.denials.get(whose, cost, Instant::now(), given_back)
     }
 
     /// Asks the store to decide (or settle) `charge`: in one call, or on a

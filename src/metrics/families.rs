@@ -139,6 +139,7 @@ pub(super) struct StoreFamilies {
     pub(super) leases: LeaseFamilies,
     pub(super) given_back_heard: Counter,
     pub(super) listening: Gauge,
+    pub(super) given_back_barrier_pings: Counter,
 }
 
 impl StoreFamilies {
@@ -176,7 +177,8 @@ impl StoreFamilies {
             given_back.clone(),
         );
         let leases = LeaseFamilies::register(registry);
-        let (given_back_heard, listening) = Self::register_given_back_heard(registry);
+        let (given_back_heard, listening, given_back_barrier_pings) =
+            Self::register_given_back_heard(registry);
         Self {
             decision_seconds,
             store_errors,
@@ -188,6 +190,7 @@ impl StoreFamilies {
             leases,
             given_back_heard,
             listening,
+            given_back_barrier_pings,
         }
     }
 
@@ -208,9 +211,9 @@ impl StoreFamilies {
         (circuit_open, node_circuit_open)
     }
 
-    /// What this instance hears of units given back, and whether it
-    /// listens.
-    fn register_given_back_heard(registry: &mut Registry) -> (Counter, Gauge) {
+    /// What this instance hears of units given back, whether it listens,
+    /// and what reading every message before a refusal from memory costs.
+    fn register_given_back_heard(registry: &mut Registry) -> (Counter, Gauge, Counter) {
         let given_back_heard = Counter::default();
         registry.register(
             "floodgate_store_given_back_heard",
@@ -223,7 +226,13 @@ impl StoreFamilies {
             "1 while this instance listens to the shared store for units given back; while 0, no denial is remembered (each refused request asks the store)",
             listening.clone(),
         );
-        (given_back_heard, listening)
+        let barrier_pings = Counter::default();
+        registry.register(
+            "floodgate_store_given_back_barrier_pings",
+            "PINGs sent on the subscriptions for units given back so that every message already sent is read before a request is refused from a remembered denial; requests arriving together share one, so at most about one per subscription per round trip to Redis",
+            barrier_pings.clone(),
+        );
+        (given_back_heard, listening, barrier_pings)
     }
 }
 

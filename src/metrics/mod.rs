@@ -86,6 +86,9 @@ pub struct Metrics {
     pub given_back_heard: Counter,
     /// 1 while this instance listens for units given back.
     pub listening: Gauge,
+    /// PINGs sent so every message of units given back already sent is
+    /// read before a refusal from memory.
+    pub given_back_barrier_pings: Counter,
     /// Distinct rule sets the instances sharing the store ran lately.
     pub store_rule_sets: Gauge,
     /// Access log lines dropped because the writer fell behind.
@@ -147,6 +150,7 @@ impl Metrics {
             given_back: store.given_back,
             given_back_heard: store.given_back_heard,
             listening: store.listening,
+            given_back_barrier_pings: store.given_back_barrier_pings,
             store_rule_sets: store.store_rule_sets,
             access_log_dropped: access_log.dropped,
             access_log_suppressed: access_log.suppressed,

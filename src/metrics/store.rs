@@ -30,6 +30,9 @@ pub struct StoreMetrics {
     pub given_back_heard: Counter,
     /// 1 while this instance listens for units given back.
     pub listening: Gauge,
+    /// PINGs sent on the subscriptions for units given back so that every
+    /// message already sent is read before a refusal from memory.
+    pub given_back_barrier_pings: Counter,
     /// The in-process tables: the memory store, the local fallback, the
     /// remembered denials.
     pub tables: [TableMetrics; 3],
@@ -82,6 +85,7 @@ impl Metrics {
             given_back: self.given_back.clone(),
             given_back_heard: self.given_back_heard.clone(),
             listening: self.listening.clone(),
+            given_back_barrier_pings: self.given_back_barrier_pings.clone(),
             leases: self.leases.clone(),
             tables: ["memory", "local", "denials"].map(|table| {
                 let label = TableLabel {

@@ -393,3 +393,36 @@ async fn a_remembered_denial_answers_without_asking_the_store_until_units_come_b
     assert!(refused(guarded.decide(request.charge()).await));
     assert_eq!(guarded.store.asked(), 4, "asked again");
 }
+
+#[tokio::test]
+async fn a_message_already_sent_but_not_yet_read_ends_a_remembered_denial() {
+    let guarded = guarded(OnError::Allow, Fake::new(LONG, Told::Decide(denied())));
+    let request = Request::new();
+    let refused = |answer: Answer| matches!(answer, Answer::Decided(d) if !d.allowed);
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert_eq!(guarded.store.asked(), 1, "the second is remembered");
+    // An operator's credit went through another instance: its message is
+    // in this instance's subscription, which reads it only in a round.
+    guarded.store.tell(Told::Decide(allowed()));
+    let mut rounds = guarded.store.given_back.barrier().subscription();
+    let slow_listener = async {
+        let round = rounds.asked().await;
+        guarded.store.given_back.note(request.route.as_bytes());
+        rounds.answer(round);
+    };
+    let (answer, ()) = tokio::join!(guarded.decide(request.charge()), slow_listener);
+    assert_eq!(answer, Answer::Decided(allowed()));
+    assert_eq!(guarded.store.asked(), 2);
+}
+
+#[tokio::test]
+async fn a_denial_is_not_refused_from_memory_while_a_subscription_does_not_answer() {
+    let guarded = guarded(OnError::Allow, Fake::new(LONG, Told::Decide(denied())));
+    let request = Request::new();
+    let refused = |answer: Answer| matches!(answer, Answer::Decided(d) if !d.allowed);
+    assert!(refused(guarded.decide(request.charge()).await));
+    let _silent = guarded.store.given_back.barrier().subscription();
+    assert!(refused(guarded.decide(request.charge()).await));
+    assert_eq!(guarded.store.asked(), 2, "the store decided, not memory");
+}

@@ -10,13 +10,21 @@
 //! every second: a connection that broke, or that no longer answers, is
 //! replaced, and until it is no denial is remembered (the messages
 //! meanwhile may be lost).
+//!
+//! Each subscription also answers the rounds of its store's barrier
+//! (`limit::deny_cache::barrier`): it sends PING and notes every message
+//! read before the PONG, which Redis sends after every message already
+//! queued on the connection. The client library's reader hands messages
+//! on, in the order they arrived, before it completes the PING's answer,
+//! so once the PONG is in, those messages wait in the stream and are read
+//! without waiting.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use redis::ConnectionInfo;
 use redis::aio::{PubSubSink, PubSubStream};
 
@@ -25,7 +33,7 @@ use super::cluster::Cluster;
 use super::connections::store_error;
 use super::slot::slot_of;
 use crate::limit::Charge;
-use crate::limit::deny_cache::GivenBack;
+use crate::limit::deny_cache::{GivenBack, Subscription};
 
 impl RedisStore {
     /// Where units were given back lately, as the store tells this
@@ -210,6 +218,8 @@ async fn keep_subscribed(mut source: Source, heard: &Heard, role: &Role) {
     loop {
         match tokio::time::timeout(heard.timeout, subscribe(&mut source, channel)).await {
             Ok(Ok((sink, stream))) => {
+                // Answering rounds before listening: a round waits for it.
+                let mut rounds = given_back.barrier().subscription();
                 match role {
                     Role::Only => given_back.listening(),
                     Role::Primary { live, .. } => live.store(true, Ordering::SeqCst),
@@ -218,11 +228,14 @@ async fn keep_subscribed(mut source: Source, heard: &Heard, role: &Role) {
                     tracing::info!(%channel, "listening for units given back again");
                 }
                 failing = false;
-                let why = hear(sink, stream, heard, role).await;
+                let why = hear((sink, stream), &mut rounds, heard, role).await;
                 if let Role::Primary { live, .. } = role {
                     live.store(false, Ordering::SeqCst);
                 }
                 given_back.deaf();
+                // Deaf first: a round no longer waits for it, and the
+                // denials it would pass no longer hold.
+                drop(rounds);
                 tracing::debug!(%channel, why, "stopped listening for units given back");
             }
             Ok(Err(e)) if !heard.accepted.load(Ordering::Relaxed) => {
@@ -276,13 +289,14 @@ async fn subscribe(
 }
 
 /// Notes every message until the subscription breaks or a ping goes
-/// unanswered; says which. A cluster's primary hears every message of the
-/// cluster, its own at once and the others' over the cluster bus: all are
-/// noted, and counted as heard only from the primary owning the tag's
-/// slot, so each is counted once.
+/// unanswered; says which. Answers each barrier round asked in `rounds`.
+/// A cluster's primary hears every message of the cluster, its own at
+/// once and the others' over the cluster bus: all are noted, and counted
+/// as heard only from the primary owning the tag's slot, so each is
+/// counted once.
 async fn hear(
-    mut sink: PubSubSink,
-    mut stream: PubSubStream,
+    (mut sink, mut stream): (PubSubSink, PubSubStream),
+    rounds: &mut Subscription<'_>,
     heard: &Heard,
     role: &Role,
 ) -> &'static str {
@@ -290,18 +304,56 @@ async fn hear(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            message = stream.next() => match message {
+            message = stream.next(), if !rounds.holds_messages() => match message {
                 Some(message) => note(&heard.given_back, message.get_payload_bytes(), role),
                 None => return "the connection closed",
             },
             _ = ping.tick() => {
-                let answered = tokio::time::timeout(heard.timeout, sink.ping::<redis::Value>()).await;
-                if !matches!(answered, Ok(Ok(_))) {
+                if !pinged(&mut sink, heard.timeout).await {
                     return "a ping went unanswered";
+                }
+            }
+            round = rounds.asked() => {
+                match read_through_pong(&mut sink, &mut stream, heard, role).await {
+                    Ok(true) => rounds.answer(round),
+                    Ok(false) => {}
+                    Err(why) => return why,
                 }
             }
         }
     }
+}
+
+/// Sends PING and notes every message that arrived before its PONG (a
+/// barrier round); whether the PONG came within the store's timeout. A
+/// later one is not an end: the requests waiting ask the store meanwhile,
+/// and the next round or ping tells whether the connection lives. An
+/// error ends the subscription; says why.
+async fn read_through_pong(
+    sink: &mut PubSubSink,
+    stream: &mut PubSubStream,
+    heard: &Heard,
+    role: &Role,
+) -> Result<bool, &'static str> {
+    match tokio::time::timeout(heard.timeout, sink.ping::<redis::Value>()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => return Err("a ping failed"),
+        Err(_) => return Ok(false),
+    }
+    // Every message before the PONG is in the stream now.
+    while let Some(message) = stream.next().now_or_never() {
+        let Some(message) = message else {
+            return Err("the connection closed");
+        };
+        note(&heard.given_back, message.get_payload_bytes(), role);
+    }
+    Ok(true)
+}
+
+/// Whether the subscription answers a PING within `timeout`.
+async fn pinged(sink: &mut PubSubSink, timeout: Duration) -> bool {
+    let answered = tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await;
+    matches!(answered, Ok(Ok(_)))
 }
 
 /// Notes units given back under `tag`, heard in `role`.
