@@ -965,3 +965,33 @@ async fn a_key_of_another_shape_reads_as_empty_and_is_replaced() {
             .expect("del");
     }
 }
+
+/// A message already in the subscription that the listener has not read
+/// (messages held: read only in barrier rounds) is read and noted by a
+/// barrier round before it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_round_reads_a_message_the_listener_has_not_read_yet() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("barrier");
+    let store = store(&redis, &prefix);
+    assert!(store.listening_within(Duration::from_secs(5)).await);
+    let given_back = store.given_back();
+    given_back.barrier().hold_messages();
+    // A first round: from its end on, the listener reads only in rounds.
+    assert!(given_back.caught_up(Duration::from_secs(5)).await);
+    let before = given_back.mark();
+    let mut conn = redis.connection().await;
+    let subscribers: u64 = redis::cmd("PUBLISH")
+        .arg(format!("{prefix}:given-back"))
+        .arg("some-tag")
+        .query_async(&mut conn)
+        .await
+        .expect("PUBLISH");
+    assert_eq!(subscribers, 1, "the store listens");
+    assert_eq!(given_back.mark(), before, "the message waits unread");
+    assert!(given_back.caught_up(Duration::from_secs(5)).await);
+    assert!(
+        given_back.mark() > before,
+        "the round read the message before it returned"
+    );
+}
