@@ -1,7 +1,8 @@
 //! Every answer floodgate makes itself in place of the upstream's, and whose
 //! fault it is: the client's (4xx), the upstream's (502, 504) or the rate
 //! limit store's (503 under `on_error = "deny"`). One body format for all,
-//! an RFC 9457 problem document, and one metric,
+//! an RFC 9457 problem document (OpenAI's error object on a route that
+//! answers as OpenAI does), and one metric,
 //! `floodgate_refusals_total{status, fault}`, so that floodgate's own 502s
 //! and 504s are never mistaken for the upstream's answers.
 //!
@@ -19,6 +20,7 @@ use http::{Response, StatusCode};
 
 use crate::metrics::CountedRefusal;
 use crate::response::{self, Body};
+use crate::routes::Answers;
 
 /// Whose fault a refusal is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +63,8 @@ pub struct Refusal {
     fault: Fault,
     detail: Cow<'static, str>,
     retry_after_ms: Option<u64>,
+    /// The shape of its body.
+    answers: Answers,
 }
 
 impl Refusal {
@@ -101,7 +105,14 @@ impl Refusal {
             fault,
             detail: detail.into(),
             retry_after_ms: None,
+            answers: Answers::Problem,
         }
+    }
+
+    /// This refusal with its body in the shape `answers` names (a route's
+    /// `answers`).
+    pub fn answered_as(self, answers: Answers) -> Self {
+        Self { answers, ..self }
     }
 
     /// The status sent.
@@ -119,10 +130,21 @@ impl Refusal {
         &self.detail
     }
 
-    /// The answer: a problem document, with `Retry-After` where there is
-    /// one.
+    /// The answer: a problem document (or OpenAI's error object, typed
+    /// `server_error` for a 5xx, `invalid_request_error` for a 4xx), with
+    /// `Retry-After` where there is one.
     pub fn into_response<U>(self) -> Response<Body<U>> {
-        let mut response = response::problem(self.status, &self.detail);
+        let mut response = match self.answers {
+            Answers::Problem => response::problem(self.status, &self.detail),
+            Answers::OpenAi => {
+                let kind = if self.status.is_server_error() {
+                    "server_error"
+                } else {
+                    "invalid_request_error"
+                };
+                response::openai::error(self.status, &self.detail, kind, None)
+            }
+        };
         if let Some(ms) = self.retry_after_ms {
             response
                 .headers_mut()

@@ -5,7 +5,8 @@
 //! and `RateLimit: "login";r=0;t=41` reports the most constrained one (`t`:
 //! seconds until at least one more unit, per draft -10).
 //! Denials, and every other answer floodgate makes itself
-//! ([`crate::refusal`]), are RFC 9457 problem documents.
+//! ([`crate::refusal`]), are RFC 9457 problem documents, or OpenAI's
+//! error objects on a route that answers as OpenAI does ([`openai`]).
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -15,9 +16,10 @@ use http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::limit::Decision;
-use crate::routes::{Policy, Route};
+use crate::routes::{Answers, Policy, Route};
 
 mod body;
+pub mod openai;
 
 pub use body::{Body, Watcher};
 
@@ -219,7 +221,8 @@ pub fn retry_after(ms: u64) -> HeaderValue {
 }
 
 /// The answer to a request `route`'s limits denied: the route's own `deny`
-/// answer, or a 429 problem document.
+/// answer, a 429 in OpenAI's shape (`answers = "openai"`), or a 429
+/// problem document.
 pub fn too_many_requests<U>(
     route: &Route,
     limits: &Policy,
@@ -237,6 +240,12 @@ pub fn too_many_requests<U>(
             }
             response
         }
+        None if route.answers == Answers::OpenAi => openai::denial(
+            route,
+            limits,
+            decision,
+            seconds(decision.retry_after_ms).max(1),
+        ),
         None => {
             let wait = seconds(decision.retry_after_ms).max(1);
             let detail = format!(

@@ -16,12 +16,14 @@ use ipnet::IpNet;
 
 use crate::client::{ClientId, ClientRule};
 
+mod answers;
 mod descriptor;
 mod path;
 mod plans;
 mod policy;
 mod template;
 
+pub use answers::{Answers, DenyCode};
 pub use descriptor::{Descriptor, Entry as DescriptorEntry};
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};
@@ -68,6 +70,8 @@ pub struct Route {
     pub rate_limit_headers: HeaderMode,
     /// The answer to a denied request, when not the default 429.
     pub deny: Option<DenyAnswer>,
+    /// The shape of floodgate's own answers: denials and store outages.
+    pub answers: Answers,
     /// Clients in these networks bypass the limits (`[server]`'s and the
     /// route's own `exempt`).
     pub exempt: Vec<IpNet>,

@@ -712,3 +712,143 @@ async fn refused_calls_report_every_limit_as_redis_holds_it() {
     let gate = Floodgate::start(&toml).await;
     every_field_follows_the_model(&gate, Some((&redis, &prefix))).await;
 }
+
+/// `n` calls through the SDK to the API at `base` (`…/v1`), 0.05 s apart,
+/// each with `max_tokens` 10: what each read, or raised.
+async fn calls_to(base: &str, n: u32) -> Vec<serde_json::Value> {
+    let args = [
+        "calls".to_owned(),
+        base.to_owned(),
+        "sk-test-key".to_owned(),
+        "1".to_owned(),
+        n.to_string(),
+        "0.05".to_owned(),
+        "headers:10".to_owned(),
+    ];
+    client("openai_peer.py", &args).await
+}
+
+/// The SDK's error of `call`: a 429 `RateLimitError` with `code`, and
+/// OpenAI's whole error body as it was sent.
+fn rate_limit_error<'c>(call: &'c serde_json::Value, code: &str) -> &'c serde_json::Value {
+    assert_eq!(call["error"], "RateLimitError", "{call}");
+    assert_eq!(call["status"], 429, "{call}");
+    assert_eq!(call["code"], code, "{call}");
+    let error = &call["whole"]["error"];
+    assert_eq!(
+        call["whole"].as_object().map(|o| o.len()),
+        Some(1),
+        "{call}"
+    );
+    let mut keys: Vec<&String> = error
+        .as_object()
+        .map(|o| o.keys().collect())
+        .unwrap_or_default();
+    keys.sort();
+    assert_eq!(keys, ["code", "message", "param", "type"], "{call}");
+    assert!(error["param"].is_null(), "{call}");
+    assert!(field(call, "retry-after").parse::<u64>().is_ok(), "{call}");
+    error
+}
+
+/// On routes with `answers = "openai"`: a spent month (a calendar window,
+/// no `deny_code`) raises `insufficient_quota`, a spent minute
+/// `rate_limit_exceeded` typed `requests`, and a rolling window that
+/// names `deny_code = "insufficient_quota"` that; each a
+/// `RateLimitError` the SDK reads, with `Retry-After` and the
+/// `x-ratelimit-*` fields as on any refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_month_and_a_spent_minute_raise_the_codes_openai_clients_act_on() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-codes");
+    let api = fake_openai().await;
+    let two_requests = |name: &str, window: &str, extra: &str| {
+        chat_named(name, &api, 1_000_000, "")
+            .limits(&format!(
+                r#"{{ algorithm = "fixed_window", limit = 2, window = "{window}", counts = "requests"{extra} }}"#
+            ))
+            .line(r#"answers = "openai""#)
+            .line(r#"rate_limit_headers = "openai""#)
+    };
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .route(two_requests("monthly", "month", ""))
+        .route(two_requests("minute", "1m", ""))
+        .route(two_requests(
+            "named",
+            "1h",
+            r#", deny_code = "insufficient_quota""#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    for (name, code) in [
+        ("monthly", "insufficient_quota"),
+        ("minute", "rate_limit_exceeded"),
+        ("named", "insufficient_quota"),
+    ] {
+        let calls = calls_to(&gate.url(&format!("/{name}/v1")), 3).await;
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        for admitted in &calls[..2] {
+            assert_eq!(admitted["read"], PROMPT + 10, "{admitted}");
+        }
+        let refused = &calls[2];
+        let error = rate_limit_error(refused, code);
+        assert_eq!(error["code"], code, "{refused}");
+        assert_eq!(field(refused, "x-ratelimit-remaining-requests"), "0");
+        assert_eq!(field(refused, "x-ratelimit-limit-requests"), "2");
+        if code == "insufficient_quota" {
+            assert_eq!(refused["type"], "insufficient_quota", "{refused}");
+            assert_eq!(
+                error["message"],
+                "You exceeded your current quota, please check your plan and billing details."
+            );
+        } else {
+            assert_eq!(refused["type"], "requests", "{refused}");
+            let wait = field(refused, "retry-after");
+            let message = error["message"].as_str().unwrap_or_default();
+            assert!(
+                message.starts_with("Rate limit reached for requests")
+                    && message.ends_with(&format!("Please try again in {wait}s.")),
+                "{refused}"
+            );
+        }
+    }
+}
+
+/// With `on_error = "deny"` and the store gone, a route with `answers =
+/// "openai"` answers 503 in OpenAI's shape, which the SDK raises as an
+/// `APIStatusError` (its `InternalServerError`) with the body read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_an_api_status_error_with_openais_error_body() {
+    let mut redis = TestRedis::start_process().await;
+    let prefix = unique_prefix("sdk-outage");
+    let api = fake_openai().await;
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .store(r#"on_error = "deny""#)
+        .route(chat(&api, 1_000_000).line(r#"answers = "openai""#))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let before = calls_to(&gate.url("/v1"), 1).await;
+    assert_eq!(before.len(), 1);
+    assert_eq!(before[0]["read"], PROMPT + 10, "{before:?}");
+    redis.kill();
+    let during = calls_to(&gate.url("/v1"), 3).await;
+    assert_eq!(during.len(), 3, "{during:?}");
+    for call in &during {
+        assert_eq!(call["error"], "InternalServerError", "{call}");
+        assert_eq!(call["status"], 503, "{call}");
+        assert_eq!(
+            call["whole"],
+            serde_json::json!({"error": {
+                "message": "the rate limit store is unavailable; retry later",
+                "type": "server_error", "param": null, "code": null,
+            }}),
+            "{call}"
+        );
+        assert_eq!(call["type"], "server_error", "{call}");
+        assert!(field(call, "retry-after").parse::<u64>().is_ok(), "{call}");
+    }
+}

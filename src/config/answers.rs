@@ -1,5 +1,6 @@
 //! A route's answers to denied requests: `deny = { … }` and which
-//! rate-limit fields responses carry (`rate_limit_headers`).
+//! rate-limit fields responses carry (`rate_limit_headers`), and the shape
+//! of floodgate's own answers (`answers`).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::routes::{DenyAnswer, HeaderMode};
+use crate::routes::{Answers, DenyAnswer, HeaderMode};
 
 /// `deny = { status, body, content_type, headers }`.
 #[derive(Deserialize)]
@@ -94,6 +95,25 @@ impl Validator<'_> {
             return Some(default);
         };
         self.choice(Some(value), "rate_limit_headers", &HeaderMode::NAMES)
+    }
+
+    /// A route's `answers`: `problem` unless it says otherwise. OpenAI's
+    /// shape comes with its own denial body, so a route gives one of
+    /// `deny` and `answers = "openai"`.
+    pub(super) fn answers(
+        &mut self,
+        value: Option<&Spanned<String>>,
+        deny: Option<&Spanned<DenyModel>>,
+    ) -> Option<Answers> {
+        let answers = self.choice(value, "answers", &Answers::NAMES)?;
+        if let (Answers::OpenAi, Some(deny)) = (answers, deny) {
+            self.problem(
+                deny.span(),
+                "deny writes the denial's body and answers = \"openai\" writes it in OpenAI's shape; keep one of them (each limit's deny_code says what an OpenAI denial reports)",
+            );
+            return None;
+        }
+        Some(answers)
     }
 
     /// A route's `deny` answer.

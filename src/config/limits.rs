@@ -32,6 +32,8 @@ pub(super) struct LimitModel {
     anchor: Option<Spanned<AnchorModel>>,
     /// Decided from slices taken ahead (`lease = { interval, share }`).
     lease: Option<Spanned<LeaseModel>>,
+    /// What its denial tells an OpenAI client (`answers = "openai"`).
+    pub(super) deny_code: Option<Spanned<String>>,
 }
 
 /// `limit_from = { claim = "rpm", default = 60, max = 1000 }`: the

@@ -355,6 +355,7 @@ impl Validator<'_> {
         let mut counting = Vec::new();
         let mut claimed = Vec::new();
         let mut calendars = Vec::new();
+        let mut codes = Vec::new();
         let mut ok = true;
         for (scope, budget, items) in parts {
             let Some(own) = self.limits(Some(items), cost) else {
@@ -383,10 +384,17 @@ impl Validator<'_> {
                     Some(None) => {}
                     None => ok = false,
                 }
-                let Some((key, shown)) = key else {
+                let code = match &m.deny_code {
+                    None => Some(None),
+                    Some(c) => self
+                        .choice(Some(c), "deny_code", &crate::routes::DenyCode::NAMES)
+                        .map(Some),
+                };
+                let (Some((key, shown)), Some(code)) = (key, code) else {
                     ok = false;
                     continue;
                 };
+                codes.push(code);
                 names.push(if count == 1 {
                     label.to_owned()
                 } else {
@@ -416,6 +424,9 @@ impl Validator<'_> {
         let mut policy = Policy::named(names, limits, if plain { Vec::new() } else { counting });
         policy.claimed = claimed;
         policy.calendars = calendars;
+        if codes.iter().any(Option::is_some) {
+            policy.codes = codes;
+        }
         Some(policy)
     }
 

@@ -49,6 +49,8 @@ pub(super) struct RouteModel {
     max_request_body: Option<Spanned<String>>,
     deny: Option<Spanned<answers::DenyModel>>,
     rate_limit_headers: Option<Spanned<String>>,
+    /// The shape of floodgate's own answers (default `problem`).
+    answers: Option<Spanned<String>>,
     #[serde(default)]
     overrides: Vec<Spanned<overrides::OverrideModel>>,
     #[serde(default)]
@@ -247,6 +249,7 @@ impl Validator<'_> {
             None => Some(None),
             Some(d) => self.deny(d).map(Some),
         };
+        let answers = self.answers(m.answers.as_ref(), m.deny.as_ref());
         let concurrency = match &m.concurrency {
             None => Some(None),
             Some(c) => self.concurrency(c).map(Some),
@@ -278,6 +281,7 @@ impl Validator<'_> {
             overrides,
             rate_limit_headers: rate_limit_headers?,
             deny: deny?,
+            answers: answers?,
             exempt,
             exempt_keys,
             concurrency: concurrency?,

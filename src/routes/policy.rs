@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use std::sync::Arc;
 
-use super::HeaderCondition;
+use super::{DenyCode, HeaderCondition};
 use crate::client::{ClientId, ClientRule, sha256};
 use crate::limit::Limit;
 
@@ -36,6 +36,9 @@ pub struct Policy {
     pub claimed: Vec<(usize, Arc<ClaimedLimit>)>,
     /// Limits whose windows follow the calendar, by position.
     pub calendars: Vec<(usize, Arc<CalendarLimit>)>,
+    /// The `deny_code` each limit names, one per limit; empty when none
+    /// names one (each then has the code [`DenyCode::of`] gives it).
+    pub codes: Vec<Option<DenyCode>>,
 }
 
 impl Policy {
@@ -61,6 +64,18 @@ impl Policy {
             counting,
             claimed: Vec::new(),
             calendars: Vec::new(),
+            codes: Vec::new(),
+        }
+    }
+
+    /// What a denial by limit `index` tells an OpenAI client.
+    pub fn code(&self, index: usize) -> DenyCode {
+        match self.codes.get(index) {
+            Some(Some(code)) => *code,
+            _ => self
+                .limits
+                .get(index)
+                .map_or(DenyCode::RateLimitExceeded, DenyCode::of),
         }
     }
 
@@ -119,6 +134,7 @@ impl Policy {
             counting: self.counting.clone(),
             claimed: Vec::new(),
             calendars: self.calendars.clone(),
+            codes: self.codes.clone(),
         }
     }
 

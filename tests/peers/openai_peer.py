@@ -16,7 +16,8 @@ read by the plain loop that indexes `chunk.choices[0]` on every chunk),
 caller the answer's headers; "headers:N" with max_tokens N, else 300).
 Prints one JSON line per call: the usage tokens the SDK read, or the error
 it raised; in "headers" mode, with the answer's `x-ratelimit-*` and
-`retry-after` headers, and a refusal's body.
+`retry-after` headers, and a refusal's body (the `error` object the SDK
+read, its `code` and `type`, and the whole body as sent).
 """
 
 import json
@@ -99,12 +100,19 @@ def call_with_headers(client, max_tokens):
             "read": answer.usage.total_tokens,
             "headers": rate_limit_fields(raw.headers),
         }
-    except openai.RateLimitError as e:
+    except openai.APIStatusError as e:
+        try:
+            whole = e.response.json()
+        except ValueError:
+            whole = None
         return {
-            "error": "RateLimitError",
+            "error": type(e).__name__,
             "status": e.status_code,
             "headers": rate_limit_fields(e.response.headers),
             "body": e.body,
+            "code": e.code,
+            "type": e.type,
+            "whole": whole,
         }
 
 

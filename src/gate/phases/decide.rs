@@ -155,7 +155,7 @@ impl Context<'_> {
         policy: Limits<'r>,
         answer: Answer,
     ) -> Ruling<Limits<'r>> {
-        let ruling = Ruling::of(answer, found.route.shadow, policy);
+        let ruling = Ruling::of(answer, (found.route.shadow, found.route.answers), policy);
         let whose = Whose {
             counted: std::iter::once((found.index, client)),
             denied: (&found.route.name, client),

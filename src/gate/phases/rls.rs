@@ -237,7 +237,7 @@ impl Context<'_> {
             Answer::Decided(decision) => self.verdicts(charge, decision).await,
             Answer::Unavailable { .. } => None,
         };
-        let ruling = Ruling::of(answer, shadow, combined);
+        let ruling = Ruling::of(answer, (shadow, crate::routes::Answers::Problem), combined);
         self.record_group(rules, group, &owns, &ruling);
         if let Some((decision, combined)) = ruling.decided() {
             write_statuses(

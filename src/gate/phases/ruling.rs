@@ -15,7 +15,7 @@ use crate::metrics::Outcome;
 use crate::proxy::Body;
 use crate::refusal::Refusal;
 use crate::response;
-use crate::routes::{Policy, Route};
+use crate::routes::{Answers, Policy, Route};
 
 /// What deciding a request concluded, with the `limits` (`P`: a
 /// [`Policy`] held one way or another) a store decided it under, for
@@ -55,8 +55,8 @@ pub(super) struct Whose<'a, I> {
 
 impl<P: Deref<Target = Policy>> Ruling<P> {
     /// The store's `answer` under `limits`, on a route in shadow mode or
-    /// not.
-    pub(super) fn of(answer: Answer, shadow: bool, limits: P) -> Self {
+    /// not, whose own answers take the shape `answers`.
+    pub(super) fn of(answer: Answer, (shadow, answers): (bool, Answers), limits: P) -> Self {
         match answer {
             Answer::Decided(decision) if decision.allowed => Self::Allowed { decision, limits },
             Answer::Decided(decision) if shadow => Self::ShadowDenied { decision, limits },
@@ -64,7 +64,9 @@ impl<P: Deref<Target = Policy>> Ruling<P> {
             Answer::Unavailable {
                 deny,
                 retry_after_ms,
-            } => Self::StoreDown((deny && !shadow).then(|| Refusal::store(retry_after_ms))),
+            } => Self::StoreDown(
+                (deny && !shadow).then(|| Refusal::store(retry_after_ms).answered_as(answers)),
+            ),
         }
     }
 
