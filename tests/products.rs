@@ -878,3 +878,52 @@ limits = [{ algorithm = "sliding_log", limit = 30, window = "1h" }]"#,
     assert_eq!(admitted, 20);
     assert_eq!(first.header("ratelimit"), Some("\"calls\";r=19;t=3600"));
 }
+
+/// On a route with `answers = "openai"`, a plan's limit carries its own
+/// `deny_code`: the free plan's hour is named a quota, the pro plan's
+/// hour (no code, a rolling window) is a rate.
+#[tokio::test]
+async fn a_plans_limit_answers_with_its_own_deny_code() {
+    let toml = Config::new()
+        .server(r#"trusted_proxies = ["127.0.0.1/32"]"#)
+        .route(
+            Route::new("api")
+                .client(r#"from = "header", name = "X-Api-Key""#)
+                .limit("sliding_log", 1, "1h")
+                .line(r#"plans = ["free", "pro"]"#)
+                .line(r#"answers = "openai""#),
+        )
+        .tables(
+            r#"[plan_selection]
+by = { from = "header", name = "X-Plan" }
+default = "free"
+
+[plans.free]
+limits = [{ algorithm = "sliding_log", limit = 2, window = "1h", deny_code = "insufficient_quota" }]
+
+[plans.pro]
+limits = [{ algorithm = "sliding_log", limit = 3, window = "1h" }]"#,
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let http = TestClient::http1();
+    for (plan, want, code) in [
+        ("free", 2, "insufficient_quota"),
+        ("pro", 3, "rate_limit_exceeded"),
+    ] {
+        let headers = [("x-api-key", plan), ("x-plan", plan)];
+        for _ in 0..want {
+            assert_eq!(
+                http.get(&gate.url("/"), &headers).await.status,
+                200,
+                "{plan}"
+            );
+        }
+        let refused = http.get(&gate.url("/"), &headers).await;
+        assert_eq!(refused.status, 429, "{plan}");
+        let body: serde_json::Value = serde_json::from_str(&refused.text()).unwrap_or_default();
+        assert_eq!(body["error"]["code"], code, "{plan}: {body}");
+        assert!(body["error"]["param"].is_null(), "{plan}: {body}");
+        assert!(refused.header("retry-after").is_some(), "{plan}");
+    }
+}
