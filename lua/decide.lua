@@ -29,7 +29,8 @@
 --              it as decided), else 0
 --
 -- Reply: per request, in order, four integers per limit (allowed (1/0),
--- remaining, next_ms, retry_after_ms), then the time it was decided at
+-- remaining, next_ms, retry_after_ms; for a settlement or a grant, always
+-- allowed, the fourth is the units granted in force: see held), then the time it was decided at
 -- (ms; what a settlement names as `at`), packed as signed
 -- 64-bit little-endian integers in one string (struct.pack '<i8…'). A
 -- client reads one string instead of an array of integers, each its own
@@ -180,9 +181,23 @@ local function given_back(k, told)
   redis_pcall('PUBLISH', match(tag, '^(.-):{') .. ':given-back', tag)
 end
 
+-- What limit `l` at key `k` holds at `now`, as an allowed verdict of a
+-- request of nothing whose fourth integer is the units an operator
+-- granted that are in force (a fixed window's, which alone has a grant;
+-- State::granted): 1, remaining, next_ms, granted.
+local function held(l, k, now)
+  local _, remaining, reset, _, _, _, read = l[1](k, l[3], l[4], now, 0, l[5])
+  local granted = 0
+  if l[8] then
+    granted = type(read) == 'table' and read[1] or read
+  end
+  return 1, max(remaining, 0), reset, granted
+end
+
 -- Settles one request's reservation against `limits`, whose keys start at
 -- KEYS[key], and writes what each limit holds afterwards into `reply` from
--- reply[out] as an allowed verdict: the units remaining once settled.
+-- reply[out] as an allowed verdict (held): the units remaining once
+-- settled.
 -- Settling below the reservation gives units back: see given_back. A
 -- limit counting requests is left as decided, unless `refused`: then the
 -- request was refused after all, and it gets back the one it took.
@@ -201,8 +216,7 @@ local function settle_one(KEYS, key, limits, now, at, reserved, used, refused, r
         given_back(k, told)
       end
     end
-    local _, remaining, reset = l[1](k, l[3], l[4], now, 0, l[5])
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0
+    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = held(l, k, now)
   end
 end
 
@@ -221,8 +235,7 @@ local function grant_one(KEYS, key, limits, now, units, reply, out)
       l[6](k, l[3], l[4], now, l[5], now, units, 0)
     end
     given_back(k, told)
-    local _, remaining, reset = l[1](k, l[3], l[4], now, 0, l[5])
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0
+    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = held(l, k, now)
   end
 end
 

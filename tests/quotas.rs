@@ -357,14 +357,14 @@ async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> Answer {
 
 /// The `remaining` of each limit in one route's standing.
 fn standing_remaining(route: &serde_json::Value) -> Vec<u64> {
+    standing_field(route, "remaining")
+}
+
+/// The field `name` of each limit in one route's standing.
+fn standing_field(route: &serde_json::Value, name: &str) -> Vec<u64> {
     route["limits"]
         .as_array()
-        .map(|limits| {
-            limits
-                .iter()
-                .filter_map(|l| l["remaining"].as_u64())
-                .collect()
-        })
+        .map(|limits| limits.iter().filter_map(|l| l[name].as_u64()).collect())
         .unwrap_or_default()
 }
 
@@ -537,7 +537,10 @@ async fn a_reset_makes_the_client_whole_on_both(instances: &Operated, authorized
 }
 
 /// On the fixed window a credit is a grant past the number: 8 left of
-/// 10, 5 granted, 13 left.
+/// 10, 5 granted, 13 left; the readout shows the number, the grant in
+/// force and what is used (the two less what remains), as the model of
+/// the two limits says: 2 used of the day's 10 + 5, 2 of the hour's 6,
+/// and each request takes at least one unit.
 async fn a_credit_on_a_fixed_window_grants_past_the_limit(
     instances: &Operated,
     authorized: &[(&str, &str)],
@@ -552,6 +555,17 @@ async fn a_credit_on_a_fixed_window_grants_past_the_limit(
     let both: serde_json::Value = serde_json::from_str(&granted.text()).expect("json");
     assert_eq!(standing_remaining(&both["before"]), [8, 4]);
     assert_eq!(standing_remaining(&both["after"]), [13, 4]);
+    for (when, granted) in [("before", [0, 0]), ("after", [5, 0])] {
+        let standing = &both[when];
+        assert_eq!(standing_field(standing, "limit"), [10, 6], "{when}");
+        assert_eq!(standing_field(standing, "granted"), granted, "{when}");
+        assert_eq!(standing_field(standing, "used"), [2, 2], "{when}");
+        assert_eq!(
+            standing_field(standing, "smallest_reservation"),
+            [1, 1],
+            "{when}"
+        );
+    }
 }
 
 /// A client the route would refuse, or a limit it does not have,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::breaker::Breaker;
 use super::deny_cache::GivenBack;
-use super::{Charge, Decision, Kept, Limit, StoreError, Verdict};
+use super::{Charge, Decision, Kept, Limit, StoreError};
 
 /// One node of a shared store (the one Redis, or a cluster's primary):
 /// what its breaker guards.
@@ -76,7 +76,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         &self,
         target: Self::Target,
         charge: Charge<'_>,
-    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<crate::limit::Standing>, StoreError>> + Send;
 
     /// Forgets `charge`'s counts (only limit `which`, when given).
     fn reset(

@@ -182,6 +182,18 @@ pub struct Verdict {
     pub retry_after_ms: u64,
 }
 
+/// What one limit holds for a client, read without consuming: for the
+/// standing readout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Standing {
+    /// What a request of nothing would be told now.
+    pub verdict: Verdict,
+    /// Units an operator granted past the limit that are still in force
+    /// (a fixed window's credits, until its window ends); 0 for the
+    /// algorithms a credit refills instead.
+    pub granted: u64,
+}
+
 /// A route's answer to one request: its limits' verdicts combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Decision {

@@ -497,6 +497,22 @@ mod tests {
     }
 
     #[test]
+    fn the_least_reservation_is_what_the_smallest_request_with_a_body_reserves() {
+        let s = Settings {
+            reserve_per_kib: 250,
+            ..settings(&["x-used"], &[1.0])
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert("content-length", "1".parse().expect("value"));
+        // Naming nothing reserves `reserve`; naming 0 only what it adds.
+        assert_eq!(reservation(&s, &headers, None), Ok(100 + 250));
+        headers.insert("x-max-units", "0".parse().expect("value"));
+        let least = reservation(&s, &headers, None).expect("a reservation");
+        assert_eq!(least, 10 + 250);
+        assert_eq!(s.least_reservation(), least);
+    }
+
+    #[test]
     fn the_first_of_several_reserve_paths_the_body_names_counts() {
         let s = Settings {
             reserve_json: Some(paths(&["max_completion_tokens", "max_tokens"])),

@@ -130,6 +130,24 @@ pub struct Settings {
     pub failed: Option<FailedAnswers>,
 }
 
+impl Settings {
+    /// The least one request with a body reserves (see
+    /// [`super::reservation`]): naming nothing, `reserve`; naming 0 units
+    /// (a header or `reserve_json`), `reserve_add`; plus `reserve_per_kib`
+    /// for its first KiB; at most `max_reserve`. A route's clients with
+    /// less remaining than this are refused whatever they ask.
+    pub fn least_reservation(&self) -> u64 {
+        let named = self.reserve_header.is_some() || self.reserve_json.is_some();
+        let base = if named {
+            self.reserve.min(self.reserve_add)
+        } else {
+            self.reserve
+        };
+        base.saturating_add(self.reserve_per_kib)
+            .min(self.max_reserve)
+    }
+}
+
 /// `failed = { statuses = [400, 429, 500], charge = 0 }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedAnswers {

@@ -84,7 +84,7 @@ pub async fn operate(
             .await
             .map_err(|e| OperationError::Store(e.to_string()))?;
         let mut out = String::new();
-        super::standing::route_json(&mut out, &route.name, &who, &rules, policy, &verdicts);
+        super::standing::route_json(&mut out, route, &who, &rules, policy, &verdicts);
         Ok::<_, OperationError>(out)
     };
     let before = standing().await?;

@@ -298,7 +298,8 @@ impl Context<'_> {
                 retry_after_ms: decision.retry_after_ms,
             }]);
         }
-        self.shared.limiter.standing(charge).await.ok()
+        let held = self.shared.limiter.standing(charge).await.ok()?;
+        Some(held.into_iter().map(|s| s.verdict).collect())
     }
 }
 

@@ -17,10 +17,10 @@ use super::identify::Identity;
 use super::{Context, Found};
 use crate::access_log::json_string;
 use crate::gate::rules::Rules;
-use crate::limit::{Charge, Verdict};
+use crate::limit::{Charge, Standing};
 use crate::proxy::Body;
 use crate::refusal::Refusal;
-use crate::routes::Policy;
+use crate::routes::{Policy, Route};
 
 impl Context<'_> {
     /// The caller's standing on the routes `names` (in that order), as a
@@ -59,8 +59,8 @@ impl Context<'_> {
                     .map_err(|_| Refusal::store(1_000))?
             };
             match &who.policy {
-                Some(policy) => route_json(&mut out, name, &who, rules, policy, &verdicts),
-                None => route_json(&mut out, name, &who, rules, &Policy::default(), &[]),
+                Some(policy) => route_json(&mut out, route, &who, rules, policy, &verdicts),
+                None => route_json(&mut out, route, &who, rules, &Policy::default(), &[]),
             }
         }
         out.push_str("]}");
@@ -79,7 +79,7 @@ pub(super) async fn read_standing(
     shared: &crate::gate::shared::Shared,
     route: &Arc<str>,
     who: &Identity<'_>,
-) -> Result<Vec<Verdict>, crate::limit::StoreError> {
+) -> Result<Vec<Standing>, crate::limit::StoreError> {
     let (Some(client), Some(policy)) = (&who.client, &who.policy) else {
         return Ok(Vec::new());
     };
@@ -88,17 +88,17 @@ pub(super) async fn read_standing(
 }
 
 /// One route's standing: whether the caller is exempt there, its plan, and
-/// each limit of `policy` with what `verdicts` say it holds.
+/// each limit of `policy` with what `held` says it holds.
 pub(super) fn route_json(
     out: &mut String,
-    name: &str,
+    route: &Route,
     who: &Identity<'_>,
     rules: &Rules,
     policy: &Policy,
-    verdicts: &[Verdict],
+    held: &[Standing],
 ) {
     out.push_str("{\"route\":");
-    json_string(out, name);
+    json_string(out, &route.name);
     let _ = write!(out, ",\"exempt\":{}", who.exempt);
     out.push_str(",\"plan\":");
     let plan = who.plan.and_then(|p| {
@@ -111,14 +111,27 @@ pub(super) fn route_json(
     }
     out.push_str(",\"limits\":[");
     if !who.exempt {
-        limits_json(out, policy, verdicts);
+        // The least a request takes of a limit counting units: its
+        // smallest reservation on a metered route, else its cost.
+        let least = route
+            .usage
+            .as_ref()
+            .map_or(route.cost, |u| u.least_reservation());
+        limits_json(out, policy, held, least);
     }
     out.push_str("]}");
 }
 
-/// Each limit of `policy` with what `verdicts` say it holds.
-fn limits_json(out: &mut String, policy: &crate::routes::Policy, verdicts: &[Verdict]) {
-    for (i, (limit, verdict)) in policy.limits.iter().zip(verdicts).enumerate() {
+/// Each limit of `policy` with what `held` says it holds: its number
+/// (`limit`), what an operator granted past it that is in force
+/// (`granted`), what is taken (`used`: the two less what remains), what
+/// remains, and the least one request takes of it (`smallest_reservation`: 1
+/// for a limit counting requests, else `least`), so that a client with
+/// less remaining than that sees why it is refused.
+fn limits_json(out: &mut String, policy: &crate::routes::Policy, held: &[Standing], least: u64) {
+    for (i, (limit, held)) in policy.limits.iter().zip(held).enumerate() {
+        let verdict = &held.verdict;
+        let in_force = limit.capacity().saturating_add(held.granted);
         if i > 0 {
             out.push(',');
         }
@@ -126,14 +139,17 @@ fn limits_json(out: &mut String, policy: &crate::routes::Policy, verdicts: &[Ver
         crate::gate::shown::limit_named(out, policy, i, name);
         let _ = write!(
             out,
-            ",\"counts\":\"{}\",\"limit\":{},\"remaining\":{},\"reset_seconds\":{},\"window_seconds\":{}",
+            ",\"counts\":\"{}\",\"limit\":{},\"granted\":{},\"used\":{},\"remaining\":{},\"smallest_reservation\":{},\"reset_seconds\":{},\"window_seconds\":{}",
             if limit.counts_requests {
                 "requests"
             } else {
                 "units"
             },
             limit.capacity(),
+            held.granted,
+            in_force.saturating_sub(verdict.remaining),
             verdict.remaining,
+            if limit.counts_requests { 1 } else { least },
             verdict.next_ms.div_ceil(1000),
             limit.window_now_ms().div_ceil(1000),
         );

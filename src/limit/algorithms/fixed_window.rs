@@ -66,6 +66,11 @@ pub(super) fn grant(state: &mut State, limit: &Limit, now: u64, units: u64) {
     });
 }
 
+/// The units granted in the window `now` falls in.
+pub(super) fn granted(start: u64, count: u64, extra: u64, limit: &Limit, now: u64) -> u64 {
+    seen_at(start, count, extra, now, limit).3
+}
+
 /// When a fixed window state starting at `start` stops mattering: its
 /// window's end, or for a window by the calendar, the end of the window
 /// after it (until then it is the previous window, kept for export).

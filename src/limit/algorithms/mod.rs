@@ -218,6 +218,21 @@ impl State {
         }
     }
 
+    /// Units an operator granted past the limit still in force at `now`:
+    /// a fixed window's, while its window is current; the others take a
+    /// credit as units given back, so hold none apart.
+    pub fn granted(&self, limit: &Limit, now: u64) -> u64 {
+        match self {
+            Self::FixedWindow {
+                start,
+                count,
+                extra,
+                ..
+            } => fixed_window::granted(*start, *count, *extra, limit, now),
+            _ => 0,
+        }
+    }
+
     /// When this state holds nothing that matters any more.
     pub fn expires_at(&self, limit: &Limit) -> u64 {
         match self {

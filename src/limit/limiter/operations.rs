@@ -15,7 +15,7 @@ impl Limiter {
     pub async fn standing(
         &self,
         charge: Charge<'_>,
-    ) -> Result<Vec<crate::limit::Verdict>, StoreError> {
+    ) -> Result<Vec<crate::limit::Standing>, StoreError> {
         match self {
             Self::Memory(memory) => Ok(memory.0.peek_at(charge, now_ms())),
             Self::Redis(shared) => shared.standing(charge).await,
@@ -112,7 +112,10 @@ impl Limiter {
 impl<B: Backend> Guarded<B> {
     /// What each of `charge`'s limits holds in the store (see
     /// [`Limiter::standing`]).
-    async fn standing(&self, charge: Charge<'_>) -> Result<Vec<crate::limit::Verdict>, StoreError> {
+    async fn standing(
+        &self,
+        charge: Charge<'_>,
+    ) -> Result<Vec<crate::limit::Standing>, StoreError> {
         let Some(parts) = self.store.parts(&charge) else {
             let target = self.store.target(&charge)?;
             if B::node_of(&target).breaker().is_open() {
@@ -120,7 +123,7 @@ impl<B: Backend> Guarded<B> {
             }
             return self.store.peek_on(target, charge).await;
         };
-        let mut verdicts = vec![crate::limit::Verdict::default(); charge.limits.len()];
+        let mut verdicts = vec![crate::limit::Standing::default(); charge.limits.len()];
         for (positions, target) in parts {
             let target = target?;
             if B::node_of(&target).breaker().is_open() {
@@ -135,8 +138,8 @@ impl<B: Backend> Guarded<B> {
                 ..charge
             };
             let read = self.store.peek_on(target, part).await?;
-            for (&i, verdict) in positions.iter().zip(read) {
-                verdicts[i] = verdict;
+            for (&i, standing) in positions.iter().zip(read) {
+                verdicts[i] = standing;
             }
         }
         Ok(verdicts)

@@ -129,7 +129,11 @@ impl Backend for Fake {
         self.answer().await
     }
 
-    async fn peek_on(&self, _: Arc<FakeNode>, _: Charge<'_>) -> Result<Vec<Verdict>, StoreError> {
+    async fn peek_on(
+        &self,
+        _: Arc<FakeNode>,
+        _: Charge<'_>,
+    ) -> Result<Vec<crate::limit::Standing>, StoreError> {
         self.answer().await.map(|_| Vec::new())
     }
 

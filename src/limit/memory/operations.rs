@@ -6,17 +6,20 @@
 use super::{Entry, MemoryStore, same_states};
 use crate::limit::algorithms::State;
 use crate::limit::shards::Slot;
-use crate::limit::{Charge, Limit, Verdict};
+use crate::limit::{Charge, Limit, Standing};
 
 impl MemoryStore {
     /// What each of `charge`'s limits holds at `now`, consuming nothing
     /// and making no entry: a client never seen holds every limit whole.
-    pub fn peek_at(&self, charge: Charge<'_>, now: u64) -> Vec<Verdict> {
+    pub fn peek_at(&self, charge: Charge<'_>, now: u64) -> Vec<Standing> {
         let look = |entry: Option<&Entry>, at: usize, limit: &Limit| {
             let mut state = entry
                 .and_then(|e| e.states.get(at).cloned())
                 .unwrap_or_else(|| State::new(limit.algorithm));
-            state.check(limit, now, 0)
+            Standing {
+                verdict: state.check(limit, now, 0),
+                granted: state.granted(limit, now),
+            }
         };
         if !charge.keys.is_empty() && charge.keys.len() == charge.limits.len() {
             return charge

@@ -9,7 +9,7 @@ use super::{Node, Part, RedisStore, Target};
 use crate::limit::backend::{Backend, StoreNode};
 use crate::limit::breaker::Breaker;
 use crate::limit::deny_cache::GivenBack;
-use crate::limit::{Charge, Decision, Kept, Limit, StoreError, Verdict};
+use crate::limit::{Charge, Decision, Kept, Limit, StoreError};
 
 impl StoreNode for Node {
     fn addr(&self) -> &str {
@@ -61,7 +61,7 @@ impl Backend for RedisStore {
         &self,
         target: Target,
         charge: Charge<'_>,
-    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<crate::limit::Standing>, StoreError>> + Send {
         RedisStore::peek_on(self, target, charge)
     }
 

@@ -7,7 +7,7 @@ use redis::Cmd;
 
 use super::batch::Ask;
 use super::keys::Key;
-use super::replies::verdicts_from_reply;
+use super::replies::standing_from_reply;
 use super::{RedisStore, Target};
 use crate::limit::{Charge, StoreError};
 
@@ -20,7 +20,7 @@ impl RedisStore {
         &self,
         target: Target,
         charge: Charge<'_>,
-    ) -> Result<Vec<crate::limit::Verdict>, StoreError> {
+    ) -> Result<Vec<crate::limit::Standing>, StoreError> {
         let Target { node, tags } = target;
         let ask = Ask {
             tags: tags.borrow(),
@@ -48,7 +48,7 @@ impl RedisStore {
                         .await?
                 }
             };
-            verdicts_from_reply(&reply, charge.limits.len())
+            standing_from_reply(&reply, charge.limits.len())
         };
         tokio::time::timeout(self.link.timeout, work)
             .await

@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use crate::limit::{Decision, Limit, StoreError, Verdict};
+use crate::limit::{Decision, Limit, Standing, StoreError, Verdict};
 
 /// Bytes of one packed integer.
 const INT: usize = 8;
@@ -47,11 +47,16 @@ pub(super) fn decision_from_values(values: &[u8], limits: &[Limit]) -> Decision 
     };
     let whole = |at: &[u8]| u64::try_from(int(at)).unwrap_or(0);
     let kinds = limits.iter().map(|l| l.counts_requests);
-    let verdicts = verdicts.chunks_exact(VERDICT).map(|v| Verdict {
-        allowed: int(v) == 1,
-        remaining: whole(&v[INT..]),
-        next_ms: whole(&v[2 * INT..]),
-        retry_after_ms: whole(&v[3 * INT..]),
+    // An allowed verdict waits for nothing; a settlement's fourth integer
+    // is the units granted in force, not a wait.
+    let verdicts = verdicts.chunks_exact(VERDICT).map(|v| {
+        let allowed = int(v) == 1;
+        Verdict {
+            allowed,
+            remaining: whole(&v[INT..]),
+            next_ms: whole(&v[2 * INT..]),
+            retry_after_ms: if allowed { 0 } else { whole(&v[3 * INT..]) },
+        }
     });
     let mut decision = Decision::combine_kinds(kinds.zip(verdicts));
     if at.len() == INT {
@@ -69,12 +74,13 @@ pub(super) fn next_decision(rest: &mut &[u8], limits: &[Limit]) -> Decision {
     decision_from_values(mine, limits)
 }
 
-/// Each limit's verdict in the reply to a call that carried one decision
-/// on `limits` limits.
-pub(super) fn verdicts_from_reply(
+/// What each limit holds, from the reply to a call that carried one read
+/// (a settlement of nothing) on `limits` limits: a settlement's verdicts
+/// carry the units granted in force where a decision's carry its wait.
+pub(super) fn standing_from_reply(
     reply: &Value,
     limits: usize,
-) -> Result<Vec<Verdict>, StoreError> {
+) -> Result<Vec<Standing>, StoreError> {
     let values = verdict_values(reply, limits, 1)?;
     let int = |at: &[u8]| {
         let mut bytes = [0u8; INT];
@@ -83,11 +89,14 @@ pub(super) fn verdicts_from_reply(
     };
     Ok(values[..limits * VERDICT]
         .chunks_exact(VERDICT)
-        .map(|v| Verdict {
-            allowed: int(v) == 1,
-            remaining: int(&v[INT..]),
-            next_ms: int(&v[2 * INT..]),
-            retry_after_ms: int(&v[3 * INT..]),
+        .map(|v| Standing {
+            verdict: Verdict {
+                allowed: int(v) == 1,
+                remaining: int(&v[INT..]),
+                next_ms: int(&v[2 * INT..]),
+                retry_after_ms: 0,
+            },
+            granted: int(&v[3 * INT..]),
         })
         .collect())
 }
