@@ -12,9 +12,7 @@ use crate::limit::backend::{Part, StoreNode};
 use crate::limit::breaker::{Breaker, DEFAULT_THRESHOLD};
 use crate::limit::deny_cache::GivenBack;
 use crate::limit::settings::OnError;
-use crate::limit::{
-    Algorithm, Backend, Charge, Decision, Kept, Limit, Settlement, StoreError, Verdict,
-};
+use crate::limit::{Algorithm, Backend, Charge, Decision, Kept, Limit, Settlement, StoreError};
 use crate::metrics::Metrics;
 
 /// The fake store's deadline.
