@@ -167,3 +167,44 @@ impl MemoryStore {
         entry.refresh_expiry(charge.limits);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::client::ClientId;
+    use crate::limit::Algorithm;
+
+    #[test]
+    fn a_peek_reads_the_units_granted_in_force_until_the_window_ends() {
+        let route: Arc<str> = "api".into();
+        let client = ClientId::Addr([192, 0, 2, 1].into());
+        let limits = [
+            Limit::new(Algorithm::FixedWindow, 10, 60_000),
+            Limit::new(Algorithm::TokenBucket, 6, 60_000),
+        ];
+        let store = MemoryStore::new();
+        let c = Charge {
+            route: &route,
+            client: &client,
+            limits: &limits,
+            keys: &[],
+            cost: 1,
+            settle: None,
+        };
+        for t in 0..4 {
+            assert!(store.decide_at(c, t).allowed);
+        }
+        store.adjust_at(c, Some(0), crate::limit::Adjustment::Credit(5), 5);
+        let held = |now| -> Vec<(u64, u64)> {
+            store
+                .peek_at(c, now)
+                .iter()
+                .map(|s| (s.verdict.remaining, s.granted))
+                .collect()
+        };
+        assert_eq!(held(5), [(11, 5), (2, 0)]);
+        assert_eq!(held(60_000)[0], (10, 0), "a grant outlived its window");
+    }
+}
