@@ -111,17 +111,22 @@ pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "Envoy: descriptors all or nothing" => front::envoys_descriptors_are_decided_all_or_nothing,
 };
 
-/// Runs every scenario on `bed`, each to its end whatever the others did,
-/// and fails naming those that failed.
+/// Runs every scenario on `bed`, all at once (each under keys of its own,
+/// so two calendar scenarios wait for one minute's end together), each to
+/// its end whatever the others did, and fails naming those that failed.
 pub async fn run_all(bed: Bed) {
     let bed = Arc::new(bed);
+    let running: Vec<_> = SCENARIOS
+        .iter()
+        .map(|(name, scenario)| (*name, tokio::spawn(scenario(Arc::clone(&bed)))))
+        .collect();
     let mut failed = Vec::new();
-    for (name, scenario) in SCENARIOS {
-        let outcome = tokio::spawn(scenario(Arc::clone(&bed))).await;
+    for (name, task) in running {
+        let outcome = task.await;
         let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
         println!("{:?} store: {name}: {verdict}", bed.store);
         if outcome.is_err() {
-            failed.push(*name);
+            failed.push(name);
         }
     }
     assert!(
