@@ -837,48 +837,6 @@ limits = [{ algorithm = "sliding_log", limit = 1000, window = "1h" }]"#,
     }
 }
 
-#[tokio::test]
-async fn a_plan_gives_a_budget_its_own_number_and_the_count_carries_over() {
-    let gate = Floodgate::start(
-        &Config::new()
-            .server(r#"trusted_proxies = ["127.0.0.1/32"]"#)
-            .route(
-                Route::new("api")
-                    .client(r#"from = "header", name = "X-Api-Key""#)
-                    .line(r#"budgets = ["calls"]"#)
-                    .line(r#"plans = ["free", "pro"]"#),
-            )
-            .tables(
-                r#"[budgets.calls]
-limits = [{ algorithm = "sliding_log", limit = 10, window = "1h" }]
-
-[plan_selection]
-by = { from = "header", name = "X-Plan" }
-default = "free"
-
-[plans.free]
-
-[plans.pro.budgets.calls]
-limits = [{ algorithm = "sliding_log", limit = 30, window = "1h" }]"#,
-            )
-            .toml(),
-    )
-    .await;
-    let http = TestClient::http1();
-    let free = [("x-api-key", "tenant"), ("x-plan", "free")];
-    let (admitted, first) = admitted_until_refused(&http, &gate.url("/"), &free).await;
-    assert_eq!(admitted, 10);
-    assert_eq!(
-        first.header("ratelimit-policy"),
-        Some("\"calls\";q=10;w=3600")
-    );
-    // Upgraded: the same count, the pro plan's number: 20 more.
-    let pro = [("x-api-key", "tenant"), ("x-plan", "pro")];
-    let (admitted, first) = admitted_until_refused(&http, &gate.url("/"), &pro).await;
-    assert_eq!(admitted, 20);
-    assert_eq!(first.header("ratelimit"), Some("\"calls\";r=19;t=3600"));
-}
-
 /// On a route with `answers = "openai"`, a plan's limit carries its own
 /// `deny_code`: the free plan's hour is named a quota, the pro plan's
 /// hour (no code, a rolling window) is a rate.
