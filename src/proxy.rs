@@ -111,7 +111,10 @@ impl Forwarder {
     /// response is written into `out` (once, where the request's caller
     /// keeps it, rather than moved out through every layer on its way
     /// back) and comes back lent, with the endpoint that answered.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a forward's inputs come from different layers: the route, the client, the clock and the connection"
+    )]
     pub async fn forward<'o, H: Send + 'static>(
         &self,
         group: &Group,

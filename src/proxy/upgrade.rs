@@ -38,7 +38,6 @@ pub fn requested(headers: &HeaderMap) -> bool {
 /// connection's place among the open connections) until the tunnel ends;
 /// a tunnel closed for idling is counted in `idle_timeouts`. `sender` is
 /// the upstream connection's, kept until the upgrade completes.
-#[allow(clippy::too_many_arguments)]
 pub fn splice<H: Send + 'static>(
     client: OnUpgrade,
     upstream: OnUpgrade,

@@ -74,7 +74,10 @@ impl Context<'_> {
     /// The upstream's answer, timed, counted and logged, written into
     /// `out` and lent back. Only the upstream's own answers count as
     /// upstream responses; floodgate's 502 and 504 are refusals.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the exchange's parts, each lent by the phase that made it"
+    )]
     pub(super) async fn forward<'o, H: Send + 'static>(
         &mut self,
         rules: &Rules,
