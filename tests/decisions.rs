@@ -11,7 +11,7 @@ mod support;
 use std::net::IpAddr;
 
 use support::config::{Config, Route};
-use support::front::{FrontProxy, Raw, get_from};
+use support::front::{FrontProxy, Raw, about_chat, get_from};
 use support::redis::{TestRedis, unique_prefix};
 use support::{Floodgate, TestClient, Upstream};
 
@@ -290,17 +290,6 @@ fn metered(redis: &TestRedis, prefix: &str) -> Config {
                 .limit("fixed_window", 1_000, "1h")
                 .line(r#"usage = { reserve = 100, reserve_header = "x-max-units", max_reserve = 500, report = "header", units = { "x-units-used" = 1 } }"#),
         )
-}
-
-/// What a listed front proxy sends about the client 203.0.113.5's
-/// request to `/chat`, with `more` fields.
-async fn about_chat(decision: u16, more: &[(&str, &str)]) -> Raw {
-    let mut fields = vec![
-        ("X-Original-URI", "/chat"),
-        ("X-Forwarded-For", "203.0.113.5"),
-    ];
-    fields.extend_from_slice(more);
-    get_from(ip([127, 0, 0, 1]), decision, "/_floodgate", &fields).await
 }
 
 #[tokio::test]

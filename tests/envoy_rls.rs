@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use support::Floodgate;
 use support::config::{Config, Route};
 use support::peers::client;
+use support::peers::edge::{call, org, user};
 use support::redis::{TestRedis, unique_prefix};
 
 /// A user's limit (3 an hour, per `user` value), an organisation's
@@ -41,18 +42,6 @@ fn rls(redis: &TestRedis, prefix: &str, peers: &str) -> Config {
                 .line(r#"descriptor = { domain = "edge", entries = ["generic_key=all"] }"#)
                 .limit("sliding_log", 100, "1h"),
         )
-}
-
-fn user(name: &str) -> Value {
-    json!({ "entries": [["user", name]] })
-}
-
-fn org(name: &str) -> Value {
-    json!({ "entries": [["generic_key", "api"], ["org", name]] })
-}
-
-fn call(descriptors: &[Value]) -> Value {
-    json!({ "domain": "edge", "descriptors": descriptors })
 }
 
 async fn ask(gate: &Floodgate, calls: &[Value]) -> Vec<Value> {

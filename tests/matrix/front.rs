@@ -1,23 +1,13 @@
 //! Questions from other proxies: a front proxy's decisions and
 //! settlements on the decision listener, and Envoy's rate limit service.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::Bed;
 use crate::support::config::Route;
-use crate::support::front::{Raw, get_from};
+use crate::support::front::{Raw, about_chat};
 use crate::support::peers::client;
-
-/// What a listed front proxy (loopback) sends about the client
-/// 203.0.113.5's request to `/chat`, with `more` fields, to instance `i`.
-async fn about_chat(port: u16, more: &[(&str, &str)]) -> Raw {
-    let mut fields = vec![
-        ("X-Original-URI", "/chat"),
-        ("X-Forwarded-For", "203.0.113.5"),
-    ];
-    fields.extend_from_slice(more);
-    get_from([127, 0, 0, 1].into(), port, "/_floodgate", &fields).await
-}
+use crate::support::peers::edge::{call, org, user};
 
 fn remaining(answer: &Raw) -> Option<u64> {
     answer
@@ -85,18 +75,6 @@ pub async fn a_front_proxys_reservation_is_settled_by_name(bed: &Bed) {
     );
     let refused = about_chat(port(1), &[("X-Max-Units", "500")]).await;
     assert_eq!(refused.status, 429, "{refused:?}");
-}
-
-fn user(name: &str) -> Value {
-    json!({ "entries": [["user", name]] })
-}
-
-fn org(name: &str) -> Value {
-    json!({ "entries": [["generic_key", "api"], ["org", name]] })
-}
-
-fn call(descriptors: &[Value]) -> Value {
-    json!({ "domain": "edge", "descriptors": descriptors })
 }
 
 /// Envoy's rate limit service: a user's limit (3 an hour) and an

@@ -326,3 +326,15 @@ http://:{port} {
     reverse_proxy {upstream}
 }
 "#;
+
+/// What a listed front proxy (on loopback) sends the decision listener on
+/// `port` about the client 203.0.113.5's request to `/chat`, with `more`
+/// fields.
+pub async fn about_chat(port: u16, more: &[(&str, &str)]) -> Raw {
+    let mut fields = vec![
+        ("X-Original-URI", "/chat"),
+        ("X-Forwarded-For", "203.0.113.5"),
+    ];
+    fields.extend_from_slice(more);
+    get_from(IpAddr::from([127, 0, 0, 1]), port, "/_floodgate", &fields).await
+}

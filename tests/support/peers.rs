@@ -70,3 +70,24 @@ pub async fn client(name: &str, args: &[String]) -> Vec<serde_json::Value> {
         })
         .collect()
 }
+
+/// Calls of Envoy's rate limit service on the domain `edge`, as the
+/// descriptor tests write them.
+pub mod edge {
+    use serde_json::{Value, json};
+
+    /// A descriptor of one entry: `user` = `name`.
+    pub fn user(name: &str) -> Value {
+        json!({ "entries": [["user", name]] })
+    }
+
+    /// A descriptor fixed to `generic_key=api`, then `org` = `name`.
+    pub fn org(name: &str) -> Value {
+        json!({ "entries": [["generic_key", "api"], ["org", name]] })
+    }
+
+    /// A call of one hit with `descriptors`.
+    pub fn call(descriptors: &[Value]) -> Value {
+        json!({ "domain": "edge", "descriptors": descriptors })
+    }
+}
