@@ -336,6 +336,15 @@ mod tests {
         3_600_000,
     )];
 
+    /// A denial whose retry-after is a minute away.
+    fn refused_for_a_minute() -> Decision {
+        Decision {
+            allowed: false,
+            retry_after_ms: 60_000,
+            ..Decision::default()
+        }
+    }
+
     fn listening() -> GivenBack {
         let given_back = GivenBack::default();
         given_back.listening();
@@ -392,11 +401,7 @@ mod tests {
         let route: Arc<str> = "r".into();
         let client = ClientId::header("k");
         let sent = Instant::now();
-        let denial = Decision {
-            allowed: false,
-            retry_after_ms: 60_000,
-            ..Decision::default()
-        };
+        let denial = refused_for_a_minute();
         let mark = given_back.mark();
         cache.insert(
             (&route, &client, &FREE),
@@ -420,11 +425,7 @@ mod tests {
         let route: Arc<str> = "r".into();
         let client = ClientId::header("k");
         let sent = Instant::now();
-        let denial = Decision {
-            allowed: false,
-            retry_after_ms: 60_000,
-            ..Decision::default()
-        };
+        let denial = refused_for_a_minute();
         let mark = given_back.mark();
         cache.insert(
             (&route, &client, &FREE),
@@ -451,11 +452,7 @@ mod tests {
         let route: Arc<str> = "r".into();
         let (a, b) = (ClientId::header("a"), ClientId::header("b"));
         let sent = Instant::now();
-        let denial = Decision {
-            allowed: false,
-            retry_after_ms: 60_000,
-            ..Decision::default()
-        };
+        let denial = refused_for_a_minute();
         // Not listening: nothing is remembered.
         let mark = given_back.mark();
         assert_eq!(mark, None);

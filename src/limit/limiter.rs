@@ -442,11 +442,19 @@ impl<B: Backend> Guarded<B> {
         let started = Instant::now();
         let remembered = remembered_as(&charge);
         let whose = (charge.route, &*remembered, charge.limits);
-        if let Some(denial) = self.remembered_denial(whose, charge.cost, started).await {
+        let given_back = self.store.given_back();
+        // Only a remembered denial waits for the barrier: an admitted
+        // request costs the lookup alone.
+        if self
+            .denials
+            .get(whose, charge.cost, started, given_back)
+            .is_some()
+            && let Some(denial) = self.still_denied(whose, charge.cost).await
+        {
             self.metrics.decided(StoreKind::Cache, started.elapsed());
             return Answer::Decided(denial);
         }
-        let mark = self.store.given_back().mark();
+        let mark = given_back.mark();
         let now = now_ms();
         match self.ask_store(charge, now).await {
             Ok(decision) => {
@@ -471,18 +479,16 @@ impl<B: Backend> Guarded<B> {
     }
 
     /// The denial remembered for a request of `cost` units by `whose`,
-    /// once every message the store sent this instance before it has been
-    /// read (one may end the denial; see `deny_cache::barrier`). `None`
-    /// when none holds, or when that cannot be made sure within the
-    /// store's timeout: the store then decides, exactly.
-    async fn remembered_denial(
+    /// once every message the store sent this instance before now has
+    /// been read (one may end the denial; see `deny_cache::barrier`).
+    /// `None` when none holds then, or when that cannot be made sure
+    /// within the store's timeout: the store then decides, exactly.
+    async fn still_denied(
         &self,
         whose: (&std::sync::Arc<str>, &ClientId, &[super::Limit]),
         cost: u64,
-        started: Instant,
     ) -> Option<Decision> {
         let given_back = self.store.given_back();
-        self.denials.get(whose, cost, started, given_back)?;
         if !given_back.caught_up(self.store.timeout()).await {
             return None;
         }
