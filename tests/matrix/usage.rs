@@ -1,6 +1,6 @@
 //! Usage settled from the upstream's report, and leases.
 
-use super::{Bed, fields, reporting_upstream};
+use super::{Bed, Store, fields, reporting_upstream};
 use crate::support::TestClient;
 use crate::support::config::Route;
 
@@ -47,10 +47,12 @@ pub async fn reported_units_are_settled_across_instances(bed: &Bed) {
 
 /// A global limit of 50 an hour leased by each instance in slices: of 80
 /// requests through both instances, exactly 50 are admitted, and the
-/// 51st and later are refused on both.
+/// 51st and later are refused on both. On a shared store requests were
+/// decided from slices (the memory store decides in process, unleased).
 pub async fn a_leased_global_limit_admits_exactly_its_limit(bed: &Bed) {
     let toml = bed
         .config("matrix-leases")
+        .admin()
         .route(
             Route::new("api")
                 .respond("status = 200")
@@ -69,5 +71,17 @@ pub async fn a_leased_global_limit_admits_exactly_its_limit(bed: &Bed) {
     // Both instances refuse once the hour is spent, whatever they hold.
     for i in 0..4 {
         assert_eq!(http.get(&gates.url(i, "/"), &[]).await.status, 429);
+    }
+    let mut from_slices = 0.0;
+    for i in 0..2 {
+        let scrape = http.get(&gates.admin_url(i, "/metrics"), &[]).await.text();
+        from_slices += scrape
+            .lines()
+            .filter(|l| l.starts_with("floodgate_lease_admitted_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    if bed.store != Store::Memory {
+        assert!(from_slices > 0.0, "no request was decided from a slice");
     }
 }
