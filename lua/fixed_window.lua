@@ -75,10 +75,19 @@ local function fixed_window()
       read = {extra, s, c, ends}
     end
     if count + cost <= limit + extra then
-      -- More units come only with the next window: `t` is its start.
-      return 1, limit + extra - count - cost, reset, 0, count, start, read
+      -- More units come only with the next window: `t` is its start;
+      -- none are to come back while the window has counted nothing.
+      local more = reset
+      if count + cost == 0 then
+        more = 0
+      end
+      return 1, limit + extra - count - cost, more, 0, count, start, read
     end
-    return 0, limit + extra - count, reset, reset, count, start, read
+    local more = reset
+    if count == 0 then
+      more = 0
+    end
+    return 0, limit + extra - count, more, reset, count, start, read
   end
 
   local function commit(key, limit, window, now, cost, burst, count, start, read)

@@ -16,17 +16,24 @@ local function sliding_log()
     redis_call('ZREMRANGEBYSCORE', key, '-inf', int(now - window))
     local total = redis_call('ZCARD', key)
     -- The next unit is free when the oldest counted leaves (this
-    -- request's own, when it is the first).
-    local more = window
+    -- request's own, when it is the first); nothing is to come back to
+    -- an empty log that this request leaves empty.
+    local more = 0
     if total > 0 then
       more = score_at(key, 0) + window - now
+    elseif cost > 0 and cost <= limit then
+      more = window
     end
     if total + cost <= limit then
       return 1, limit - total - cost, more, 0
     end
     -- This request waits until enough of the oldest units have left.
+    -- One larger than the limit never fits: it is told a whole window.
     local excess = total + cost - limit
-    local retry = score_at(key, excess - 1) + window - now
+    local retry = window
+    if excess <= total then
+      retry = score_at(key, excess - 1) + window - now
+    end
     return 0, limit - total, more, retry
   end
 

@@ -12,6 +12,15 @@ local function sliding_window()
   -- window that starts at `start` and `prev` in the one before; called only
   -- when they do not fit now.
   local function wait(limit, window, now, start, cur, prev, cost)
+    if cost > limit then
+      -- Never fits: told the wait until the limit is whole again.
+      if cur > 0 then
+        return start + 2 * window - now
+      elseif prev > 0 then
+        return start + window - now
+      end
+      return window
+    end
     if cur + cost <= limit then
       -- Later in this window, once enough of the previous one has slid out.
       return start + window - floor_div((limit - cost - cur) * window, prev) - now

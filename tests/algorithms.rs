@@ -109,8 +109,8 @@ type Step = (i64, u64, u8, bool, Option<u64>);
 
 /// A trace: (time step 0..=2×window, or now and then a step back of up to
 /// a window, as an NTP step or a failover to a replica whose clock is
-/// behind makes; cost 1..=capacity; client 0..3; and one call with the
-/// previous step, mostly).
+/// behind makes; cost 0..=capacity and now and then one that never fits;
+/// client 0..3; and one call with the previous step, mostly).
 fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step>)> {
     let window = limits.iter().map(|l| l.window_ms).max().unwrap_or(1);
     let capacity = limits.iter().map(Limit::capacity).min().unwrap_or(1);
@@ -123,7 +123,10 @@ fn trace(limits: Vec<Limit>) -> impl Strategy<Value = (Vec<Limit>, u64, Vec<Step
                     9 => 0..=2 * window as i64,
                     1 => -(window as i64)..0,
                 ],
-                1..=capacity.min(6),
+                prop_oneof![
+                    9 => 0..=capacity.min(6),
+                    1 => capacity + 1..=capacity + 3,
+                ],
                 0u8..3,
                 prop::bool::weighted(0.7),
                 prop::option::weighted(0.3, 0..=capacity.min(6) + 4),
@@ -355,6 +358,10 @@ fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
         let mut now = start;
         for &(dt, cost, _, _, _) in &steps {
             now = now.saturating_add_signed(dt);
+            if cost > limit.capacity() {
+                // Never fits, however long it waits.
+                continue;
+            }
             let verdict = state.check(&limit, now, cost);
             if verdict.allowed {
                 state.consume(&limit, now, cost);

@@ -621,13 +621,22 @@ async fn one_call(gate: &Floodgate, max_tokens: u64) -> serde_json::Value {
 async fn every_field_follows_the_model(gate: &Floodgate, redis: Option<(&TestRedis, &str)>) {
     let (mut requests, mut tokens, mut refunded, mut logged) = (10u64, 2_000u64, 0u64, 0u64);
     let mut refusals = Vec::new();
+    let first = std::time::Instant::now();
     for max_tokens in [900; 8].into_iter().chain([300; 4]) {
         let reserve = max_tokens + 100;
         let call = one_call(gate, max_tokens).await;
         assert_eq!(field(&call, "x-ratelimit-limit-requests"), "10", "{call}");
         assert_eq!(field(&call, "x-ratelimit-limit-tokens"), "2000", "{call}");
+        // Both logs' oldest entry is the first call's: each reset is the
+        // hour from it, so no more than an hour and no less than an hour
+        // less the time since the first call was sent.
+        let since_first = u64::try_from(first.elapsed().as_millis()).unwrap_or(u64::MAX);
         for reset in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
-            assert!(field(&call, reset).ends_with('s'), "{call}");
+            let ms = go_duration_ms(&field(&call, reset));
+            assert!(
+                ms <= 3_600_000 && ms + since_first + 50 >= 3_600_000,
+                "{reset} {ms} ms, {since_first} ms after the first call: {call}"
+            );
         }
         let refused_by = if requests == 0 {
             Some("requests")
@@ -680,6 +689,33 @@ async fn every_field_follows_the_model(gate: &Floodgate, redis: Option<(&TestRed
         }
     }
     assert_eq!(refusals, ["tokens", "requests"]);
+}
+
+/// A duration as OpenAI writes its resets (`59m58.5s`, `6ms`), in
+/// milliseconds.
+fn go_duration_ms(text: &str) -> u64 {
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse().unwrap_or_else(|_| panic!("a duration: {text}"));
+    }
+    let (mut total, mut number) = (0.0f64, String::new());
+    for c in text.chars() {
+        let unit = match c {
+            'h' => 3_600_000.0,
+            'm' => 60_000.0,
+            's' => 1_000.0,
+            _ => {
+                number.push(c);
+                continue;
+            }
+        };
+        let n: f64 = number
+            .parse()
+            .unwrap_or_else(|_| panic!("a duration: {text}"));
+        total += n * unit;
+        number.clear();
+    }
+    assert!(number.is_empty(), "a duration: {text}");
+    total.round() as u64
 }
 
 /// [`every_field_follows_the_model`] on a route of 10 requests and 2 000

@@ -29,12 +29,14 @@ pub(super) fn check(
     let window_end = window_start + len - now;
     let allowed = counted + cost <= limit.limit + extra;
     // Units settled after the fact may leave the count above the limit.
-    let remaining = (limit.limit + extra).saturating_sub(counted + if allowed { cost } else { 0 });
+    let taken = counted + if allowed { cost } else { 0 };
+    let remaining = (limit.limit + extra).saturating_sub(taken);
     Verdict {
         allowed,
         remaining,
-        // More units come only with the next window.
-        next_ms: window_end,
+        // More units come only with the next window; none are to come
+        // back while the window has counted nothing.
+        next_ms: if taken > 0 { window_end } else { 0 },
         retry_after_ms: if allowed { 0 } else { window_end },
     }
 }

@@ -339,6 +339,68 @@ pub(super) mod tests {
         }
     }
 
+    /// How long a limit left alone after `now` takes to hold its whole
+    /// capacity again: what a request of nothing is told falls to nothing
+    /// taken. Found by halving, since what remains only grows while nothing
+    /// is asked.
+    fn time_to_full(state: &State, l: &Limit, now: u64) -> u64 {
+        let full = |after: u64| state.clone().check(l, now + after, 0).remaining >= l.capacity();
+        let (mut lo, mut hi) = (0, 4 * l.window_ms * l.capacity().max(1));
+        if full(0) {
+            return 0;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if full(mid) {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        hi
+    }
+
+    /// `t` (and OpenAI's resets, written from it) never says more than the
+    /// limit needs to be back to full, and says nothing only when it is
+    /// full: for every algorithm, after every step of a seeded run of
+    /// requests of 0 to 4 units, admitted or refused, read back at cost 0
+    /// too, at random gaps.
+    #[test]
+    fn t_never_exceeds_the_time_back_to_full() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        };
+        for algorithm in ALL {
+            for (cap, window) in [(10, 60_000), (3, 1_000), (50, 10_000)] {
+                let l = limit(algorithm, cap, window);
+                let mut s = State::new(algorithm);
+                let mut now = 1_200_000 + next(window);
+                for step in 0..400 {
+                    now += next(window / 4 + 1);
+                    let cost = next(5);
+                    let v = take(&mut s, &l, now, cost);
+                    let full = time_to_full(&s, &l, now);
+                    let read = s.clone().check(&l, now, 0);
+                    for (what, t) in [("decided", v.next_ms), ("read", read.next_ms)] {
+                        assert!(
+                            t <= full,
+                            "{algorithm:?} {cap}/{window} step {step} ({what}): t {t} > {full} to full; {v:?} {read:?} cost {cost} {s:?}"
+                        );
+                    }
+                    assert_eq!(
+                        read.next_ms == 0,
+                        full == 0,
+                        "{algorithm:?} step {step}: {read:?}, {full} to full"
+                    );
+                }
+            }
+        }
+    }
+
     /// Five requests just before a window boundary and five right at it,
     /// under 5 per second: how many get in.
     pub(super) fn admitted_across_a_boundary(algorithm: Algorithm) -> usize {

@@ -32,10 +32,12 @@ pub(super) fn check(
     forget_expired(entries, total, now, w);
     let allowed = *total + cost <= limit.limit;
     // The next unit is free when the oldest counted leaves (this
-    // request's own, when it is the first).
+    // request's own, when it is the first); nothing is to come back to
+    // an empty log that this request leaves empty.
     let next_ms = match entries.front() {
         Some(&(t, _)) => (t + w).saturating_sub(now),
-        None => w,
+        None if allowed && cost > 0 => w,
+        None => 0,
     };
     if allowed {
         return Verdict {
@@ -81,6 +83,10 @@ fn wait_for(entries: &VecDeque<(u64, u64)>, excess: u64, now: u64, w: u64) -> u6
 
 /// Logs `cost` units at `now`.
 pub(super) fn consume(entries: &mut VecDeque<(u64, u64)>, total: &mut u64, now: u64, cost: u64) {
+    // Nothing taken logs nothing, as the Lua twin adds no member.
+    if cost == 0 {
+        return;
+    }
     // Keep the log ordered even if the clock stepped back.
     let t = entries.back().map_or(now, |&(last, _)| last.max(now));
     entries.push_back((t, cost));

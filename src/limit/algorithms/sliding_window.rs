@@ -68,6 +68,14 @@ impl Counts {
     /// asked only when they do not fit now.
     fn wait(&self, limit: &Limit, now: u64, cur: u64, cost: u64) -> u64 {
         let w = limit.window_ms;
+        if cost > limit.limit {
+            // Never fits: told the wait until the limit is whole again.
+            return match (cur, self.prev) {
+                (0, 0) => w,
+                (0, _) => self.window_start + w - now,
+                _ => self.window_start + 2 * w - now,
+            };
+        }
         if cur + cost <= limit.limit {
             // Later in this window, once enough of the previous one has slid out.
             let room = limit.limit - cost - cur;
