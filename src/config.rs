@@ -437,8 +437,9 @@ impl Config {
                 .collect();
             // Whose count each limit is, and each plan's limits, count too.
             let keyed = |p: &crate::routes::Policy| {
-                p.counting
-                    .iter()
+                p.counting()
+                    .into_iter()
+                    .flatten()
                     .map(|c| format!("{}#{}:{}", c.scope, c.index, c.shown))
                     .collect::<Vec<_>>()
             };

@@ -90,10 +90,7 @@ pub fn annotate(headers: &mut HeaderMap, route: &Route, limits: &Policy, decisio
     if !state {
         return;
     }
-    let name = limits
-        .names
-        .get(decision.limit)
-        .map_or(&*route.name, String::as_str);
+    let name = limits.name(decision.limit).unwrap_or(&route.name);
     let Some(value) = ratelimit_value(name, decision.remaining, seconds(decision.next_ms)) else {
         return;
     };

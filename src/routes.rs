@@ -29,7 +29,7 @@ pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};
 pub use policy::{
     Anchor, CalendarLimit, ClaimedLimit, ClientSet, Counting, DenyAnswer, HeaderMode, KeyExemption,
-    KeySource, Override, Policy,
+    KeySource, LimitTerms, Override, Policy,
 };
 pub use template::{Segment, Template};
 
@@ -320,7 +320,7 @@ impl Table {
         for route in &self.routes {
             let drawn = std::iter::once(&route.policy)
                 .chain(route.plans.iter().flatten())
-                .flat_map(|p| &p.counting)
+                .flat_map(|p| p.counting().into_iter().flatten())
                 .filter_map(|c| c.budget.as_deref());
             for budget in drawn {
                 match budgets.iter_mut().find(|(b, _)| *b == budget) {

@@ -23,7 +23,7 @@ use super::{LoadError, Problem, Validator};
 use crate::client::{ClientRule, Part as IdPart};
 use crate::jwt::ClaimRule;
 use crate::routes::{
-    ClaimedLimit, Counting, KeySource, PlanSelection, PlanSource, PlanTable, Policy,
+    ClaimedLimit, Counting, KeySource, LimitTerms, PlanSelection, PlanSource, PlanTable, Policy,
 };
 
 /// `[budgets.NAME]`: limits several routes draw from.
@@ -351,11 +351,7 @@ impl Validator<'_> {
         jwt: Option<&ClaimRule>,
     ) -> Option<Policy> {
         let mut limits = Vec::new();
-        let mut names = Vec::new();
-        let mut counting = Vec::new();
-        let mut claimed = Vec::new();
-        let mut calendars = Vec::new();
-        let mut codes = Vec::new();
+        let mut terms = Vec::new();
         let mut ok = true;
         for (scope, budget, items) in parts {
             let Some(own) = self.limits(Some(items), cost) else {
@@ -373,34 +369,31 @@ impl Validator<'_> {
                         (KeySource::Rule(Box::new(rule)), shown)
                     }),
                 };
-                if let Some(from) = &m.limit_from {
-                    match self.claimed_limit(from, jwt) {
-                        Some(c) => claimed.push((limits.len(), Arc::new(c))),
-                        None => ok = false,
-                    }
-                }
-                match self.calendar_of(&m.calendar(), jwt) {
-                    Some(Some(c)) => calendars.push((limits.len(), Arc::new(c))),
-                    Some(None) => {}
-                    None => ok = false,
-                }
+                let claimed = match &m.limit_from {
+                    None => Some(None),
+                    Some(from) => self.claimed_limit(from, jwt).map(|c| Some(Arc::new(c))),
+                };
+                let calendar = self
+                    .calendar_of(&m.calendar(), jwt)
+                    .map(|c| c.map(Arc::new));
                 let code = match &m.deny_code {
                     None => Some(None),
                     Some(c) => self
                         .choice(Some(c), "deny_code", &crate::routes::DenyCode::NAMES)
                         .map(Some),
                 };
-                let (Some((key, shown)), Some(code)) = (key, code) else {
+                let (Some((key, shown)), Some(claimed), Some(calendar), Some(code)) =
+                    (key, claimed, calendar, code)
+                else {
                     ok = false;
                     continue;
                 };
-                codes.push(code);
-                names.push(if count == 1 {
+                let name = if count == 1 {
                     label.to_owned()
                 } else {
                     format!("{label}.{}", i + 1)
-                });
-                counting.push(Counting {
+                };
+                let counting = Counting {
                     scope: Arc::clone(scope),
                     // As a Redis key names it: the same limit of the scope
                     // under another plan counts on when it counts alike.
@@ -410,6 +403,13 @@ impl Validator<'_> {
                     key,
                     shown: shown.into(),
                     budget: budget.clone(),
+                };
+                terms.push(LimitTerms {
+                    name,
+                    counting: Some(counting),
+                    claimed,
+                    calendar,
+                    code,
                 });
                 limits.push(limit);
             }
@@ -417,17 +417,18 @@ impl Validator<'_> {
         if !ok {
             return None;
         }
-        let plain = counting
-            .iter()
-            .enumerate()
-            .all(|(position, c)| c.is_plain(route, position));
-        let mut policy = Policy::named(names, limits, if plain { Vec::new() } else { counting });
-        policy.claimed = claimed;
-        policy.calendars = calendars;
-        if codes.iter().any(Option::is_some) {
-            policy.codes = codes;
+        // A policy whose every limit counts the route's client at its own
+        // place needs no key per limit.
+        if terms.iter().enumerate().all(|(position, t)| {
+            t.counting
+                .as_ref()
+                .is_some_and(|c| c.is_plain(route, position))
+        }) {
+            for t in &mut terms {
+                t.counting = None;
+            }
         }
-        Some(policy)
+        Some(Policy::with_terms(limits, terms))
     }
 
     fn claimed_limit(

@@ -81,14 +81,15 @@ fn limits(route: &Route, policy: &Policy) -> String {
         .iter()
         .enumerate()
         .map(|(i, limit)| {
-            let counting = policy.counting.get(i);
+            let terms = policy.terms.get(i);
+            let counting = policy.counting_of(i);
             let whose = match counting.map(|c| &*c.shown) {
                 None | Some("client") => format!("per client ({})", route.client.describe()),
                 Some("global") => "for everyone together".to_owned(),
                 Some(key) => format!("per {key}"),
             };
-            let number = match policy.claimed.iter().find(|(at, _)| *at == i) {
-                Some((_, c)) => format!(
+            let number = match terms.and_then(|t| t.claimed.as_ref()) {
+                Some(c) => format!(
                     "claim {} (default {}, at most {})",
                     c.rule.claim, c.default, c.ceiling
                 ),
@@ -102,8 +103,8 @@ fn limits(route: &Route, policy: &Policy) -> String {
             let budget = counting
                 .and_then(|c| c.budget.as_deref())
                 .map_or(String::new(), |b| format!("budget {b}: "));
-            let per = match policy.calendars.iter().find(|(at, _)| *at == i) {
-                Some((_, c)) => format!("calendar {}", c.describe()),
+            let per = match terms.and_then(|t| t.calendar.as_ref()) {
+                Some(c) => format!("calendar {}", c.describe()),
                 None => window(limit.window_ms),
             };
             let leased = limit.lease.map_or(String::new(), |l| {

@@ -12,15 +12,14 @@ use crate::access_log::json_string;
 pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
     use std::fmt::Write;
     out.push('[');
-    for (j, (limit, name)) in policy.limits.iter().zip(&policy.names).enumerate() {
+    for (j, (limit, terms)) in policy.limits.iter().zip(policy.terms.iter()).enumerate() {
         if j > 0 {
             out.push(',');
         }
-        limit_named(out, policy, j, name);
-        let claimed = policy.claimed.iter().find(|(at, _)| *at == j);
+        limit_named(out, policy, j, &terms.name);
         out.push_str(",\"limit_from\":");
-        match claimed {
-            Some((_, c)) => {
+        match &terms.claimed {
+            Some(c) => {
                 out.push_str("{\"claim\":");
                 json_string(out, &c.rule.claim);
                 let _ = write!(out, ",\"default\":{},\"max\":{}}}", c.default, c.ceiling);
@@ -28,8 +27,8 @@ pub fn policy_json(out: &mut String, policy: &crate::routes::Policy) {
             None => out.push_str("null"),
         }
         out.push_str(",\"calendar\":");
-        match policy.calendars.iter().find(|(at, _)| *at == j) {
-            Some((_, c)) => json_string(out, &c.describe()),
+        match &terms.calendar {
+            Some(c) => json_string(out, &c.describe()),
             None => out.push_str("null"),
         }
         let _ = write!(
@@ -115,7 +114,7 @@ fn names_json<'a>(out: &mut String, names: impl Iterator<Item = &'a str>) {
 pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, name: &str) {
     out.push_str("{\"policy\":");
     json_string(out, name);
-    let counting = policy.counting.get(j);
+    let counting = policy.counting_of(j);
     out.push_str(",\"key\":");
     json_string(out, counting.map_or("client", |c| &c.shown));
     out.push_str(",\"budget\":");

@@ -41,10 +41,7 @@ pub(super) fn denial<U>(
     } else {
         "tokens"
     };
-    let name = limits
-        .names
-        .get(decision.limit)
-        .map_or(&*route.name, String::as_str);
+    let name = limits.name(decision.limit).unwrap_or(&route.name);
     let mut message = format!("Rate limit reached for {kind} on {name}");
     if let Some(limit) = counted {
         let _ = write!(

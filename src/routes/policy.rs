@@ -17,62 +17,127 @@ use super::{DenyCode, HeaderCondition};
 use crate::client::{ClientId, ClientRule, sha256};
 use crate::limit::Limit;
 
-/// A route's limits and what the rate-limit headers call them.
-#[derive(Debug, Clone, Default)]
+/// A route's limits: their numbers as a request meets them (what the
+/// store decides on, and what the headers say of them) and the terms each
+/// limit keeps whatever the request (its name, whose count it is, where
+/// its number or windows come from, what a denial by it tells a client).
+#[derive(Debug, Clone)]
 pub struct Policy {
     /// All must allow.
     pub limits: Vec<Limit>,
-    /// The policy name of each limit, as sent in `RateLimit` headers.
-    pub names: Vec<String>,
-    /// The `RateLimit-Policy` value, computed once at load.
-    pub header: Option<HeaderValue>,
     /// Each limit's quota `q` as an `X-RateLimit-Limit` value.
     pub quotas: Vec<HeaderValue>,
-    /// Whose count each limit is, one per limit; empty when every limit
-    /// counts the route's client in the route's own scope (the common
-    /// case, which needs nothing more per request).
-    pub counting: Vec<Counting>,
-    /// Limits whose number a verified claim carries, by position.
-    pub claimed: Vec<(usize, Arc<ClaimedLimit>)>,
-    /// Limits whose windows follow the calendar, by position.
-    pub calendars: Vec<(usize, Arc<CalendarLimit>)>,
-    /// The `deny_code` each limit names, one per limit; empty when none
-    /// names one (each then has the code [`DenyCode::of`] gives it).
-    pub codes: Vec<Option<DenyCode>>,
+    /// The `RateLimit-Policy` value, computed once at load (and for a
+    /// request whose numbers differ, once for it).
+    pub header: Option<HeaderValue>,
+    /// One per limit, in order; shared by every request's copy.
+    pub terms: Arc<[LimitTerms]>,
+    /// Some limit counts another identity or scope than the route's
+    /// client at its own place: requests need a key per limit.
+    keyed: bool,
+    /// Some limit's number or windows depend on the request (a claim,
+    /// the calendar), and this copy has not been made for one.
+    varies: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::with_terms(Vec::new(), Vec::new())
+    }
+}
+
+/// What one limit of a policy is besides its numbers.
+#[derive(Debug, Clone)]
+pub struct LimitTerms {
+    /// The policy name, as sent in `RateLimit` headers.
+    pub name: String,
+    /// Whose count it is; `None`: the route's client at the limit's own
+    /// place in the route's scope (the common case, which needs nothing
+    /// more per request).
+    pub counting: Option<Counting>,
+    /// A verified claim carries its number.
+    pub claimed: Option<Arc<ClaimedLimit>>,
+    /// Its windows follow the calendar.
+    pub calendar: Option<Arc<CalendarLimit>>,
+    /// The `deny_code` it names; `None`: the code [`DenyCode::of`] gives it.
+    pub code: Option<DenyCode>,
+}
+
+impl LimitTerms {
+    /// A limit called `name`, counting the route's client, with nothing
+    /// more to it.
+    pub fn named(name: String) -> Self {
+        Self {
+            name,
+            counting: None,
+            claimed: None,
+            calendar: None,
+            code: None,
+        }
+    }
 }
 
 impl Policy {
     /// `limits` of the route `route`, named for its headers.
     pub fn new(route: &str, limits: Vec<Limit>) -> Self {
-        let names = policy_names(route, limits.len());
-        Self::named(names, limits, Vec::new())
+        let terms = policy_names(route, limits.len())
+            .into_iter()
+            .map(LimitTerms::named)
+            .collect();
+        Self::with_terms(limits, terms)
     }
 
-    /// `limits` called `names` in headers, each counted as `counting` says
-    /// (empty, or one per limit).
-    pub fn named(names: Vec<String>, limits: Vec<Limit>, counting: Vec<Counting>) -> Self {
-        let header = policy_header(&names, &limits);
-        let quotas = limits
+    /// `limits` with their `terms`, one each.
+    pub fn with_terms(limits: Vec<Limit>, terms: Vec<LimitTerms>) -> Self {
+        debug_assert_eq!(limits.len(), terms.len());
+        let keyed = terms.iter().any(|t| t.counting.is_some());
+        let varies = terms
+            .iter()
+            .any(|t| t.claimed.is_some() || t.calendar.is_some());
+        let mut policy = Self {
+            limits,
+            quotas: Vec::new(),
+            header: None,
+            terms: terms.into(),
+            keyed,
+            varies,
+        };
+        policy.numbers_changed();
+        policy
+    }
+
+    /// The headers' values again, after the numbers changed.
+    fn numbers_changed(&mut self) {
+        self.quotas = self
+            .limits
             .iter()
             .map(|l| HeaderValue::from(l.capacity()))
             .collect();
-        Self {
-            limits,
-            names,
-            header,
-            quotas,
-            counting,
-            claimed: Vec::new(),
-            calendars: Vec::new(),
-            codes: Vec::new(),
-        }
+        self.header = policy_header(&self.terms, &self.limits);
+    }
+
+    /// Limit `index`'s name in headers.
+    pub fn name(&self, index: usize) -> Option<&str> {
+        self.terms.get(index).map(|t| t.name.as_str())
+    }
+
+    /// Whose count each limit is, when not every one counts the route's
+    /// client at its own place; `None` when every one does.
+    pub fn counting(&self) -> Option<impl Iterator<Item = &Counting>> {
+        self.keyed
+            .then(|| self.terms.iter().filter_map(|t| t.counting.as_ref()))
+    }
+
+    /// Whose count limit `index` is, when the policy counts by limit.
+    pub fn counting_of(&self, index: usize) -> Option<&Counting> {
+        self.terms.get(index)?.counting.as_ref()
     }
 
     /// What a denial by limit `index` tells an OpenAI client.
     pub fn code(&self, index: usize) -> DenyCode {
-        match self.codes.get(index) {
-            Some(Some(code)) => *code,
-            _ => self
+        match self.terms.get(index).and_then(|t| t.code) {
+            Some(code) => code,
+            None => self
                 .limits
                 .get(index)
                 .map_or(DenyCode::RateLimitExceeded, DenyCode::of),
@@ -82,81 +147,62 @@ impl Policy {
     /// Whether a request's limits differ from these (a number a claim
     /// carries, windows by the calendar): see [`Self::for_request`].
     pub fn varies_by_request(&self) -> bool {
-        !self.claimed.is_empty() || !self.calendars.is_empty()
+        self.varies
     }
 
     /// This policy for a request with `headers` at `now_ms` (this
-    /// instance's clock): numbers from claims ([`Self::claimed_for`]),
-    /// and each calendar window's boundaries around `now_ms` for the
-    /// client's anchor (a claim that is missing, invalid or not a day of
-    /// the month gets the default).
+    /// instance's clock): numbers from claims ([`Self::with_claimed`]; a
+    /// token that is missing, invalid or without the claim gets the
+    /// default), and each calendar window's boundaries around `now_ms` for
+    /// the client's anchor (a claim that is missing, invalid or not a day
+    /// of the month gets the default).
     pub fn for_request(&self, headers: &http::HeaderMap, now_ms: u64) -> Self {
-        let mut policy = if self.claimed.is_empty() {
-            self.clone()
-        } else {
-            self.claimed_for(headers)
-        };
-        if self.calendars.is_empty() {
-            return policy;
-        }
-        for (position, calendar) in &self.calendars {
-            let anchor = calendar.anchor_for(headers);
-            if let Some(limit) = policy.limits.get_mut(*position) {
+        let values: Vec<Option<u64>> = self
+            .terms
+            .iter()
+            .filter_map(|t| t.claimed.as_ref())
+            .map(|claimed| claimed.rule.claimed_number::<u64>(headers))
+            .collect();
+        let mut limits = self.with_claimed(&values);
+        for (limit, terms) in limits.iter_mut().zip(self.terms.iter()) {
+            if let Some(calendar) = &terms.calendar {
+                let anchor = calendar.anchor_for(headers);
                 limit.bounds = calendar
                     .remembered
                     .bounds(&calendar.calendar, now_ms, anchor);
             }
         }
-        policy.header = policy_header(&policy.names, &policy.limits);
-        policy.calendars = Vec::new();
+        let mut policy = Self {
+            limits,
+            quotas: Vec::new(),
+            header: None,
+            terms: Arc::clone(&self.terms),
+            keyed: self.keyed,
+            varies: false,
+        };
+        policy.numbers_changed();
         policy
     }
 
-    /// This policy for a request with `headers`: each limit whose number a
-    /// claim carries set from the request's verified token (see
-    /// [`Self::with_claimed`]); a token that is missing, invalid or
-    /// without the claim gets the default.
-    pub fn claimed_for(&self, headers: &http::HeaderMap) -> Self {
-        let values: Vec<Option<u64>> = self
-            .claimed
-            .iter()
-            .map(|(_, claimed)| claimed.rule.claimed_number::<u64>(headers))
-            .collect();
-        let (limits, header) = self.with_claimed(&values);
-        Self {
-            quotas: limits
-                .iter()
-                .map(|l| HeaderValue::from(l.capacity()))
-                .collect(),
-            limits,
-            header,
-            names: self.names.clone(),
-            counting: self.counting.clone(),
-            claimed: Vec::new(),
-            calendars: self.calendars.clone(),
-            codes: self.codes.clone(),
-        }
-    }
-
     /// This policy's limits for a request whose verified token carries
-    /// `values` for the claims of [`Self::claimed`] (in that order; `None`
-    /// where absent): the default in place of a missing value, the ceiling
-    /// in place of one above it. Also returns the `RateLimit-Policy` value
-    /// for those numbers.
-    pub fn with_claimed(&self, values: &[Option<u64>]) -> (Vec<Limit>, Option<HeaderValue>) {
+    /// `values` for the limits whose number a claim carries (in their
+    /// order; `None` where absent): the default in place of a missing
+    /// value, the ceiling in place of one above it.
+    pub fn with_claimed(&self, values: &[Option<u64>]) -> Vec<Limit> {
         let mut limits = self.limits.clone();
-        for ((position, claimed), value) in self.claimed.iter().zip(values) {
-            if let Some(limit) = limits.get_mut(*position) {
-                let n = value.map_or(claimed.default, |v| v.clamp(1, claimed.ceiling));
-                let burst_follows = limit.burst == limit.limit;
-                limit.limit = n;
-                if burst_follows {
-                    limit.burst = n;
-                }
+        let claimed = limits
+            .iter_mut()
+            .zip(self.terms.iter())
+            .filter_map(|(limit, t)| Some((limit, t.claimed.as_ref()?)));
+        for ((limit, claimed), value) in claimed.zip(values) {
+            let n = value.map_or(claimed.default, |v| v.clamp(1, claimed.ceiling));
+            let burst_follows = limit.burst == limit.limit;
+            limit.limit = n;
+            if burst_follows {
+                limit.burst = n;
             }
         }
-        let header = policy_header(&self.names, &limits);
-        (limits, header)
+        limits
     }
 }
 
@@ -340,12 +386,13 @@ fn policy_names(route: &str, count: usize) -> Vec<String> {
 /// The `RateLimit-Policy` value for a route, built once at load: each
 /// limit's quota `q` is the most units it grants at once (the burst of
 /// `token_bucket` and `gcra`), so `r` never exceeds it.
-fn policy_header(names: &[String], limits: &[Limit]) -> Option<HeaderValue> {
+fn policy_header(terms: &[LimitTerms], limits: &[Limit]) -> Option<HeaderValue> {
     if limits.is_empty() {
         return None;
     }
     let mut value = String::new();
-    for (i, (name, limit)) in names.iter().zip(limits).enumerate() {
+    for (i, (terms, limit)) in terms.iter().zip(limits).enumerate() {
+        let name = &terms.name;
         if i > 0 {
             value.push_str(", ");
         }
@@ -455,11 +502,13 @@ mod tests {
             Limit::new(Algorithm::SlidingLog, 5, 60_000),
             Limit::new(Algorithm::FixedWindow, 100, 250),
         ];
-        let names = policy_names("login", 2);
-        let v = policy_header(&names, &limits).expect("valid header");
-        assert_eq!(v, "\"login.1\";q=5;w=60, \"login.2\";q=100;w=1");
-        let one = policy_names("login", 1);
-        let v = policy_header(&one, &limits[..1]).expect("valid header");
+        let v = Policy::new("login", limits.to_vec()).header;
+        assert_eq!(
+            v.expect("valid header"),
+            "\"login.1\";q=5;w=60, \"login.2\";q=100;w=1"
+        );
+        let v = Policy::new("login", limits[..1].to_vec()).header;
+        let v = v.expect("valid header");
         assert_eq!(v, "\"login\";q=5;w=60");
     }
 }

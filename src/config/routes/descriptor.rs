@@ -130,31 +130,46 @@ impl Validator<'_> {
     fn descriptor_policy(
         &mut self,
         route: &str,
-        mut policy: crate::routes::Policy,
+        policy: crate::routes::Policy,
         span: std::ops::Range<usize>,
     ) -> Option<crate::routes::Policy> {
-        use crate::routes::{Counting, KeySource};
-        if policy.counting.is_empty() {
+        use crate::routes::{Counting, KeySource, LimitTerms};
+        let policy = if policy.counting().is_some() {
+            policy
+        } else {
             let scope: std::sync::Arc<str> = route.into();
-            policy.counting = policy
+            let terms = policy
                 .limits
                 .iter()
+                .zip(policy.terms.iter())
                 .enumerate()
-                .map(|(i, limit)| Counting {
-                    scope: std::sync::Arc::clone(&scope),
-                    entry: format!("{scope}#{i}:{}:{}", limit.algorithm.name(), limit.window_ms)
+                .map(|(i, (limit, terms))| LimitTerms {
+                    counting: Some(Counting {
+                        scope: std::sync::Arc::clone(&scope),
+                        entry: format!(
+                            "{scope}#{i}:{}:{}",
+                            limit.algorithm.name(),
+                            limit.window_ms
+                        )
                         .into(),
-                    index: i,
-                    key: KeySource::Client,
-                    shown: "descriptor value".into(),
-                    budget: None,
+                        index: i,
+                        key: KeySource::Client,
+                        shown: "descriptor value".into(),
+                        budget: None,
+                    }),
+                    ..terms.clone()
                 })
                 .collect();
-        }
-        let other = policy.counting.iter().find(|c| match &c.key {
-            KeySource::Client => false,
-            KeySource::Rule(rule) => rule.parts != [crate::client::Part::Global],
-        });
+            crate::routes::Policy::with_terms(policy.limits, terms)
+        };
+        let other = policy
+            .counting()
+            .into_iter()
+            .flatten()
+            .find(|c| match &c.key {
+                KeySource::Client => false,
+                KeySource::Rule(rule) => rule.parts != [crate::client::Part::Global],
+            });
         if let Some(c) = other {
             self.problem(
                 span,

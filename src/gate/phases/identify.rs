@@ -111,8 +111,9 @@ impl Context<'_> {
         matched_path: &str,
     ) -> Result<Vec<CountKey>, Refusal> {
         policy
-            .counting
-            .iter()
+            .counting()
+            .into_iter()
+            .flatten()
             .map(|counting| {
                 let id = match &counting.key {
                     KeySource::Client => client.clone(),

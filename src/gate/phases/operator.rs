@@ -117,13 +117,18 @@ fn limit_named(op: &Operation, policy: &Policy) -> Result<Option<usize>, Operati
     let Some(name) = &op.limit else {
         return Ok(None);
     };
-    let position = policy.names.iter().position(|n| n == name).ok_or_else(|| {
-        OperationError::Invalid(format!(
-            "route {:?} has no limit called {name:?} for this client; it has {}",
-            op.route,
-            policy.names.join(", ")
-        ))
-    })?;
+    let position = policy
+        .terms
+        .iter()
+        .position(|t| t.name == *name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = policy.terms.iter().map(|t| t.name.as_str()).collect();
+            OperationError::Invalid(format!(
+                "route {:?} has no limit called {name:?} for this client; it has {}",
+                op.route,
+                names.join(", ")
+            ))
+        })?;
     Ok(Some(position))
 }
 
@@ -162,7 +167,7 @@ pub async fn kept(
         .chain(found.plans.iter().flatten())
         .chain(found.overrides.iter().map(|o| &o.policy));
     let Some((policy, i)) = policies
-        .filter_map(|p| Some((p, p.names.iter().position(|n| n == limit)?)))
+        .filter_map(|p| Some((p, p.terms.iter().position(|t| t.name == limit)?)))
         .next()
     else {
         return Err(OperationError::Invalid(format!(
@@ -176,7 +181,7 @@ pub async fn kept(
             counted.algorithm.name()
         )));
     }
-    let (scope, index, entry) = match policy.counting.get(i) {
+    let (scope, index, entry) = match policy.counting_of(i) {
         Some(c) => (c.scope.to_string(), c.index, Some(c.entry.to_string())),
         None => (found.name.to_string(), i, None),
     };

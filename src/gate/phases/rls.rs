@@ -48,7 +48,7 @@ use crate::limit::{Answer, Charge, CountKey, Decision, Limit, Verdict};
 use crate::metrics::Outcome;
 use crate::proxy::{Body, Peer};
 use crate::response;
-use crate::routes::{KeySource, Policy, Route};
+use crate::routes::{KeySource, LimitTerms, Policy, Route};
 
 /// gRPC's status codes used here.
 const INVALID_ARGUMENT: u8 = 3;
@@ -200,7 +200,7 @@ impl Context<'_> {
             owns.push(keys.len()..keys.len() + m.policy.limits.len());
             // A descriptor route names every limit's count, as the
             // descriptor's values or the whole route (config checks it).
-            keys.extend(m.policy.counting.iter().map(|c| {
+            keys.extend(m.policy.counting().into_iter().flatten().map(|c| {
                 let id = match c.key {
                     KeySource::Rule(_) => ClientId::Global,
                     KeySource::Client => m.client.clone(),
@@ -209,17 +209,17 @@ impl Context<'_> {
             }));
         }
         // One descriptor's limits are its route's policy as it is; several
-        // descriptors' are put together (named, for the fields).
+        // descriptors' are put together, each limit with its terms.
         let combined: Cow<'_, Policy> = match group {
             [one] => Cow::Borrowed(one.policy.as_ref()),
             _ => {
                 let mut limits: Vec<Limit> = Vec::new();
-                let mut names: Vec<String> = Vec::new();
+                let mut terms = Vec::new();
                 for m in group {
                     limits.extend_from_slice(&m.policy.limits);
-                    names.extend(m.policy.names.iter().cloned());
+                    terms.extend(m.policy.terms.iter().cloned());
                 }
-                Cow::Owned(Policy::named(names, limits, Vec::new()))
+                Cow::Owned(Policy::with_terms(limits, terms))
             }
         };
         let charge = Charge::new(
@@ -389,7 +389,7 @@ fn write_statuses(
         if let Some(slot) = statuses.get_mut(m.at) {
             *slot = status(
                 &combined.limits[own.clone()],
-                &combined.names[own.clone()],
+                &combined.terms[own.clone()],
                 verdicts.map(|v| &v[own.clone()]),
                 decision,
                 own.clone(),
@@ -405,7 +405,7 @@ fn write_statuses(
 /// decision), what the decision says of the limit it reported.
 fn status(
     limits: &[Limit],
-    names: &[String],
+    terms: &[LimitTerms],
     verdicts: Option<&[Verdict]>,
     decision: &Decision,
     own: std::ops::Range<usize>,
@@ -435,7 +435,7 @@ fn status(
         current_limit: limit.map(|l| envoy::RateLimit {
             requests_per_unit: u32::try_from(l.limit).unwrap_or(u32::MAX),
             unit: envoy::unit_of(l.window_ms),
-            name: names.get(at).cloned().unwrap_or_default(),
+            name: terms.get(at).map(|t| t.name.clone()).unwrap_or_default(),
         }),
         limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(envoy::Duration {

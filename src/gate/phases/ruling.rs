@@ -124,10 +124,7 @@ impl Context<'_> {
             Ruling::Unlimited | Ruling::Allowed { .. } | Ruling::StoreDown(_) => {}
         }
         if let Some(r) = self.log.as_mut() {
-            let limit = decided.and_then(|(d, limits)| {
-                let name = limits.names.get(d.limit)?;
-                Some((name.as_str(), d.remaining))
-            });
+            let limit = decided.and_then(|(d, limits)| Some((limits.name(d.limit)?, d.remaining)));
             r.decided(outcome, Some(whose.logged), limit);
         }
     }

@@ -135,7 +135,7 @@ fn limits_json(out: &mut String, policy: &crate::routes::Policy, held: &[Standin
         if i > 0 {
             out.push(',');
         }
-        let name = policy.names.get(i).map_or("", String::as_str);
+        let name = policy.name(i).unwrap_or("");
         crate::gate::shown::limit_named(out, policy, i, name);
         let _ = write!(
             out,
