@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use crate::client::{ClientId, ClientRule};
 
 mod answers;
+mod count_when;
 mod descriptor;
 mod path;
 mod plans;
@@ -24,6 +25,7 @@ mod policy;
 mod template;
 
 pub use answers::{Answers, DenyCode};
+pub use count_when::CountWhen;
 pub use descriptor::{Descriptor, Entry as DescriptorEntry};
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};

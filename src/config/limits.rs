@@ -34,6 +34,28 @@ pub(super) struct LimitModel {
     lease: Option<Spanned<LeaseModel>>,
     /// What its denial tells an OpenAI client (`answers = "openai"`).
     pub(super) deny_code: Option<Spanned<String>>,
+    /// The answers it counts (`count_when = { status = [401, 403] }`);
+    /// the others are given back.
+    pub(super) count_when: Option<Spanned<CountWhenModel>>,
+}
+
+/// `count_when = { status = [401, "5xx", "500-504"], header = "X-Login-Failed" }`:
+/// the answers a limit counts, by status (a code, a class or a range) or
+/// a response header the upstream sets; at least one of them.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CountWhenModel {
+    #[serde(default)]
+    status: Vec<Spanned<StatusModel>>,
+    header: Option<Spanned<String>>,
+}
+
+/// A status as written: a number, or a class or range as a string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StatusModel {
+    Code(i64),
+    Text(String),
 }
 
 /// `limit_from = { claim = "rpm", default = 60, max = 1000 }`: the
@@ -228,6 +250,57 @@ impl Validator<'_> {
             return None;
         }
         Some(())
+    }
+
+    /// The answers a limit counts, checked: with a lease, a slice would
+    /// have to be given back to the store a request was never decided by.
+    pub(super) fn count_when(
+        &mut self,
+        model: &Spanned<CountWhenModel>,
+        leased: bool,
+    ) -> Option<crate::routes::CountWhen> {
+        let m = model.get_ref();
+        if leased {
+            self.problem(
+                model.span(),
+                "count_when cannot be leased: a slice is decided ahead, and an answer that does not count has nothing to give back to; drop the lease or count every answer",
+            );
+            return None;
+        }
+        let mut ok = true;
+        let mut statuses = Vec::new();
+        for status in &m.status {
+            let text = match status.get_ref() {
+                StatusModel::Code(n) => n.to_string(),
+                StatusModel::Text(t) => t.clone(),
+            };
+            match crate::routes::CountWhen::parse_status(&text) {
+                Some(range) => statuses.push(range),
+                None => {
+                    self.problem(
+                        status.span(),
+                        format!("{text:?} is not a status from 100 to 599, a class (\"4xx\") or a range (\"500-504\")"),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        let header = match &m.header {
+            None => None,
+            Some(name) => {
+                let header = self.header_name(name);
+                ok &= header.is_some();
+                header
+            }
+        };
+        if ok && statuses.is_empty() && header.is_none() {
+            self.problem(
+                model.span(),
+                "count_when names no answer to count: give status = [401, 403] (codes, \"4xx\", \"500-504\"), header = \"X-Name\", or both",
+            );
+            ok = false;
+        }
+        ok.then_some(crate::routes::CountWhen { statuses, header })
     }
 
     /// A limit's lease terms.

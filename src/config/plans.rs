@@ -361,56 +361,18 @@ impl Validator<'_> {
             let label = budget.as_deref().unwrap_or(route);
             let count = own.len();
             for (i, (limit, item)) in own.into_iter().zip(items.get_ref()).enumerate() {
-                let m = item.get_ref();
-                let key = match &m.key {
-                    None => Some((KeySource::Client, "client".to_owned())),
-                    Some(k) => self.client(Some(k), cx).map(|rule| {
-                        let shown = rule.describe();
-                        (KeySource::Rule(Box::new(rule)), shown)
-                    }),
-                };
-                let claimed = match &m.limit_from {
-                    None => Some(None),
-                    Some(from) => self.claimed_limit(from, jwt).map(|c| Some(Arc::new(c))),
-                };
-                let calendar = self
-                    .calendar_of(&m.calendar(), jwt)
-                    .map(|c| c.map(Arc::new));
-                let code = match &m.deny_code {
-                    None => Some(None),
-                    Some(c) => self
-                        .choice(Some(c), "deny_code", &crate::routes::DenyCode::NAMES)
-                        .map(Some),
-                };
-                let (Some((key, shown)), Some(claimed), Some(calendar), Some(code)) =
-                    (key, claimed, calendar, code)
-                else {
-                    ok = false;
-                    continue;
-                };
                 let name = if count == 1 {
                     label.to_owned()
                 } else {
                     format!("{label}.{}", i + 1)
                 };
-                let counting = Counting {
-                    scope: Arc::clone(scope),
-                    // As a Redis key names it: the same limit of the scope
-                    // under another plan counts on when it counts alike.
-                    entry: format!("{scope}#{i}:{}:{}", limit.algorithm.name(), limit.window_ms)
-                        .into(),
-                    index: i,
-                    key,
-                    shown: shown.into(),
-                    budget: budget.clone(),
+                let Some(t) =
+                    self.limit_terms(item.get_ref(), &limit, name, (scope, budget, i), cx, jwt)
+                else {
+                    ok = false;
+                    continue;
                 };
-                terms.push(LimitTerms {
-                    name,
-                    counting: Some(counting),
-                    claimed,
-                    calendar,
-                    code,
-                });
+                terms.push(t);
                 limits.push(limit);
             }
         }
@@ -418,17 +380,78 @@ impl Validator<'_> {
             return None;
         }
         // A policy whose every limit counts the route's client at its own
-        // place needs no key per limit.
+        // place needs no key per limit; one that counts by the answer keeps
+        // them, to give back what the answer does not count.
         if terms.iter().enumerate().all(|(position, t)| {
-            t.counting
-                .as_ref()
-                .is_some_and(|c| c.is_plain(route, position))
+            t.count_when.is_none()
+                && t.counting
+                    .as_ref()
+                    .is_some_and(|c| c.is_plain(route, position))
         }) {
             for t in &mut terms {
                 t.counting = None;
             }
         }
         Some(Policy::with_terms(limits, terms))
+    }
+
+    /// One limit's terms: `name`, whose count it is (limit `i` of
+    /// `scope`, of `budget` if any), and what its keys say of its number,
+    /// windows, denials and the answers it counts.
+    fn limit_terms(
+        &mut self,
+        m: &LimitModel,
+        limit: &crate::limit::Limit,
+        name: String,
+        (scope, budget, i): (&Arc<str>, &Option<Arc<str>>, usize),
+        cx: &Context<'_>,
+        jwt: Option<&ClaimRule>,
+    ) -> Option<LimitTerms> {
+        let key = match &m.key {
+            None => Some((KeySource::Client, "client".to_owned())),
+            Some(k) => self.client(Some(k), cx).map(|rule| {
+                let shown = rule.describe();
+                (KeySource::Rule(Box::new(rule)), shown)
+            }),
+        };
+        let claimed = match &m.limit_from {
+            None => Some(None),
+            Some(from) => self.claimed_limit(from, jwt).map(|c| Some(Arc::new(c))),
+        };
+        let calendar = self
+            .calendar_of(&m.calendar(), jwt)
+            .map(|c| c.map(Arc::new));
+        let code = match &m.deny_code {
+            None => Some(None),
+            Some(c) => self
+                .choice(Some(c), "deny_code", &crate::routes::DenyCode::NAMES)
+                .map(Some),
+        };
+        let count_when = match &m.count_when {
+            None => Some(None),
+            Some(c) => self
+                .count_when(c, limit.lease.is_some())
+                .map(|c| Some(Arc::new(c))),
+        };
+        let (key, shown) = key?;
+        let counting = Counting {
+            scope: Arc::clone(scope),
+            // As a Redis key names it: the same limit of the scope under
+            // another plan counts on when it counts alike.
+            entry: format!("{scope}#{i}:{}:{}", limit.algorithm.name(), limit.window_ms).into(),
+            index: i,
+            key,
+            shown: shown.into(),
+            budget: budget.clone(),
+        };
+        Some(LimitTerms {
+            name,
+            counting: Some(counting),
+            claimed: claimed?,
+            calendar: calendar?,
+            code: code?,
+            count_when: count_when?,
+        })
     }
 
     fn claimed_limit(

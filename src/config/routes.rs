@@ -266,6 +266,12 @@ impl Validator<'_> {
         let (policy, plans, overrides) = limits?;
         let (policy, plans) =
             self.descriptor_policies(name, descriptor.as_ref(), policy, plans, &span)?;
+        self.answers_seen(
+            m,
+            span,
+            (&policy, &plans, &overrides),
+            (&usage, &descriptor, &action),
+        )?;
         Some(Route {
             descriptor: descriptor?,
             strip_prefix: strip_prefix?,
@@ -287,6 +293,50 @@ impl Validator<'_> {
             concurrency: concurrency?,
             usage: usage?,
         })
+    }
+
+    /// A route whose limits count by the answer (`count_when`) sees its
+    /// answers: one that settles usage from them, or is decided for front
+    /// proxies, is a problem at `span`.
+    fn answers_seen<U, D>(
+        &mut self,
+        m: &RouteModel,
+        span: Range<usize>,
+        (policy, plans, overrides): (
+            &crate::routes::Policy,
+            &[Option<crate::routes::Policy>],
+            &[crate::routes::Override],
+        ),
+        (usage, descriptor, action): (
+            &Option<Option<U>>,
+            &Option<Option<D>>,
+            &Option<crate::routes::Action>,
+        ),
+    ) -> Option<()> {
+        let by_answer = std::iter::once(policy)
+            .chain(plans.iter().flatten())
+            .chain(overrides.iter().map(|o| &o.policy))
+            .any(crate::routes::Policy::counts_by_answer);
+        let answerless = match (usage, descriptor, action) {
+            (Some(Some(_)), ..) => {
+                Some("settles its usage from the answer (count_when gives back whole requests)")
+            }
+            (_, Some(Some(_)), _) | (.., Some(crate::routes::Action::Decide)) => {
+                Some("is decided for front proxies, which do not show floodgate the answer")
+            }
+            _ => None,
+        };
+        if let (true, Some(why)) = (by_answer, answerless) {
+            self.problem(
+                span,
+                format!(
+                    "route {:?} has a limit with count_when, but it {why}; count every request on this route, or move the limit to a proxied route",
+                    m.name.get_ref()
+                ),
+            );
+            return None;
+        }
+        Some(())
     }
 
     /// Whether the route's name may name it in keys, logs and headers.

@@ -119,8 +119,13 @@ fn limits(route: &Route, policy: &Policy) -> String {
                     f64::from(l.share_permille) / 1000.0
                 )
             });
+            let answers = terms
+                .and_then(|t| t.count_when.as_ref())
+                .map_or(String::new(), |c| {
+                    format!(", counting answers with {}", c.describe())
+                });
             format!(
-                "{budget}{number} per {per} {} {whose}{leased}",
+                "{budget}{number} per {per} {} {whose}{leased}{answers}",
                 limit.algorithm.name()
             )
         })

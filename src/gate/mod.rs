@@ -14,6 +14,8 @@
 //! - `hooks`: what an answer's end is told to (a usage meter, the access
 //!   log's line, the concurrency slot held until then), each its owner's
 //!   part, held together by gate in one box;
+//! - `by_answer`: limits that count by the answer (`count_when`), the
+//!   units of an answer they do not count given back;
 //! - `denials`: denials in the log, one line per route and client per
 //!   interval with the count folded into it, and a bounded number a second;
 //! - [`metering`]: routes whose cost is what their upstream reports: the
@@ -21,6 +23,7 @@
 //! - [`shown`]: the limits, budgets and plans as `/status.json` shows
 //!   them to operators.
 
+mod by_answer;
 mod denials;
 mod hooks;
 pub mod metering;

@@ -187,6 +187,11 @@ async fn answer<H: Send + 'static>(
         Some(settling) => settling.await,
         None => None,
     };
+    // Boxed, as the rare path.
+    if let Some(by_answer) = cx.by_answer.take() {
+        let answer = (response.status().as_u16(), response.headers());
+        Box::pin(by_answer.settle(answer, &cx.shared.limiter, &cx.shared.metrics)).await;
+    }
     if let Some((d, policy)) = &allowed {
         let d = settled.as_ref().unwrap_or(d);
         response::annotate(response.headers_mut(), found.route, policy, d);

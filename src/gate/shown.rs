@@ -109,7 +109,8 @@ fn names_json<'a>(out: &mut String, names: impl Iterator<Item = &'a str>) {
 }
 
 /// A limit's object opened with what names it: `{"policy":…,"key":…,
-/// "budget":…` (its policy name, whose count it is, its budget), for
+/// "budget":…,"count_when":…` (its policy name, whose count it is, its
+/// budget, the answers it counts or `null` for every request), for
 /// `/status.json`, the readout and the operators' answers alike.
 pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, name: &str) {
     out.push_str("{\"policy\":");
@@ -120,6 +121,11 @@ pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, n
     out.push_str(",\"budget\":");
     match counting.and_then(|c| c.budget.as_deref()) {
         Some(budget) => json_string(out, budget),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"count_when\":");
+    match policy.terms.get(j).and_then(|t| t.count_when.as_ref()) {
+        Some(c) => json_string(out, &c.describe()),
         None => out.push_str("null"),
     }
 }

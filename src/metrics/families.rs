@@ -106,6 +106,13 @@ fn upstream_histogram() -> Histogram {
 pub(super) struct RequestFamilies {
     pub(super) requests: Family<RouteOutcome, Counter>,
     pub(super) no_route: Counter,
+    pub(super) count_when: Family<RouteCounted, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RouteCounted {
+    pub(super) route: String,
+    pub(super) counted: &'static str,
 }
 
 impl RequestFamilies {
@@ -122,7 +129,17 @@ impl RequestFamilies {
             "Requests that matched no route (answered 404)",
             no_route.clone(),
         );
-        Self { requests, no_route }
+        let count_when = Family::default();
+        registry.register(
+            "floodgate_count_when_answers",
+            "Answers meeting limits that count by the answer (count_when), one per such limit, by route and whether the limit counted it (yes) or gave the request's units back (no)",
+            count_when.clone(),
+        );
+        Self {
+            requests,
+            no_route,
+            count_when,
+        }
     }
 }
 

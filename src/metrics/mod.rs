@@ -50,6 +50,7 @@ pub use usage::UsageMetrics;
 pub struct Metrics {
     registry: Registry,
     requests: Family<RouteOutcome, Counter>,
+    count_when: Family<families::RouteCounted, Counter>,
     upstream_responses: Family<RouteClass, Counter>,
     upstream_seconds: Histograms<RouteLabel>,
     decision_seconds: Histograms<StoreLabel>,
@@ -126,6 +127,7 @@ impl Metrics {
         Self {
             registry,
             requests: requests.requests,
+            count_when: requests.count_when,
             upstream_responses: upstream.upstream_responses,
             upstream_seconds: upstream.upstream_seconds,
             decision_seconds: store.decision_seconds,

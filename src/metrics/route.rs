@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::families::{RouteClass, RouteLabel, RouteOutcome};
+use super::families::{RouteClass, RouteCounted, RouteLabel, RouteOutcome};
 use super::histogram::Histogram;
 use super::{Metrics, Outcome, UsageMetrics};
 
@@ -76,9 +76,27 @@ impl Metrics {
         self.usage.bind(route)
     }
 
+    /// Counts answers on route `route` that limits with `count_when`
+    /// counted (`counted`) or gave back: a series made on first use, as
+    /// few routes count by the answer.
+    pub fn count_when(&self, route: &str, counted: bool, answers: u64) {
+        self.count_when
+            .get_or_create(&RouteCounted {
+                route: route.to_owned(),
+                counted: if counted { "yes" } else { "no" },
+            })
+            .inc_by(answers);
+    }
+
     /// Removes every series labelled with route `name`.
     fn remove_route(&self, name: &str) {
         self.usage.remove(name);
+        for counted in ["yes", "no"] {
+            self.count_when.remove(&RouteCounted {
+                route: name.to_owned(),
+                counted,
+            });
+        }
         for outcome in Outcome::ALL {
             self.requests.remove(&RouteOutcome {
                 route: name.to_owned(),

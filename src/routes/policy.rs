@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use std::sync::Arc;
 
-use super::{DenyCode, HeaderCondition};
+use super::{CountWhen, DenyCode, HeaderCondition};
 use crate::client::{ClientId, ClientRule, sha256};
 use crate::limit::Limit;
 
@@ -38,6 +38,8 @@ pub struct Policy {
     /// Some limit's number or windows depend on the request (a claim,
     /// the calendar), and this copy has not been made for one.
     varies: bool,
+    /// Some limit counts only the answers its `count_when` names.
+    by_answer: bool,
 }
 
 impl Default for Policy {
@@ -61,6 +63,8 @@ pub struct LimitTerms {
     pub calendar: Option<Arc<CalendarLimit>>,
     /// The `deny_code` it names; `None`: the code [`DenyCode::of`] gives it.
     pub code: Option<DenyCode>,
+    /// The answers it counts; `None`: every admitted request.
+    pub count_when: Option<Arc<CountWhen>>,
 }
 
 impl LimitTerms {
@@ -73,6 +77,7 @@ impl LimitTerms {
             claimed: None,
             calendar: None,
             code: None,
+            count_when: None,
         }
     }
 }
@@ -94,6 +99,7 @@ impl Policy {
         let varies = terms
             .iter()
             .any(|t| t.claimed.is_some() || t.calendar.is_some());
+        let by_answer = terms.iter().any(|t| t.count_when.is_some());
         let mut policy = Self {
             limits,
             quotas: Vec::new(),
@@ -101,6 +107,7 @@ impl Policy {
             terms: terms.into(),
             keyed,
             varies,
+            by_answer,
         };
         policy.numbers_changed();
         policy
@@ -144,6 +151,11 @@ impl Policy {
         }
     }
 
+    /// Whether some limit counts only the answers its `count_when` names.
+    pub fn counts_by_answer(&self) -> bool {
+        self.by_answer
+    }
+
     /// Whether a request's limits differ from these (a number a claim
     /// carries, windows by the calendar): see [`Self::for_request`].
     pub fn varies_by_request(&self) -> bool {
@@ -179,6 +191,7 @@ impl Policy {
             terms: Arc::clone(&self.terms),
             keyed: self.keyed,
             varies: false,
+            by_answer: self.by_answer,
         };
         policy.numbers_changed();
         policy

@@ -9,6 +9,7 @@ use http::Response;
 
 use crate::access_log::{Line, Record};
 use crate::concurrency::Slot;
+use crate::gate::by_answer::ByAnswer;
 use crate::gate::hooks::AnswerEnd;
 use crate::gate::metering::Reservation;
 use crate::gate::shared::Shared;
@@ -31,6 +32,9 @@ pub(super) struct Context<'a> {
     /// On a metered route, the admitted request's reservation until it is
     /// settled (boxed: every request's future carries the field).
     pub(super) reservation: Option<Box<Reservation>>,
+    /// On a route that counts by the answer, the admitted request's units
+    /// until the answer says which limits keep them.
+    pub(super) by_answer: Option<Box<ByAnswer>>,
 }
 
 /// The route a request is on.
@@ -64,6 +68,7 @@ impl<'a> Context<'a> {
                 .map(|_| Box::new(Record::begin(method, uri, version, peer.addr, bytes_in))),
             slot: None,
             reservation: None,
+            by_answer: None,
         }
     }
 }
@@ -101,6 +106,10 @@ impl Context<'_> {
         let reservation = self.reservation.take();
         let limiter = &self.shared.limiter;
         let settlements = &self.shared.settlements;
+        if let Some(by_answer) = self.by_answer.take() {
+            let answer = (response.status().as_u16(), response.headers());
+            by_answer.settle_later(answer, limiter, settlements, &self.shared.metrics);
+        }
         let meter = reservation.map(|r| {
             let event_stream = crate::proxy::is_event_stream(response.headers());
             let (meter, unasked) = r.meter(

@@ -11,6 +11,7 @@ use super::identify::Identity;
 use super::ruling::{Ruling, Whose};
 use super::{Context, Found};
 use crate::client::ClientId;
+use crate::gate::by_answer::ByAnswer;
 use crate::gate::metering::Reservation;
 use crate::gate::rules::Rules;
 use crate::limit::{Answer, Charge};
@@ -90,6 +91,7 @@ impl Context<'_> {
         match self.shared.limiter.decide_at_once(charge) {
             Some(answer) => {
                 self.reserved(rules, found, &charge, &answer);
+                self.counted_by_answer(&charge, &policy, &answer);
                 Deciding::Done(Ok(self.ruled(rules, found, client, policy, answer)))
             }
             None => Deciding::Ask {
@@ -142,6 +144,7 @@ impl Context<'_> {
         let charge = Charge::new(&found.route.name, client, &policy.limits, keys, cost);
         let answer = self.shared.limiter.decide(charge).await;
         self.reserved(rules, found, &charge, &answer);
+        self.counted_by_answer(&charge, &policy, &answer);
         Ok(self.ruled(rules, found, client, policy, answer))
     }
 
@@ -181,6 +184,17 @@ impl Context<'_> {
             r.units(&reservation.tally);
         }
         self.reservation = Some(Box::new(reservation));
+    }
+
+    /// Where `policy` counts by the answer, keeps what the admitted
+    /// `charge` took, for the answer to say which limits keep it.
+    fn counted_by_answer(&mut self, charge: &Charge<'_>, policy: &Policy, answer: &Answer) {
+        if !policy.counts_by_answer() {
+            return;
+        }
+        if let Answer::Decided(d) = answer {
+            self.by_answer = ByAnswer::new(charge, &policy.terms, d);
+        }
     }
 
     /// Counts and logs a request its route does not limit.

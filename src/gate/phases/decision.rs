@@ -142,6 +142,9 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
     let decided = cx
         .decided(&rules, &found, &mut who, &head.headers, None)
         .await;
+    // The front proxy's answer is not this one, and floodgate never sees
+    // it: a limit that counts by the answer counts every admitted request.
+    cx.by_answer = None;
     let allowed = match decided? {
         Ruling::Allowed { decision, limits } | Ruling::ShadowDenied { decision, limits } => {
             Some((decision, limits))

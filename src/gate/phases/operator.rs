@@ -56,6 +56,7 @@ pub async fn operate(
         log: None,
         slot: None,
         reservation: None,
+        by_answer: None,
     };
     let found = Found { index, route };
     let mut headers = op.headers.clone();

@@ -1,0 +1,101 @@
+//! Limits that count by the answer (`count_when`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::Bed;
+use crate::support::TestClient;
+use crate::support::config::Route;
+
+/// Each user's logins the upstream answered, failed and not.
+type Seen = Arc<Mutex<HashMap<String, (u64, u64)>>>;
+
+/// A login upstream: 200 for `X-Password: right`, else 401; notes each
+/// user's answers.
+async fn login_upstream() -> (String, Seen) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = Seen::default();
+    let noted = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let noted = Arc::clone(&noted);
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let header = |name: &str| {
+                            req.headers()
+                                .get(name)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_owned()
+                        };
+                        let right = header("x-password") == "right";
+                        let mut seen = noted.lock().expect("seen");
+                        let counts = seen.entry(header("x-user")).or_default();
+                        if right {
+                            counts.0 += 1;
+                        } else {
+                            counts.1 += 1;
+                        }
+                        async move {
+                            http::Response::builder()
+                                .status(if right { 200 } else { 401 })
+                                .body(http_body_util::Full::new(bytes::Bytes::from_static(b"")))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// A login route of 5 failed logins per user in 10 minutes, counting only
+/// the answers 401: 1 000 good logins of one user through either instance
+/// all pass; a guesser is stopped after exactly 5 failures across both
+/// instances, and stays refused when its next guess would succeed (the
+/// limit counts the failures it already has), while the other user goes
+/// on.
+pub async fn only_the_answers_named_are_counted(bed: &Bed) {
+    let (upstream, seen) = login_upstream().await;
+    let route = Route::new("login")
+        .upstream(&upstream)
+        .client(r#"from = "header", name = "X-User", missing = "reject""#)
+        .limits(r#"{ algorithm = "sliding_log", limit = 5, window = "10m", count_when = { status = [401] } }"#);
+    let toml = bed.config("matrix-answers").route(route).toml();
+    let gates = bed.instances(&toml).await;
+    let http = TestClient::http1();
+    let login = |i: usize, user: &'static str, password: &'static str| {
+        let url = gates.url(i, "/login");
+        let http = &http;
+        async move {
+            http.get(&url, &[("x-user", user), ("x-password", password)])
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    for i in 0..1000 {
+        assert_eq!(login(i, "ann", "right").await, 200, "ann's login {i}");
+    }
+    let mut guesses = Vec::new();
+    for i in 0..8 {
+        guesses.push(login(i, "mal", "guess").await);
+    }
+    assert_eq!(guesses, [401, 401, 401, 401, 401, 429, 429, 429]);
+    assert_eq!(login(0, "mal", "right").await, 429);
+    assert_eq!(login(1, "mal", "right").await, 429);
+    assert_eq!(login(1, "ann", "right").await, 200);
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(seen.get("ann"), Some(&(1001, 0)));
+    assert_eq!(
+        seen.get("mal"),
+        Some(&(0, 5)),
+        "the upstream saw mal's five guesses alone"
+    );
+}
