@@ -187,11 +187,6 @@ async fn answer<H: Send + 'static>(
         Some(settling) => settling.await,
         None => None,
     };
-    // Boxed, as the rare path.
-    if let Some(by_answer) = cx.by_answer.take() {
-        let answer = (response.status().as_u16(), response.headers());
-        Box::pin(by_answer.settle(answer, &cx.shared.limiter, &cx.shared.metrics)).await;
-    }
     if let Some((d, policy)) = &allowed {
         let d = settled.as_ref().unwrap_or(d);
         response::annotate(response.headers_mut(), found.route, policy, d);
@@ -345,21 +340,31 @@ impl Context<'_> {
 
     // --- settle ---
 
-    /// On a metered route whose upstream reports its units in the
-    /// answer's head, the reservation settled to the report (boxed, as the
-    /// rare path): the decision to annotate `response` with instead.
+    /// What the answer's head settles (boxed, as the rare path): on a
+    /// metered route whose upstream reports its units there, the
+    /// reservation settled to the report, and the decision to annotate
+    /// `response` with instead; on a route that counts by the answer, the
+    /// units of the limits it does not count given back.
     fn settling_from_head(
         &mut self,
         response: &Response<Body>,
     ) -> Option<Pin<Box<impl Future<Output = Option<Decision>>>>> {
-        let reservation = self.reservation.take_if(|r| r.reported_in_head())?;
-        let limiter = &self.shared.limiter;
-        let status = response.status().as_u16();
-        Some(Box::pin(reservation.settle_from_head(
-            status,
-            limiter,
-            response.headers(),
-        )))
+        let reservation = self.reservation.take_if(|r| r.reported_in_head());
+        let by_answer = self.by_answer.take();
+        if reservation.is_none() && by_answer.is_none() {
+            return None;
+        }
+        let (limiter, metrics) = (&self.shared.limiter, &self.shared.metrics);
+        let (status, headers) = (response.status().as_u16(), response.headers());
+        Some(Box::pin(async move {
+            if let Some(by_answer) = by_answer {
+                by_answer.settle((status, headers), limiter, metrics).await;
+            }
+            match reservation {
+                Some(reservation) => reservation.settle_from_head(status, limiter, headers).await,
+                None => None,
+            }
+        }))
     }
 }
 
