@@ -21,7 +21,7 @@ use crate::routes::{Answers, Policy, Route};
 mod body;
 pub mod openai;
 
-pub use body::{Body, Watcher};
+pub use body::{Body, BoxError, Rest, Watcher};
 
 /// `RateLimit-Policy` header name.
 pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

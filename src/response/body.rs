@@ -19,6 +19,27 @@ pub struct Body<U> {
     /// Seen at its end, or empty when the watcher was set: dropped then,
     /// the answer went out whole.
     at_end: bool,
+    /// Makes the upstream's body the [`Rest`] a watcher may read on once
+    /// the client left (set with the watcher, where `U` is known to be
+    /// sendable).
+    rest_of: Option<fn(U) -> Rest>,
+}
+
+/// The rest of an upstream's body its client left, for a watcher to read
+/// on (see [`Watcher::wants_rest`]).
+pub type Rest = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// Any error of an upstream's body, as [`Rest`] carries it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `body` as a [`Rest`].
+fn rest_of<U>(body: U) -> Rest
+where
+    U: hyper::body::Body<Data = Bytes> + Send + 'static,
+    U::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt as _;
+    body.map_err(Into::into).boxed_unsync()
 }
 
 enum Kind<U> {
@@ -104,6 +125,17 @@ pub trait Watcher: Send {
     fn broke(&mut self);
     /// The body was dropped before its end: the client went away.
     fn left(&mut self);
+    /// The client went away before the end of the upstream's body: whether
+    /// the watcher reads the rest of it on (told then with
+    /// [`Watcher::rest`], instead of [`Watcher::left`]).
+    fn wants_rest(&mut self) -> bool {
+        false
+    }
+    /// The rest of the upstream's body the client left, for a watcher that
+    /// wants it: the watcher owns both from here.
+    fn rest(mut self: Box<Self>, _rest: Rest) {
+        self.left();
+    }
 }
 
 impl<U: std::fmt::Debug> std::fmt::Debug for Body<U> {
@@ -148,16 +180,22 @@ impl<U> Body<U> {
             kind,
             watcher: None,
             at_end: false,
+            rest_of: None,
         }
     }
 }
 
 impl<U: hyper::body::Body<Data = Bytes> + Unpin> Body<U> {
     /// Has `watcher` (if any) watch this body go out.
-    pub fn watch(&mut self, watcher: Option<Box<dyn Watcher>>) {
+    pub fn watch(&mut self, watcher: Option<Box<dyn Watcher>>)
+    where
+        U: Send + 'static,
+        U::Error: Into<BoxError>,
+    {
         // An empty body may never be polled: dropped, it went out whole.
         self.at_end = self.kind.is_end_stream();
         self.watcher = watcher;
+        self.rest_of = Some(rest_of::<U>);
     }
 }
 
@@ -235,13 +273,21 @@ impl<U: hyper::body::Body<Data = Bytes> + Unpin> hyper::body::Body for Body<U> {
 
 impl<U> Drop for Body<U> {
     fn drop(&mut self) {
-        if let Some(watcher) = self.watcher.as_deref_mut() {
-            if self.at_end {
-                watcher.ended();
-            } else {
-                watcher.left();
-            }
+        let Some(mut watcher) = self.watcher.take() else {
+            return;
+        };
+        if self.at_end {
+            watcher.ended();
+            return;
         }
+        if let (Some(rest_of), Kind::Streamed(_)) = (self.rest_of, &self.kind)
+            && watcher.wants_rest()
+            && let Kind::Streamed(body) = std::mem::replace(&mut self.kind, Kind::Whole(None))
+        {
+            watcher.rest(rest_of(body));
+            return;
+        }
+        watcher.left();
     }
 }
 
@@ -302,7 +348,8 @@ mod tests {
     /// What a watcher of `body` was told, once `go` had done with it.
     fn told<U, F>(mut body: Body<U>, go: F) -> Vec<String>
     where
-        U: hyper::body::Body<Data = Bytes> + Unpin,
+        U: hyper::body::Body<Data = Bytes> + Unpin + Send + 'static,
+        U::Error: Into<BoxError>,
         F: AsyncFnOnce(&mut Body<U>),
     {
         let notes = Arc::new(Mutex::new(Vec::new()));
@@ -332,5 +379,60 @@ mod tests {
             while let Some(Ok(_)) = b.frame().await {}
         });
         assert_eq!(broke, ["sent 3", "broke", "left"]);
+    }
+
+    /// A streamed body of frames `b"1"` to `b"3"`.
+    struct Three(u8);
+
+    impl hyper::body::Body for Three {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0 += 1;
+            std::task::Poll::Ready(
+                (self.0 <= 3).then(|| Ok(Frame::data(Bytes::from(self.0.to_string())))),
+            )
+        }
+    }
+
+    /// Wants the rest of a body its client left, and keeps it.
+    struct Keeps(Arc<Mutex<Option<Rest>>>);
+
+    impl Watcher for Keeps {
+        fn sent(&mut self, _: &Frame<Bytes>) {}
+        fn ended(&mut self) {}
+        fn broke(&mut self) {}
+        fn left(&mut self) {}
+        fn wants_rest(&mut self) -> bool {
+            true
+        }
+        fn rest(self: Box<Self>, rest: Rest) {
+            if let Ok(mut kept) = self.0.lock() {
+                *kept = Some(rest);
+            }
+        }
+    }
+
+    #[test]
+    fn a_watcher_that_wants_the_rest_of_a_body_its_client_left_reads_it_on() {
+        let kept = Arc::new(Mutex::new(None));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime for the test");
+        let mut body = Body::streamed(Three(0));
+        body.watch(Some(Box::new(Keeps(Arc::clone(&kept)))));
+        let first = runtime.block_on(body.frame());
+        assert_eq!(
+            first.and_then(|f| f.ok()?.into_data().ok()),
+            Some(Bytes::from("1"))
+        );
+        drop(body);
+        let rest = kept.lock().ok().and_then(|mut k| k.take());
+        let rest = rest.expect("the rest handed over");
+        let read = runtime.block_on(rest.collect()).expect("read on");
+        assert_eq!(read.to_bytes(), "23");
     }
 }
