@@ -181,6 +181,9 @@ impl Record {
             if let Some(units) = tally.reported() {
                 number(out, "units_reported", units);
             }
+            if let Some(outcome) = tally.abandoned() {
+                field(out, "abandoned", outcome.name(), false);
+            }
         }
         let _ = write!(out, ",\"ms\":{took_ms:.3}");
         if !complete {
@@ -235,6 +238,9 @@ impl Record {
             let _ = write!(out, " units_reserved={}", tally.reserved());
             if let Some(units) = tally.reported() {
                 let _ = write!(out, " units_reported={units}");
+            }
+            if let Some(outcome) = tally.abandoned() {
+                let _ = write!(out, " abandoned={}", outcome.name());
             }
         }
         let _ = write!(out, " ms={took_ms:.3}");

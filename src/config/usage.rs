@@ -8,7 +8,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Validator;
-use crate::usage::settings::{FailedAnswers, Fields, JsonPath, SOURCES, Settings, Source};
+use crate::usage::settings::{
+    Abandoned, Drain, FailedAnswers, Fields, JsonPath, SOURCES, Settings, Source,
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +26,17 @@ pub(super) struct UsageModel {
     units: Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>,
     failed: Option<Spanned<FailedModel>>,
     stream_include_usage: Option<Spanned<bool>>,
+    abandoned: Option<Spanned<String>>,
+    drain_time: Option<Spanned<String>>,
+    drain_bytes: Option<Spanned<String>>,
+    max_draining: Option<Spanned<i64>>,
+}
+
+/// `abandoned`, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Choice {
+    Close,
+    Drain,
 }
 
 /// `failed = { statuses = [400, 429, 500], charge = 0 }`.
@@ -70,8 +83,10 @@ impl Validator<'_> {
         };
         let stream_include_usage =
             self.stream_include_usage(m.stream_include_usage.as_ref(), source);
+        let abandoned = self.abandoned(m, source);
         let amounts = amounts?;
         Some(Arc::new(Settings {
+            abandoned: abandoned?,
             stream_include_usage: stream_include_usage?,
             reserve: amounts.reserve,
             reserve_header: reserve_header?,
@@ -161,6 +176,60 @@ impl Validator<'_> {
             }
             (None, _) => Some(false),
         }
+    }
+
+    /// `abandoned`, and the bounds of `"drain"`: given only with it, and
+    /// only where the answer's body reports (a header report is read
+    /// before the body goes out).
+    fn abandoned(&mut self, m: &UsageModel, source: Option<Source>) -> Option<Abandoned> {
+        let choice = self.choice(
+            m.abandoned.as_ref(),
+            "abandoned",
+            &[("close", Choice::Close), ("drain", Choice::Drain)],
+        )?;
+        if choice == Choice::Close {
+            let bounds = [
+                ("drain_time", m.drain_time.as_ref().map(Spanned::span)),
+                ("drain_bytes", m.drain_bytes.as_ref().map(Spanned::span)),
+                ("max_draining", m.max_draining.as_ref().map(Spanned::span)),
+            ];
+            let mut ok = true;
+            for (key, span) in bounds {
+                if let Some(span) = span {
+                    self.problem(
+                        span,
+                        format!("{key} bounds reading an answer on after its client left; it needs abandoned = \"drain\""),
+                    );
+                    ok = false;
+                }
+            }
+            return ok.then_some(Abandoned::Close);
+        }
+        if source == Some(Source::Header)
+            && let Some(given) = &m.abandoned
+        {
+            self.problem(
+                given.span(),
+                "abandoned = \"drain\" reads an answer's body for its report; with report = \"header\" the report is read before the body, so leave abandoned out",
+            );
+            return None;
+        }
+        let time = self.optional_duration(m.drain_time.as_ref(), "drain_time", Drain::TIME);
+        let bytes = m
+            .drain_bytes
+            .as_ref()
+            .map_or(Some(Drain::BYTES), |size| self.size(size, "drain_bytes"));
+        let at_once = self.bounded(
+            m.max_draining.as_ref(),
+            Drain::AT_ONCE,
+            1..=65_536,
+            "max_draining is how many abandoned answers of the route are read on at once: a whole number from 1 to 65536",
+        );
+        Some(Abandoned::Drain(Drain {
+            time: time?,
+            bytes: bytes?,
+            at_once: at_once?,
+        }))
     }
 
     /// `failed`: statuses from 100 to 599, at least one; a charge of 0 or

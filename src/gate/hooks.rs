@@ -8,11 +8,23 @@
 use bytes::Bytes;
 use hyper::body::Frame;
 
+use super::drain::{self, Abandon, Draining};
 use crate::access_log::Line;
 use crate::concurrency::Slot;
-use crate::response::Watcher;
+use crate::response::{Rest, Watcher};
 use crate::usage::Meter;
+use crate::usage::settings::Drain;
 use crate::usage::unasked::UnaskedUsage;
+
+/// What reads a metered answer's body for its report.
+pub(super) struct Metered {
+    /// Reads the body for the units it reports.
+    pub(super) meter: Box<Meter>,
+    /// Takes the usage event the client did not ask for out of the body.
+    pub(super) unasked: Option<Box<UnaskedUsage>>,
+    /// What is done when the client leaves before the report.
+    pub(super) abandon: Abandon,
+}
 
 /// An answer's end hooks, told in order: the usage meter first (so the
 /// log line has the units), then the access log's line. Dropped in field
@@ -29,25 +41,59 @@ pub(super) struct AnswerEnd {
     /// Takes the usage event the client did not ask for out of the answer
     /// (the meter reads it first).
     unasked: Option<Box<UnaskedUsage>>,
+    /// With the meter: what is done when the client leaves before the
+    /// report.
+    abandon: Option<Abandon>,
 }
 
 impl AnswerEnd {
     /// The hooks for an answer; None when there is nothing to watch for.
     pub(super) fn of(
-        meter: Option<(Box<Meter>, Option<Box<UnaskedUsage>>)>,
+        metered: Option<Metered>,
         line: Option<Line>,
         slot: Option<Slot>,
     ) -> Option<Box<dyn Watcher>> {
-        if meter.is_none() && line.is_none() && slot.is_none() {
+        if metered.is_none() && line.is_none() && slot.is_none() {
             return None;
         }
-        let (meter, unasked) = meter.map_or((None, None), |(m, u)| (Some(m), u));
+        let (meter, unasked, abandon) = match metered {
+            Some(m) => (Some(m.meter), m.unasked, Some(m.abandon)),
+            None => (None, None, None),
+        };
         Some(Box::new(Self {
             line,
             _slot: slot,
             meter,
             unasked,
+            abandon,
         }))
+    }
+
+    /// The meter and what is done if its report is abandoned, while the
+    /// report is still to come.
+    fn awaiting(&mut self) -> Option<(&mut Meter, &mut Abandon)> {
+        match (self.meter.as_deref_mut(), self.abandon.as_mut()) {
+            (Some(meter), Some(abandon)) if meter.awaits_report() => Some((meter, abandon)),
+            _ => None,
+        }
+    }
+
+    /// Reads the answer its client left on, within the route's bounds,
+    /// holding `place` among the route's answers read on; then settles
+    /// (or lets the reservation stand) and writes the line with what
+    /// became of it.
+    async fn read_on(mut self: Box<Self>, mut rest: Rest, bounds: Drain, place: Draining) {
+        if let Some((meter, abandon)) = self.awaiting() {
+            let outcome = drain::read_on(meter, &mut rest, bounds).await;
+            abandon.counted(outcome);
+            // Settled (or standing) now, so that the line has the units;
+            // the settlement is counted before the place is given up, so
+            // that a stop waiting for both never sees none in between.
+            meter.stopped();
+        }
+        drop(rest);
+        self.write_line(false);
+        drop(place);
     }
 
     fn write_line(&mut self, complete: bool) {
@@ -100,7 +146,27 @@ impl Watcher for AnswerEnd {
     }
 
     fn left(&mut self) {
+        if let Some((_, abandon)) = self.awaiting() {
+            abandon.closed();
+        }
         // The meter, dropped before the body's end, settles by itself.
         self.write_line(false);
+    }
+
+    fn wants_rest(&mut self) -> bool {
+        let Some((_, abandon)) = self.awaiting() else {
+            return false;
+        };
+        abandon.read_on()
+    }
+
+    fn rest(mut self: Box<Self>, rest: Rest) {
+        let reading = self.abandon.as_mut().and_then(Abandon::reading);
+        let (Some((bounds, place)), Ok(runtime)) = (reading, tokio::runtime::Handle::try_current())
+        else {
+            self.left();
+            return;
+        };
+        runtime.spawn(self.read_on(rest, bounds, place));
     }
 }

@@ -13,7 +13,7 @@
 //! [`Shared`]: super::Shared
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use http::HeaderMap;
 use hyper::body::Incoming;
@@ -83,6 +83,8 @@ const LOG_EVERY_MS: u64 = 10_000;
 pub struct Metering {
     pub metrics: UsageMetrics,
     last_logged: AtomicU64,
+    /// Answers of the route read on after their client left.
+    pub(super) draining: AtomicUsize,
 }
 
 impl Metering {
@@ -91,6 +93,7 @@ impl Metering {
         Self {
             metrics,
             last_logged: AtomicU64::new(0),
+            draining: AtomicUsize::new(0),
         }
     }
 }
@@ -99,7 +102,7 @@ impl Metering {
 pub(super) struct Reservation {
     pub(super) settings: Arc<Settings>,
     pub(super) tally: Arc<Tally>,
-    metering: Arc<Metering>,
+    pub(super) metering: Arc<Metering>,
     settlement: Settlement,
     route: Arc<str>,
     client: ClientId,

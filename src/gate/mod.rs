@@ -16,6 +16,8 @@
 //!   part, held together by gate in one box;
 //! - `by_answer`: limits that count by the answer (`count_when`), the
 //!   units of an answer they do not count given back;
+//! - `drain`: answers whose client leaves before their usage report,
+//!   closed at once or read on within bounds and settled;
 //! - `denials`: denials in the log, one line per route and client per
 //!   interval with the count folded into it, and a bounded number a second;
 //! - [`metering`]: routes whose cost is what their upstream reports: the
@@ -25,6 +27,7 @@
 
 mod by_answer;
 mod denials;
+mod drain;
 mod hooks;
 pub mod metering;
 mod phases;

@@ -8,7 +8,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use crate::usage::Unreported;
+use crate::usage::{Abandonment, Unreported};
 
 /// What `floodgate_usage_units_total`'s `kind` counts.
 const KINDS: [&str; 4] = ["reserved", "reported", "refunded", "charged_over"];
@@ -17,6 +17,12 @@ const KINDS: [&str; 4] = ["reserved", "reported", "refunded", "charged_over"];
 struct RouteKind {
     route: String,
     kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteOutcome {
+    route: String,
+    outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,6 +36,7 @@ struct RouteReason {
 pub(super) struct Families {
     units: Family<RouteKind, Counter>,
     unreported: Family<RouteReason, Counter>,
+    abandoned: Family<RouteOutcome, Counter>,
 }
 
 /// One metered route's handles.
@@ -44,12 +51,19 @@ pub struct UsageMetrics {
     /// Units reported beyond the reservation, charged when settled.
     pub charged_over: Counter,
     unreported: [Counter; 5],
+    abandoned: [Counter; 5],
 }
 
 impl UsageMetrics {
     /// Counts a request whose reservation stood, and why.
     pub fn unreported(&self, why: Unreported) {
         self.unreported[why as usize].inc();
+    }
+
+    /// Counts an answer whose client left before its report, and what
+    /// became of it.
+    pub fn abandoned(&self, outcome: Abandonment) {
+        self.abandoned[outcome as usize].inc();
     }
 
     /// The units counted so far: reserved, reported, refunded, charged
@@ -81,6 +95,11 @@ impl Families {
             "Requests whose answers reported no usage, by route and reason: their reservation stood as the charge (missing, upstream_failed, client_left, store_failed), or a failed answer was settled to the route's failed charge (failed_answer)",
             self.unreported.clone(),
         );
+        registry.register(
+            "floodgate_usage_abandoned",
+            "Answers whose client left before their usage report, by route and outcome: read on and settled to their report (drained), closed at drain_time or drain_bytes (bound), closed at once because max_draining answers were being read on (full), broken off by the upstream while read on (broke), closed at once as abandoned = \"close\" says (closed)",
+            self.abandoned.clone(),
+        );
     }
 
     pub(super) fn bind(&self, route: &str) -> UsageMetrics {
@@ -106,6 +125,14 @@ impl Families {
                     })
                     .clone()
             }),
+            abandoned: Abandonment::ALL.map(|outcome| {
+                self.abandoned
+                    .get_or_create(&RouteOutcome {
+                        route: route.to_owned(),
+                        outcome: outcome.name(),
+                    })
+                    .clone()
+            }),
         }
     }
 
@@ -120,6 +147,12 @@ impl Families {
             self.unreported.remove(&RouteReason {
                 route: route.to_owned(),
                 reason: why.name(),
+            });
+        }
+        for outcome in Abandonment::ALL {
+            self.abandoned.remove(&RouteOutcome {
+                route: route.to_owned(),
+                outcome: outcome.name(),
             });
         }
     }

@@ -5,18 +5,20 @@
 //! trailers, a JSON body, an event stream's last event). gate charges the
 //! reservation with the decision and settles it to the report.
 
+mod abandonment;
 pub mod json;
 pub mod settings;
 pub mod sse;
 pub mod unasked;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use hyper::body::Frame;
 
+pub use abandonment::Abandonment;
 use json::Scanner;
 use settings::{Fields, Settings, Source};
 use sse::Events;
@@ -237,6 +239,9 @@ pub struct Tally {
     reserved: u64,
     /// Reported units plus one; 0 while none are.
     reported: AtomicU64,
+    /// What became of the answer when its client left before its report:
+    /// an [`Abandonment`]'s position plus one; 0 when it did not.
+    abandoned: AtomicU8,
 }
 
 impl Tally {
@@ -245,7 +250,21 @@ impl Tally {
         Self {
             reserved,
             reported: AtomicU64::new(0),
+            abandoned: AtomicU8::new(0),
         }
+    }
+
+    /// What became of the answer, if its client left before its report.
+    pub fn abandoned(&self) -> Option<Abandonment> {
+        let at = self.abandoned.load(Ordering::Relaxed);
+        Abandonment::ALL
+            .get(usize::from(at).checked_sub(1)?)
+            .copied()
+    }
+
+    /// Records what became of an answer its client left.
+    pub fn abandon(&self, outcome: Abandonment) {
+        self.abandoned.store(outcome as u8 + 1, Ordering::Relaxed);
     }
 
     /// Units reserved.
@@ -339,6 +358,17 @@ impl Meter {
         self.finish(units.ok_or(Unreported::Missing));
     }
 
+    /// Whether the answer's report is still to come: dropped now, the
+    /// meter would settle nothing (`client_left`). An event stream that
+    /// said `[DONE]` has said all it will.
+    pub fn awaits_report(&self) -> bool {
+        self.done.is_some()
+            && match &self.reading {
+                Reading::Sse(events) => events.final_report().is_none() && !events.said_done(),
+                _ => true,
+            }
+    }
+
     /// The upstream's body broke off.
     pub fn broke(&mut self) {
         self.finish(Err(Unreported::UpstreamFailed));
@@ -354,15 +384,16 @@ impl Meter {
     }
 }
 
-impl Drop for Meter {
-    /// The answer was dropped before its end: the client left. A stream
-    /// whose report went out followed by `[DONE]` owes its settlement
-    /// whatever the client does next (the OpenAI SDK closes the answer at
-    /// `[DONE]`, often before the stream's own end); only a client that
-    /// leaves before that is `client_left`, charged its reservation.
-    /// A stream that said `[DONE]` without a report is `missing`, as if
-    /// it had ended there.
-    fn drop(&mut self) {
+impl Meter {
+    /// The answer is read no further before its end: the client left (or
+    /// the answer was read on after it left, to its final report or to a
+    /// bound). A stream whose report went out followed by `[DONE]` owes
+    /// its settlement whatever the client does next (the OpenAI SDK
+    /// closes the answer at `[DONE]`, often before the stream's own end);
+    /// only a client that leaves before that is `client_left`, charged its
+    /// reservation. A stream that said `[DONE]` without a report is
+    /// `missing`, as if it had ended there.
+    pub fn stopped(&mut self) {
         let report = match &self.reading {
             Reading::Sse(events) => match events.final_report() {
                 Some(found) => {
@@ -374,6 +405,13 @@ impl Drop for Meter {
             _ => Err(Unreported::ClientLeft),
         };
         self.finish(report);
+    }
+}
+
+impl Drop for Meter {
+    /// The answer was dropped before its end: see [`Meter::stopped`].
+    fn drop(&mut self) {
+        self.stopped();
     }
 }
 
@@ -402,6 +440,7 @@ mod tests {
             failed: None,
             reserve_per_kib: 0,
             stream_include_usage: false,
+            abandoned: settings::Abandoned::Close,
         }
     }
 

@@ -2,6 +2,7 @@
 //! `config` fills in.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderName;
 
@@ -128,6 +129,40 @@ pub struct Settings {
     /// charge instead of standing at their reservation (providers do not
     /// bill a failed request).
     pub failed: Option<FailedAnswers>,
+    /// What becomes of an answer whose client leaves before its report.
+    pub abandoned: Abandoned,
+}
+
+/// What becomes of an answer whose body reports its usage when its client
+/// leaves before the report (`abandoned`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abandoned {
+    /// Closed at once: the reservation stands as the charge.
+    Close,
+    /// Read on without the client, within the bounds, and settled to what
+    /// it reports; at the bounds, closed and charged the reservation.
+    Drain(Drain),
+}
+
+/// The bounds of reading an abandoned answer on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    /// Longest an answer is read after its client left (`drain_time`).
+    pub time: Duration,
+    /// Most bytes of it read after its client left (`drain_bytes`).
+    pub bytes: u64,
+    /// Most answers of the route read on at once, per instance
+    /// (`max_draining`); past it, an abandoned answer is closed at once.
+    pub at_once: usize,
+}
+
+impl Drain {
+    /// `drain_time`'s default.
+    pub const TIME: Duration = Duration::from_secs(30);
+    /// `drain_bytes`' default: 1 MiB.
+    pub const BYTES: u64 = 1 << 20;
+    /// `max_draining`'s default.
+    pub const AT_ONCE: usize = 128;
 }
 
 impl Settings {

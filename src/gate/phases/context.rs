@@ -10,7 +10,8 @@ use http::Response;
 use crate::access_log::{Line, Record};
 use crate::concurrency::Slot;
 use crate::gate::by_answer::ByAnswer;
-use crate::gate::hooks::AnswerEnd;
+use crate::gate::drain::Abandon;
+use crate::gate::hooks::{AnswerEnd, Metered};
 use crate::gate::metering::Reservation;
 use crate::gate::shared::Shared;
 use crate::proxy::{Body, Peer};
@@ -112,6 +113,7 @@ impl Context<'_> {
         }
         let meter = reservation.map(|r| {
             let event_stream = crate::proxy::is_event_stream(response.headers());
+            let abandon = Abandon::new(r.settings.abandoned, &r.metering, &r.tally, settlements);
             let (meter, unasked) = r.meter(
                 limiter,
                 settlements,
@@ -122,7 +124,11 @@ impl Context<'_> {
                 // The client receives fewer bytes than the upstream sent.
                 response.headers_mut().remove(http::header::CONTENT_LENGTH);
             }
-            (meter, unasked)
+            Metered {
+                meter,
+                unasked,
+                abandon,
+            }
         });
         let hooks = AnswerEnd::of(meter, Line::of(record, log), slot);
         response.body_mut().watch(hooks);
