@@ -90,8 +90,17 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Chunks>, Infallible> 
             .as_u64()
             .unwrap_or_else(|| STREAMS.fetch_add(1, Ordering::Relaxed));
         let stream = event_stream(seed, report.then_some(&usage));
-        for piece in pieces(seed, stream.as_bytes()) {
-            let _ = tx.send(piece).await;
+        // Model `fake-model-slow` generates slowly: one event at a time,
+        // 150 ms apart.
+        if asked["model"] == "fake-model-slow" {
+            for event in stream.split_inclusive(&format!("{0}{0}", eol(seed))) {
+                let _ = tx.send(Bytes::from(event.to_owned())).await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        } else {
+            for piece in pieces(seed, stream.as_bytes()) {
+                let _ = tx.send(piece).await;
+            }
         }
         // The stream's own end comes a moment later; the SDK has closed
         // the answer by then.
@@ -887,4 +896,150 @@ async fn a_store_outage_is_an_api_status_error_with_openais_error_body() {
         assert_eq!(call["type"], "server_error", "{call}");
         assert!(field(call, "retry-after").parse::<u64>().is_ok(), "{call}");
     }
+}
+
+/// Units charged on route `chat` once they reach `want`, or what they are
+/// after 60 s (an answer read on settles when the upstream has finished
+/// it).
+async fn settled_within_a_minute(redis: &TestRedis, prefix: &str, want: u64) -> u64 {
+    let found = settled(redis, prefix, want).await;
+    if found == want {
+        return found;
+    }
+    settled(redis, prefix, want).await
+}
+
+/// The access log lines at `path` of requests on route `chat` once there
+/// are `count` of them, or those there are after 60 s.
+async fn chat_lines(path: &std::path::Path, count: usize) -> Vec<serde_json::Value> {
+    let mut found = Vec::new();
+    for _ in 0..1_200 {
+        found = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["route"] == "chat")
+            .collect();
+        if found.len() >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    found
+}
+
+/// Twenty SDK streams of a slow model, each closed by its caller after the
+/// first chunk, on two instances on one Redis of a route whose `usage`
+/// says `abandoned` (and more `usage` keys, `extra`): the calls, each
+/// instance's access log lines of route `chat`, and the instances.
+async fn twenty_abandoned_streams(
+    redis: &TestRedis,
+    prefix: &str,
+    extra: &str,
+) -> (
+    Vec<serde_json::Value>,
+    Vec<serde_json::Value>,
+    [Floodgate; 2],
+) {
+    let api = fake_openai().await;
+    let dir = support::temp_dir("abandoned");
+    let logs = [dir.join("a.log"), dir.join("b.log")];
+    let toml = |log: &std::path::Path| {
+        Config::new()
+            .admin()
+            .redis(&redis.url, prefix)
+            .access_log(&[&format!("path = {:?}", log.display().to_string())])
+            .route(chat_named("chat", &api, 1_000_000, extra))
+            .toml()
+    };
+    let gates = [
+        Floodgate::start(&toml(&logs[0])).await,
+        Floodgate::start(&toml(&logs[1])).await,
+    ];
+    let calls = sdk(&gates, 4, 5, "abandon").await;
+    let mut lines = Vec::new();
+    for log in &logs {
+        // Each instance served two rounds of five calls.
+        lines.extend(chat_lines(log, 10).await);
+    }
+    assert_eq!(lines.len(), 20, "{lines:#?}");
+    (calls, lines, gates)
+}
+
+/// The sum over `gates` of `floodgate_usage_abandoned_total` on route
+/// `chat` for `outcome`.
+async fn abandoned(gates: &[Floodgate], outcome: &str) -> u64 {
+    let mut sum = 0;
+    for gate in gates {
+        sum += counted(
+            gate,
+            "floodgate_usage_abandoned_total",
+            &format!(r#"outcome="{outcome}""#),
+        )
+        .await;
+    }
+    sum
+}
+
+/// With `abandoned = "drain"`, twenty streams closed by the SDK after
+/// their first chunk are read on by floodgate until the upstream has
+/// finished them and reported their usage: each is settled to the 155
+/// tokens it reported, not its reservation of 400, and its log line says
+/// `drained`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_streams_abandoned_after_their_first_chunk_are_drained_and_settled_to_their_report()
+{
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-drain");
+    let (calls, lines, gates) =
+        twenty_abandoned_streams(&redis, &prefix, r#", abandoned = "drain""#).await;
+    assert_eq!(calls.len(), 20);
+    for call in &calls {
+        assert_eq!(call["first"], "Hel", "{call}");
+    }
+    let want = 20 * (PROMPT + COMPLETION);
+    assert_eq!(settled_within_a_minute(&redis, &prefix, want).await, want);
+    for line in &lines {
+        assert_eq!(line["abandoned"], "drained", "{line}");
+        assert_eq!(line["units_reserved"], 400, "{line}");
+        assert_eq!(line["units_reported"], PROMPT + COMPLETION, "{line}");
+    }
+    assert_eq!(abandoned(&gates, "drained").await, 20);
+    for outcome in ["bound", "full", "broke", "closed"] {
+        assert_eq!(abandoned(&gates, outcome).await, 0, "{outcome}");
+    }
+    for gate in &gates {
+        assert_eq!(unreported(gate, "client_left").await, 0);
+    }
+}
+
+/// With `abandoned = "close"` (the default, here written out), the same
+/// twenty streams are closed when their client leaves: each is charged its
+/// reservation of 400, counted as `client_left`, and its log line says
+/// `closed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_streams_abandoned_after_their_first_chunk_are_closed_and_charged_their_reservation()
+{
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-close");
+    let (calls, lines, gates) =
+        twenty_abandoned_streams(&redis, &prefix, r#", abandoned = "close""#).await;
+    assert_eq!(calls.len(), 20);
+    for call in &calls {
+        assert_eq!(call["first"], "Hel", "{call}");
+    }
+    let want = 20 * 400;
+    assert_eq!(settled_within_a_minute(&redis, &prefix, want).await, want);
+    for line in &lines {
+        assert_eq!(line["abandoned"], "closed", "{line}");
+        assert_eq!(line["units_reserved"], 400, "{line}");
+        assert!(line.get("units_reported").is_none(), "{line}");
+    }
+    assert_eq!(abandoned(&gates, "closed").await, 20);
+    for outcome in ["drained", "bound", "full", "broke"] {
+        assert_eq!(abandoned(&gates, outcome).await, 0, "{outcome}");
+    }
+    let left =
+        unreported(&gates[0], "client_left").await + unreported(&gates[1], "client_left").await;
+    assert_eq!(left, 20);
 }

@@ -13,7 +13,9 @@ their usage), "indexing" (streams that do not ask for their usage,
 read by the plain loop that indexes `chunk.choices[0]` on every chunk),
 "plain", "both" (alternating stream and plain), or "headers"
 (plain calls through the SDK's raw-response interface, which hands the
-caller the answer's headers; "headers:N" with max_tokens N, else 300).
+caller the answer's headers; "headers:N" with max_tokens N, else 300),
+or "abandon" (streams of model "fake-model-slow", asking for their usage,
+closed by the caller after their first chunk).
 Prints one JSON line per call: the usage tokens the SDK read, or the error
 it raised; in "headers" mode, with the answer's `x-ratelimit-*` and
 `retry-after` headers, and a refusal's body (the `error` object the SDK
@@ -80,6 +82,28 @@ def indexing_call(client, max_tokens):
         return {"error": type(e).__name__, "detail": str(e)}
 
 
+def abandoning_call(client, max_tokens):
+    """A stream its caller closes after the first chunk, as a user who
+    stops a generation does."""
+    messages = [{"role": "user", "content": "Say hello."}]
+    try:
+        chunks = client.chat.completions.create(
+            model="fake-model-slow",
+            messages=messages,
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        first = None
+        for chunk in chunks:
+            first = chunk.choices[0].delta.content if chunk.choices else None
+            break
+        chunks.close()
+        return {"stream": True, "first": first}
+    except openai.APIError as e:
+        return {"error": type(e).__name__, "detail": str(e)}
+
+
 def rate_limit_fields(headers):
     return {
         name: value
@@ -125,6 +149,10 @@ def calls(urls, key, rounds, per_round, gap, mode):
             if mode.startswith("headers"):
                 max_tokens = int(mode.split(":")[1]) if ":" in mode else 300
                 print(json.dumps(call_with_headers(client, max_tokens)), flush=True)
+                time.sleep(gap)
+                continue
+            if mode == "abandon":
+                print(json.dumps(abandoning_call(client, 300)), flush=True)
                 time.sleep(gap)
                 continue
             if mode == "indexing":
