@@ -128,6 +128,58 @@ impl TestCluster {
             .collect()
     }
 
+    /// The port of the primary serving each key's slot, as `CLUSTER NODES`
+    /// on a live primary tells.
+    pub fn primaries_of(&self, keys: &[String]) -> Vec<u16> {
+        let table: Vec<(u16, Vec<(u16, u16)>)> = self
+            .cli(self.primaries()[0], &["CLUSTER", "NODES"])
+            .lines()
+            .map(|line| line.split(' ').collect::<Vec<_>>())
+            .filter(|f| f.len() > 8 && f[2].contains("master") && !f[2].contains("fail"))
+            .filter_map(|f| {
+                let port = f[1]
+                    .split(['@', ','])
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let ranges = f[8..]
+                    .iter()
+                    .filter_map(|range| {
+                        let (from, to) = range.split_once('-').unwrap_or((range, range));
+                        Some((from.parse().ok()?, to.parse().ok()?))
+                    })
+                    .collect();
+                Some((port, ranges))
+            })
+            .collect();
+        keys.iter()
+            .map(|key| {
+                let slot = slot_of(key);
+                table
+                    .iter()
+                    .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+                    .map(|&(port, _)| port)
+                    .unwrap_or_else(|| panic!("no primary serves slot {slot} of {key}"))
+            })
+            .collect()
+    }
+
+    /// The port of the live replica of the primary at `port`.
+    pub fn replica_of(&self, port: u16) -> u16 {
+        self.nodes
+            .iter()
+            .filter(|(p, child)| child.is_some() && *p != port)
+            .map(|&(p, _)| p)
+            .find(|&p| {
+                let role = self.cli(p, &["ROLE"]);
+                let mut lines = role.lines();
+                lines.next() == Some("slave") && lines.nth(1) == Some(port.to_string().as_str())
+            })
+            .unwrap_or_else(|| panic!("no replica of the primary at {port}"))
+    }
+
     /// SIGSTOPs the node at `port`: it keeps its connections and answers
     /// nothing, as a node on a stalled host does.
     pub fn freeze(&self, port: u16) {
@@ -165,6 +217,31 @@ impl TestCluster {
             }
         }
     }
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the
+/// whole key when it has none, modulo 16384.
+pub fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = match bytes.iter().position(|&b| b == b'{') {
+        Some(open) => match bytes[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
+            _ => bytes,
+        },
+        None => bytes,
+    };
+    let mut crc: u16 = 0;
+    for &b in hashed {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// `redis-cli -p port args…`, its output.

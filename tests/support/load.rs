@@ -25,13 +25,15 @@ pub fn now_ms() -> u64 {
 
 /// One request the upstream saw: when it arrived, when the load sent it
 /// (ms, the system clock, which is also the clock of the Redis on this
-/// machine), and the instance the load sent it to (`u8::MAX`: not sent by
-/// the load). floodgate decided it between `sent` and `at`.
+/// machine), the instance the load sent it to (`u8::MAX`: not sent by
+/// the load), and the load's number for it (`X-Id`; `u64::MAX`: none).
+/// floodgate decided it between `sent` and `at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Arrival {
     pub at: u64,
     pub sent: u64,
     pub from: u8,
+    pub id: u64,
 }
 
 /// An upstream that notes each request that reached it.
@@ -62,7 +64,10 @@ impl Ledger {
                             .and_then(|i| u8::try_from(i).ok())
                             .unwrap_or(u8::MAX);
                         let sent = header("x-sent").unwrap_or(at);
-                        log.lock().expect("ledger").push(Arrival { at, sent, from });
+                        let id = header("x-id").unwrap_or(u64::MAX);
+                        log.lock()
+                            .expect("ledger")
+                            .push(Arrival { at, sent, from, id });
                         async {
                             Ok::<_, std::convert::Infallible>(Response::new(Full::new(
                                 Bytes::from_static(b"ok"),
@@ -109,12 +114,17 @@ impl Instance {
         let Some(text) = admin_get(self.admin, "/metrics").await else {
             return 0.0;
         };
-        text.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .filter(|l| l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_in(&text, name)
     }
+}
+
+/// A counter or gauge of a `/metrics` page, summed over its series.
+pub fn metric_in(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// A GET on loopback `port` on a connection of its own; `None` if
