@@ -19,7 +19,7 @@ use floodgate::client::ClientId;
 use floodgate::limit::redis::{IdKey, write_client};
 use support::cluster::TestCluster;
 use support::config::{Config, Route};
-use support::load::{Ledger, metric_in, now_ms};
+use support::load::{Ledger, metric_in, metric_where, now_ms};
 use support::redis::unique_prefix;
 use support::{Floodgate, TestClient};
 
@@ -367,15 +367,47 @@ async fn held(port: u16, keys: &[(Key, String)], start: u64) -> HashMap<Key, u64
     out
 }
 
-/// Units the instances' slices took from the leased key so far, by their
-/// metrics.
-async fn taken(http: &TestClient, gates: &[Floodgate]) -> u64 {
-    let mut sum = 0.0;
-    for gate in gates {
-        let text = http.get(&gate.admin_url("/metrics"), &[]).await.text();
-        sum += metric_in(&text, "floodgate_lease_taken_units_total");
+/// What the instances counted on the leased route so far, by their
+/// metrics: units their slices took from the store, requests they decided
+/// from slices, and requests they admitted.
+#[derive(Debug, Clone, Copy)]
+struct Leased {
+    taken: u64,
+    from_slices: u64,
+    admitted: u64,
+}
+
+impl Leased {
+    async fn read(http: &TestClient, gates: &[Floodgate], names: &Names) -> Self {
+        let route = format!(r#"route="{}""#, names.leased());
+        let (mut taken, mut from_slices, mut admitted) = (0.0, 0.0, 0.0);
+        for gate in gates {
+            let text = http.get(&gate.admin_url("/metrics"), &[]).await.text();
+            taken += metric_in(&text, "floodgate_lease_taken_units_total");
+            from_slices += metric_in(&text, "floodgate_lease_admitted_total");
+            admitted += metric_where(
+                &text,
+                "floodgate_requests_total",
+                &[&route, r#"outcome="allowed""#],
+            );
+        }
+        Self {
+            taken: taken as u64,
+            from_slices: from_slices as u64,
+            admitted: admitted as u64,
+        }
     }
-    sum as u64
+
+    /// The units the store acknowledged since `before`, at most: what
+    /// slices took, and the requests decided by the store one by one (a
+    /// window near its end), which are those admitted but not from a
+    /// slice. (A request counted in one metric before `before` and in the
+    /// other after it can only add one.)
+    fn acknowledged_since(self, before: Self) -> u64 {
+        let per_request =
+            (self.admitted - before.admitted).saturating_sub(self.from_slices - before.from_slices);
+        self.taken - before.taken + per_request
+    }
 }
 
 async fn sleep_until(ms: u64) {
@@ -383,28 +415,30 @@ async fn sleep_until(ms: u64) {
 }
 
 /// The kill and what the replica held: `held` per key of the lost primary
-/// in the kill's window, and the units slices took from the leased key in
-/// that window, at most, by the instances' metrics.
+/// in the kill's window, and the units the store acknowledged on the
+/// leased key in that window before the kill, at most, by the instances'
+/// metrics.
 struct Fault {
     window: u64,
     killed_at: u64,
     promoted_at: u64,
     held: HashMap<Key, u64>,
-    leased_taken: u64,
+    leased_acknowledged: u64,
 }
 
 impl Fault {
     /// Per key of the lost primary, the units it acknowledged in the kill's
-    /// window that its replica did not hold: for the leased key what slices
-    /// took, for the others the requests admitted (decided before the kill,
-    /// arrived in the window) less what the replica held.
+    /// window that its replica did not hold: what it acknowledged (on the
+    /// leased key by the instances' metrics, on the others the requests
+    /// admitted, sent before the kill and arrived in the window) less what
+    /// the replica held.
     fn lost(&self, admitted: &[Admitted]) -> BTreeMap<Key, u64> {
         let start = self.window * WINDOW_MS;
         self.held
             .iter()
             .map(|(&key, &held)| {
                 let acknowledged = match key {
-                    Key::Leased => self.leased_taken,
+                    Key::Leased => self.leased_acknowledged,
                     _ => admitted
                         .iter()
                         .filter(|a| a.keys.contains(&key) && a.sent < self.killed_at && a.at >= start)
@@ -462,14 +496,15 @@ async fn kill(
     let replica = cluster.replica_of(victim);
     sleep_until(from + WINDOW_MS).await;
     assert_placed(cluster, names, owner);
-    // The slices taken before the window starts: read too late on a busy
-    // machine, the next window is the kill's.
+    // What the instances counted on the leased route before the window
+    // starts: read too late on a busy machine, the next window is the
+    // kill's.
     let mut start = (from / WINDOW_MS + 3) * WINDOW_MS;
-    let taken_before = loop {
+    let before = loop {
         sleep_until(start - 200).await;
-        let taken = taken(&http, gates).await;
+        let read = Leased::read(&http, gates, names).await;
         if now_ms() < start {
-            break taken;
+            break read;
         }
         start += WINDOW_MS;
     };
@@ -479,7 +514,9 @@ async fn kill(
     // Replies the primary sent before it died reach the instances within
     // the store's timeout (1 s), and what it replicated the replica.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let leased_taken = taken(&http, gates).await - taken_before;
+    let leased_acknowledged = Leased::read(&http, gates, names)
+        .await
+        .acknowledged_since(before);
     let on_victim: Vec<(Key, String)> = keys()
         .into_iter()
         .filter(|k| owner[k] == victim)
@@ -500,7 +537,7 @@ async fn kill(
         killed_at,
         promoted_at: now_ms(),
         held,
-        leased_taken,
+        leased_acknowledged,
     }
 }
 

@@ -120,9 +120,16 @@ impl Instance {
 
 /// A counter or gauge of a `/metrics` page, summed over its series.
 pub fn metric_in(text: &str, name: &str) -> f64 {
+    metric_where(text, name, &[])
+}
+
+/// A counter or gauge of a `/metrics` page, summed over its series whose
+/// labels include each of `labels` (written `key="value"`).
+pub fn metric_where(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter(|l| l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
