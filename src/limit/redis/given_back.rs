@@ -246,11 +246,19 @@ async fn keep_subscribed(mut source: Source, heard: &Heard, role: &Role) {
             }
             Ok(Err(e)) => {
                 given_back.deaf();
-                if !failing {
+                // Only a refusal of permission is the operator's to grant;
+                // a node that is down or failing over is retried.
+                if !failing && (e.contains("NOPERM") || e.to_lowercase().contains("permission")) {
                     tracing::warn!(
                         %channel,
                         error = %e,
                         "cannot listen for units given back; denials are not remembered until this works (each refused request asks the store); a Redis user needs permission to subscribe to the channel (ACL SETUSER … &{channel})"
+                    );
+                } else if !failing {
+                    tracing::warn!(
+                        %channel,
+                        error = %e,
+                        "cannot listen for units given back on a node that does not answer (down, or failing over); denials are not remembered until it does (each refused request asks the store); retried every second"
                     );
                 }
                 failing = true;
