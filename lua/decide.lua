@@ -26,7 +26,9 @@
 --              boundaries "<b0>,<b1>,<b2>,<b3>" (ms) in place of
 --              <window ms>: see span() in prelude.lua. <per request> is 1 for a limit that counts each
 --              request as one unit whatever its cost (a settlement leaves
---              it as decided), else 0
+--              it as decided), else 0; a limit with a penalty has
+--              "p<duration>,<factor per mille>,<max>,<forget>" (ms) right
+--              after it: see penalized and offend
 --
 -- Reply: per request, in order, four integers per limit (allowed (1/0),
 -- remaining, next_ms, retry_after_ms; for a settlement or a grant, always
@@ -83,7 +85,7 @@ local function limits_of(text)
     return limits
   end
   limits = {}
-  for name, limit, window, burst, per_request in gmatch(text, '(%S+) (%d+) ([%d,]+) (%d+) ([01])') do
+  for name, limit, window, burst, per_request, penalty in gmatch(text, '(%S+) (%d+) ([%d,]+) (%d+) ([01])p?([%d,]*)') do
     local check, commit, settle, grant = algorithm(name)
     if not check then
       return nil, name
@@ -99,7 +101,17 @@ local function limits_of(text)
         return nil, name .. ' with a window of ' .. window
       end
     end
-    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1', grant}
+    local p = nil
+    if penalty ~= '' then
+      p = {}
+      for n in gmatch(penalty, '%d+') do
+        p[#p + 1] = tonumber(n)
+      end
+      if #p ~= 4 then
+        return nil, name .. ' with a penalty of ' .. penalty
+      end
+    end
+    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1', grant, p}
   end
   if parsed_count >= 1000 then
     parsed, parsed_count = {}, 0
@@ -108,12 +120,58 @@ local function limits_of(text)
   return limits
 end
 
+-- Penalties (src/limit/penalty.rs): under a count's key and ':p', in the
+-- same slot, "<until> <offences> <remembered until>", kept while the
+-- offences are remembered (each time told from the call's `now`, as the
+-- counts are, not from the key's expiry). The wait until the penalty under count key `k` ends, or
+-- nothing when none runs at `now`.
+local function penalized(k, now)
+  local v = redis_call('GET', k .. ':p')
+  if not v then
+    return nil
+  end
+  local ends = tonumber(match(v, '^(%d+)'))
+  if ends and ends > now then
+    return ends - now
+  end
+  return nil
+end
+
+-- An offence at `now` against the limit counted at `k` with penalty `p`
+-- ({duration, factor per mille, max, forget}): the `n`th in a row serves
+-- duration × factor^(n−1), at most max; the offences are remembered
+-- forget after this one (or to the penalty's end). Returns what it serves.
+local function offend(k, p, now)
+  local pk = k .. ':p'
+  local v = redis_call('GET', pk)
+  local offences = 1
+  if v then
+    local _, n, remembered = match(v, '^(%d+) (%d+) (%d+)$')
+    if n and tonumber(remembered) > now then
+      offences = tonumber(n) + 1
+    end
+  end
+  local d = min(p[1], p[3])
+  for _ = 2, offences do
+    d = min(floor(d * p[2] / 1000), p[3])
+    if d == p[3] then
+      break
+    end
+  end
+  local kept = max(d, p[4])
+  redis_call('SET', pk, int(now + d) .. ' ' .. int(offences) .. ' ' .. int(now + kept), 'PX', int(kept))
+  return d
+end
+
 -- Decides one request against `limits`, whose keys start at KEYS[key],
--- writing its verdicts into `reply` from reply[out].
+-- writing its verdicts into `reply` from reply[out]. A limit whose
+-- penalty runs refuses to its end before its count is read; a limit with
+-- a penalty that refuses on its own count starts one.
 local function decide_one(KEYS, key, limits, now, cost, reply, out)
   local n = #limits
-  -- One limit, the common case: no bookkeeping across limits.
-  if n == 1 then
+  -- One limit without a penalty, the common case: no bookkeeping across
+  -- limits.
+  if n == 1 and not limits[1][9] then
     local l, k = limits[1], KEYS[key]
     local limit, window, burst = l[3], l[4], l[5]
     local units = cost
@@ -129,17 +187,26 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
   end
 
   local read_a, read_b, read_c, allowed = {}, {}, {}, true
+  local serving = nil
   for i = 1, n do
     local l, o = limits[i], out + (i - 1) * 4
     local units = cost
     if l[7] then
       units = 1
     end
-    local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, units, l[5])
-    read_a[i], read_b[i], read_c[i] = a, b, c
-    reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = ok, remaining, reset, retry
-    if ok == 0 then
+    local wait = l[9] and penalized(KEYS[key + i - 1], now)
+    if wait then
+      serving = serving or {}
+      serving[i] = true
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 0, 0, wait, wait
       allowed = false
+    else
+      local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, units, l[5])
+      read_a[i], read_b[i], read_c[i] = a, b, c
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = ok, remaining, reset, retry
+      if ok == 0 then
+        allowed = false
+      end
     end
   end
 
@@ -155,10 +222,14 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
     return
   end
   -- Refused: nothing was taken, so a limit that would have allowed reports
-  -- what it holds (as a settlement does), not what it would have held.
+  -- what it holds (as a settlement does), not what it would have held; a
+  -- limit with a penalty that refused on its own count starts one.
   for i = 1, n do
     local l, o = limits[i], out + (i - 1) * 4
-    if reply[o] == 1 then
+    if reply[o] == 0 and l[9] and not (serving and serving[i]) then
+      local serves = offend(KEYS[key + i - 1], l[9], now)
+      reply[o + 1], reply[o + 2], reply[o + 3] = 0, serves, serves
+    elseif reply[o] == 1 then
       local _, remaining, reset = l[1](KEYS[key + i - 1], l[3], l[4], now, 0, l[5])
       reply[o + 1], reply[o + 2] = max(remaining, 0), reset
     end

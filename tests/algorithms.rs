@@ -11,6 +11,7 @@ use std::time::Duration;
 use floodgate::client::ClientId;
 use floodgate::limit::algorithms::State;
 use floodgate::limit::memory::MemoryStore;
+use floodgate::limit::penalty::Penalty;
 use floodgate::limit::redis::RedisStore;
 use floodgate::limit::{Algorithm, Charge, Decision, Limit, Settlement};
 use proptest::prelude::*;
@@ -90,14 +91,24 @@ fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
         1u64..=12,
         prop::sample::select(vec![1u64, 7, 250, 1_000, 3_000, 10_000]),
         1u64..=24,
+        prop::option::weighted(
+            0.3,
+            (1u64..=5_000, 1_000u64..=3_000, 1u64..=20_000, 0u64..=30_000),
+        ),
     )
-        .prop_map(move |(limit, window, burst)| {
-            let l = Limit::new(algorithm, limit, window);
+        .prop_map(move |(limit, window, burst, penalty)| {
+            let mut l = Limit::new(algorithm, limit, window);
             if algorithm.has_burst() {
-                l.with_burst(burst)
-            } else {
-                l
+                l = l.with_burst(burst);
             }
+            // Now and then a penalty, growing or not, forgotten soon or late.
+            l.penalty = penalty.map(|(duration_ms, factor_permille, extra, forget_ms)| Penalty {
+                duration_ms,
+                factor_permille,
+                max_ms: duration_ms + extra,
+                forget_ms,
+            });
+            l
         })
 }
 

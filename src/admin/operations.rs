@@ -1,5 +1,6 @@
 //! Operators on one client's counts: `POST /clients/standing` reads them,
-//! `/clients/reset`, `/clients/credit` and `/clients/debit` change them.
+//! `/clients/reset`, `/clients/lift` (a penalty), `/clients/credit` and
+//! `/clients/debit` change them.
 //! The client is named as it presents itself (the headers it sends, the
 //! address it comes from); floodgate identifies it on the route as it
 //! would its requests.
@@ -57,7 +58,11 @@ struct ClientAsked {
 pub(super) fn is_operation(path: &str) -> bool {
     matches!(
         path,
-        "/clients/standing" | "/clients/reset" | "/clients/credit" | "/clients/debit"
+        "/clients/standing"
+            | "/clients/reset"
+            | "/clients/lift"
+            | "/clients/credit"
+            | "/clients/debit"
     )
 }
 
@@ -338,6 +343,8 @@ fn operation_of(path: &str, asked: &Asked) -> Result<Operation, Box<Response<Ful
     let adjustment = match (path, asked.units) {
         ("/clients/standing", _) => None,
         ("/clients/reset", None) => Some(Adjustment::Reset),
+        ("/clients/lift", None) => Some(Adjustment::Lift),
+        ("/clients/lift", Some(_)) => return Err(bad("a lift takes no units")),
         ("/clients/credit", Some(units)) if units > 0 => Some(Adjustment::Credit(units)),
         ("/clients/debit", Some(units)) if units > 0 => Some(Adjustment::Debit(units)),
         ("/clients/reset", Some(_)) => return Err(bad("a reset takes no units")),

@@ -37,6 +37,22 @@ pub(super) struct LimitModel {
     /// The answers it counts (`count_when = { status = [401, 403] }`);
     /// the others are given back.
     pub(super) count_when: Option<Spanned<CountWhenModel>>,
+    /// A client it refuses stays refused (`penalty = { duration = "15m" }`).
+    penalty: Option<Spanned<PenaltyModel>>,
+}
+
+/// `penalty = { duration = "15m", factor = 2, max = "4h", forget = "1d" }`:
+/// only `duration` is required; `factor` (default 1: the same each time)
+/// lengthens each offence in a row, up to `max` (default: `duration` ×
+/// 64, at most 30 days), and offences are forgotten `forget` after the
+/// last (default: the longest penalty).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PenaltyModel {
+    duration: Spanned<String>,
+    factor: Option<Spanned<f64>>,
+    max: Option<Spanned<String>>,
+    forget: Option<Spanned<String>>,
 }
 
 /// `count_when = { status = [401, "5xx", "500-504"], header = "X-Login-Failed" }`:
@@ -141,6 +157,9 @@ impl Validator<'_> {
             limit = limit.counting_requests();
         }
         limit.lease = lease?;
+        if let Some(p) = &m.penalty {
+            limit.penalty = Some(self.penalty(p, limit.lease.is_some())?);
+        }
         self.cost_fits(item, &limit, cost)?;
         self.counts_exactly(item, &limit)?;
         Some(limit)
@@ -301,6 +320,69 @@ impl Validator<'_> {
             ok = false;
         }
         ok.then_some(crate::routes::CountWhen { statuses, header })
+    }
+
+    /// A limit's penalty terms: durations of at most 30 days, a factor
+    /// from 1 to 100; not with a lease (a slice refuses without the store,
+    /// where the penalty is kept).
+    fn penalty(
+        &mut self,
+        model: &Spanned<PenaltyModel>,
+        leased: bool,
+    ) -> Option<crate::limit::penalty::Penalty> {
+        const MOST_MS: u64 = 30 * 86_400_000;
+        let m = model.get_ref();
+        if leased {
+            self.problem(
+                model.span(),
+                "a penalty cannot be leased: a slice refuses on its own, and the penalty is kept in the store; drop the lease or the penalty",
+            );
+            return None;
+        }
+        let within = |v: &mut Self, d: &Spanned<String>, key: &str| {
+            let ms = u64::try_from(v.duration(d, key)?.as_millis()).unwrap_or(u64::MAX);
+            if ms > MOST_MS || ms == 0 {
+                v.problem(d.span(), format!("{key} must be from 1ms to 30 days"));
+                return None;
+            }
+            Some(ms)
+        };
+        let duration = within(self, &m.duration, "duration");
+        let factor = match &m.factor {
+            None => Some(1_000),
+            Some(f) if (1.0..=100.0).contains(f.get_ref()) => {
+                Some((f.get_ref() * 1000.0).round() as u64)
+            }
+            Some(f) => {
+                self.problem(
+                    f.span(),
+                    "factor must be from 1 (the same penalty each time) to 100",
+                );
+                None
+            }
+        };
+        let max = match &m.max {
+            None => duration.map(|d| d.saturating_mul(64).min(MOST_MS)),
+            Some(d) => within(self, d, "max"),
+        };
+        let forget = match &m.forget {
+            None => max,
+            Some(d) => within(self, d, "forget"),
+        };
+        let (duration, factor, max, forget) = (duration?, factor?, max?, forget?);
+        if max < duration {
+            self.problem(
+                m.max.as_ref().map_or(model.span(), Spanned::span),
+                "max is shorter than duration; raise it",
+            );
+            return None;
+        }
+        Some(crate::limit::penalty::Penalty {
+            duration_ms: duration,
+            factor_permille: factor,
+            max_ms: max,
+            forget_ms: forget,
+        })
     }
 
     /// A limit's lease terms.

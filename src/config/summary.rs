@@ -124,6 +124,10 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 .map_or(String::new(), |c| {
                     format!(", counting answers with {}", c.describe())
                 });
+            let answers = match &limit.penalty {
+                Some(p) => format!("{answers}, penalty {}", p.describe()),
+                None => answers,
+            };
             format!(
                 "{budget}{number} per {per} {} {whose}{leased}{answers}",
                 limit.algorithm.name()

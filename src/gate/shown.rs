@@ -109,8 +109,9 @@ fn names_json<'a>(out: &mut String, names: impl Iterator<Item = &'a str>) {
 }
 
 /// A limit's object opened with what names it: `{"policy":…,"key":…,
-/// "budget":…,"count_when":…` (its policy name, whose count it is, its
-/// budget, the answers it counts or `null` for every request), for
+/// "budget":…,"count_when":…,"penalty":…` (its policy name, whose count
+/// it is, its budget, the answers it counts or `null` for every request,
+/// its penalty or `null`), for
 /// `/status.json`, the readout and the operators' answers alike.
 pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, name: &str) {
     out.push_str("{\"policy\":");
@@ -126,6 +127,11 @@ pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, n
     out.push_str(",\"count_when\":");
     match policy.terms.get(j).and_then(|t| t.count_when.as_ref()) {
         Some(c) => json_string(out, &c.describe()),
+        None => out.push_str("null"),
+    }
+    out.push_str(",\"penalty\":");
+    match policy.limits.get(j).and_then(|l| l.penalty.as_ref()) {
+        Some(p) => json_string(out, &p.describe()),
         None => out.push_str("null"),
     }
 }

@@ -78,11 +78,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         charge: Charge<'_>,
     ) -> impl Future<Output = Result<Vec<crate::limit::Standing>, StoreError>> + Send;
 
-    /// Forgets `charge`'s counts (only limit `which`, when given).
+    /// Forgets `charge`'s counts and penalties, or its penalties alone
+    /// (only limit `which`, when given).
     fn reset(
         &self,
         charge: &Charge<'_>,
         which: Option<usize>,
+        what: crate::limit::Forget,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Every client's fixed window of limit `index` of `scope` at `now`.

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::algorithms::State;
+use super::penalty::{Sentence, refused_for};
 use super::shards::{Shards, Slot};
 use super::{Charge, Decision, Limit, Verdict};
 use crate::metrics::TableMetrics;
@@ -40,6 +41,8 @@ struct Entry {
     /// (another algorithm or window) start the client afresh.
     limits: Box<[Limit]>,
     states: Box<[State]>,
+    /// Each limit's penalty, if it has one running or offences remembered.
+    sentences: Box<[Sentence]>,
     expires_at: u64,
 }
 
@@ -227,7 +230,9 @@ impl Held<'_> {
             if !limit.counts_requests || settle.refused {
                 settle_state(&mut e.states[0], limit, now, settle, charge.cost);
             }
-            e.expires_at = e.states[0].expires_at(limit);
+            e.expires_at = e.states[0]
+                .expires_at(limit)
+                .max(e.sentences[0].remembered_until);
             let verdict = Verdict {
                 allowed: true,
                 retry_after_ms: 0,
@@ -241,20 +246,20 @@ impl Held<'_> {
     /// consumed from all if all allow.
     fn check_and_consume(&mut self, charge: &Charge<'_>, now: u64) -> Decision {
         let keys = charge.keys;
-        let verdicts: Vec<Verdict> = (0..keys.len())
+        let mut verdicts: Vec<Verdict> = (0..keys.len())
             .map(|i| {
                 let limit = &charge.limits[i];
-                self.entry(i, &keys[i], limit).states[0].check(
-                    limit,
-                    now,
-                    limit.cost_of(charge.cost),
-                )
+                self.entry(i, &keys[i], limit)
+                    .judge(0, limit, now, limit.cost_of(charge.cost))
             })
             .collect();
         let kinds = charge.limits.iter().map(|l| l.counts_requests);
         let decision = Decision::combine_kinds(kinds.clone().zip(verdicts.iter().copied()));
         if !decision.allowed {
-            let mut verdicts = verdicts;
+            for (i, v) in verdicts.iter_mut().enumerate() {
+                let limit = &charge.limits[i];
+                self.entry(i, &keys[i], limit).offended(0, limit, now, v);
+            }
             untaken(&mut verdicts, |i| {
                 let limit = &charge.limits[i];
                 self.entry(i, &keys[i], limit).states[0].check(limit, now, 0)
@@ -264,7 +269,9 @@ impl Held<'_> {
         for (i, limit) in charge.limits.iter().enumerate() {
             let e = self.entry(i, &keys[i], limit);
             e.states[0].consume(limit, now, limit.cost_of(charge.cost));
-            e.expires_at = e.states[0].expires_at(limit);
+            e.expires_at = e.states[0]
+                .expires_at(limit)
+                .max(e.sentences[0].remembered_until);
         }
         decision
     }
@@ -322,8 +329,33 @@ impl Entry {
         Self {
             limits: limits.into(),
             states: limits.iter().map(|l| State::new(l.algorithm)).collect(),
+            sentences: vec![Sentence::default(); limits.len()].into(),
             expires_at: 0,
         }
+    }
+
+    /// Limit `i`'s verdict on `cost` units at `now`: refused to its end
+    /// while its penalty runs, else as its count says.
+    fn judge(&mut self, i: usize, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        match (limit.penalty, self.sentences[i].running(now)) {
+            (Some(_), Some(wait)) => refused_for(wait),
+            _ => self.states[i].check(limit, now, cost),
+        }
+    }
+
+    /// A refused request's offence against limit `i`, when the limit
+    /// itself refused it (`verdict`) and has a penalty: its penalty starts,
+    /// told in the verdict.
+    fn offended(&mut self, i: usize, limit: &Limit, now: u64, verdict: &mut Verdict) {
+        let Some(penalty) = &limit.penalty else {
+            return;
+        };
+        if verdict.allowed || self.sentences[i].running(now).is_some() {
+            return;
+        }
+        let serves = self.sentences[i].offend(penalty, now);
+        *verdict = refused_for(serves);
+        self.expires_at = self.expires_at.max(self.sentences[i].remembered_until);
     }
 
     /// Decides (or settles) `charge` at `now` against this entry's states.
@@ -351,15 +383,12 @@ impl Entry {
         decision
     }
 
-    /// When this entry stops mattering: when the last of its states does.
+    /// When this entry stops mattering: when the last of its states (and
+    /// remembered offences) does.
     fn refresh_expiry(&mut self, limits: &[Limit]) {
-        self.expires_at = self
-            .states
-            .iter()
-            .zip(limits)
-            .map(|(s, l)| s.expires_at(l))
-            .max()
-            .unwrap_or(0);
+        let states = self.states.iter().zip(limits).map(|(s, l)| s.expires_at(l));
+        let sentences = self.sentences.iter().map(|s| s.remembered_until);
+        self.expires_at = states.chain(sentences).max().unwrap_or(0);
     }
 
     /// Decides `charge` at `now`: every limit checked, then consumed from
@@ -373,15 +402,15 @@ impl Entry {
             more.resize(charge.limits.len(), Verdict::default());
             &mut more
         };
-        for (v, (state, limit)) in verdicts
-            .iter_mut()
-            .zip(self.states.iter_mut().zip(charge.limits))
-        {
-            *v = state.check(limit, now, limit.cost_of(charge.cost));
+        for (i, (v, limit)) in verdicts.iter_mut().zip(charge.limits).enumerate() {
+            *v = self.judge(i, limit, now, limit.cost_of(charge.cost));
         }
         let kinds = charge.limits.iter().map(|l| l.counts_requests);
         let decision = Decision::combine_kinds(kinds.clone().zip(verdicts.iter().copied()));
         if !decision.allowed {
+            for (i, (v, limit)) in verdicts.iter_mut().zip(charge.limits).enumerate() {
+                self.offended(i, limit, now, v);
+            }
             let states = &mut self.states;
             untaken(verdicts, |i| states[i].check(&charge.limits[i], now, 0));
             return Decision::combine_kinds(kinds.zip(verdicts.iter().copied()));

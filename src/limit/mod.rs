@@ -13,6 +13,7 @@ pub mod deny_cache;
 pub mod leases;
 mod limiter;
 pub mod memory;
+pub mod penalty;
 pub mod redis;
 pub mod settings;
 mod shards;
@@ -91,6 +92,9 @@ pub struct Limit {
     /// Decided from slices of the store's budget taken ahead, on a shared
     /// store (`lease = { … }`; see [`leases`]).
     pub lease: Option<leases::Terms>,
+    /// A client it refuses stays refused this long (`penalty = { … }`;
+    /// see [`penalty`]).
+    pub penalty: Option<penalty::Penalty>,
 }
 
 impl Limit {
@@ -104,6 +108,7 @@ impl Limit {
             counts_requests: false,
             bounds: None,
             lease: None,
+            penalty: None,
         }
     }
 
@@ -348,13 +353,25 @@ pub struct Kept {
 /// What an operator does to one client's counts (on the admin listener).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adjustment {
-    /// Forget the counts: the limit is whole again.
+    /// Forget the counts (and a penalty): the limit is whole again.
     Reset,
+    /// End a penalty (`penalty = { … }`) and forget the offences; the
+    /// counts stay.
+    Lift,
     /// Give back this many units in the current window (where a limit
     /// counts: a fixed or sliding window's count, a bucket's tokens).
     Credit(u64),
     /// Take this many units now, even past the limit.
     Debit(u64),
+}
+
+/// What a reset forgets of a client's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forget {
+    /// Its count and its penalty.
+    All,
+    /// Its penalty alone.
+    Penalty,
 }
 
 /// What one request asks of a store: `cost` units from every limit of a

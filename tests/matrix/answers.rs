@@ -8,11 +8,11 @@ use crate::support::TestClient;
 use crate::support::config::Route;
 
 /// Each user's logins the upstream answered, failed and not.
-type Seen = Arc<Mutex<HashMap<String, (u64, u64)>>>;
+pub(super) type Seen = Arc<Mutex<HashMap<String, (u64, u64)>>>;
 
 /// A login upstream: 200 for `X-Password: right`, else 401; notes each
 /// user's answers.
-async fn login_upstream() -> (String, Seen) {
+pub(super) async fn login_upstream() -> (String, Seen) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -7,6 +7,7 @@ mod calendar;
 mod front;
 mod keys;
 mod operators;
+mod penalties;
 mod usage;
 
 use std::future::Future;
@@ -111,6 +112,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "front proxies: decisions and settlements" => front::a_front_proxys_reservation_is_settled_by_name,
     "Envoy: descriptors all or nothing" => front::envoys_descriptors_are_decided_all_or_nothing,
     "count_when: only the answers named count" => answers::only_the_answers_named_are_counted,
+    "penalty: outlasts the window, doubles, lifted" => penalties::a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender,
 };
 
 /// Runs every scenario on `bed` (or those `FLOODGATE_SCENARIO` names), all at once (each under keys of its own,

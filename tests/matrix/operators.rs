@@ -69,12 +69,12 @@ pub async fn a_client_reads_its_standing_for_nothing(bed: &Bed) {
 }
 
 /// The bearer token operators present on the admin listener.
-const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+pub(super) const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
 const ALICE: &str = r#""route": "chat", "client": { "headers": { "x-key": "alice" } }"#;
 
 /// An operator's change on instance `i`: the standing before and after.
-async fn change(gates: &Gates, i: usize, action: &str, body: &str) -> serde_json::Value {
+pub(super) async fn change(gates: &Gates, i: usize, action: &str, body: &str) -> serde_json::Value {
     let bearer = format!("Bearer {TOKEN}");
     let headers = [("authorization", bearer.as_str()), ("x-operator", "dana")];
     let answer = post(

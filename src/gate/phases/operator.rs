@@ -76,8 +76,10 @@ pub async fn operate(
         )));
     };
     let which = limit_named(op, policy)?;
-    if let Some(Adjustment::Credit(_)) = op.adjustment {
-        creditable(policy, which)?;
+    match op.adjustment {
+        Some(Adjustment::Credit(_)) => creditable(policy, which)?,
+        Some(Adjustment::Lift) => penalized(policy, which)?,
+        _ => {}
     }
     let charge = Charge::new(&route.name, client, &policy.limits, &who.keys, 0);
     let standing = || async {
@@ -148,6 +150,22 @@ fn creditable(policy: &Policy, which: Option<usize>) -> Result<(), OperationErro
         )));
     }
     Ok(())
+}
+
+/// Whether a limit of `policy` meant (`which`, or all) has a penalty to
+/// lift.
+fn penalized(policy: &Policy, which: Option<usize>) -> Result<(), OperationError> {
+    let any = policy
+        .limits
+        .iter()
+        .enumerate()
+        .any(|(i, l)| which.is_none_or(|w| w == i) && l.penalty.is_some());
+    if any {
+        return Ok(());
+    }
+    Err(OperationError::Invalid(
+        "no limit meant has a penalty to lift; name a limit with penalty = { … }".to_owned(),
+    ))
 }
 
 /// Every client's window of the fixed-window limit called `limit` (its

@@ -5,7 +5,7 @@
 use super::{Guarded, Limiter, remembered_as};
 use crate::clock::now_ms;
 use crate::limit::backend::StoreNode as _;
-use crate::limit::{Backend, Charge, Limit, StoreError};
+use crate::limit::{Backend, Charge, Forget, Limit, StoreError};
 
 impl Limiter {
     /// What each of `charge`'s limits holds now, consuming nothing: for
@@ -54,7 +54,12 @@ impl Limiter {
         };
         shared.denials.forget(charge.route, &remembered_as(&charge));
         let (reserved, used, grant) = match adjustment {
-            crate::limit::Adjustment::Reset => return shared.store.reset(&charge, which).await,
+            crate::limit::Adjustment::Reset => {
+                return shared.store.reset(&charge, which, Forget::All).await;
+            }
+            crate::limit::Adjustment::Lift => {
+                return shared.store.reset(&charge, which, Forget::Penalty).await;
+            }
             crate::limit::Adjustment::Credit(units) => (units, 0, true),
             crate::limit::Adjustment::Debit(units) => (0, units, false),
         };

@@ -135,7 +135,12 @@ impl Backend for Fake {
         self.answer().await.map(|_| Vec::new())
     }
 
-    async fn reset(&self, _: &Charge<'_>, _: Option<usize>) -> Result<(), StoreError> {
+    async fn reset(
+        &self,
+        _: &Charge<'_>,
+        _: Option<usize>,
+        _: crate::limit::Forget,
+    ) -> Result<(), StoreError> {
         self.answer().await.map(|_| ())
     }
 

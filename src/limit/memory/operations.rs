@@ -5,6 +5,7 @@
 
 use super::{Entry, MemoryStore, same_states};
 use crate::limit::algorithms::State;
+use crate::limit::penalty::Sentence;
 use crate::limit::shards::Slot;
 use crate::limit::{Charge, Limit, Standing};
 
@@ -123,8 +124,12 @@ impl MemoryStore {
         adjustment: crate::limit::Adjustment,
         now: u64,
     ) {
-        let apply = |state: &mut State, limit: &Limit| match adjustment {
-            crate::limit::Adjustment::Reset => *state = State::new(limit.algorithm),
+        let apply = |state: &mut State, sentence: &mut Sentence, limit: &Limit| match adjustment {
+            crate::limit::Adjustment::Reset => {
+                *state = State::new(limit.algorithm);
+                *sentence = Sentence::default();
+            }
+            crate::limit::Adjustment::Lift => *sentence = Sentence::default(),
             crate::limit::Adjustment::Credit(units) => state.grant(limit, now, units),
             crate::limit::Adjustment::Debit(units) => state.settle(limit, now, now, 0, units),
         };
@@ -144,8 +149,10 @@ impl MemoryStore {
                 }
                 let entry = &mut slot.value;
                 entry.adopt(one);
-                apply(&mut entry.states[0], limit);
-                entry.expires_at = entry.states[0].expires_at(limit);
+                apply(&mut entry.states[0], &mut entry.sentences[0], limit);
+                entry.expires_at = entry.states[0]
+                    .expires_at(limit)
+                    .max(entry.sentences[0].remembered_until);
             }
             return;
         }
@@ -159,9 +166,10 @@ impl MemoryStore {
         }
         let entry = &mut slot.value;
         entry.adopt(charge.limits);
-        for (i, (state, limit)) in entry.states.iter_mut().zip(charge.limits).enumerate() {
+        let held = entry.states.iter_mut().zip(entry.sentences.iter_mut());
+        for (i, ((state, sentence), limit)) in held.zip(charge.limits).enumerate() {
             if chosen(i) {
-                apply(state, limit);
+                apply(state, sentence, limit);
             }
         }
         entry.refresh_expiry(charge.limits);

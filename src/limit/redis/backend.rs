@@ -69,8 +69,9 @@ impl Backend for RedisStore {
         &self,
         charge: &Charge<'_>,
         which: Option<usize>,
+        what: crate::limit::Forget,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        RedisStore::reset(self, charge, which)
+        RedisStore::reset(self, charge, which, what)
     }
 
     fn kept(

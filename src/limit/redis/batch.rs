@@ -187,7 +187,9 @@ pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError
 
 /// A route's limits as the Lua code reads them: `<algorithm> <limit>
 /// <window_ms> <burst> <per request>` for each (the last 1 when the limit
-/// counts each request as one unit, else 0), separated by spaces; a window
+/// counts each request as one unit, else 0, followed by
+/// `p<duration>,<factor per mille>,<max>,<forget>` for a limit with a
+/// penalty), separated by spaces; a window
 /// by the calendar is its four boundaries, `<b0>,<b1>,<b2>,<b3>`, in place
 /// of `<window_ms>`. A route sends the same text with every decision (a
 /// calendar route, the same within a window), so Redis parses it once.
@@ -222,6 +224,13 @@ impl ToRedisArgs for Spec<'_> {
             let _ = spec.write_all(b" ");
             let _ = spec.write_all(digits.format(limit.burst).as_bytes());
             let _ = spec.write_all(if limit.counts_requests { b" 1" } else { b" 0" });
+            if let Some(p) = &limit.penalty {
+                let parts = [p.duration_ms, p.factor_permille, p.max_ms, p.forget_ms];
+                for (i, n) in parts.into_iter().enumerate() {
+                    let _ = spec.write_all(if i == 0 { b"p" } else { b"," });
+                    let _ = spec.write_all(digits.format(n).as_bytes());
+                }
+            }
         }
     }
 }

@@ -62,9 +62,9 @@ pub(super) struct Key<'a> {
     pub(super) limit: &'a Limit,
 }
 
-impl ToRedisArgs for Key<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut key = out.writer_for_next_arg();
+impl Key<'_> {
+    /// Writes the key into `key`.
+    fn write(&self, key: &mut impl std::io::Write) {
         let mut digits = itoa::Buffer::new();
         // Writing into the command's buffer cannot fail.
         let _ = key.write_all(self.tag.as_bytes());
@@ -74,6 +74,24 @@ impl ToRedisArgs for Key<'_> {
         let _ = key.write_all(self.limit.algorithm.name().as_bytes());
         let _ = key.write_all(b":");
         let _ = key.write_all(digits.format(self.limit.window_ms).as_bytes());
+    }
+}
+
+impl ToRedisArgs for Key<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        self.write(&mut out.writer_for_next_arg());
+    }
+}
+
+/// The key of a limit's penalty: its count's key and `:p`, in the same
+/// slot (see `penalized` in `lua/decide.lua`).
+pub(super) struct PenaltyOf<'a>(pub(super) &'a Key<'a>);
+
+impl ToRedisArgs for PenaltyOf<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut key = out.writer_for_next_arg();
+        self.0.write(&mut key);
+        let _ = key.write_all(b":p");
     }
 }
 

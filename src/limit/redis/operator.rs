@@ -6,7 +6,7 @@
 use redis::Cmd;
 
 use super::batch::Ask;
-use super::keys::Key;
+use super::keys::{Key, PenaltyOf};
 use super::replies::standing_from_reply;
 use super::{RedisStore, Target};
 use crate::limit::{Charge, StoreError};
@@ -56,9 +56,15 @@ impl RedisStore {
     }
 
     /// Deletes the keys of `charge`'s limits (only the one at `which`, when
-    /// given) for its client, and publishes their hash tags on the
-    /// channel instances listen to for units given back.
-    pub async fn reset(&self, charge: &Charge<'_>, which: Option<usize>) -> Result<(), StoreError> {
+    /// given) for its client and their penalties, or the penalties alone,
+    /// and publishes their hash tags on the channel instances listen to
+    /// for units given back (a remembered denial ends with them).
+    pub async fn reset(
+        &self,
+        charge: &Charge<'_>,
+        which: Option<usize>,
+        what: crate::limit::Forget,
+    ) -> Result<(), StoreError> {
         let channel = format!("{}:given-back", self.key_prefix);
         for (i, limit) in charge.limits.iter().enumerate() {
             if which.is_some_and(|w| w != i) {
@@ -76,8 +82,11 @@ impl RedisStore {
                 limit,
             };
             let mut pipe = redis::pipe();
+            if what == crate::limit::Forget::All {
+                pipe.cmd("DEL").arg(&key).ignore();
+            }
             pipe.cmd("DEL")
-                .arg(key)
+                .arg(PenaltyOf(&key))
                 .ignore()
                 .cmd("PUBLISH")
                 .arg(&channel)

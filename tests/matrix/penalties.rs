@@ -1,0 +1,96 @@
+//! Penalties that outlast a limit's window.
+
+use std::time::{Duration, Instant};
+
+use super::answers::login_upstream;
+use super::operators::{TOKEN, change};
+use super::{Bed, Gates};
+use crate::support::config::Route;
+use crate::support::{Answer, TestClient, temp_dir};
+
+/// A login of `user` with `password` through instance `i`.
+async fn login(gates: &Gates, i: usize, user: &str, password: &str) -> Answer {
+    TestClient::http1()
+        .get(
+            &gates.url(i, "/login"),
+            &[("x-user", user), ("x-password", password)],
+        )
+        .await
+}
+
+/// `Retry-After` in seconds.
+fn retry_after(answer: &Answer) -> u64 {
+    answer
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 5 failed logins per 2 s per user, counting only the answers 401, with
+/// a penalty of 10 s, doubling for a repeat offender: mal's sixth guess
+/// starts the penalty (`Retry-After: 10`), on both instances; 2.5 s on,
+/// his failures have left the window but he is still refused, the right
+/// password too; once the penalty is over he logs in. Five more failures
+/// and the sixth starts a penalty of 20 s; an operator lifts it on one
+/// instance, and the other admits him at once. The upstream saw exactly
+/// his ten failures and two logins.
+pub async fn a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender(bed: &Bed) {
+    let (upstream, seen) = login_upstream().await;
+    let dir = temp_dir("matrix-penalties");
+    std::fs::write(dir.join("admin-token"), format!("{TOKEN}\n")).expect("write the token");
+    let route = Route::new("login")
+        .upstream(&upstream)
+        .client(r#"from = "header", name = "X-User", missing = "reject""#)
+        .limits(r#"{ algorithm = "sliding_log", limit = 5, window = "2s", count_when = { status = [401] }, penalty = { duration = "10s", factor = 2, forget = "1m" } }"#);
+    let toml = bed
+        .config("matrix-penalties")
+        .admin()
+        .server(&format!(
+            r#"admin_token_file = "{}""#,
+            dir.join("admin-token").display()
+        ))
+        .route(route)
+        .toml();
+    let gates = bed.instances(&toml).await;
+    let offend = async || {
+        for i in 0..5 {
+            assert_eq!(
+                login(&gates, i, "mal", "guess").await.status,
+                401,
+                "guess {i}"
+            );
+        }
+        let sixth = login(&gates, 5, "mal", "guess").await;
+        let at = Instant::now();
+        assert_eq!(sixth.status, 429);
+        (retry_after(&sixth), at)
+    };
+    let (penalty, started) = offend().await;
+    assert_eq!(penalty, 10, "the first penalty");
+    let other = login(&gates, 6, "mal", "right").await;
+    assert_eq!(other.status, 429, "the other instance knows the penalty");
+    assert!((1..=10).contains(&retry_after(&other)));
+    tokio::time::sleep(Duration::from_millis(2_500).saturating_sub(started.elapsed())).await;
+    let later = login(&gates, 7, "mal", "right").await;
+    assert_eq!(later.status, 429, "the window passed; the penalty did not");
+    let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    assert!(retry_after(&later) >= 10_000u64.saturating_sub(waited).div_ceil(1000));
+    tokio::time::sleep(Duration::from_millis(10_200).saturating_sub(started.elapsed())).await;
+    assert_eq!(login(&gates, 8, "mal", "right").await.status, 200, "served");
+    let (penalty, started) = offend().await;
+    assert_eq!(penalty, 20, "a repeat offender's penalty doubles");
+    // The lift is tried once his failures have left the window, so that
+    // the limit itself would admit him.
+    tokio::time::sleep(Duration::from_millis(2_200).saturating_sub(started.elapsed())).await;
+    assert_eq!(login(&gates, 1, "mal", "right").await.status, 429);
+    let lift = r#"{ "route": "login", "client": { "headers": { "x-user": "mal" } }, "reason": "a locked-out user called" }"#;
+    change(&gates, 0, "lift", lift).await;
+    assert_eq!(
+        login(&gates, 1, "mal", "right").await.status,
+        200,
+        "lifted on one instance, admitted on the other"
+    );
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(seen.get("mal"), Some(&(2, 10)));
+    let _ = std::fs::remove_dir_all(dir);
+}
