@@ -1,6 +1,7 @@
 //! `floodgate --check`: every shipped config passes, every invalid fixture is
 //! refused with its file, line and column.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -131,78 +132,328 @@ fn one_check_run_lists_every_mistake_once() {
     assert_eq!(positions.len(), expected);
 }
 
-/// Every key the manual's tables document (the first column of each
-/// `| key | default | meaning |` table in `docs/`) appears in
-/// `config/example.toml`, set or in a comment, as `key =` or as a
-/// `[….key]` table: the example shows every key, as the manual says.
-#[test]
-fn the_example_file_shows_every_documented_key() {
+// === The reference, held to the model ===
+
+/// The configuration model: every `#[serde(deny_unknown_fields)]` struct
+/// of `src/config.rs` and `src/config/`, by name, with the keys it
+/// accepts (a field's name, or its `#[serde(rename = "…")]`).
+/// `envoy_ratelimit.rs` is left out: it models envoyproxy/ratelimit's
+/// YAML, which `--from-envoy-ratelimit` reads, not floodgate's file.
+fn model() -> BTreeMap<String, Vec<String>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let manual = docs_text(&root.join("docs"));
-    let example = std::fs::read_to_string(root.join("config/example.toml")).expect("example");
-    let mut documented = Vec::new();
-    let mut in_table = false;
-    for line in manual.lines() {
-        if line.starts_with("| key | default | meaning |") {
-            in_table = true;
-            continue;
-        }
-        if !line.starts_with('|') {
-            in_table = false;
-        }
-        if !in_table || line.starts_with("|---") {
-            continue;
-        }
-        let first = line.split('|').nth(1).unwrap_or("");
-        for key in first.split('`').skip(1).step_by(2) {
-            if key
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    let mut files = vec![root.join("src/config.rs")];
+    let mut dirs = vec![root.join("src/config")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src/config") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !path.ends_with("envoy_ratelimit.rs")
             {
-                documented.push(key.to_owned());
+                files.push(path);
             }
         }
     }
+    let mut models = BTreeMap::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        models.extend(models_in(&text));
+    }
+    models
+}
+
+/// The `deny_unknown_fields` structs of one source file and their keys.
+fn models_in(text: &str) -> Vec<(String, Vec<String>)> {
+    let structure = regex::Regex::new(r"^\s*(pub(\([^)]*\))?\s+)?struct\s+(\w+)").expect("regex");
+    let field = regex::Regex::new(r"^\s*(pub(\([^)]*\))?\s+)?(\w+)\s*:").expect("regex");
+    let rename = regex::Regex::new(r#"rename\s*=\s*"([^"]+)""#).expect("regex");
+    let mut models = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if !line.contains("deny_unknown_fields") {
+            continue;
+        }
+        let Some(name) = lines.by_ref().find_map(|l| structure.captures(l)) else {
+            break;
+        };
+        let mut keys = Vec::new();
+        let mut renamed = None;
+        for line in lines.by_ref() {
+            if line.starts_with('}') {
+                break;
+            }
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("#[") {
+                if let Some(r) = rename.captures(trimmed) {
+                    renamed = Some(r[1].to_owned());
+                }
+            } else if !trimmed.starts_with("//")
+                && let Some(f) = field.captures(line)
+            {
+                keys.push(renamed.take().unwrap_or_else(|| f[3].to_owned()));
+            }
+        }
+        models.push((name[3].to_owned(), keys));
+    }
+    models
+}
+
+/// One table of `docs/reference.md`: the model it documents (its
+/// `<!-- model: NAME -->` line) and each row's key and reload column.
+struct ReferenceTable {
+    model: String,
+    rows: Vec<(String, String)>,
+}
+
+fn reference() -> Vec<ReferenceTable> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("docs/reference.md")).expect("reference");
+    let mut tables: Vec<ReferenceTable> = Vec::new();
+    for line in text.lines() {
+        if let Some(model) = line
+            .strip_prefix("<!-- model: ")
+            .and_then(|l| l.strip_suffix(" -->"))
+        {
+            tables.push(ReferenceTable {
+                model: model.to_owned(),
+                rows: Vec::new(),
+            });
+        } else if line.starts_with("| `")
+            && let Some(table) = tables.last_mut()
+        {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let key = cells[1].trim_matches('`').to_owned();
+            table.rows.push((key, cells[4].to_owned()));
+        }
+    }
+    tables
+}
+
+#[test]
+fn the_reference_documents_every_key_the_model_accepts_and_no_other() {
+    let model = model();
+    assert!(model.len() > 20, "the model's structs: {model:?}");
+    let reference = reference();
+    let mut problems = Vec::new();
+    for (name, keys) in &model {
+        let Some(table) = reference.iter().find(|t| &t.model == name) else {
+            problems.push(format!("{name} (keys {keys:?}) has no table"));
+            continue;
+        };
+        for key in keys {
+            if !table.rows.iter().any(|(k, _)| k == key) {
+                problems.push(format!("{name}'s key `{key}` is not documented"));
+            }
+        }
+        for (key, _) in &table.rows {
+            if !keys.contains(key) {
+                problems.push(format!(
+                    "{name}'s table documents `{key}`, which the model lacks"
+                ));
+            }
+        }
+    }
+    for table in &reference {
+        if !model.contains_key(&table.model) {
+            problems.push(format!("a table for {}, which is no model", table.model));
+        }
+    }
     assert!(
-        documented.len() > 80,
-        "the manual's key tables: {documented:?}"
-    );
-    let shown = |key: &str| {
-        example.lines().any(|line| {
-            let line = line.trim_start_matches(['#', ' ']);
-            line.ends_with(&format!(".{key}]"))
-                || line.match_indices(key).any(|(at, _)| {
-                    let before = line[..at].chars().next_back();
-                    let after = line[at + key.len()..].trim_start();
-                    matches!(before, None | Some(' ' | '{' | ',')) && after.starts_with('=')
-                })
-        })
-    };
-    let missing: Vec<&String> = documented.iter().filter(|k| !shown(k)).collect();
-    assert!(
-        missing.is_empty(),
-        "config/example.toml does not show {missing:?}"
+        problems.is_empty(),
+        "docs/reference.md and the model in src/config differ:\n{}",
+        problems.join("\n")
     );
 }
 
-/// Every Markdown page under `dir`, in path order, as one text.
-fn docs_text(dir: &Path) -> String {
-    let mut pages = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read docs") {
-            let path = entry.expect("docs entry").path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                pages.push(path);
+/// Where each model's keys go in a file: `{kv}` stands for one key.
+fn placement(model: &str) -> &'static str {
+    match model {
+        "FileModel" => "{kv}\n",
+        "ServerModel" => "[server]\n{kv}\n",
+        "ListenerTlsModel" => "[server.tls]\n{kv}\n",
+        "StoreModel" => "[store]\n{kv}\n",
+        "AccessLogModel" => "[access_log]\n{kv}\n",
+        "UpstreamModel" => "[upstreams.u]\n{kv}\n",
+        "HealthCheckModel" => "[upstreams.u.health_check]\n{kv}\n",
+        "RouteModel" => "[[routes]]\n{kv}\n",
+        "MatchModel" => "[[routes]]\n[routes.match]\n{kv}\n",
+        "RespondModel" => "[[routes]]\n[routes.respond]\n{kv}\n",
+        "ClientModel" => "[[routes]]\n[routes.client]\n{kv}\n",
+        "LimitModel" => "[[routes]]\n[[routes.limits]]\n{kv}\n",
+        "ClaimLimitModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.limit_from]\n{kv}\n",
+        "LeaseModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.lease]\n{kv}\n",
+        "CountWhenModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.count_when]\n{kv}\n",
+        "OverrideModel" => "[[routes]]\n[[routes.overrides]]\n{kv}\n",
+        "DenyModel" => "[[routes]]\n[routes.deny]\n{kv}\n",
+        "ConcurrencyModel" => "[[routes]]\n[routes.concurrency]\n{kv}\n",
+        "AdaptiveModel" => "[[routes]]\n[routes.concurrency.adaptive]\n{kv}\n",
+        "UsageModel" => "[[routes]]\n[routes.usage]\n{kv}\n",
+        "FailedModel" => "[[routes]]\n[routes.usage.failed]\n{kv}\n",
+        "DescriptorModel" => "[[routes]]\n[routes.descriptor]\n{kv}\n",
+        "BudgetModel" => "[budgets.b]\n{kv}\n",
+        "PlanModel" => "[plans.p]\n{kv}\n",
+        "PlanSelectionModel" => "[plan_selection]\n{kv}\n",
+        other => panic!("no placement for {other}: add one beside its table"),
+    }
+}
+
+/// `--check` of a file holding `key = 0` where `model` reads its keys:
+/// whether it names the key unknown (any other problem is beside the
+/// point: the value is not the key's type, required keys are missing).
+fn refused_as_unknown(dir: &Path, model: &str, key: &str) -> bool {
+    let file = dir.join(format!("{model}-{key}.toml"));
+    let key_text = if key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        key.to_owned()
+    } else {
+        format!("\"{key}\"")
+    };
+    let text = placement(model).replace("{kv}", &format!("{key_text} = 0"));
+    std::fs::write(&file, text).expect("write");
+    let out = check(&file);
+    String::from_utf8_lossy(&out.stderr).contains(&format!("unknown key `{key}`"))
+        || String::from_utf8_lossy(&out.stdout).contains(&format!("unknown key `{key}`"))
+}
+
+#[test]
+fn every_key_the_reference_documents_is_one_the_model_accepts() {
+    let dir = std::env::temp_dir().join(format!("floodgate-reference-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut refused = Vec::new();
+    for table in reference() {
+        // The placement reaches the model's table: a made-up key is refused there.
+        assert!(
+            refused_as_unknown(&dir, &table.model, "not_a_documented_key"),
+            "the placement of {} does not reach its table",
+            table.model
+        );
+        for (key, _) in &table.rows {
+            if refused_as_unknown(&dir, &table.model, key) {
+                refused.push(format!("{}: `{key}`", table.model));
             }
         }
     }
-    pages.sort();
-    pages
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        refused.is_empty(),
+        "docs/reference.md documents keys floodgate --check refuses: {refused:?}"
+    );
+}
+
+/// The reload column says `restart` exactly for what a reload cannot
+/// apply (`Config::differences_needing_restart`: some `[server]` keys,
+/// all of `[store]` and `[access_log]`).
+#[test]
+fn the_reference_says_which_keys_need_a_restart() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::read_to_string(root.join("src/config.rs")).expect("config.rs");
+    let body = source
+        .split("fn differences_needing_restart")
+        .nth(1)
+        .and_then(|rest| rest.split("\n    }\n").next())
+        .expect("differences_needing_restart");
+    let pushed = regex::Regex::new(r#"out\.push\("(\w+)"\)"#).expect("regex");
+    let restart: Vec<&str> = pushed
+        .captures_iter(body)
+        .map(|c| c.get(1).expect("name").as_str())
+        .collect();
+    for table in reference() {
+        for (key, reload) in &table.rows {
+            let needs_restart = match table.model.as_str() {
+                "ServerModel" => restart.contains(&key.as_str()),
+                "StoreModel" | "AccessLogModel" => true,
+                "FileModel" => ["store", "access_log"].contains(&key.as_str()),
+                _ => false,
+            };
+            assert_eq!(
+                reload == "restart",
+                needs_restart,
+                "docs/reference.md: {}'s `{key}` says reload {reload:?}",
+                table.model
+            );
+        }
+    }
+}
+
+// === config/example.toml, held to the reference table by table ===
+
+/// The sections of `config/example.toml` (a `[…]` or `[[…]]` header, set
+/// or commented, starts one) as (header, the keys shown in it: `key =`,
+/// set or commented, at the start of a line or inside an inline table,
+/// and `[….key]` headers).
+fn example_sections() -> Vec<(String, Vec<String>)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example = std::fs::read_to_string(root.join("config/example.toml")).expect("example");
+    let header = regex::Regex::new(r"^\[\[?([^\]]+)\]\]?").expect("regex");
+    let key = regex::Regex::new(r#"(?:^|[{,\s])"?([A-Za-z0-9_.-]+)"?\s*="#).expect("regex");
+    let mut sections: Vec<(String, Vec<String>)> = Vec::new();
+    for line in example.lines() {
+        let line = line.trim_start_matches(['#', ' ']);
+        if let Some(h) = header.captures(line) {
+            let name = h[1].to_owned();
+            // A header's names after the first are keys: `budgets` of
+            // `[plans.pro.budgets.tokens]`, `usage` of `[routes.usage]`.
+            let named: Vec<String> = name.split('.').skip(1).map(str::to_owned).collect();
+            // A sub-table of a route (`[routes.usage]`) belongs to the route.
+            if name.starts_with("routes.") {
+                if let Some(section) = sections.last_mut() {
+                    section.1.extend(named);
+                }
+            } else {
+                sections.push((name, named));
+            }
+            continue;
+        }
+        if let Some(section) = sections.last_mut() {
+            section
+                .1
+                .extend(key.captures_iter(line).map(|c| c[1].to_owned()));
+        }
+    }
+    sections
+}
+
+/// Which sections of the example a model's keys are shown in.
+fn example_section_of(model: &str, section: &str) -> bool {
+    let top = section.split('.').next().unwrap_or(section);
+    match model {
+        "FileModel" => false,
+        "ServerModel" | "ListenerTlsModel" => section == "server",
+        "StoreModel" => section == "store",
+        "AccessLogModel" => section == "access_log",
+        "UpstreamModel" | "HealthCheckModel" => top == "upstreams",
+        "BudgetModel" => top == "budgets" || section.contains(".budgets."),
+        "PlanModel" => top == "plans",
+        "PlanSelectionModel" => section == "plan_selection",
+        _ => section == "routes",
+    }
+}
+
+#[test]
+fn the_example_file_shows_every_key_in_its_table() {
+    let sections = example_sections();
+    let tops: Vec<&str> = sections
         .iter()
-        .map(|p| std::fs::read_to_string(p).expect("read page"))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .map(|(name, _)| name.split('.').next().unwrap_or(name))
+        .collect();
+    let mut missing = Vec::new();
+    for table in reference() {
+        for (key, _) in &table.rows {
+            let shown = if table.model == "FileModel" {
+                tops.contains(&key.as_str())
+            } else {
+                sections
+                    .iter()
+                    .filter(|(name, _)| example_section_of(&table.model, name))
+                    .any(|(_, keys)| keys.contains(key))
+            };
+            if !shown {
+                missing.push(format!("{}: `{key}`", table.model));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "config/example.toml does not show these keys in their tables: {missing:?}"
+    );
 }
