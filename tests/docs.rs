@@ -1,6 +1,7 @@
 //! The manual in `docs/`: every page listed in `SUMMARY.md` and every
 //! listed page there, the code map naming every module of `lib.rs`, the
-//! README a front door into it, and every TOML example accepted by
+//! operations pages naming every metric and every alert, the README a
+//! front door into it, and every TOML example accepted by
 //! `floodgate --check` under the convention `docs/README.md` states.
 
 use std::path::{Path, PathBuf};
@@ -164,6 +165,37 @@ fn the_alerts_page_says_what_to_do_for_every_alert() {
             "docs/operations/alerts.md does not say what to do when {alert} fires"
         );
     }
+}
+
+/// Every `floodgate_…` name in `src/` (a metric family, as registered):
+/// the metrics page names it.
+#[test]
+fn the_metrics_page_names_every_metric_floodgate_registers() {
+    let page = read(&root().join("docs/operations/metrics.md"));
+    let name = regex::Regex::new(r#""(floodgate_[a-z0-9_]+)""#).expect("regex");
+    let mut unnamed = Vec::new();
+    let mut dirs = vec![root().join("src")];
+    let mut seen = 0;
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src") {
+            let path = entry.expect("src entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                for metric in name.captures_iter(&read(&path)) {
+                    seen += 1;
+                    if !page.contains(&metric[1]) {
+                        unnamed.push(format!("{} ({})", &metric[1], path.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen > 20, "metric names found in src/: {seen}");
+    assert!(
+        unnamed.is_empty(),
+        "docs/operations/metrics.md does not name {unnamed:?}"
+    );
 }
 
 // === Every TOML example, through `floodgate --check` ===

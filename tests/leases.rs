@@ -72,7 +72,7 @@ fn per_window(arrivals: &[Arrival], got: &[Got], from: u64, to: u64) -> Vec<Wind
         .collect()
 }
 
-/// The lower bound on what a window admits, as the README states it: the
+/// The lower bound on what a window admits, as docs/leases.md states it: the
 /// limit less what the instances' last slices of the window left unspent
 /// (each at most `share` of what remained, an eighth by default, sized to
 /// a quarter second of its traffic: far less here).
@@ -297,7 +297,7 @@ async fn eight_instances_share_one_global_token_bucket_exactly_with_few_store_ca
     // A bucket emptied by its traffic hands out slices as fast as it
     // refills, and instances waiting for one ask again now and then: a
     // longer interval than the default (larger slices) keeps the calls
-    // near one a slice (see the README).
+    // near one a slice (see docs/leases.md).
     let run = run(
         "lease-bucket",
         r#"{ algorithm = "token_bucket", limit = 10000, window = "10s", key = { from = "global" }, lease = { interval = "500ms" } }"#,
@@ -383,7 +383,7 @@ async fn an_instance_killed_mid_window_never_lets_the_total_past_the_limit() {
     run.report().await;
     let windows = run.windows();
     assert!(windows.len() >= 3, "three whole windows: {windows:?}");
-    // The bound the README states: at most the killed instance's slice,
+    // The bound docs/leases.md states: at most the killed instance's slice,
     // itself at most `share` (an eighth) of what remained when it was
     // taken.
     let bound = LIMIT / 8;

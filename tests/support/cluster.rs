@@ -30,7 +30,7 @@ impl TestCluster {
 
     /// Starts and joins a cluster whose primaries keep serving their own
     /// slots while another primary is down (`cluster-require-full-coverage
-    /// no`, as the README advises), with `node_timeout` as above.
+    /// no`, as docs/deployment.md advises), with `node_timeout` as above.
     pub async fn start_partial(node_timeout: Duration) -> Self {
         Self::start_nodes(node_timeout, false).await
     }

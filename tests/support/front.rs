@@ -1,7 +1,7 @@
 //! Real front proxies asking floodgate's decision listener: nginx with
 //! `auth_request` and Caddy with `forward_auth`, each started as its own
-//! process from the configuration the README documents, in front of a
-//! real upstream. The proxies are Debian's packages (`test.sh` installs
+//! process from the configuration docs/decision-listener.md documents, in
+//! front of a real upstream. The proxies are Debian's packages (`test.sh` installs
 //! them); a raw HTTP/1.1 client that picks its own loopback source address
 //! plays clients at different addresses.
 
@@ -30,7 +30,7 @@ impl FrontProxy {
 
     /// nginx as [`Self::nginx`], and after each answer its reservation
     /// named back to floodgate with the units the upstream reported in
-    /// `X-Units-Used` (`post_action`), as the README shows.
+    /// `X-Units-Used` (`post_action`), as docs/decision-listener.md shows.
     pub async fn nginx_settling(decisions: &[SocketAddr], upstream: SocketAddr) -> Self {
         Self::nginx_with(decisions, upstream, NGINX_SETTLE, NGINX_SETTLE_LOCATION).await
     }
@@ -197,12 +197,12 @@ pub async fn get_from(from: IpAddr, port: u16, target: &str, headers: &[(&str, &
 }
 
 /// nginx in front of an API, asking floodgate about every request (the
-/// README's configuration, with test paths): the decision's `RateLimit`
-/// fields go to the client with every answer, and a refusal is the 429
-/// floodgate decided, with its `Retry-After`. nginx's `auth_request`
-/// passes on only 2xx, 401 and 403 and makes anything else a 500; the
-/// named location tells floodgate's 429 from a failure by the status the
-/// decision had.
+/// configuration of docs/decision-listener.md, with test paths): the
+/// decision's `RateLimit` fields go to the client with every answer, and a
+/// refusal is the 429 floodgate decided, with its `Retry-After`. nginx's
+/// `auth_request` passes on only 2xx, 401 and 403 and makes anything else a
+/// 500; the named location tells floodgate's 429 from a failure by the
+/// status the decision had.
 const NGINX: &str = r#"
 daemon off;
 master_process off;
