@@ -284,6 +284,7 @@ fn placement(model: &str) -> &'static str {
         "ClaimLimitModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.limit_from]\n{kv}\n",
         "LeaseModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.lease]\n{kv}\n",
         "CountWhenModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.count_when]\n{kv}\n",
+        "PenaltyModel" => "[[routes]]\n[[routes.limits]]\n[routes.limits.penalty]\n{kv}\n",
         "OverrideModel" => "[[routes]]\n[[routes.overrides]]\n{kv}\n",
         "DenyModel" => "[[routes]]\n[routes.deny]\n{kv}\n",
         "ConcurrencyModel" => "[[routes]]\n[routes.concurrency]\n{kv}\n",
