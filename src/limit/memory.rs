@@ -22,7 +22,10 @@ use super::shards::{Shards, Slot};
 use super::{Charge, Decision, Limit, Verdict};
 use crate::metrics::TableMetrics;
 
+mod keyed;
 mod operations;
+
+use keyed::Held;
 
 const SHARDS: usize = 64;
 
@@ -182,98 +185,6 @@ impl MemoryStore {
     /// True when no entry is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// The shards (and overflow buckets) a keyed decision holds locked, and
-/// where each of its limits' entries is.
-struct Held<'a> {
-    guards: Vec<std::sync::MutexGuard<'a, super::shards::Map<Entry>>>,
-    overflow: Option<std::sync::MutexGuard<'a, HashMap<Arc<str>, Entry>>>,
-    /// The locked shards' indices, ascending, one per guard.
-    order: Vec<usize>,
-    /// Per limit, whether its entry is its scope's overflow bucket.
-    in_overflow: Vec<bool>,
-    /// Per limit, its entry's shard and hash.
-    places: Vec<(usize, u64)>,
-}
-
-impl Held<'_> {
-    /// The entry of the limit at `i`, counting `key` by `limit`: in its
-    /// shard or in its overflow bucket; made before this is asked.
-    fn entry(&mut self, i: usize, key: &super::CountKey, limit: &Limit) -> &mut Entry {
-        if self.in_overflow[i]
-            && let Some(entry) = self.overflow.as_mut().and_then(|o| o.get_mut(&key.entry))
-        {
-            return entry;
-        }
-        let (shard, hash) = self.places[i];
-        let map = &mut self.guards[self.order.partition_point(|&s| s < shard)];
-        &mut map
-            .entry(hash)
-            .or_insert_with(|| {
-                Slot::new(
-                    &key.entry,
-                    &key.client,
-                    Entry::new(std::slice::from_ref(limit)),
-                )
-            })
-            .value
-    }
-
-    /// Settles `charge`'s reservation (or makes an operator's grant) in
-    /// each limit's entry.
-    fn settle(&mut self, charge: &Charge<'_>, now: u64, settle: super::Settlement) -> Decision {
-        Decision::combine_kinds((0..charge.keys.len()).map(|i| {
-            let limit = &charge.limits[i];
-            let e = self.entry(i, &charge.keys[i], limit);
-            if !limit.counts_requests || settle.refused {
-                settle_state(&mut e.states[0], limit, now, settle, charge.cost);
-            }
-            e.expires_at = e.states[0]
-                .expires_at(limit)
-                .max(e.sentences[0].remembered_until);
-            let verdict = Verdict {
-                allowed: true,
-                retry_after_ms: 0,
-                ..e.states[0].check(limit, now, 0)
-            };
-            (limit.counts_requests, verdict)
-        }))
-    }
-
-    /// Decides `charge` at `now`: every limit's entry checked, then
-    /// consumed from all if all allow.
-    fn check_and_consume(&mut self, charge: &Charge<'_>, now: u64) -> Decision {
-        let keys = charge.keys;
-        let mut verdicts: Vec<Verdict> = (0..keys.len())
-            .map(|i| {
-                let limit = &charge.limits[i];
-                self.entry(i, &keys[i], limit)
-                    .judge(0, limit, now, limit.cost_of(charge.cost))
-            })
-            .collect();
-        let kinds = charge.limits.iter().map(|l| l.counts_requests);
-        let decision = Decision::combine_kinds(kinds.clone().zip(verdicts.iter().copied()));
-        if !decision.allowed {
-            for (i, v) in verdicts.iter_mut().enumerate() {
-                let limit = &charge.limits[i];
-                self.entry(i, &keys[i], limit).offended(0, limit, now, v);
-            }
-            untaken(&mut verdicts, |i| {
-                let limit = &charge.limits[i];
-                self.entry(i, &keys[i], limit).states[0].check(limit, now, 0)
-            });
-            return Decision::combine_kinds(kinds.zip(verdicts));
-        }
-        for (i, limit) in charge.limits.iter().enumerate() {
-            let e = self.entry(i, &keys[i], limit);
-            e.states[0].consume(limit, now, limit.cost_of(charge.cost));
-            e.expires_at = e.states[0]
-                .expires_at(limit)
-                .max(e.sentences[0].remembered_until);
-        }
-        decision
     }
 }
 
