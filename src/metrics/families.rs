@@ -107,6 +107,7 @@ pub(super) struct RequestFamilies {
     pub(super) requests: Family<RouteOutcome, Counter>,
     pub(super) no_route: Counter,
     pub(super) count_when: Family<RouteCounted, Counter>,
+    pub(super) penalized: Family<RouteLabel, Counter>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,10 +136,17 @@ impl RequestFamilies {
             "Answers meeting limits that count by the answer (count_when), one per such limit, by route and whether the limit counted it (yes) or gave the request's units back (no)",
             count_when.clone(),
         );
+        let penalized = Family::default();
+        registry.register(
+            "floodgate_penalty_refusals",
+            "Requests refused by a limit with a penalty, by route: the offence that starts a penalty and every refusal while it runs",
+            penalized.clone(),
+        );
         Self {
             requests,
             no_route,
             count_when,
+            penalized,
         }
     }
 }

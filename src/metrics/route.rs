@@ -88,9 +88,22 @@ impl Metrics {
             .inc_by(answers);
     }
 
+    /// Counts a request route `route` refused by a limit with a penalty:
+    /// a series made on first use, as few routes have one.
+    pub fn penalized(&self, route: &str) {
+        self.penalized
+            .get_or_create(&RouteLabel {
+                route: route.to_owned(),
+            })
+            .inc();
+    }
+
     /// Removes every series labelled with route `name`.
     fn remove_route(&self, name: &str) {
         self.usage.remove(name);
+        self.penalized.remove(&RouteLabel {
+            route: name.to_owned(),
+        });
         for counted in ["yes", "no"] {
             self.count_when.remove(&RouteCounted {
                 route: name.to_owned(),

@@ -79,6 +79,11 @@ impl Gates {
         &self.0[i % self.0.len()]
     }
 
+    /// How many instances there are.
+    pub fn count(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn url(&self, i: usize, path: &str) -> String {
         self.get(i).url(path)
     }

@@ -6,6 +6,7 @@ use super::answers::login_upstream;
 use super::operators::{TOKEN, change};
 use super::{Bed, Gates};
 use crate::support::config::Route;
+use crate::support::load::metric_where;
 use crate::support::{Answer, TestClient, temp_dir};
 
 /// A login of `user` with `password` through instance `i`.
@@ -92,5 +93,20 @@ pub async fn a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender(bed
     );
     let seen = seen.lock().expect("seen").clone();
     assert_eq!(seen.get("mal"), Some(&(2, 10)));
+    // Five refusals under the penalty's limit, each counted where it was
+    // answered: the two offences, and three while a penalty ran.
+    let mut counted = 0.0;
+    for i in 0..gates.count() {
+        let text = TestClient::http1()
+            .get(&gates.admin_url(i, "/metrics"), &[])
+            .await
+            .text();
+        counted += metric_where(
+            &text,
+            "floodgate_penalty_refusals_total",
+            &[r#"route="login""#],
+        );
+    }
+    assert_eq!(counted, 5.0);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -116,7 +116,11 @@ impl Context<'_> {
         match ruling {
             Ruling::ShadowDenied { .. } => self.shared.log_shadow(route, client),
             Ruling::Denied { decision, limits } => {
-                let quota = limits.limits.get(decision.limit).map_or(0, |l| l.limit);
+                let refusing = limits.limits.get(decision.limit);
+                if refusing.is_some_and(|l| l.penalty.is_some()) {
+                    self.shared.metrics.penalized(route);
+                }
+                let quota = refusing.map_or(0, |l| l.limit);
                 self.shared
                     .denials
                     .denied(route, client, quota, crate::clock::now_ms());
