@@ -149,6 +149,12 @@ fn five_routes_with_a_plan_and_a_budget(upstream: &Upstream) -> String {
                 .limit("sliding_log", 5, "1m"),
         )
         .route(
+            Route::new("guard")
+                .matching(r#"path_prefix = "/guard""#)
+                .respond("status = 200")
+                .limits(r#"{ algorithm = "sliding_log", limit = 5, window = "10m", count_when = { status = [401, "5xx"] }, penalty = { duration = "15m", factor = 2, max = "4h" } }"#),
+        )
+        .route(
             Route::new("metered")
                 .matching(r#"path_prefix = "/metered""#)
                 .upstream(&upstream.url())
@@ -205,11 +211,12 @@ async fn traffic_denied_most_to_least(client: &TestClient, gate: &Floodgate) {
     client.get(&gate.url("/metered/x"), &[]).await;
 }
 
-/// Five rows, `bulk` first, each with its limits, allowed and denied
-/// counts and units where a route meters them.
+/// Six rows, `bulk` first, each with its limits (what a limit counts and
+/// its penalty among them), allowed and denied counts and units where a
+/// route meters them.
 fn each_route_shows_its_limits_and_counts(dom: &str) {
     let rows: Vec<&str> = dom.split("<tr data-route=").skip(1).collect();
-    assert_eq!(rows.len(), 5, "{dom}");
+    assert_eq!(rows.len(), 6, "{dom}");
     assert!(rows[0].starts_with("\"bulk\""), "{dom}");
     let login = route_row(dom, "login");
     assert!(login.contains("5/60s sliding_log"), "{login}");
@@ -232,6 +239,13 @@ fn each_route_shows_its_limits_and_counts(dom: &str) {
     );
     let api = route_row(dom, "api");
     assert!(api.contains("1000/1s token_bucket"), "{api}");
+    let guard = route_row(dom, "guard");
+    assert!(
+        guard.contains(
+            "5/600s sliding_log counting status 401, 5xx (penalty 15m, ×2 to 4h, forgotten after 4h)"
+        ),
+        "{guard}"
+    );
 }
 
 /// Whose count each limit is, the budget it belongs to, each plan's
