@@ -44,7 +44,8 @@ struct Entry {
     /// (another algorithm or window) start the client afresh.
     limits: Box<[Limit]>,
     states: Box<[State]>,
-    /// Each limit's penalty, if it has one running or offences remembered.
+    /// Each limit's penalty, if it has one running or offences remembered;
+    /// empty while no limit has a penalty (see [`sentences_for`]).
     sentences: Box<[Sentence]>,
     expires_at: u64,
 }
@@ -214,6 +215,16 @@ fn settle_state(state: &mut State, limit: &Limit, now: u64, settle: super::Settl
     }
 }
 
+/// A penalty's place for each of `limits` when one of them has a penalty;
+/// none when no limit has one (the common case costs nothing).
+fn sentences_for(limits: &[Limit]) -> Box<[Sentence]> {
+    if limits.iter().any(|l| l.penalty.is_some()) {
+        vec![Sentence::default(); limits.len()].into()
+    } else {
+        Box::default()
+    }
+}
+
 /// Whether two lists of limits count in the same states: the same
 /// algorithms over the same windows, as a Redis key names them. Their
 /// numbers may differ (a plan changed, a claim carries another number, a
@@ -233,6 +244,9 @@ impl Entry {
             *self = Entry::new(limits);
         } else if *self.limits != *limits {
             self.limits = limits.into();
+            if self.sentences.len() != limits.len() {
+                self.sentences = sentences_for(limits);
+            }
         }
     }
 
@@ -240,7 +254,7 @@ impl Entry {
         Self {
             limits: limits.into(),
             states: limits.iter().map(|l| State::new(l.algorithm)).collect(),
-            sentences: vec![Sentence::default(); limits.len()].into(),
+            sentences: sentences_for(limits),
             expires_at: 0,
         }
     }
@@ -248,10 +262,17 @@ impl Entry {
     /// Limit `i`'s verdict on `cost` units at `now`: refused to its end
     /// while its penalty runs, else as its count says.
     fn judge(&mut self, i: usize, limit: &Limit, now: u64, cost: u64) -> Verdict {
-        match (limit.penalty, self.sentences[i].running(now)) {
-            (Some(_), Some(wait)) => refused_for(wait),
-            _ => self.states[i].check(limit, now, cost),
+        if limit.penalty.is_some()
+            && let Some(wait) = self.sentences.get(i).and_then(|s| s.running(now))
+        {
+            return refused_for(wait);
         }
+        self.states[i].check(limit, now, cost)
+    }
+
+    /// When limit `i`'s remembered offences are forgotten (0: none).
+    fn remembered_until(&self, i: usize) -> u64 {
+        self.sentences.get(i).map_or(0, |s| s.remembered_until)
     }
 
     /// A refused request's offence against limit `i`, when the limit
@@ -261,12 +282,15 @@ impl Entry {
         let Some(penalty) = &limit.penalty else {
             return;
         };
-        if verdict.allowed || self.sentences[i].running(now).is_some() {
+        let Some(sentence) = self.sentences.get_mut(i) else {
+            return;
+        };
+        if verdict.allowed || sentence.running(now).is_some() {
             return;
         }
-        let serves = self.sentences[i].offend(penalty, now);
+        let serves = sentence.offend(penalty, now);
         *verdict = refused_for(serves);
-        self.expires_at = self.expires_at.max(self.sentences[i].remembered_until);
+        self.expires_at = self.expires_at.max(sentence.remembered_until);
     }
 
     /// Decides (or settles) `charge` at `now` against this entry's states.

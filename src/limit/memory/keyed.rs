@@ -54,9 +54,7 @@ impl Held<'_> {
             if !limit.counts_requests || settle.refused {
                 settle_state(&mut e.states[0], limit, now, settle, charge.cost);
             }
-            e.expires_at = e.states[0]
-                .expires_at(limit)
-                .max(e.sentences[0].remembered_until);
+            e.expires_at = e.states[0].expires_at(limit).max(e.remembered_until(0));
             let verdict = Verdict {
                 allowed: true,
                 retry_after_ms: 0,
@@ -93,9 +91,7 @@ impl Held<'_> {
         for (i, limit) in charge.limits.iter().enumerate() {
             let e = self.entry(i, &keys[i], limit);
             e.states[0].consume(limit, now, limit.cost_of(charge.cost));
-            e.expires_at = e.states[0]
-                .expires_at(limit)
-                .max(e.sentences[0].remembered_until);
+            e.expires_at = e.states[0].expires_at(limit).max(e.remembered_until(0));
         }
         decision
     }

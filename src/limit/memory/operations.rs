@@ -124,15 +124,21 @@ impl MemoryStore {
         adjustment: crate::limit::Adjustment,
         now: u64,
     ) {
-        let apply = |state: &mut State, sentence: &mut Sentence, limit: &Limit| match adjustment {
-            crate::limit::Adjustment::Reset => {
-                *state = State::new(limit.algorithm);
+        let forgive = |sentence: Option<&mut Sentence>| {
+            if let Some(sentence) = sentence {
                 *sentence = Sentence::default();
             }
-            crate::limit::Adjustment::Lift => *sentence = Sentence::default(),
-            crate::limit::Adjustment::Credit(units) => state.grant(limit, now, units),
-            crate::limit::Adjustment::Debit(units) => state.settle(limit, now, now, 0, units),
         };
+        let apply =
+            |state: &mut State, sentence: Option<&mut Sentence>, limit: &Limit| match adjustment {
+                crate::limit::Adjustment::Reset => {
+                    *state = State::new(limit.algorithm);
+                    forgive(sentence);
+                }
+                crate::limit::Adjustment::Lift => forgive(sentence),
+                crate::limit::Adjustment::Credit(units) => state.grant(limit, now, units),
+                crate::limit::Adjustment::Debit(units) => state.settle(limit, now, now, 0, units),
+            };
         let chosen = |i: usize| which.is_none_or(|w| w == i);
         if !charge.keys.is_empty() && charge.keys.len() == charge.limits.len() {
             for (i, (key, limit)) in charge.keys.iter().zip(charge.limits).enumerate() {
@@ -149,10 +155,10 @@ impl MemoryStore {
                 }
                 let entry = &mut slot.value;
                 entry.adopt(one);
-                apply(&mut entry.states[0], &mut entry.sentences[0], limit);
+                apply(&mut entry.states[0], entry.sentences.get_mut(0), limit);
                 entry.expires_at = entry.states[0]
                     .expires_at(limit)
-                    .max(entry.sentences[0].remembered_until);
+                    .max(entry.remembered_until(0));
             }
             return;
         }
@@ -166,10 +172,12 @@ impl MemoryStore {
         }
         let entry = &mut slot.value;
         entry.adopt(charge.limits);
-        let held = entry.states.iter_mut().zip(entry.sentences.iter_mut());
-        for (i, ((state, sentence), limit)) in held.zip(charge.limits).enumerate() {
+        let Entry {
+            states, sentences, ..
+        } = entry;
+        for (i, (state, limit)) in states.iter_mut().zip(charge.limits).enumerate() {
             if chosen(i) {
-                apply(state, sentence, limit);
+                apply(state, sentences.get_mut(i), limit);
             }
         }
         entry.refresh_expiry(charge.limits);
