@@ -66,6 +66,9 @@ pub async fn serve(
                 let shared = Arc::clone(&shared);
                 let token_file = token_file.clone();
                 async move {
+                    if request.method() == Method::GET && request.uri().path() == "/penalties" {
+                        return Ok::<_, Infallible>(operations::penalties(&shared).await);
+                    }
                     if request.method() == Method::GET && operations::is_usage(request.uri().path())
                     {
                         return Ok::<_, Infallible>(operations::usage(&shared, &request).await);

@@ -229,6 +229,26 @@ fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
     response
 }
 
+/// `GET /penalties`: every penalty in force, with the route and limit it
+/// is under, the client as the store names it, the seconds left and the
+/// offences in a row.
+pub(super) async fn penalties(shared: &Shared) -> Response<Full<Bytes>> {
+    match crate::gate::penalties(shared).await {
+        Ok(body) => {
+            let mut response = Response::new(Full::new(Bytes::from(body)));
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            response
+        }
+        Err(OperationError::Invalid(why)) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why),
+        Err(OperationError::Store(why)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("the rate limit store could not be read: {why}"),
+        ),
+    }
+}
+
 /// Whether `path` is one of the usage exports.
 pub(super) fn is_usage(path: &str) -> bool {
     matches!(path, "/usage/closed" | "/usage/top")

@@ -35,7 +35,7 @@ pub mod rules;
 pub mod shared;
 pub mod shown;
 
-pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate};
+pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate, penalties};
 pub use phases::{Connection, decide, handle};
 pub use rules::{Rules, start_upstreams};
 pub use shared::{Readiness, Shared, StartError};

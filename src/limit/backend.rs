@@ -87,6 +87,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         what: crate::limit::Forget,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Every penalty in force at `now`.
+    fn penalties(
+        &self,
+        now: u64,
+    ) -> impl Future<Output = Result<Vec<crate::limit::penalty::Served>, StoreError>> + Send;
+
     /// Every client's fixed window of limit `index` of `scope` at `now`.
     fn kept(
         &self,

@@ -104,6 +104,22 @@ impl Sentence {
     }
 }
 
+/// A penalty in force, as the store lists it for operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The scope counted in: a route's name, or `@` and a budget's.
+    pub scope: String,
+    /// The limit's place among its scope's limits.
+    pub index: usize,
+    /// The client, as the store writes it in keys (`a:<address>`, or `k:`
+    /// and a keyed digest of a value).
+    pub client: String,
+    /// Milliseconds until it ends.
+    pub ends_in_ms: u64,
+    /// Offences in a row.
+    pub offences: u64,
+}
+
 /// The verdict of a limit whose penalty runs for `wait` more
 /// milliseconds: refused, nothing remaining, until then.
 pub fn refused_for(wait: u64) -> Verdict {

@@ -135,6 +135,16 @@ impl<V> Shards<V> {
         }
     }
 
+    /// Calls `f` with every value held, its route (or entry) and client.
+    pub fn each(&self, mut f: impl FnMut(&str, &ClientId, &V)) {
+        for shard in self.shards.iter() {
+            let map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for slot in map.values() {
+                f(&slot.route, &slot.client, &slot.value);
+            }
+        }
+    }
+
     /// Values held.
     pub fn len(&self) -> usize {
         self.shards

@@ -19,6 +19,16 @@ async fn login(gates: &Gates, i: usize, user: &str, password: &str) -> Answer {
         .await
 }
 
+/// The penalties in force, as instance `i`'s admin listener lists them.
+async fn penalties(gates: &Gates, i: usize) -> Vec<serde_json::Value> {
+    let answer = TestClient::http1()
+        .get(&gates.admin_url(i, "/penalties"), &[])
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let listed: serde_json::Value = serde_json::from_str(&answer.text()).expect("JSON");
+    listed["penalties"].as_array().cloned().unwrap_or_default()
+}
+
 /// `Retry-After` in seconds.
 fn retry_after(answer: &Answer) -> u64 {
     answer
@@ -32,8 +42,9 @@ fn retry_after(answer: &Answer) -> u64 {
 /// starts the penalty (`Retry-After: 10`), on both instances; 2.5 s on,
 /// his failures have left the window but he is still refused, the right
 /// password too; once the penalty is over he logs in. Five more failures
-/// and the sixth starts a penalty of 20 s; an operator lifts it on one
-/// instance, and the other admits him at once. The upstream saw exactly
+/// and the sixth starts a penalty of 20 s, listed for operators (his
+/// second offence, under a digest of his key); an operator lifts it on
+/// one instance, and the other admits him at once. The upstream saw exactly
 /// his ten failures and two logins.
 pub async fn a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender(bed: &Bed) {
     let (upstream, seen) = login_upstream().await;
@@ -84,12 +95,31 @@ pub async fn a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender(bed
     // the limit itself would admit him.
     tokio::time::sleep(Duration::from_millis(2_200).saturating_sub(started.elapsed())).await;
     assert_eq!(login(&gates, 1, "mal", "right").await.status, 429);
+    let listed = penalties(&gates, 1).await;
+    let [one] = &listed[..] else {
+        panic!("one penalty in force: {listed:?}");
+    };
+    assert_eq!(
+        (&one["route"], &one["limit"], &one["offences"]),
+        (&"login".into(), &"login".into(), &2.into()),
+        "{one}"
+    );
+    let left = one["ends_in_seconds"].as_u64().unwrap_or(0);
+    assert!((1..=20).contains(&left), "{one}");
+    assert!(
+        one["client"].as_str().is_some_and(|c| c.starts_with("k:")),
+        "a keyed digest, not the value: {one}"
+    );
     let lift = r#"{ "route": "login", "client": { "headers": { "x-user": "mal" } }, "reason": "a locked-out user called" }"#;
     change(&gates, 0, "lift", lift).await;
     assert_eq!(
         login(&gates, 1, "mal", "right").await.status,
         200,
         "lifted on one instance, admitted on the other"
+    );
+    assert!(
+        penalties(&gates, 0).await.is_empty(),
+        "none in force once lifted"
     );
     let seen = seen.lock().expect("seen").clone();
     assert_eq!(seen.get("mal"), Some(&(2, 10)));

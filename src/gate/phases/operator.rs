@@ -168,6 +168,59 @@ fn penalized(policy: &Policy, which: Option<usize>) -> Result<(), OperationError
     ))
 }
 
+/// Every penalty in force, as JSON: `{"penalties":[{"route","limit",
+/// "scope","client","ends_in_seconds","offences"}]}`, each under the
+/// first route (in file order) with the limit it was served under.
+pub async fn penalties(shared: &Shared) -> Result<String, OperationError> {
+    use crate::access_log::json_string;
+    let served = shared
+        .limiter
+        .penalties()
+        .await
+        .map_err(|e| OperationError::Store(e.to_string()))?;
+    let rules = shared.rules.load_full();
+    let mut out = String::from("{\"penalties\":[");
+    for (n, s) in served.iter().enumerate() {
+        if n > 0 {
+            out.push(',');
+        }
+        let (route, limit) = served_under(&rules, &s.scope, s.index).unwrap_or(("", ""));
+        out.push_str("{\"route\":");
+        json_string(&mut out, route);
+        out.push_str(",\"limit\":");
+        json_string(&mut out, limit);
+        out.push_str(",\"scope\":");
+        json_string(&mut out, &s.scope);
+        out.push_str(",\"client\":");
+        json_string(&mut out, &s.client);
+        let seconds = s.ends_in_ms.div_ceil(1000);
+        out.push_str(&format!(
+            ",\"ends_in_seconds\":{seconds},\"offences\":{}}}",
+            s.offences
+        ));
+    }
+    out.push_str("]}");
+    Ok(out)
+}
+
+/// The route and the limit's name that count limit `index` of `scope`.
+fn served_under<'r>(rules: &'r Rules, scope: &str, index: usize) -> Option<(&'r str, &'r str)> {
+    rules.routes.iter().find_map(|route| {
+        let policies = std::iter::once(&route.policy)
+            .chain(route.plans.iter().flatten())
+            .chain(route.overrides.iter().map(|o| &o.policy));
+        policies
+            .flat_map(|p| p.terms.iter().enumerate())
+            .find_map(|(i, t)| {
+                let (s, at) = t
+                    .counting
+                    .as_ref()
+                    .map_or((&*route.name, i), |c| (&*c.scope, c.index));
+                (s == scope && at == index).then_some((&*route.name, t.name.as_str()))
+            })
+    })
+}
+
 /// Every client's window of the fixed-window limit called `limit` (its
 /// policy name) on route `route`, as the store keeps it: the scope it
 /// counts in (the route, or `@` and a budget) and the windows.

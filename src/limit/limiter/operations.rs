@@ -96,6 +96,15 @@ impl Limiter {
         shared.ask_store(settlement, now).await.map(|_| ())
     }
 
+    /// Every penalty in force now, as the store keeps them.
+    pub async fn penalties(&self) -> Result<Vec<crate::limit::penalty::Served>, StoreError> {
+        let now = now_ms();
+        match self {
+            Self::Memory(memory) => Ok(memory.0.penalties_at(now)),
+            Self::Redis(shared) => shared.store.penalties(now).await,
+        }
+    }
+
     /// Every client's fixed window of limit `index` of `scope` (read as
     /// entry `entry` in memory when the limit is keyed on its own), as the
     /// store keeps it now: for export and for the heaviest clients.

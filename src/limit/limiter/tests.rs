@@ -144,6 +144,10 @@ impl Backend for Fake {
         self.answer().await.map(|_| ())
     }
 
+    async fn penalties(&self, _: u64) -> Result<Vec<crate::limit::penalty::Served>, StoreError> {
+        self.answer().await.map(|_| Vec::new())
+    }
+
     async fn kept(&self, _: &str, _: usize, _: &Limit, _: u64) -> Result<Vec<Kept>, StoreError> {
         self.answer().await.map(|_| Vec::new())
     }

@@ -115,6 +115,38 @@ impl MemoryStore {
         out
     }
 
+    /// Every penalty in force at `now`: a route's own limits are kept
+    /// together under the route's name, a limit keyed on its own under its
+    /// entry (`<scope>#<index>:…`).
+    pub fn penalties_at(&self, now: u64) -> Vec<crate::limit::penalty::Served> {
+        let id_key = crate::limit::redis::IdKey::new(None);
+        let mut out = Vec::new();
+        self.shards.each(|route, client, entry| {
+            for (i, sentence) in entry.sentences.iter().enumerate() {
+                let Some(ends_in_ms) = sentence.running(now) else {
+                    continue;
+                };
+                let (scope, index) = match route.split_once('#') {
+                    Some((scope, rest)) => {
+                        let index = rest.split(':').next().and_then(|n| n.parse().ok());
+                        (scope, index.unwrap_or(i))
+                    }
+                    None => (route, i),
+                };
+                let mut id = String::new();
+                crate::limit::redis::write_client(&mut id, client, &id_key);
+                out.push(crate::limit::penalty::Served {
+                    scope: scope.to_owned(),
+                    index,
+                    client: id,
+                    ends_in_ms,
+                    offences: sentence.offences,
+                });
+            }
+        });
+        out
+    }
+
     /// Applies an operator's `adjustment` at `now` to `charge`'s limits
     /// (only the one at `which`, when given) for its client.
     pub fn adjust_at(

@@ -74,6 +74,13 @@ impl Backend for RedisStore {
         RedisStore::reset(self, charge, which, what)
     }
 
+    fn penalties(
+        &self,
+        now: u64,
+    ) -> impl Future<Output = Result<Vec<crate::limit::penalty::Served>, StoreError>> + Send {
+        RedisStore::penalties(self, now)
+    }
+
     fn kept(
         &self,
         scope: &str,

@@ -29,6 +29,16 @@ impl RedisStore {
         let tail = format!("}}:{index}:{}:{}", limit.algorithm.name(), limit.window_ms);
         let pattern = format!("{head}*{tail}*");
         let prefix_len = self.key_prefix.len() + 2 + scope.len() + 1;
+        let found = self.scan(&pattern).await?;
+        Ok(found
+            .iter()
+            .filter_map(|(key, value)| read_kept(key, value, prefix_len, &tail, limit, now))
+            .collect())
+    }
+
+    /// Every key matching `pattern` on every node (the one Redis, or each
+    /// cluster primary), with its value, read a page at a time.
+    pub(super) async fn scan(&self, pattern: &str) -> Result<Vec<(String, Value)>, StoreError> {
         let mut conns = Vec::new();
         match &self.link.cluster {
             Some(cluster) => {
@@ -53,7 +63,7 @@ impl RedisStore {
                 let mut scan = redis::cmd("SCAN");
                 scan.arg(cursor)
                     .arg("MATCH")
-                    .arg(&pattern)
+                    .arg(pattern)
                     .arg("COUNT")
                     .arg(PAGE);
                 let page = scan.query_async::<(u64, Vec<String>)>(&mut conn);
@@ -71,11 +81,7 @@ impl RedisStore {
                             .await
                             .map_err(|_| StoreError::Timeout(limit_ms))?
                             .map_err(|e| store_error(&e, "GET"))?;
-                    for (key, value) in keys.iter().zip(values) {
-                        if let Some(kept) = read_kept(key, &value, prefix_len, &tail, limit, now) {
-                            out.push(kept);
-                        }
-                    }
+                    out.extend(keys.into_iter().zip(values));
                 }
                 cursor = next;
                 if cursor == 0 {
@@ -134,7 +140,7 @@ fn read_kept(
 }
 
 /// `text` with the characters `SCAN`'s patterns give a meaning escaped.
-fn glob_escaped(text: &str) -> String {
+pub(super) fn glob_escaped(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

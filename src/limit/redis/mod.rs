@@ -72,6 +72,7 @@ mod export;
 mod given_back;
 mod keys;
 mod operator;
+mod penalties;
 mod redirections;
 mod replies;
 mod slot;
