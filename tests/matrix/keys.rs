@@ -166,3 +166,48 @@ limits = [{ algorithm = "sliding_log", limit = 30, window = "1h" }]"#,
         "pro, the count carried over: {statuses:?}"
     );
 }
+
+/// A refused request reports both kinds of limit as the store holds them,
+/// whichever part of a Cluster refused it and whichever was asked first:
+/// 10 units an hour per user (cost 5) and 100 requests an hour for
+/// everyone, in OpenAI's fields. Ann's third request is refused by her
+/// units and reports the requests still left (98, nothing taken); Bob
+/// then takes the 99th.
+pub async fn a_refused_request_reports_both_kinds_as_they_stand(bed: &Bed) {
+    let toml = bed
+        .config("matrix-kinds")
+        .route(
+            Route::new("kinds")
+                .respond("status = 200")
+                .client(r#"from = "header", name = "X-User", missing = "reject""#)
+                .line("cost = 5")
+                .line(r#"rate_limit_headers = "openai""#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 10, window = "1h" }"#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 100, window = "1h", counts = "requests", key = { from = "global" } }"#),
+        )
+        .toml();
+    let gates = bed.instances(&toml).await;
+    let http = TestClient::http1();
+    let field = |answer: &crate::support::Answer, name: &str| {
+        answer.header(name).unwrap_or("absent").to_owned()
+    };
+    let script = [
+        ("ann", 200, "5", "99"),
+        ("ann", 200, "0", "98"),
+        ("ann", 429, "0", "98"),
+        ("bob", 200, "5", "97"),
+    ];
+    for (i, (user, status, tokens, requests)) in script.into_iter().enumerate() {
+        let answer = http.get(&gates.url(i, "/"), &[("x-user", user)]).await;
+        let got = (
+            answer.status.as_u16(),
+            field(&answer, "x-ratelimit-remaining-tokens"),
+            field(&answer, "x-ratelimit-remaining-requests"),
+        );
+        assert_eq!(
+            got,
+            (status, tokens.to_owned(), requests.to_owned()),
+            "request {i} ({user})"
+        );
+    }
+}

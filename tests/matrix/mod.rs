@@ -105,6 +105,7 @@ macro_rules! scenarios {
 /// Every scenario, by name: each runs on every store.
 pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "key per limit: a refused request takes nothing" => keys::a_refused_request_takes_nothing_from_the_other_limits,
+    "key per limit: a refused request reports both kinds" => keys::a_refused_request_reports_both_kinds_as_they_stand,
     "budgets: routes draw on one with their own costs" => keys::routes_draw_on_one_budget_with_their_own_costs,
     "plans: a plan gives a budget its number" => keys::a_plan_gives_a_budget_its_number_and_the_count_carries_over,
     "usage: reported units are settled" => usage::reported_units_are_settled_across_instances,

@@ -19,6 +19,26 @@ async fn login(gates: &Gates, i: usize, user: &str, password: &str) -> Answer {
         .await
 }
 
+/// Instance `i` lists one penalty in force: mal's second, under the
+/// login limit, a few seconds left, under a digest of his key.
+async fn one_penalty_is_listed(gates: &Gates, i: usize) {
+    let listed = penalties(gates, i).await;
+    let [one] = &listed[..] else {
+        panic!("one penalty in force: {listed:?}");
+    };
+    assert_eq!(
+        (&one["route"], &one["limit"], &one["offences"]),
+        (&"login".into(), &"login".into(), &2.into()),
+        "{one}"
+    );
+    let left = one["ends_in_seconds"].as_u64().unwrap_or(0);
+    assert!((1..=20).contains(&left), "{one}");
+    assert!(
+        one["client"].as_str().is_some_and(|c| c.starts_with("k:")),
+        "a keyed digest, not the value: {one}"
+    );
+}
+
 /// The penalties in force, as instance `i`'s admin listener lists them.
 async fn penalties(gates: &Gates, i: usize) -> Vec<serde_json::Value> {
     let answer = TestClient::http1()
@@ -95,21 +115,7 @@ pub async fn a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender(bed
     // the limit itself would admit him.
     tokio::time::sleep(Duration::from_millis(2_200).saturating_sub(started.elapsed())).await;
     assert_eq!(login(&gates, 1, "mal", "right").await.status, 429);
-    let listed = penalties(&gates, 1).await;
-    let [one] = &listed[..] else {
-        panic!("one penalty in force: {listed:?}");
-    };
-    assert_eq!(
-        (&one["route"], &one["limit"], &one["offences"]),
-        (&"login".into(), &"login".into(), &2.into()),
-        "{one}"
-    );
-    let left = one["ends_in_seconds"].as_u64().unwrap_or(0);
-    assert!((1..=20).contains(&left), "{one}");
-    assert!(
-        one["client"].as_str().is_some_and(|c| c.starts_with("k:")),
-        "a keyed digest, not the value: {one}"
-    );
+    one_penalty_is_listed(&gates, 1).await;
     let lift = r#"{ "route": "login", "client": { "headers": { "x-user": "mal" } }, "reason": "a locked-out user called" }"#;
     change(&gates, 0, "lift", lift).await;
     assert_eq!(

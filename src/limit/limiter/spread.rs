@@ -16,6 +16,7 @@
 
 use super::Guarded;
 use crate::limit::backend::Part as SlotPart;
+use crate::limit::backend::StoreNode as _;
 use crate::limit::{
     Backend, Brief, Charge, CountKey, Decision, Limit, Settlement, StoreError, Verdict,
 };
@@ -61,7 +62,8 @@ impl<B: Backend> Guarded<B> {
     ) -> Result<Decision, StoreError> {
         let mut taken: Vec<(Part<B::Target>, Decision)> = Vec::with_capacity(parts.len());
         let mut failed = None;
-        for (positions, target) in parts {
+        let mut parts = parts.into_iter();
+        while let Some((positions, target)) = parts.next() {
             let result = match target {
                 Ok(target) => {
                     let part = Part::of(&charge, positions, target);
@@ -75,14 +77,15 @@ impl<B: Backend> Guarded<B> {
             match result {
                 Ok((part, d)) if d.allowed || charge.settle.is_some() => taken.push((part, d)),
                 Ok((part, refused)) => {
-                    self.give_back(&charge, &taken, now).await;
+                    self.give_back(&charge, &mut taken, now).await;
                     taken.push((part, refused));
+                    self.read_the_rest(&charge, parts, &mut taken).await;
                     return Ok(combined(&taken, charge.limits));
                 }
                 // A settlement goes on with the other parts: each is owed.
                 Err(e) if charge.settle.is_some() => failed = Some(e),
                 Err(e) => {
-                    self.give_back(&charge, &taken, now).await;
+                    self.give_back(&charge, &mut taken, now).await;
                     return Err(e);
                 }
             }
@@ -98,11 +101,12 @@ impl<B: Backend> Guarded<B> {
     /// requests, one ([`Settlement::refused`]). A part that cannot be
     /// given back (its primary went away meanwhile) stays consumed:
     /// counted too much, never too little. The units given back are
-    /// counted per part: the most any of its limits took.
+    /// counted per part: the most any of its limits took. Each part given
+    /// back then reports what it holds, nothing taken.
     async fn give_back(
         &self,
         charge: &Charge<'_>,
-        taken: &[(Part<B::Target>, Decision)],
+        taken: &mut [(Part<B::Target>, Decision)],
         now: u64,
     ) {
         for (part, decision) in taken {
@@ -118,9 +122,10 @@ impl<B: Backend> Guarded<B> {
                 ..part.charge(charge)
             };
             match self.through_breaker(part.target.clone(), back, now).await {
-                Ok(_) => {
-                    let held = part.limits.iter().map(|l| l.cost_of(charge.cost)).max();
-                    self.metrics.given_back.inc_by(held.unwrap_or(0));
+                Ok(held) => {
+                    let took = part.limits.iter().map(|l| l.cost_of(charge.cost)).max();
+                    self.metrics.given_back.inc_by(took.unwrap_or(0));
+                    *decision = held;
                 }
                 Err(error) => {
                     if crate::clock::once_a_second(&self.last_logged, now) {
@@ -128,6 +133,46 @@ impl<B: Backend> Guarded<B> {
                     }
                 }
             }
+        }
+    }
+}
+
+impl<B: Backend> Guarded<B> {
+    /// After a refusal, the parts of `charge` not asked (`rest`): what each
+    /// holds, read without taking, so that a refused request reports every
+    /// limit as the store holds it (both kinds of OpenAI's fields among
+    /// them). A part that cannot be read is left out.
+    async fn read_the_rest(
+        &self,
+        charge: &Charge<'_>,
+        rest: impl Iterator<Item = SlotPart<B::Target>>,
+        taken: &mut Vec<(Part<B::Target>, Decision)>,
+    ) {
+        for (positions, target) in rest {
+            let Ok(target) = target else {
+                continue;
+            };
+            if B::node_of(&target).breaker().is_open() {
+                continue;
+            }
+            let part = Part::of(charge, positions, target);
+            let Ok(held) = self
+                .store
+                .peek_on(part.target.clone(), part.charge(charge))
+                .await
+            else {
+                continue;
+            };
+            let verdicts = part.limits.iter().zip(held).map(|(l, s)| {
+                let verdict = Verdict {
+                    allowed: true,
+                    retry_after_ms: 0,
+                    ..s.verdict
+                };
+                (l.counts_requests, verdict)
+            });
+            let read = Decision::combine_kinds(verdicts);
+            taken.push((part, read));
         }
     }
 }
