@@ -619,3 +619,57 @@ async fn a_refused_reload_is_shown_with_its_problem() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A client under a penalty is listed with its route, its limit, the time
+/// left and its offences; the store names the client by a digest of its
+/// key, never the key itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalties_in_force_are_listed_with_their_route_and_time_left() {
+    let toml = Config::new()
+        .admin()
+        .route(
+            Route::new("guard")
+                .respond("status = 401")
+                .client(r#"from = "header", name = "x-client""#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 2, window = "1m", penalty = { duration = "10m" } }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let statuses: Vec<u16> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let answer = client.get(&gate.url("/"), &[("x-client", "oscar")]).await;
+            out.push(answer.status.as_u16());
+        }
+        out
+    };
+    assert_eq!(statuses, [401, 401, 429], "the third starts the penalty");
+    let dir = temp_dir("dashboard-penalties");
+    let Some(dom) = rendered(&gate.admin_url("/"), &dir, "dom").await else {
+        return;
+    };
+    let start = dom
+        .find(r#"<tr data-penalty="guard">"#)
+        .unwrap_or_else(|| panic!("no penalty listed: {dom}"));
+    let row = &dom[start..start + dom[start..].find("</tr>").unwrap_or(0)];
+    assert!(
+        row.starts_with(r#"<tr data-penalty="guard"><td>guard</td><td>guard</td><td><code>k:"#),
+        "{row}"
+    );
+    assert!(
+        !row.contains("oscar"),
+        "the key itself is never shown: {row}"
+    );
+    assert!(
+        row.ends_with(r#"s</td><td class="n">1</td>"#) && row.contains(r#"<td class="n">"#),
+        "{row}"
+    );
+    let left: u64 = row
+        .rsplit(r#"<td class="n">"#)
+        .nth(1)
+        .and_then(|cell| cell.strip_suffix("s</td>"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!((500..=600).contains(&left), "about ten minutes left: {row}");
+}
