@@ -26,3 +26,19 @@ pub fn once_a_second(last: &std::sync::atomic::AtomicU64, now: u64) -> bool {
             .compare_exchange(seen, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
 }
+
+/// A duration as a configuration writes it: `250ms`, `10s`, `15m`, `4h`,
+/// `1d`, in the largest unit that divides it.
+pub fn written(ms: u64) -> String {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}

@@ -129,11 +129,7 @@ pub(super) async fn answer(
                 Some(after) => format!("{{\"before\":{before},\"after\":{after}}}"),
                 None => before,
             };
-            let mut response = Response::new(Full::new(Bytes::from(body)));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
+            json_answer(body)
         }
         Err(OperationError::Invalid(why)) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why),
         Err(OperationError::Store(why)) => problem(
@@ -234,19 +230,22 @@ fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
 /// offences in a row.
 pub(super) async fn penalties(shared: &Shared) -> Response<Full<Bytes>> {
     match crate::gate::penalties(shared).await {
-        Ok(body) => {
-            let mut response = Response::new(Full::new(Bytes::from(body)));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response
-        }
+        Ok(body) => json_answer(body),
         Err(OperationError::Invalid(why)) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why),
         Err(OperationError::Store(why)) => problem(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("the rate limit store could not be read: {why}"),
         ),
     }
+}
+
+/// `body` as a JSON answer.
+fn json_answer(body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// Whether `path` is one of the usage exports.

@@ -105,7 +105,7 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 .map_or(String::new(), |b| format!("budget {b}: "));
             let per = match terms.and_then(|t| t.calendar.as_ref()) {
                 Some(c) => format!("calendar {}", c.describe()),
-                None => window(limit.window_ms),
+                None => crate::clock::written(limit.window_ms),
             };
             let leased = limit.lease.map_or(String::new(), |l| {
                 let of = if limit.algorithm.has_burst() {
@@ -135,19 +135,4 @@ fn limits(route: &Route, policy: &Policy) -> String {
         })
         .collect();
     parts.join("; ")
-}
-
-/// A window as the file would write it: `"1m"`, `"1d"`, `"250ms"`.
-fn window(ms: u64) -> String {
-    for (unit, size) in [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ] {
-        if ms >= size && ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
 }

@@ -32,12 +32,18 @@ pub struct Penalty {
 impl Penalty {
     /// As operators read it: `10s, ×2 to 4h, forgotten after 1d`.
     pub fn describe(&self) -> String {
-        let mut out = shown_ms(self.duration_ms);
+        let mut out = crate::clock::written(self.duration_ms);
         if self.factor_permille != 1_000 {
             let factor = self.factor_permille as f64 / 1000.0;
-            out.push_str(&format!(", ×{factor} to {}", shown_ms(self.max_ms)));
+            out.push_str(&format!(
+                ", ×{factor} to {}",
+                crate::clock::written(self.max_ms)
+            ));
         }
-        out.push_str(&format!(", forgotten after {}", shown_ms(self.forget_ms)));
+        out.push_str(&format!(
+            ", forgotten after {}",
+            crate::clock::written(self.forget_ms)
+        ));
         out
     }
 
@@ -52,22 +58,6 @@ impl Penalty {
         }
         d
     }
-}
-
-/// A duration as a configuration writes it: `250ms`, `10s`, `15m`, `4h`,
-/// `1d`, the largest unit that divides it.
-fn shown_ms(ms: u64) -> String {
-    for (unit, size) in [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ] {
-        if ms >= size && ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
 }
 
 /// A client's penalty under one limit, as the memory store keeps it.
