@@ -28,10 +28,12 @@
 --              request as one unit whatever its cost (a settlement leaves
 --              it as decided), else 0; a limit with a penalty has
 --              "p<duration>,<factor per mille>,<max>,<forget>" (ms) right
---              after it: see penalized and offend
+--              after it: see penalized and offend; a limit with a delay
+--              has "d<delay ms>" last (gcra)
 --
--- Reply: per request, in order, four integers per limit (allowed (1/0),
--- remaining, next_ms, retry_after_ms; for a settlement or a grant, always
+-- Reply: per request, in order, four integers per limit (allowed (1/0,
+-- or 2: admitted and held, the fourth its wait), remaining, next_ms,
+-- retry_after_ms; for a settlement or a grant, always
 -- allowed, the fourth is the units granted in force: see held), then the time it was decided at
 -- (ms; what a settlement names as `at`), packed as signed
 -- 64-bit little-endian integers in one string (struct.pack '<i8…'). A
@@ -72,7 +74,8 @@ local function algorithm(name)
 end
 
 -- Routes' limits, parsed: the text of ARGV's third argument -> a list of
--- {check, commit, limit, window, burst, settle, per_request}. The same text comes with every
+-- {check, commit, limit, window, burst, settle, per_request, grant,
+-- penalty, delay}. The same text comes with every
 -- request of a route, so a function library parses it once, not per call.
 -- The texts come from floodgate's configuration, so they are few; the
 -- table starts over if it ever holds many.
@@ -85,7 +88,7 @@ local function limits_of(text)
     return limits
   end
   limits = {}
-  for name, limit, window, burst, per_request, penalty in gmatch(text, '(%S+) (%d+) ([%d,]+) (%d+) ([01])p?([%d,]*)') do
+  for name, limit, window, burst, per_request, penalty, delay in gmatch(text, '(%S+) (%d+) ([%d,]+) (%d+) ([01])p?([%d,]*)d?(%d*)') do
     local check, commit, settle, grant = algorithm(name)
     if not check then
       return nil, name
@@ -111,7 +114,7 @@ local function limits_of(text)
         return nil, name .. ' with a penalty of ' .. penalty
       end
     end
-    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1', grant, p}
+    limits[#limits + 1] = {check, commit, tonumber(limit), w, tonumber(burst), settle, per_request == '1', grant, p, tonumber(delay) or 0}
   end
   if parsed_count >= 1000 then
     parsed, parsed_count = {}, 0
@@ -178,8 +181,8 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
     if l[7] then
       units = 1
     end
-    local ok, remaining, reset, retry, a, b, c = l[1](k, limit, window, now, units, burst)
-    if ok == 1 then
+    local ok, remaining, reset, retry, a, b, c = l[1](k, limit, window, now, units, burst, l[10])
+    if ok ~= 0 then
       l[2](k, limit, window, now, units, burst, a, b, c)
     end
     reply[out], reply[out + 1], reply[out + 2], reply[out + 3] = ok, remaining, reset, retry
@@ -201,7 +204,7 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
       reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 0, 0, wait, wait
       allowed = false
     else
-      local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, units, l[5])
+      local ok, remaining, reset, retry, a, b, c = l[1](KEYS[key + i - 1], l[3], l[4], now, units, l[5], l[10])
       read_a[i], read_b[i], read_c[i] = a, b, c
       reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = ok, remaining, reset, retry
       if ok == 0 then
@@ -229,9 +232,9 @@ local function decide_one(KEYS, key, limits, now, cost, reply, out)
     if reply[o] == 0 and l[9] and not (serving and serving[i]) then
       local serves = offend(KEYS[key + i - 1], l[9], now)
       reply[o + 1], reply[o + 2], reply[o + 3] = 0, serves, serves
-    elseif reply[o] == 1 then
+    elseif reply[o] ~= 0 then
       local _, remaining, reset = l[1](KEYS[key + i - 1], l[3], l[4], now, 0, l[5])
-      reply[o + 1], reply[o + 2] = max(remaining, 0), reset
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = 1, max(remaining, 0), reset, 0
     end
   end
 end

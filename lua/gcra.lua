@@ -6,8 +6,12 @@
 -- rebasing: only TAT − now is ever scaled, and it stays small).
 -- Key: "<TAT whole ms> <TAT fraction>"; it expires at the TAT, after which a
 -- missing key means the same as the old one: no backlog.
+-- With a `delay` (ms), a request past the burst whose TAT would be at most
+-- the delay beyond the tolerance is admitted held: check answers 2 and the
+-- wait until it fits (what a denial would tell), and commit takes its
+-- units now, so every later request is decided behind it.
 local function gcra()
-  local function check(key, limit, window, now, cost, burst)
+  local function check(key, limit, window, now, cost, burst, delay)
     local tolerance = window * burst
     -- How far the TAT is ahead of now, in 1/limit ms.
     local before = 0
@@ -28,10 +32,13 @@ local function gcra()
     if after <= tolerance then
       return 1, floor_div(tolerance - after, window), next_unit(after), 0, after
     end
+    local wait = ceil_div(after - tolerance, limit)
+    if delay and wait <= delay then
+      return 2, 0, next_unit(after), wait, after
+    end
     -- A clock that stepped back leaves the TAT further ahead than the
     -- tolerance: nothing remains.
-    local retry = ceil_div(after - tolerance, limit)
-    return 0, floor_div(max(tolerance - before, 0), window), next_unit(before), retry, after
+    return 0, floor_div(max(tolerance - before, 0), window), next_unit(before), wait, after
   end
 
   local function commit(key, limit, window, now, cost, burst, after)

@@ -6,8 +6,9 @@
 -- algorithm file defines one loader function, and only the loaders of the
 -- algorithms a request uses run. A loader returns two functions:
 --
---   check(key, limit, window, now, cost, burst)
---     -> allowed (1/0), remaining, next_ms, retry_after_ms, a, b, c
+--   check(key, limit, window, now, cost, burst, delay)
+--     -> allowed (1/0, or 2: admitted held, retry_after_ms its wait; gcra
+--     with a `delay` in ms alone), remaining, next_ms, retry_after_ms, a, b, c
 --     next_ms is the wait until at least one more unit is made available,
 --     whether or not units remain and whatever this request's cost
 --     (RateLimit's `t` per draft-ietf-httpapi-ratelimit-headers-10): a

@@ -95,11 +95,17 @@ fn limit_of(algorithm: Algorithm) -> impl Strategy<Value = Limit> {
             0.3,
             (1u64..=5_000, 1_000u64..=3_000, 1u64..=20_000, 0u64..=30_000),
         ),
+        prop::option::weighted(0.5, (1u64..=12, 0u64..=7)),
     )
-        .prop_map(move |(limit, window, burst, penalty)| {
+        .prop_map(move |(limit, window, burst, penalty, delay)| {
             let mut l = Limit::new(algorithm, limit, window);
             if algorithm.has_burst() {
                 l = l.with_burst(burst);
+            }
+            // A GCRA holds requests past its burst half the time, for
+            // quarters of its window up to three windows and odd ms beside.
+            if algorithm == Algorithm::Gcra {
+                l.delay_ms = delay.map_or(0, |(quarters, ms)| window * quarters / 4 + ms);
             }
             // Now and then a penalty, growing or not, forgotten soon or late.
             l.penalty = penalty.map(|(duration_ms, factor_permille, extra, forget_ms)| Penalty {
@@ -355,8 +361,9 @@ fn mixed_limits_on_one_route_agree_and_decide_all_or_nothing() {
     lua_agrees_with_rust("mixed", limits.prop_map(|l| l.to_vec()));
 }
 
-/// A denied client that waits exactly the reported retry-after is admitted,
-/// and not a millisecond earlier.
+/// A denied client that waits exactly the reported retry-after is admitted
+/// at once, and not a millisecond earlier; a request admitted and held
+/// (a GCRA with a delay) is told exactly when it would have fitted.
 #[test]
 fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
     let seed = seed();
@@ -374,23 +381,34 @@ fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
                 continue;
             }
             let verdict = state.check(&limit, now, cost);
-            if verdict.allowed {
+            let at_once = |v: floodgate::limit::Verdict| v.allowed && v.retry_after_ms == 0;
+            if at_once(verdict) {
                 state.consume(&limit, now, cost);
                 continue;
             }
             prop_assert!(verdict.retry_after_ms > 0);
+            if verdict.allowed {
+                prop_assert!(limit.delay_ms > 0, "held by a limit without a delay");
+                prop_assert!(
+                    verdict.retry_after_ms <= limit.delay_ms,
+                    "held past the delay"
+                );
+            }
             let mut early = state.clone();
             let at = now + verdict.retry_after_ms;
             prop_assert!(
-                !early.check(&limit, at - 1, cost).allowed,
-                "admitted before retry-after"
+                !at_once(early.check(&limit, at - 1, cost)),
+                "admitted at once before retry-after"
             );
             let mut waited = state.clone();
             prop_assert!(
-                waited.check(&limit, at, cost).allowed,
-                "denied at retry-after {}",
+                at_once(waited.check(&limit, at, cost)),
+                "not admitted at once at retry-after {}",
                 verdict.retry_after_ms
             );
+            if verdict.allowed {
+                state.consume(&limit, now, cost);
+            }
         }
         Ok(())
     });

@@ -95,6 +95,10 @@ pub struct Limit {
     /// A client it refuses stays refused this long (`penalty = { … }`;
     /// see [`penalty`]).
     pub penalty: Option<penalty::Penalty>,
+    /// A request past the burst is admitted and held this long at most
+    /// (ms) until it fits, instead of refused (`delay = "1s"`, `gcra`
+    /// only); 0 refuses it. See [`Verdict::retry_after_ms`].
+    pub delay_ms: u64,
 }
 
 impl Limit {
@@ -109,6 +113,7 @@ impl Limit {
             bounds: None,
             lease: None,
             penalty: None,
+            delay_ms: 0,
         }
     }
 
@@ -183,7 +188,10 @@ pub struct Verdict {
     /// count falling by a unit, the next token added (0 while a bucket is
     /// full).
     pub next_ms: u64,
-    /// Milliseconds until this request would fit; 0 when allowed.
+    /// Milliseconds until this request would fit. When allowed, 0, or
+    /// for a limit with a delay ([`Limit::delay_ms`]) that admitted the
+    /// request past its burst, how long the request is held before it
+    /// goes: its unit is taken now, and it fits then.
     pub retry_after_ms: u64,
 }
 
@@ -209,7 +217,9 @@ pub struct Decision {
     /// Milliseconds until that limit makes at least one more unit
     /// available (`t`; see [`Verdict::next_ms`]).
     pub next_ms: u64,
-    /// Milliseconds until every denying limit would allow; 0 when allowed.
+    /// Milliseconds until every denying limit would allow. When allowed,
+    /// how long the request is held before it goes: the longest wait of
+    /// its limits with a delay (see [`Verdict::retry_after_ms`]), else 0.
     pub retry_after_ms: u64,
     /// Index in the route's limits of the limit reported in headers: the
     /// most constrained when allowed, the longest wait when denied.
@@ -265,7 +275,12 @@ impl Decision {
         // The most constrained of each kind: (index, verdict).
         let mut kinds: [Option<(usize, Verdict)>; 2] = [None, None];
         let mut winner_kind = false;
+        // The longest wait of the limits that admitted with one.
+        let mut wait = 0;
         for (i, counts_requests, v) in verdicts {
+            if v.allowed {
+                wait = wait.max(v.retry_after_ms);
+            }
             let kind = &mut kinds[usize::from(counts_requests)];
             if kind.is_none_or(|(_, best)| v.constrains_more_than(&best)) {
                 *kind = Some((i, v));
@@ -311,12 +326,23 @@ impl Decision {
             allowed: true,
             ..Decision::default()
         });
+        if decision.allowed {
+            decision.retry_after_ms = wait;
+        }
         decision.other = kinds[usize::from(!winner_kind)].map(|(i, v)| Brief {
             limit: u16::try_from(i).unwrap_or(u16::MAX),
             remaining: v.remaining,
             next_ms: v.next_ms,
         });
         decision
+    }
+}
+
+impl Decision {
+    /// How long an admitted request is held before it goes (a limit
+    /// with a delay admitted it past its burst); 0 for a denial.
+    pub fn held_ms(&self) -> u64 {
+        if self.allowed { self.retry_after_ms } else { 0 }
     }
 }
 
@@ -563,6 +589,22 @@ mod tests {
             Decision::combine([allowed(1, 1), allowed(2, 2)]).other,
             None
         );
+    }
+
+    #[test]
+    fn an_admitted_request_waits_for_the_longest_of_its_limits_waits() {
+        let held = |remaining, wait| Verdict {
+            retry_after_ms: wait,
+            ..allowed(remaining, 100)
+        };
+        let d = Decision::combine([allowed(5, 100), held(0, 300), held(0, 700), allowed(1, 9)]);
+        assert!(d.allowed);
+        assert_eq!(d.held_ms(), 700);
+        // The most constrained is still the one reported in headers.
+        assert_eq!(d.limit, 1);
+        // A denial holds nothing and tells its own wait.
+        let d = Decision::combine([held(0, 700), denied(300)]);
+        assert_eq!((d.allowed, d.held_ms(), d.retry_after_ms), (false, 0, 300));
     }
 
     #[test]

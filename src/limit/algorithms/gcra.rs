@@ -2,6 +2,15 @@
 //! `window / limit`, bursts up to `burst`. The state is the theoretical
 //! arrival time (TAT), as whole milliseconds plus a fraction in 1/`limit`
 //! ms, so an emission interval of `window/limit` ms is exact.
+//!
+//! With a delay (`Limit::delay_ms`), a request past the burst is not
+//! refused while the TAT it leaves is at most the delay beyond the
+//! tolerance: it is admitted, its units taken now, and told to wait until
+//! it fits (the time a denial would have told it). Its place is then held
+//! in the TAT, which is what makes the wait exact across instances: every
+//! later request is decided behind it. nginx's `limit_req rate=r burst=b
+//! delay=d` is `limit = r`, `window = "1s"`, `burst = d + 1`, and a delay
+//! of `(b − d) / r` seconds.
 
 use super::Properties;
 use crate::limit::{Limit, Verdict};
@@ -38,6 +47,15 @@ pub(super) fn check(tat_ms: u64, tat_frac: u64, limit: &Limit, now: u64, cost: u
             remaining: (tolerance - after) / w,
             next_ms: next_unit(after),
             retry_after_ms: 0,
+        }
+    } else if (after - tolerance).div_ceil(rate) <= limit.delay_ms {
+        // Admitted past the burst, held until it fits (the wait is at
+        // least 1 ms, so no delay never gets here).
+        Verdict {
+            allowed: true,
+            remaining: 0,
+            next_ms: next_unit(after),
+            retry_after_ms: (after - tolerance).div_ceil(rate),
         }
     } else {
         Verdict {
@@ -83,5 +101,38 @@ fn ahead(tat_ms: u64, tat_frac: u64, now: u64, rate: u64) -> u64 {
         (tat_ms - now) * rate + tat_frac
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::State;
+    use super::super::tests::take;
+    use crate::limit::{Algorithm, Limit};
+
+    /// nginx's `limit_req rate=10r/s burst=20 delay=8`: of 25 requests at
+    /// once, 9 go at once, the next 12 are held 100 ms apart, the last 4
+    /// are refused; what is held holds its place, so 150 ms later one
+    /// more is held behind the last, 1 150 ms.
+    #[test]
+    fn a_burst_goes_at_once_the_next_are_held_and_past_the_delay_refused() {
+        let mut l = Limit::new(Algorithm::Gcra, 10, 1_000).with_burst(9);
+        l.delay_ms = 1_200;
+        let mut s = State::new(l.algorithm);
+        let t0 = 1_700_000_000_000;
+        let got: Vec<(bool, u64)> = (0..25)
+            .map(|_| take(&mut s, &l, t0, 1))
+            .map(|v| (v.allowed, v.retry_after_ms))
+            .collect();
+        let mut want = vec![(true, 0); 9];
+        want.extend((1..=12).map(|n| (true, n * 100)));
+        want.extend([(false, 1_300); 4]);
+        assert_eq!(got, want);
+        let v = take(&mut s, &l, t0 + 150, 1);
+        assert_eq!((v.allowed, v.retry_after_ms), (true, 1_150));
+        // Without the delay, the same limit refuses past its burst.
+        l.delay_ms = 0;
+        let v = take(&mut s, &l, t0 + 150, 1);
+        assert_eq!((v.allowed, v.retry_after_ms), (false, 1_250));
     }
 }

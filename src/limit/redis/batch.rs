@@ -189,7 +189,8 @@ pub(super) fn deliver(batch: &mut Vec<Pending>, answer: Result<Value, StoreError
 /// <window_ms> <burst> <per request>` for each (the last 1 when the limit
 /// counts each request as one unit, else 0, followed by
 /// `p<duration>,<factor per mille>,<max>,<forget>` for a limit with a
-/// penalty), separated by spaces; a window
+/// penalty, then `d<delay ms>` for a limit with a delay), separated by
+/// spaces; a window
 /// by the calendar is its four boundaries, `<b0>,<b1>,<b2>,<b3>`, in place
 /// of `<window_ms>`. A route sends the same text with every decision (a
 /// calendar route, the same within a window), so Redis parses it once.
@@ -230,6 +231,10 @@ impl ToRedisArgs for Spec<'_> {
                     let _ = spec.write_all(if i == 0 { b"p" } else { b"," });
                     let _ = spec.write_all(digits.format(n).as_bytes());
                 }
+            }
+            if limit.delay_ms > 0 {
+                let _ = spec.write_all(b"d");
+                let _ = spec.write_all(digits.format(limit.delay_ms).as_bytes());
             }
         }
     }

@@ -47,15 +47,16 @@ pub(super) fn decision_from_values(values: &[u8], limits: &[Limit]) -> Decision 
     };
     let whole = |at: &[u8]| u64::try_from(int(at)).unwrap_or(0);
     let kinds = limits.iter().map(|l| l.counts_requests);
-    // An allowed verdict waits for nothing; a settlement's fourth integer
-    // is the units granted in force, not a wait.
+    // An allowed verdict (1) waits for nothing, and a settlement's fourth
+    // integer is the units granted in force, not a wait; one admitted and
+    // held (2, a limit with a delay) waits its fourth.
     let verdicts = verdicts.chunks_exact(VERDICT).map(|v| {
-        let allowed = int(v) == 1;
+        let code = int(v);
         Verdict {
-            allowed,
+            allowed: code != 0,
             remaining: whole(&v[INT..]),
             next_ms: whole(&v[2 * INT..]),
-            retry_after_ms: if allowed { 0 } else { whole(&v[3 * INT..]) },
+            retry_after_ms: if code == 1 { 0 } else { whole(&v[3 * INT..]) },
         }
     });
     let mut decision = Decision::combine_kinds(kinds.zip(verdicts));
@@ -138,6 +139,9 @@ mod tests {
             Some((0, 9, 500))
         );
         assert_eq!(d.at_ms, 7);
+        // Admitted and held (2): the fourth is the wait.
+        let d = decision_from_reply(&packed(&[2, 0, 100, 300, 7]), &one).expect("held");
+        assert_eq!((d.allowed, d.held_ms()), (true, 300));
         for bad in [
             packed(&[1, 5, 1000, 0]),
             packed(&[1, 5, 1000, 0, 1, 2]),
