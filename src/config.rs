@@ -225,6 +225,9 @@ impl Config {
         if a.max_connections != b.max_connections {
             out.push("max_connections");
         }
+        if (a.max_held, a.max_held_per_client) != (b.max_held, b.max_held_per_client) {
+            out.push("max_held");
+        }
         if a.http2_max_concurrent_streams != b.http2_max_concurrent_streams {
             out.push("http2_max_concurrent_streams");
         }
@@ -315,6 +318,11 @@ pub struct Server {
     /// Most client connections open at once; past it new ones wait in the
     /// listen backlog. `None`: three quarters of the open file limit.
     pub max_connections: Option<usize>,
+    /// Most requests held until their limits fit (a limit's `delay`) at
+    /// once on this instance; past it a request is decided without delay.
+    pub max_held: usize,
+    /// Most of them one client's.
+    pub max_held_per_client: usize,
     /// TLS on the proxy listener: where the files are, and the rustls
     /// configuration read from them at load.
     pub tls: Option<(crate::tls::ListenerTls, Arc<rustls::ServerConfig>)>,

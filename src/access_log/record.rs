@@ -30,6 +30,8 @@ pub struct Record {
     pub(super) client: Option<ClientId>,
     upstream: Option<Box<str>>,
     upstream_ms: Option<f64>,
+    /// How long a limit's delay held the request before it went.
+    held_ms: Option<u64>,
     status: u16,
     pub(super) bytes_out: u64,
     /// The units reserved and reported, on a metered route.
@@ -73,6 +75,7 @@ impl Record {
             client: None,
             upstream: None,
             upstream_ms: None,
+            held_ms: None,
             status: 0,
             bytes_out: 0,
             units: None,
@@ -110,6 +113,12 @@ impl Record {
     pub fn upstream(&mut self, endpoint: &str, took: std::time::Duration) {
         self.upstream = Some(endpoint.into());
         self.upstream_ms = Some(took.as_secs_f64() * 1000.0);
+    }
+
+    /// The request was held `ms` until its limits fit (a limit's
+    /// `delay`) before it went on.
+    pub fn held(&mut self, ms: u64) {
+        self.held_ms = Some(ms);
     }
 
     /// The answer's status.
@@ -165,6 +174,9 @@ impl Record {
         }
         if let Some(client) = client {
             field(out, "client", client, false);
+        }
+        if let Some(ms) = self.held_ms {
+            number(out, "held_ms", ms);
         }
         if let Some(upstream) = &self.upstream {
             field(out, "upstream", upstream, false);
@@ -224,6 +236,9 @@ impl Record {
         }
         if let Some(remaining) = self.remaining {
             let _ = write!(out, " remaining={remaining}");
+        }
+        if let Some(ms) = self.held_ms {
+            let _ = write!(out, " held_ms={ms}");
         }
         if let Some(upstream) = &self.upstream {
             let _ = write!(out, " upstream={}", escaped(upstream));

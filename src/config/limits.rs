@@ -39,6 +39,9 @@ pub(super) struct LimitModel {
     pub(super) count_when: Option<Spanned<CountWhenModel>>,
     /// A client it refuses stays refused (`penalty = { duration = "15m" }`).
     penalty: Option<Spanned<PenaltyModel>>,
+    /// Requests past the burst held up to this long until they fit,
+    /// instead of refused (`delay = "1200ms"`, `gcra` only).
+    delay: Option<Spanned<String>>,
 }
 
 /// `penalty = { duration = "15m", factor = 2, max = "4h", forget = "1d" }`:
@@ -159,6 +162,9 @@ impl Validator<'_> {
         limit.lease = lease?;
         if let Some(p) = &m.penalty {
             limit.penalty = Some(self.penalty(p, limit.lease.is_some())?);
+        }
+        if let Some(d) = &m.delay {
+            limit.delay_ms = self.delay(d, &limit)?;
         }
         self.cost_fits(item, &limit, cost)?;
         self.counts_exactly(item, &limit)?;
@@ -383,6 +389,39 @@ impl Validator<'_> {
             max_ms: max,
             forget_ms: forget,
         })
+    }
+
+    /// How long a `gcra` limit holds a request past its burst: from 1 ms
+    /// to a minute; not with a lease (a slice decides without the
+    /// store's arrival time, which is what holds a request's place).
+    fn delay(&mut self, d: &Spanned<String>, limit: &Limit) -> Option<u64> {
+        const MOST_MS: u64 = 60_000;
+        if limit.algorithm != Algorithm::Gcra {
+            self.problem(
+                d.span(),
+                format!(
+                    "delay holds a request until it fits, which only algorithm = \"gcra\" tells; this limit is {:?}: make it gcra, or drop the delay",
+                    limit.algorithm.name()
+                ),
+            );
+            return None;
+        }
+        if limit.lease.is_some() {
+            self.problem(
+                d.span(),
+                "a delay cannot be leased: a held request's place is the store's arrival time; drop the lease or the delay",
+            );
+            return None;
+        }
+        let ms = u64::try_from(self.duration(d, "delay")?.as_millis()).unwrap_or(u64::MAX);
+        if ms > MOST_MS {
+            self.problem(
+                d.span(),
+                "delay must be at most 60s: a client is held that long without an answer; refuse past a shorter delay",
+            );
+            return None;
+        }
+        Some(ms)
     }
 
     /// A limit's lease terms.

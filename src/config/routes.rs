@@ -296,8 +296,9 @@ impl Validator<'_> {
     }
 
     /// A route whose limits count by the answer (`count_when`) sees its
-    /// answers: one that settles usage from them, or is decided for front
-    /// proxies, is a problem at `span`.
+    /// answers, and one whose limits hold requests (`delay`) holds them
+    /// itself: one that settles usage from its answers, or is decided for
+    /// front proxies, is a problem at `span`.
     fn answers_seen<U, D>(
         &mut self,
         m: &RouteModel,
@@ -326,6 +327,24 @@ impl Validator<'_> {
             }
             _ => None,
         };
+        let front = matches!(
+            (descriptor, action),
+            (Some(Some(_)), _) | (_, Some(crate::routes::Action::Decide))
+        );
+        let holds = std::iter::once(policy)
+            .chain(plans.iter().flatten())
+            .chain(overrides.iter().map(|o| &o.policy))
+            .any(|p| p.most_held_ms() > 0);
+        if holds && front {
+            self.problem(
+                span.clone(),
+                format!(
+                    "route {:?} has a limit with a delay, but it is decided for front proxies, which go on at once; drop the delay, or move the limit to a proxied route",
+                    m.name.get_ref()
+                ),
+            );
+            return None;
+        }
         if let (true, Some(why)) = (by_answer, answerless) {
             self.problem(
                 span,

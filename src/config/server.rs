@@ -18,6 +18,11 @@ use super::{
     upstreams,
 };
 use crate::client::{DEFAULT_MAX_CLIENT_ID, TooLong};
+
+/// Most requests held at once on an instance when `max_held` is not set.
+const DEFAULT_MAX_HELD: usize = 10_000;
+/// Most of one client's when `max_held_per_client` is not set.
+const DEFAULT_MAX_HELD_PER_CLIENT: usize = 1_000;
 use crate::routes::EscapedSlashes;
 
 #[derive(Deserialize)]
@@ -61,6 +66,10 @@ pub(super) struct ServerModel {
     escaped_slashes: Option<Spanned<String>>,
     max_client_entries: Option<Spanned<i64>>,
     max_connections: Option<Spanned<i64>>,
+    /// Most requests held until their limits fit (a limit's `delay`).
+    max_held: Option<Spanned<i64>>,
+    /// Most of them one client's.
+    max_held_per_client: Option<Spanned<i64>>,
     tls: Option<Spanned<ListenerTlsModel>>,
     rate_limit_headers: Option<Spanned<String>>,
     #[serde(default)]
@@ -136,6 +145,8 @@ struct Capacities {
     on_long_client_id: TooLong,
     max_client_entries: usize,
     max_connections: Option<usize>,
+    max_held: usize,
+    max_held_per_client: usize,
 }
 
 impl Validator<'_> {
@@ -200,6 +211,8 @@ impl Validator<'_> {
             escaped_slashes,
             max_client_entries: capacities.max_client_entries,
             max_connections: capacities.max_connections,
+            max_held: capacities.max_held,
+            max_held_per_client: capacities.max_held_per_client,
             tls: tls?,
             rate_limit_headers: rate_limit_headers?,
             exempt_keys: self.exempt_keys(&m.exempt_keys),
@@ -359,7 +372,21 @@ impl Validator<'_> {
                 )
                 .map(Some),
         };
+        let max_held = self.bounded(
+            m.max_held.as_ref(),
+            DEFAULT_MAX_HELD,
+            1..=10_000_000,
+            "max_held must be a whole number from 1 to 10000000",
+        );
+        let max_held_per_client = self.bounded(
+            m.max_held_per_client.as_ref(),
+            DEFAULT_MAX_HELD_PER_CLIENT,
+            1..=10_000_000,
+            "max_held_per_client must be a whole number from 1 to 10000000",
+        );
         Some(Capacities {
+            max_held: max_held?,
+            max_held_per_client: max_held_per_client?,
             http2_max_concurrent_streams: u32::try_from(http2_max_concurrent_streams?)
                 .unwrap_or(u32::MAX),
             max_client_id: max_client_id?,

@@ -128,6 +128,13 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 Some(p) => format!("{answers}, penalty {}", p.describe()),
                 None => answers,
             };
+            let answers = match limit.delay_ms {
+                0 => answers,
+                ms => format!(
+                    "{answers}, past the burst held up to {} until it fits",
+                    window(ms)
+                ),
+            };
             format!(
                 "{budget}{number} per {per} {} {whose}{leased}{answers}",
                 limit.algorithm.name()

@@ -16,6 +16,8 @@
 //!   part, held together by gate in one box;
 //! - `by_answer`: limits that count by the answer (`count_when`), the
 //!   units of an answer they do not count given back;
+//! - `held`: requests held until their limits fit (a limit's `delay`),
+//!   their places bounded per instance and per client;
 //! - `drain`: answers whose client leaves before their usage report,
 //!   closed at once or read on within bounds and settled;
 //! - `denials`: denials in the log, one line per route and client per
@@ -28,6 +30,7 @@
 mod by_answer;
 mod denials;
 mod drain;
+mod held;
 mod hooks;
 pub mod metering;
 mod phases;

@@ -1,7 +1,7 @@
 //! One request's phases, in order:
 //!
-//! head → route → admit body → identify → reserve → decide → forward (or
-//! the route's own answer) → annotate → log.
+//! head → route → admit body → identify → reserve → decide → hold (a
+//! limit's delay) → forward (or the route's own answer) → annotate → log.
 //!
 //! Each phase is a function of its own: head, route, admit body and
 //! reserve here; identify in `phases/identify.rs`, decide in
@@ -165,6 +165,13 @@ async fn answer<H: Send + 'static>(
         }
         Ruling::StoreDown(Some(refusal)) => return Err(refusal),
     };
+    // Held until it fits (boxed, as the rare path); the place goes once
+    // the wait is over, or at once when there was none.
+    let wait = allowed.as_ref().map_or(0, |(d, _)| d.held_ms());
+    if wait > 0 {
+        Box::pin(cx.held(wait)).await;
+    }
+    cx.place = None;
     let response = match &found.route.action {
         Action::Respond(r) => out.insert(response::respond(r)),
         // Boxed, as the rare path.

@@ -68,6 +68,8 @@ pub struct Shared {
     last_reload: std::sync::Mutex<Option<LastReload>>,
     /// Usage settlements running in tasks of their own.
     pub(super) settlements: Arc<in_flight::Count>,
+    /// Requests held until their limits fit, and their bounds.
+    pub(super) holds: super::held::Holds,
 }
 
 /// How the last reload went.
@@ -131,6 +133,11 @@ impl Shared {
             None => None,
         };
         let upstreams = start_upstreams(config).await;
+        let holds = super::held::Holds::new(
+            config.server.max_held,
+            config.server.max_held_per_client,
+            &metrics,
+        );
         Ok(Self {
             rules: ArcSwap::from_pointee(Rules::new(config, upstreams, &metrics, None)),
             tls: arc_swap::ArcSwapOption::new(
@@ -149,7 +156,14 @@ impl Shared {
             history: History::default(),
             last_reload: std::sync::Mutex::new(None),
             settlements: Arc::default(),
+            holds,
         })
+    }
+
+    /// Requests holding a place among the held now (waiting, or about
+    /// to be decided on a route whose limits hold).
+    pub fn held(&self) -> usize {
+        self.holds.taken()
     }
 
     /// The usage settlements still running, which a stop waits for.

@@ -109,9 +109,10 @@ fn names_json<'a>(out: &mut String, names: impl Iterator<Item = &'a str>) {
 }
 
 /// A limit's object opened with what names it: `{"policy":…,"key":…,
-/// "budget":…,"count_when":…,"penalty":…` (its policy name, whose count
-/// it is, its budget, the answers it counts or `null` for every request,
-/// its penalty or `null`), for
+/// "budget":…,"count_when":…,"penalty":…,"delay_ms":…` (its policy
+/// name, whose count it is, its budget, the answers it counts or `null`
+/// for every request, its penalty or `null`, how long it holds a request
+/// past its burst or `null`), for
 /// `/status.json`, the readout and the operators' answers alike.
 pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, name: &str) {
     out.push_str("{\"policy\":");
@@ -133,5 +134,10 @@ pub fn limit_named(out: &mut String, policy: &crate::routes::Policy, j: usize, n
     match policy.limits.get(j).and_then(|l| l.penalty.as_ref()) {
         Some(p) => json_string(out, &p.describe()),
         None => out.push_str("null"),
+    }
+    out.push_str(",\"delay_ms\":");
+    match policy.limits.get(j).map(|l| l.delay_ms) {
+        Some(ms) if ms > 0 => out.push_str(itoa::Buffer::new().format(ms)),
+        _ => out.push_str("null"),
     }
 }

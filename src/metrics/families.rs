@@ -301,6 +301,58 @@ pub(super) fn register_open_connections(registry: &mut Registry) -> Gauge {
     open_connections
 }
 
+/// Requests held until their limits fit (a limit's `delay`): how many
+/// wait now, how their holds ended, and how many found a bound full.
+#[derive(Debug)]
+pub(super) struct HeldFamilies {
+    pub(super) holding: Gauge,
+    pub(super) ended: Family<HeldEnd, Counter>,
+    pub(super) full: Family<HeldBound, Counter>,
+}
+
+/// How a hold ended: `went` (forwarded once it fit) or `left` (its
+/// client left first, and nothing went upstream).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldEnd {
+    /// `went` or `left`.
+    pub ended: &'static str,
+}
+
+/// The bound a request found full: `instance` or `client`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldBound {
+    /// `instance` or `client`.
+    pub bound: &'static str,
+}
+
+impl HeldFamilies {
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let holding = Gauge::default();
+        registry.register(
+            "floodgate_held_requests",
+            "Requests held now until their limits fit (a limit's delay), on this instance",
+            holding.clone(),
+        );
+        let ended = Family::default();
+        registry.register(
+            "floodgate_held",
+            "Holds ended: went (forwarded once the request fit) or left (the client left while held; nothing went upstream)",
+            ended.clone(),
+        );
+        let full = Family::default();
+        registry.register(
+            "floodgate_held_full",
+            "Requests that found max_held (bound=instance) or max_held_per_client (bound=client) reached and were decided without a delay",
+            full.clone(),
+        );
+        Self {
+            holding,
+            ended,
+            full,
+        }
+    }
+}
+
 /// The configuration's: reloads by result, and the one in force.
 pub(super) struct ConfigFamilies {
     pub(super) reloads: Family<ResultLabel, Counter>,

@@ -36,7 +36,7 @@ mod store;
 mod text;
 mod usage;
 
-pub use families::NodeLabel;
+pub use families::{HeldBound, HeldEnd, NodeLabel};
 pub use kinds::{CountedRefusal, Outcome, Phase, StoreErrorKind, StoreKind, Timeouts};
 pub use leases::{LeaseFamilies, LeaseMetrics};
 pub use route::RouteMetrics;
@@ -99,6 +99,7 @@ pub struct Metrics {
     pub access_log_suppressed: Counter,
     usage: usage::Families,
     leases: LeaseFamilies,
+    held: families::HeldFamilies,
 }
 
 impl Default for Metrics {
@@ -116,6 +117,7 @@ impl Metrics {
         let store = StoreFamilies::register(&mut registry);
         let upstream = UpstreamFamilies::register(&mut registry);
         let open_connections = families::register_open_connections(&mut registry);
+        let held = families::HeldFamilies::register(&mut registry);
         let config = ConfigFamilies::register(&mut registry);
         let tables = TableFamilies::register(&mut registry);
         let refusals = families::register_refusals(&mut registry);
@@ -160,6 +162,7 @@ impl Metrics {
             access_log_suppressed: access_log.suppressed,
             usage,
             leases: store.leases,
+            held,
         }
     }
 
@@ -173,6 +176,16 @@ impl Metrics {
     /// `collector`, in place of the previous rules' one.
     pub fn show_capacities(&self, collector: impl Collector) {
         self.capacities.show(collector);
+    }
+
+    /// The held requests' handles: how many wait now, how holds ended,
+    /// and requests that found a bound full.
+    pub fn held(&self) -> (Gauge, Family<HeldEnd, Counter>, Family<HeldBound, Counter>) {
+        (
+            self.held.holding.clone(),
+            self.held.ended.clone(),
+            self.held.full.clone(),
+        )
     }
 
     /// Counts an answer floodgate made itself. Statuses are floodgate's own

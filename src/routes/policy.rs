@@ -151,6 +151,21 @@ impl Policy {
         }
     }
 
+    /// The longest a limit holds a request past its burst (`delay`;
+    /// 0 for none): what a request on this policy may wait.
+    pub fn most_held_ms(&self) -> u64 {
+        self.limits.iter().map(|l| l.delay_ms).max().unwrap_or(0)
+    }
+
+    /// The same limits holding no request: each `delay` dropped.
+    pub fn without_delays(&self) -> Self {
+        let mut policy = self.clone();
+        for limit in &mut policy.limits {
+            limit.delay_ms = 0;
+        }
+        policy
+    }
+
     /// Whether some limit counts only the answers its `count_when` names.
     pub fn counts_by_answer(&self) -> bool {
         self.by_answer

@@ -36,6 +36,10 @@ pub(super) struct Context<'a> {
     /// On a route that counts by the answer, the admitted request's units
     /// until the answer says which limits keep them.
     pub(super) by_answer: Option<Box<ByAnswer>>,
+    /// On a route whose limits hold requests (`delay`), the request's
+    /// place among the held, from before the decision until its wait ends
+    /// (boxed: every request's future carries the field).
+    pub(super) place: Option<Box<crate::gate::held::Place<'a>>>,
 }
 
 /// The route a request is on.
@@ -70,6 +74,7 @@ impl<'a> Context<'a> {
             slot: None,
             reservation: None,
             by_answer: None,
+            place: None,
         }
     }
 }

@@ -78,6 +78,7 @@ impl Context<'_> {
         let (Some(client), Some(policy)) = (&who.client, policy) else {
             return Deciding::Done(self.unlimited(rules, found, Outcome::Allowed));
         };
+        let policy = self.place_among_the_held(client, policy);
         let cost = match &route.usage {
             None => route.cost,
             Some(usage) => match crate::usage::reservation(usage, headers, read) {
@@ -166,6 +167,39 @@ impl Context<'_> {
         };
         self.record(rules, &ruling, whose);
         ruling
+    }
+
+    /// An admitted request that a limit's delay holds waits `wait_ms` in
+    /// its place, until it fits: a timer in the request's own future,
+    /// which a client leaving drops, and with it the place.
+    pub(super) async fn held(&mut self, wait_ms: u64) {
+        if let Some(r) = self.log.as_mut() {
+            r.held(wait_ms);
+        }
+        let wait = std::time::Duration::from_millis(wait_ms);
+        match self.place.as_mut() {
+            Some(place) => place.hold(wait).await,
+            // Decided under a policy that holds, without a place (only
+            // when a bound was full, and then the policy had no delay).
+            None => tokio::time::sleep(wait).await,
+        }
+    }
+
+    /// On a policy whose limits hold requests (`delay`), the request's
+    /// place among the held, kept in the context; when a bound is full,
+    /// the policy without its delays instead, so that the request goes at
+    /// once if it fits and is otherwise refused, taking nothing.
+    fn place_among_the_held<'r>(&mut self, client: &ClientId, policy: Limits<'r>) -> Limits<'r> {
+        if policy.most_held_ms() == 0 {
+            return policy;
+        }
+        match self.shared.holds.take(client) {
+            Ok(place) => {
+                self.place = Some(Box::new(place));
+                policy
+            }
+            Err(_) => Limits::ForRequest(Box::new(policy.without_delays())),
+        }
     }
 
     /// On a metered route, keeps the reservation `charge` took when the

@@ -57,6 +57,7 @@ pub async fn operate(
         slot: None,
         reservation: None,
         by_answer: None,
+        place: None,
     };
     let found = Found { index, route };
     let mut headers = op.headers.clone();

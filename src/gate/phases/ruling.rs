@@ -21,10 +21,10 @@ use crate::routes::{Answers, Policy, Route};
 /// [`Policy`] held one way or another) a store decided it under, for
 /// the answer's `RateLimit` fields or its denial.
 ///
-/// A request held until its limits fit again ("delay until T": the
-/// store's arrival time) and one refused while its client is under
-/// penalty are rulings of their own when they come, rendered by each
-/// front door as these are.
+/// A request held until its limits fit (a limit's `delay`: the store's
+/// arrival time) is `Allowed`, its decision's
+/// [`Decision::held_ms`] the wait; one refused while its client is
+/// under penalty is `Denied`.
 pub(super) enum Ruling<P> {
     /// Nothing limits the request (its client is exempt, or its route
     /// has no limits): it goes on, its answer not annotated.
