@@ -69,6 +69,33 @@ impl FrontProxy {
         Self::started(child, port, dir, "nginx").await
     }
 
+    /// nginx on a free port limiting every request by its address itself
+    /// with `limit_req` (`arguments`, such as `burst=20 delay=8`) at
+    /// `rate`, refusing with 429, and proxying the rest to `upstream`:
+    /// what floodgate's `delay` is compared with.
+    pub async fn nginx_limit_req(upstream: SocketAddr, rate: &str, arguments: &str) -> Self {
+        let dir = super::temp_dir("nginx-limit-req");
+        let port = super::free_port();
+        let conf = NGINX_LIMIT_REQ
+            .replace("{dir}", &dir.display().to_string())
+            .replace("{port}", &port.to_string())
+            .replace("{rate}", rate)
+            .replace("{arguments}", arguments)
+            .replace("{upstream}", &upstream.to_string());
+        let path = dir.join("nginx.conf");
+        std::fs::write(&path, conf).expect("write nginx.conf");
+        let child = Command::new(which("nginx"))
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nginx");
+        Self::started(child, port, dir, "nginx").await
+    }
+
     /// Caddy on a free port: `forward_auth`'s expanded form asks
     /// `decision` about every request, which then goes to `upstream`.
     pub async fn caddy(decision: SocketAddr, upstream: SocketAddr) -> Self {
@@ -251,6 +278,38 @@ http {
             return 503 "the rate limiter cannot decide\n";
         }
 {settle_location}    }
+}
+"#;
+
+/// nginx limiting requests itself, per client address, in front of an
+/// upstream.
+const NGINX_LIMIT_REQ: &str = r#"
+daemon off;
+master_process off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log info;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    limit_req_zone $binary_remote_addr zone=clients:1m rate={rate};
+    limit_req_status 429;
+    limit_req_log_level info;
+
+    server {
+        listen 127.0.0.1:{port};
+        keepalive_requests 100000;
+
+        location / {
+            limit_req zone=clients {arguments};
+            proxy_pass http://{upstream};
+        }
+    }
 }
 "#;
 

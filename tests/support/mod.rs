@@ -71,6 +71,8 @@ pub struct Seen {
     /// The request target, as sent.
     pub target: String,
     pub headers: HeaderMap,
+    /// When the upstream received it.
+    pub at: std::time::Instant,
 }
 
 impl Upstream {
@@ -104,6 +106,7 @@ impl Upstream {
                                 method: req.method().to_string(),
                                 target: req.uri().to_string(),
                                 headers: req.headers().clone(),
+                                at: std::time::Instant::now(),
                             });
                         }
                         upstream_answer(req)

@@ -1,0 +1,570 @@
+//! Delay instead of refuse: a `gcra` limit with a `delay` admits its
+//! burst at once, holds the next requests until they fit and refuses
+//! those past the delay. Side by side with nginx's `limit_req burst=20
+//! delay=8` on the same schedule, the same across two instances on one
+//! Redis, and letting go of every held request whose client leaves, within
+//! the instance's bound.
+
+mod support;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::config::{Config, Route};
+use support::front::FrontProxy;
+use support::redis::TestRedis;
+use support::{Floodgate, Upstream};
+
+/// One test at a time: each measures time or memory, which the other's
+/// load would disturb.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Bursts sent at once: when (ms after the first) and how many. Every
+/// request of a burst is admitted at once, held or refused, by
+/// arrival order, as worked out from the limit below (10 a second, 9 at
+/// once, held up to 1.2 s, so nginx's `burst=20 delay=8`), with at least
+/// 50 ms between a request's arrival time and a boundary.
+const SCHEDULE: [(u64, usize); 5] = [(0, 25), (1_650, 6), (2_450, 10), (4_800, 12), (5_500, 1)];
+
+/// Per burst: admitted at once, held, refused.
+const EXPECTED: [(usize, usize, usize); 5] =
+    [(9, 12, 4), (4, 2, 0), (6, 4, 0), (9, 3, 0), (1, 0, 0)];
+
+/// The limit in floodgate's words.
+const LIMIT: &str =
+    r#"{ algorithm = "gcra", limit = 10, window = "1s", burst = 9, delay = "1200ms" }"#;
+
+/// A request as sent and answered: its id, its status, and for an
+/// admitted one how long after it was sent the upstream received it (ms).
+struct Measured {
+    id: String,
+    status: u16,
+    delay: Option<f64>,
+}
+
+/// A held request's delay through floodgate may differ from nginx's by
+/// at most this much each (ms): under half the emission interval, so a
+/// request held one place off in the queue (100 ms) is told apart even
+/// when a loaded machine wakes a timer late...
+const EACH_WITHIN_MS: f64 = 45.0;
+
+/// ...and by this much in the middle (the median difference, ms).
+const WITHIN_MS: f64 = 10.0;
+
+/// `SCHEDULE` sent to `proxies` (request `i` of a burst to proxy `i`
+/// modulo their number), each request with an id in its query, which the
+/// upstream and the proxies' logs record: every burst's requests measured.
+async fn run(proxies: &[SocketAddr], upstream: &Upstream, tag: &str) -> Vec<Vec<Measured>> {
+    let most = SCHEDULE.iter().map(|&(_, n)| n).max().unwrap_or(0);
+    let mut senders = Vec::new();
+    for i in 0..most {
+        senders.push(support::http1_connection::<Empty<Bytes>>(proxies[i % proxies.len()]).await);
+    }
+    let start = Instant::now() + Duration::from_millis(100);
+    let mut bursts = Vec::new();
+    for (b, &(at, n)) in SCHEDULE.iter().enumerate() {
+        tokio::time::sleep_until((start + Duration::from_millis(at)).into()).await;
+        let mut sent = Vec::new();
+        for (i, sender) in senders.iter_mut().take(n).enumerate() {
+            let id = format!("{tag}-{b}-{i}");
+            let request = Request::get(format!("/limited?probe={id}"))
+                .header("host", "delays.test")
+                .body(Empty::new())
+                .expect("request");
+            sender.ready().await.expect("connection ready");
+            let when = Instant::now();
+            let answer = sender.send_request(request);
+            sent.push(tokio::spawn(async move {
+                let response = answer.await.expect("an answer");
+                let status = response.status().as_u16();
+                let _ = response.into_body().collect().await;
+                (id, when, status)
+            }));
+        }
+        bursts.push(sent);
+    }
+    let mut out = Vec::new();
+    for sent in bursts {
+        let mut measured = Vec::new();
+        for task in sent {
+            let (id, when, status) = task.await.expect("request task");
+            let delay = (status == 200).then(|| {
+                let probe = format!("probe={id}");
+                let seen = upstream.seen();
+                let at = seen
+                    .iter()
+                    .find(|s| s.target.ends_with(&probe))
+                    .map(|s| s.at)
+                    .unwrap_or_else(|| panic!("{id} was admitted and never reached the upstream"));
+                at.duration_since(when).as_secs_f64() * 1000.0
+            });
+            measured.push(Measured { id, status, delay });
+        }
+        out.push(measured);
+    }
+    out
+}
+
+/// Per burst, as the proxy decided (`held` names the requests it held):
+/// admitted at once, held, refused.
+fn classes(run: &[Vec<Measured>], by_proxy: &HashSet<String>) -> Vec<(usize, usize, usize)> {
+    run.iter()
+        .map(|burst| {
+            let count = |f: &dyn Fn(&Measured) -> bool| burst.iter().filter(|m| f(m)).count();
+            let refused = count(&|m| m.status == 429);
+            let held = count(&|m| m.status == 200 && by_proxy.contains(&m.id));
+            let at_once = count(&|m| m.status == 200 && !by_proxy.contains(&m.id));
+            assert_eq!(at_once + held + refused, burst.len(), "only 200 and 429");
+            (at_once, held, refused)
+        })
+        .collect()
+}
+
+/// Each burst's held requests' delays, shortest first.
+fn held_delays(run: &[Vec<Measured>], held: &HashSet<String>) -> Vec<Vec<f64>> {
+    run.iter()
+        .map(|burst| {
+            let mut delays: Vec<f64> = burst
+                .iter()
+                .filter(|m| held.contains(&m.id))
+                .filter_map(|m| m.delay)
+                .collect();
+            delays.sort_by(f64::total_cmp);
+            delays
+        })
+        .collect()
+}
+
+/// Held request by held request, in each burst's order of delay, how much
+/// longer `a` held than `b` (ms); and the largest and the median of how
+/// far apart they are.
+fn differences(a: &[Vec<f64>], b: &[Vec<f64>]) -> (Vec<f64>, f64, f64) {
+    let each: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| p - q))
+        .collect();
+    let mut apart: Vec<f64> = each.iter().map(|d| d.abs()).collect();
+    apart.sort_by(f64::total_cmp);
+    let largest = apart.last().copied().unwrap_or(0.0);
+    let median = apart.get(apart.len() / 2).copied().unwrap_or(0.0);
+    (each, largest, median)
+}
+
+/// The requests nginx held: its error log (at `info`) says "delaying
+/// request" with the request line of each.
+fn held_by_nginx(log: &str) -> HashSet<String> {
+    log.lines()
+        .filter(|l| l.contains("delaying request"))
+        .filter_map(|l| Some(l.split("probe=").nth(1)?.split(' ').next()?.to_owned()))
+        .collect()
+}
+
+/// The requests floodgate held: its access log's lines with `held_ms`,
+/// once it has `count` lines (waiting up to 5 s for the writer).
+async fn held_by_floodgate(log: &Path, count: usize) -> HashSet<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let text = loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().count() >= count || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|line| line["held_ms"].as_u64().is_some_and(|ms| ms > 0))
+        .filter_map(|line| Some(line["path"].as_str()?.split("probe=").nth(1)?.to_owned()))
+        .collect()
+}
+
+fn floodgate_config(upstream: &Upstream, redis: &TestRedis, prefix: &str, log: &Path) -> String {
+    Config::new()
+        .redis(&redis.url, prefix)
+        .access_log(&[&format!("path = {:?}", log.display().to_string())])
+        .route(
+            Route::new("limited")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/limited""#)
+                .limits(LIMIT),
+        )
+        .toml()
+}
+
+/// The same schedule through nginx (`limit_req rate=10r/s burst=20
+/// delay=8`) and through floodgate on Redis (`burst = 9, delay =
+/// "1200ms"`): each burst's requests admitted at once, held or refused
+/// as the limit says, by each proxy's own account (nginx's error log,
+/// floodgate's access log), and the held requests' delays (from sending
+/// to the upstream) as nginx's: within 10 ms in the middle, within 45 ms
+/// each. Then through two floodgates on one Redis, a burst's requests
+/// split between them: the same as through one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_goes_at_once_the_next_wait_as_nginx_holds_them_and_two_instances_agree() {
+    let _alone = ALONE.lock().await;
+    let upstream = Upstream::start().await;
+    let redis = TestRedis::start().await;
+    let dir = support::temp_dir("delays");
+    let nginx = FrontProxy::nginx_limit_req(upstream.addr, "10r/s", "burst=20 delay=8").await;
+    let nginx_addr: SocketAddr = ([127, 0, 0, 1], nginx.port).into();
+    let through_nginx = run(&[nginx_addr], &upstream, "nginx").await;
+    let prefix = support::redis::unique_prefix("delays");
+    let config = floodgate_config(
+        &upstream,
+        &redis,
+        &format!("{prefix}-one"),
+        &dir.join("one.log"),
+    );
+    let one = Floodgate::start(&config).await;
+    let through_one = run(&[one.addr], &upstream, "one").await;
+    let total = SCHEDULE.iter().map(|&(_, n)| n).sum();
+    let nginx_held = held_by_nginx(&nginx.log());
+    let one_held = held_by_floodgate(&dir.join("one.log"), total).await;
+    assert_eq!(
+        classes(&through_nginx, &nginx_held),
+        EXPECTED,
+        "nginx:\n{}",
+        nginx.log()
+    );
+    assert_eq!(classes(&through_one, &one_held), EXPECTED, "floodgate");
+    let (one_delays, nginx_delays) = (
+        held_delays(&through_one, &one_held),
+        held_delays(&through_nginx, &nginx_held),
+    );
+    let (each, largest, median) = differences(&one_delays, &nginx_delays);
+    eprintln!(
+        "held by floodgate − by nginx (ms): {each:.1?}; largest {largest:.1}, median {median:.1}"
+    );
+    assert!(
+        largest <= EACH_WITHIN_MS && median <= WITHIN_MS,
+        "floodgate's delays {one_delays:.1?}\nnginx's {nginx_delays:.1?}"
+    );
+
+    let union = format!("{prefix}-union");
+    let (a_log, b_log) = (dir.join("a.log"), dir.join("b.log"));
+    let a = Floodgate::start(&floodgate_config(&upstream, &redis, &union, &a_log)).await;
+    let b = Floodgate::start(&floodgate_config(&upstream, &redis, &union, &b_log)).await;
+    let through_two = run(&[a.addr, b.addr], &upstream, "two").await;
+    let mut two_held = held_by_floodgate(&a_log, total.div_ceil(2)).await;
+    two_held.extend(held_by_floodgate(&b_log, total / 2).await);
+    assert_eq!(classes(&through_two, &two_held), EXPECTED, "two floodgates");
+    let two_delays = held_delays(&through_two, &two_held);
+    let (each, largest, median) = differences(&two_delays, &one_delays);
+    eprintln!(
+        "held by two instances − by one (ms): {each:.1?}; largest {largest:.1}, median {median:.1}"
+    );
+    assert!(
+        largest <= EACH_WITHIN_MS && median <= WITHIN_MS,
+        "two instances' delays {two_delays:.1?}\none's {one_delays:.1?}"
+    );
+}
+
+// === held requests whose clients leave ===
+
+/// Requests held at once in each wave: the instance's bound.
+const HELD: usize = 10_000;
+
+/// HTTP/2 connections a wave's clients share (at most 1 000 streams each).
+const CONNECTIONS: usize = 20;
+
+/// How long a client's second request is held: longer than a wave takes
+/// to send, so that every one is still held when the clients leave.
+const HOLD: Duration = Duration::from_secs(10);
+
+/// A budget that `/prime` (answered by floodgate itself) and `/held`
+/// (forwarded) draw from: a client's request to `/prime` goes at once,
+/// and its request to `/held` after it is held `HOLD`. Nothing but held
+/// requests is ever forwarded, and the upstream records nothing else.
+const HOLDING: &str = r#"[budgets.holding]
+limits = [{ algorithm = "gcra", limit = 1, window = "10s", burst = 1, delay = "30s" }]"#;
+
+/// The most this process's resident memory reached since the last read,
+/// sampled every 10 ms (floodgate serves in this process).
+struct Peak {
+    most: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Peak {
+    fn watch() -> Self {
+        let (most, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (m, s) = (Arc::clone(&most), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                m.fetch_max(resident_kib(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Self { most, stop }
+    }
+
+    /// The peak since the last call (KiB), starting over.
+    fn take(&self) -> u64 {
+        self.most.swap(resident_kib(), Ordering::Relaxed)
+    }
+}
+
+impl Drop for Peak {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `VmRSS` of this process, in KiB.
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A metric of `floodgate`'s `/metrics`, summed over the series with
+/// `labels`.
+async fn metric(floodgate: &Floodgate, name: &str, labels: &[&str]) -> f64 {
+    let page = support::TestClient::http1()
+        .get(&floodgate.admin_url("/metrics"), &[])
+        .await
+        .text();
+    support::load::metric_where(&page, name, labels)
+}
+
+/// Polls `name` until it is `want`, for at most `within`: how long it
+/// took, or `None`.
+async fn reaches(
+    floodgate: &Floodgate,
+    name: &str,
+    want: f64,
+    within: Duration,
+) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if metric(floodgate, name, &[]).await == want {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// A client's side of an HTTP/2 connection.
+type H2Sender = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+/// One GET of `path` as client `client`.
+fn as_client(path: &str, client: usize) -> Request<Empty<Bytes>> {
+    Request::get(format!("http://held.test{path}"))
+        .header("x-client", format!("c{client}"))
+        .body(Empty::new())
+        .expect("request")
+}
+
+/// What a wave left: the upstream's requests when its clients left, and
+/// when the last of its holds would have ended.
+struct Wave {
+    hits_when_left: usize,
+    last_hold_ends: Instant,
+}
+
+/// `CONNECTIONS` HTTP/2 connections to `addr`, and a second handle on
+/// each one's socket, to close it under its client.
+async fn connections(addr: SocketAddr) -> (Vec<H2Sender>, Vec<std::net::TcpStream>) {
+    let mut senders = Vec::new();
+    let mut sockets = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let socket = std::net::TcpStream::connect(addr).expect("connect");
+        socket.set_nonblocking(true).expect("non-blocking");
+        // Another handle on the socket, to close it under the client.
+        sockets.push(socket.try_clone().expect("a second handle"));
+        let stream = tokio::net::TcpStream::from_std(socket).expect("tokio stream");
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+        senders.push(sender);
+        tokio::spawn(connection);
+    }
+    (senders, sockets)
+}
+
+/// One request beyond the instance's bound, of a client with one held
+/// already: decided without a delay instead, it does not fit at once,
+/// and is refused with 429 and Retry-After, counted as the bound full.
+async fn beyond_the_bound(floodgate: &Floodgate, sender: &mut H2Sender, client: usize) {
+    let full = r#"bound="instance""#;
+    let before = metric(floodgate, "floodgate_held_full_total", &[full]).await;
+    let beyond = sender
+        .send_request(as_client("/held", client))
+        .await
+        .expect("an answer");
+    assert_eq!(beyond.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(beyond.headers().contains_key("retry-after"));
+    assert_eq!(
+        metric(floodgate, "floodgate_held_full_total", &[full]).await,
+        before + 1.0
+    );
+}
+
+/// `HELD` clients from `first`, on `CONNECTIONS` HTTP/2 connections:
+/// each sends a request that goes at once and then one that is held;
+/// once all are held, one more beyond the bound is refused with 429, and
+/// then every client leaves (its connection closed): the held count is
+/// back to 0 within a second.
+async fn wave(floodgate: &Floodgate, upstream: &Upstream, first: usize) -> Wave {
+    let started = Instant::now();
+    let (mut senders, sockets) = connections(floodgate.addr).await;
+    let firsts = Arc::new(tokio::sync::Semaphore::new(500));
+    let mut clients = tokio::task::JoinSet::new();
+    for client in first..first + HELD {
+        let mut sender = senders[client % CONNECTIONS].clone();
+        let firsts = Arc::clone(&firsts);
+        clients.spawn(async move {
+            let permit = firsts.acquire_owned().await.expect("semaphore");
+            let at_once = sender
+                .send_request(as_client("/prime", client))
+                .await
+                .expect("an answer");
+            assert_eq!(
+                at_once.status(),
+                StatusCode::OK,
+                "client {client}'s first request"
+            );
+            let _ = at_once.into_body().collect().await;
+            let held = sender.send_request(as_client("/held", client));
+            drop(permit);
+            // Ends only when the connection is closed under it.
+            let _ = held.await;
+        });
+    }
+    let all_held = reaches(
+        floodgate,
+        "floodgate_held_requests",
+        HELD as f64,
+        Duration::from_secs(60),
+    )
+    .await;
+    let last_hold_ends = Instant::now() + HOLD;
+    let took = started.elapsed();
+    assert!(
+        all_held.is_some() && took < HOLD,
+        "{HELD} requests held at once: {} held after {took:?}",
+        metric(floodgate, "floodgate_held_requests", &[]).await
+    );
+    eprintln!("{HELD} clients' requests held {took:?} after the wave began");
+    beyond_the_bound(floodgate, &mut senders[0], first).await;
+    // Every client leaves: the connections close under the held requests.
+    let hits_when_left = upstream.hits();
+    for socket in &sockets {
+        socket
+            .shutdown(std::net::Shutdown::Both)
+            .expect("close the connection");
+    }
+    let let_go = reaches(
+        floodgate,
+        "floodgate_held_requests",
+        0.0,
+        Duration::from_secs(1),
+    )
+    .await;
+    assert!(
+        let_go.is_some(),
+        "held requests still counted a second after their clients left: {}",
+        metric(floodgate, "floodgate_held_requests", &[]).await
+    );
+    eprintln!(
+        "held count back to 0 {:?} after the clients left",
+        let_go.unwrap_or_default()
+    );
+    drop(senders);
+    while clients.join_next().await.is_some() {}
+    Wave {
+        hits_when_left,
+        last_hold_ends,
+    }
+}
+
+/// Two waves of 10 000 held requests whose clients then leave: each
+/// time the held count is back to 0 within a second, nothing they asked
+/// reaches the upstream (watched until their holds would have ended),
+/// the instance's bound refuses one more with 429, and the second wave
+/// takes this process no more memory than the first did at its peak.
+/// On one thread: with a thread per core, each thread's allocator arena
+/// keeps its own peak, and the process's swings by 10 % from wave to wave
+/// whatever the requests leave.
+#[tokio::test(flavor = "current_thread")]
+async fn ten_thousand_held_requests_are_let_go_when_their_clients_leave() {
+    let _alone = ALONE.lock().await;
+    let upstream = Upstream::start().await;
+    let redis = TestRedis::start().await;
+    let config = Config::new()
+        .admin()
+        .redis(&redis.url, &support::redis::unique_prefix("held"))
+        .server(&format!("max_held = {HELD}"))
+        .server("max_held_per_client = 2")
+        .server("http2_max_concurrent_streams = 1000")
+        .route(
+            Route::new("prime")
+                .matching(r#"path_prefix = "/prime""#)
+                .client(r#"from = "header", name = "X-Client""#)
+                .line(r#"budgets = ["holding"]"#),
+        )
+        .route(
+            Route::new("held")
+                .upstream(&upstream.url())
+                .matching(r#"path_prefix = "/held""#)
+                .client(r#"from = "header", name = "X-Client""#)
+                .line(r#"budgets = ["holding"]"#),
+        )
+        .tables(HOLDING)
+        .toml();
+    let floodgate = Floodgate::start(&config).await;
+    let peak = Peak::watch();
+    peak.take();
+    let before = resident_kib();
+    eprintln!("resident before: {before} KiB");
+    let one = wave(&floodgate, &upstream, 0).await;
+    let first_peak = peak.take();
+    let two = wave(&floodgate, &upstream, HELD).await;
+    let second_peak = peak.take();
+    eprintln!(
+        "resident memory: {before} KiB before, at its peak {first_peak} KiB in the first wave, {second_peak} KiB in the second"
+    );
+    // Nothing held reached the upstream, then or once the holds would
+    // have ended.
+    assert_eq!((one.hits_when_left, two.hits_when_left), (0, 0));
+    tokio::time::sleep_until((two.last_hold_ends + Duration::from_millis(500)).into()).await;
+    assert_eq!(
+        upstream.hits(),
+        0,
+        "a held request went on after its client left"
+    );
+    assert_eq!(
+        metric(&floodgate, "floodgate_held_total", &[r#"ended="went""#]).await,
+        0.0
+    );
+    assert_eq!(
+        metric(&floodgate, "floodgate_held_total", &[r#"ended="left""#]).await,
+        2.0 * HELD as f64
+    );
+    // A wave of held requests takes this process about 100 MB (client
+    // and server, unoptimised); the allocator settles in the second wave,
+    // which measured 1.2 to 1.9 % of that above the first's peak (and a
+    // third, fourth and fifth within 0.1 % of the second's). Anything held
+    // requests left behind, 500 bytes each, would pass the 5 %.
+    let slack = first_peak.saturating_sub(before) / 20;
+    assert!(
+        second_peak <= first_peak + slack,
+        "the second wave grew memory past the first's peak: {second_peak} KiB > {first_peak} KiB + {slack} KiB"
+    );
+}
