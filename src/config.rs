@@ -225,8 +225,11 @@ impl Config {
         if a.max_connections != b.max_connections {
             out.push("max_connections");
         }
-        if (a.max_held, a.max_held_per_client) != (b.max_held, b.max_held_per_client) {
+        if a.max_held != b.max_held {
             out.push("max_held");
+        }
+        if a.max_held_per_client != b.max_held_per_client {
+            out.push("max_held_per_client");
         }
         if a.http2_max_concurrent_streams != b.http2_max_concurrent_streams {
             out.push("http2_max_concurrent_streams");

@@ -277,14 +277,14 @@ const CONNECTIONS: usize = 20;
 
 /// How long a client's second request is held: longer than a wave takes
 /// to send, so that every one is still held when the clients leave.
-const HOLD: Duration = Duration::from_secs(10);
+const HOLD: Duration = Duration::from_secs(15);
 
 /// A budget that `/prime` (answered by floodgate itself) and `/held`
 /// (forwarded) draw from: a client's request to `/prime` goes at once,
 /// and its request to `/held` after it is held `HOLD`. Nothing but held
 /// requests is ever forwarded, and the upstream records nothing else.
 const HOLDING: &str = r#"[budgets.holding]
-limits = [{ algorithm = "gcra", limit = 1, window = "10s", burst = 1, delay = "30s" }]"#;
+limits = [{ algorithm = "gcra", limit = 1, window = "15s", burst = 1, delay = "30s" }]"#;
 
 /// The most this process's resident memory reached since the last read,
 /// sampled every 10 ms (floodgate serves in this process).
