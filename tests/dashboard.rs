@@ -152,7 +152,8 @@ fn five_routes_with_a_plan_and_a_budget(upstream: &Upstream) -> String {
             Route::new("guard")
                 .matching(r#"path_prefix = "/guard""#)
                 .respond("status = 200")
-                .limits(r#"{ algorithm = "sliding_log", limit = 5, window = "10m", count_when = { status = [401, "5xx"] }, penalty = { duration = "15m", factor = 2, max = "4h" } }"#),
+                .limits(r#"{ algorithm = "sliding_log", limit = 5, window = "10m", count_when = { status = [401, "5xx"] }, penalty = { duration = "15m", factor = 2, max = "4h" } }"#)
+                .limits(r#"{ algorithm = "gcra", limit = 10, window = "1s", burst = 9, delay = "1200ms" }"#),
         )
         .route(
             Route::new("metered")
@@ -211,8 +212,8 @@ async fn traffic_denied_most_to_least(client: &TestClient, gate: &Floodgate) {
     client.get(&gate.url("/metered/x"), &[]).await;
 }
 
-/// Six rows, `bulk` first, each with its limits (what a limit counts and
-/// its penalty among them), allowed and denied counts and units where a
+/// Six rows, `bulk` first, each with its limits (what a limit counts, its
+/// penalty and its delay among them), allowed and denied counts and units where a
 /// route meters them.
 fn each_route_shows_its_limits_and_counts(dom: &str) {
     let rows: Vec<&str> = dom.split("<tr data-route=").skip(1).collect();
@@ -244,6 +245,10 @@ fn each_route_shows_its_limits_and_counts(dom: &str) {
         guard.contains(
             "5/600s sliding_log counting status 401, 5xx (penalty 15m, ×2 to 4h, forgotten after 4h)"
         ),
+        "{guard}"
+    );
+    assert!(
+        guard.contains("10/1s gcra, held up to 1200 ms past the burst"),
         "{guard}"
     );
 }
