@@ -8,8 +8,9 @@
 -- missing key means the same as the old one: no backlog.
 -- With a `delay` (ms), a request past the burst whose TAT would be at most
 -- the delay beyond the tolerance is admitted held: check answers 2 and the
--- wait until it fits (what a denial would tell), and commit takes its
--- units now, so every later request is decided behind it.
+-- wait until it fits (what a denial without a delay would tell), and
+-- commit takes its units now, so every later request is decided behind
+-- it; a refusal is told when it would be admitted, held the whole delay.
 local function gcra()
   local function check(key, limit, window, now, cost, burst, delay)
     local tolerance = window * burst
@@ -38,7 +39,8 @@ local function gcra()
     end
     -- A clock that stepped back leaves the TAT further ahead than the
     -- tolerance: nothing remains.
-    return 0, floor_div(max(tolerance - before, 0), window), next_unit(before), wait, after
+    -- Refused: told when it would be admitted, held the whole delay.
+    return 0, floor_div(max(tolerance - before, 0), window), next_unit(before), wait - (delay or 0), after
   end
 
   local function commit(key, limit, window, now, cost, burst, after)

@@ -361,9 +361,10 @@ fn mixed_limits_on_one_route_agree_and_decide_all_or_nothing() {
     lua_agrees_with_rust("mixed", limits.prop_map(|l| l.to_vec()));
 }
 
-/// A denied client that waits exactly the reported retry-after is admitted
-/// at once, and not a millisecond earlier; a request admitted and held
-/// (a GCRA with a delay) is told exactly when it would have fitted.
+/// A denied client that waits exactly the reported retry-after is
+/// admitted (held the whole delay, under a GCRA with one), and not a
+/// millisecond earlier; a request admitted and held is told exactly when
+/// it would have gone at once.
 #[test]
 fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
     let seed = seed();
@@ -394,18 +395,28 @@ fn waiting_exactly_the_retry_after_is_enough_and_necessary() {
                     "held past the delay"
                 );
             }
+            // Held: when it would have gone at once. Refused: when it
+            // would be admitted, held the whole delay if the limit has one.
+            let admitted = |v: floodgate::limit::Verdict| match verdict.allowed {
+                true => at_once(v),
+                false => v.allowed,
+            };
             let mut early = state.clone();
             let at = now + verdict.retry_after_ms;
             prop_assert!(
-                !at_once(early.check(&limit, at - 1, cost)),
-                "admitted at once before retry-after"
+                !admitted(early.check(&limit, at - 1, cost)),
+                "admitted before retry-after"
             );
             let mut waited = state.clone();
+            let then = waited.check(&limit, at, cost);
             prop_assert!(
-                at_once(waited.check(&limit, at, cost)),
-                "not admitted at once at retry-after {}",
+                admitted(then),
+                "not admitted at retry-after {}",
                 verdict.retry_after_ms
             );
+            if !verdict.allowed && limit.delay_ms > 0 && then.retry_after_ms > 0 {
+                prop_assert_eq!(then.retry_after_ms, limit.delay_ms, "held the whole delay");
+            }
             if verdict.allowed {
                 state.consume(&limit, now, cost);
             }

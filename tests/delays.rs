@@ -568,3 +568,65 @@ async fn ten_thousand_held_requests_are_let_go_when_their_clients_leave() {
         "the second wave grew memory past the first's peak: {second_peak} KiB > {first_peak} KiB + {slack} KiB"
     );
 }
+
+/// A client holding `max_held_per_client` requests: its next one that
+/// would be held is decided without the delay and refused (429, counted
+/// as the client's bound full), while another client's is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_at_its_bound_is_refused_what_would_be_held_while_others_wait() {
+    let _alone = ALONE.lock().await;
+    let config = Config::new()
+        .admin()
+        .server("max_held_per_client = 1")
+        .route(
+            Route::new("held")
+                .matching(r#"path_prefix = "/held""#)
+                .client(r#"from = "header", name = "X-Client""#)
+                .limits(
+                    r#"{ algorithm = "gcra", limit = 1, window = "2s", burst = 1, delay = "10s" }"#,
+                ),
+        )
+        .toml();
+    let floodgate = Floodgate::start(&config).await;
+    let (mut senders, _sockets) = connections(floodgate.addr).await;
+    let mut send = |client: usize| senders[0].send_request(as_client("/held", client));
+    assert_eq!(send(1).await.expect("an answer").status(), StatusCode::OK);
+    let held = tokio::spawn(send(1));
+    let one_held = reaches(
+        &floodgate,
+        "floodgate_held_requests",
+        1.0,
+        Duration::from_secs(5),
+    );
+    assert!(one_held.await.is_some(), "client 1's second request held");
+    let refused = send(1).await.expect("an answer");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let full = metric(
+        &floodgate,
+        "floodgate_held_full_total",
+        &[r#"bound="client""#],
+    )
+    .await;
+    assert_eq!(full, 1.0);
+    // Another client's second request is held beside the first's.
+    assert_eq!(send(2).await.expect("an answer").status(), StatusCode::OK);
+    let other = tokio::spawn(send(2));
+    assert!(
+        reaches(
+            &floodgate,
+            "floodgate_held_requests",
+            2.0,
+            Duration::from_secs(5)
+        )
+        .await
+        .is_some()
+    );
+    for answer in [held, other] {
+        let answer = answer.await.expect("task").expect("an answer");
+        assert_eq!(answer.status(), StatusCode::OK, "held, then admitted");
+    }
+    assert_eq!(
+        metric(&floodgate, "floodgate_held_total", &[r#"ended="went""#]).await,
+        2.0
+    );
+}

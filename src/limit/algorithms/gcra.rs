@@ -6,7 +6,9 @@
 //! With a delay (`Limit::delay_ms`), a request past the burst is not
 //! refused while the TAT it leaves is at most the delay beyond the
 //! tolerance: it is admitted, its units taken now, and told to wait until
-//! it fits (the time a denial would have told it). Its place is then held
+//! it fits (the time a denial without a delay would have told it); one
+//! past the delay is refused, told to come back when it would be admitted
+//! held for the whole delay. Its place is then held
 //! in the TAT, which is what makes the wait exact across instances: every
 //! later request is decided behind it. nginx's `limit_req rate=r burst=b
 //! delay=d` is `limit = r`, `window = "1s"`, `burst = d + 1`, and a delay
@@ -64,7 +66,10 @@ pub(super) fn check(tat_ms: u64, tat_frac: u64, limit: &Limit, now: u64, cost: u
             // the tolerance: nothing remains.
             remaining: tolerance.saturating_sub(ahead) / w,
             next_ms: next_unit(ahead),
-            retry_after_ms: (after - tolerance).div_ceil(rate),
+            // Until it would be admitted, held for the whole delay if it
+            // has one (so a remembered denial ends when a held admission
+            // would begin).
+            retry_after_ms: (after - tolerance).div_ceil(rate) - limit.delay_ms,
         }
     }
 }
@@ -112,8 +117,8 @@ mod tests {
 
     /// nginx's `limit_req rate=10r/s burst=20 delay=8`: of 25 requests at
     /// once, 9 go at once, the next 12 are held 100 ms apart, the last 4
-    /// are refused; what is held holds its place, so 150 ms later one
-    /// more is held behind the last, 1 150 ms.
+    /// are refused, told to come back in 100 ms; what is held holds its
+    /// place, so 150 ms later one more is held behind the last, 1 150 ms.
     #[test]
     fn a_burst_goes_at_once_the_next_are_held_and_past_the_delay_refused() {
         let mut l = Limit::new(Algorithm::Gcra, 10, 1_000).with_burst(9);
@@ -126,7 +131,8 @@ mod tests {
             .collect();
         let mut want = vec![(true, 0); 9];
         want.extend((1..=12).map(|n| (true, n * 100)));
-        want.extend([(false, 1_300); 4]);
+        // Refused: back in 100 ms, to be held the whole 1.2 s.
+        want.extend([(false, 100); 4]);
         assert_eq!(got, want);
         let v = take(&mut s, &l, t0 + 150, 1);
         assert_eq!((v.allowed, v.retry_after_ms), (true, 1_150));
