@@ -166,9 +166,10 @@ async fn answer<H: Send + 'static>(
         Ruling::StoreDown(Some(refusal)) => return Err(refusal),
     };
     // Held until it fits (boxed, as the rare path); the place goes once
-    // the wait is over, or at once when there was none.
+    // the wait is over, or at once when there was none. A route in shadow
+    // mode holds nothing, as it refuses nothing.
     let wait = allowed.as_ref().map_or(0, |(d, _)| d.held_ms());
-    if wait > 0 {
+    if wait > 0 && !found.route.shadow {
         Box::pin(cx.held(wait)).await;
     }
     cx.place = None;

@@ -179,8 +179,8 @@ impl Context<'_> {
         let wait = std::time::Duration::from_millis(wait_ms);
         match self.place.as_mut() {
             Some(place) => place.hold(wait).await,
-            // Decided under a policy that holds, without a place (only
-            // when a bound was full, and then the policy had no delay).
+            // Not reached: a policy that holds takes a place before it is
+            // decided. Waiting all the same keeps the store's word.
             None => tokio::time::sleep(wait).await,
         }
     }
