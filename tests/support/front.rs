@@ -71,8 +71,9 @@ impl FrontProxy {
 
     /// nginx on a free port limiting every request by its address itself
     /// with `limit_req` (`arguments`, such as `burst=20 delay=8`) at
-    /// `rate`, refusing with 429, and proxying the rest to `upstream`:
-    /// what floodgate's `delay` is compared with.
+    /// `rate`, refusing with 429, and proxying the rest to `upstream`
+    /// (`/warm` too, unlimited): what floodgate's `delay` is compared
+    /// with.
     pub async fn nginx_limit_req(upstream: SocketAddr, rate: &str, arguments: &str) -> Self {
         let dir = super::temp_dir("nginx-limit-req");
         let port = super::free_port();
@@ -307,6 +308,10 @@ http {
 
         location / {
             limit_req zone=clients {arguments};
+            proxy_pass http://{upstream};
+        }
+
+        location /warm {
             proxy_pass http://{upstream};
         }
     }
