@@ -132,7 +132,7 @@ fn limits(route: &Route, policy: &Policy) -> String {
                 0 => answers,
                 ms => format!(
                     "{answers}, past the burst held up to {} until it fits",
-                    window(ms)
+                    crate::clock::written(ms)
                 ),
             };
             format!(
