@@ -11,7 +11,8 @@ use crate::support::config::Route;
 pub(super) type Seen = Arc<Mutex<HashMap<String, (u64, u64)>>>;
 
 /// A login upstream: 200 for `X-Password: right`, else 401; notes each
-/// user's answers.
+/// user's answers as each request arrives, and answers 300 ms later when
+/// the request carries `X-Slow`.
 pub(super) async fn login_upstream() -> (String, Seen) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -33,6 +34,7 @@ pub(super) async fn login_upstream() -> (String, Seen) {
                                 .to_owned()
                         };
                         let right = header("x-password") == "right";
+                        let slow = !header("x-slow").is_empty();
                         let mut seen = noted.lock().expect("seen");
                         let counts = seen.entry(header("x-user")).or_default();
                         if right {
@@ -41,6 +43,9 @@ pub(super) async fn login_upstream() -> (String, Seen) {
                             counts.1 += 1;
                         }
                         async move {
+                            if slow {
+                                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                            }
                             http::Response::builder()
                                 .status(if right { 200 } else { 401 })
                                 .body(http_body_util::Full::new(bytes::Bytes::from_static(b"")))
@@ -91,6 +96,7 @@ pub async fn only_the_answers_named_are_counted(bed: &Bed) {
     assert_eq!(login(0, "mal", "right").await, 429);
     assert_eq!(login(1, "mal", "right").await, 429);
     assert_eq!(login(1, "ann", "right").await, 200);
+    a_guess_whose_client_left_counts_once(&gates, &seen).await;
     let seen = seen.lock().expect("seen").clone();
     assert_eq!(seen.get("ann"), Some(&(1001, 0)));
     assert_eq!(
@@ -98,4 +104,40 @@ pub async fn only_the_answers_named_are_counted(bed: &Bed) {
         Some(&(0, 5)),
         "the upstream saw mal's five guesses alone"
     );
+    assert_eq!(
+        seen.get("eve"),
+        Some(&(0, 5)),
+        "eve's left guess and four more"
+    );
+}
+
+/// Eve's guess reaches the upstream and she leaves before its answer: it
+/// counts, once, so four more failures are all she gets.
+async fn a_guess_whose_client_left_counts_once(gates: &super::Gates, seen: &Seen) {
+    let url = gates.url(0, "/login");
+    let left = tokio::spawn(async move {
+        let headers = [("x-user", "eve"), ("x-password", "guess"), ("x-slow", "1")];
+        TestClient::http1().get(&url, &headers).await
+    });
+    let arrived = || seen.lock().expect("seen").get("eve").copied();
+    for _ in 0..400 {
+        if arrived().is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(arrived(), Some((0, 1)), "the guess reached the upstream");
+    left.abort();
+    let http = TestClient::http1();
+    let mut statuses = Vec::new();
+    for i in 1..=5 {
+        let headers = [("x-user", "eve"), ("x-password", "guess")];
+        statuses.push(
+            http.get(&gates.url(i, "/login"), &headers)
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [401, 401, 401, 401, 429]);
 }
