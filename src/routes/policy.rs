@@ -199,6 +199,7 @@ impl Policy {
                     .bounds(&calendar.calendar, now_ms, anchor);
             }
         }
+        let claimed = !values.is_empty();
         let mut policy = Self {
             limits,
             quotas: Vec::new(),
@@ -208,7 +209,14 @@ impl Policy {
             varies: false,
             by_answer: self.by_answer,
         };
-        policy.numbers_changed();
+        if claimed {
+            policy.numbers_changed();
+        } else {
+            // A calendar moves the windows, not the quotas: only the
+            // policy's value is written again.
+            policy.quotas.clone_from(&self.quotas);
+            policy.header = policy_header(&policy.terms, &policy.limits);
+        }
         policy
     }
 
