@@ -23,7 +23,10 @@ use tokio::net::TcpListener;
 use crate::gate::{Readiness, Shared};
 use crate::metrics::Outcome;
 
+mod keys;
 mod operations;
+mod reply;
+mod tokens;
 
 /// The dashboard: one page, its script polling `/status.json`,
 /// `/history.json` and `/clients/top`; no external assets.
@@ -66,6 +69,10 @@ pub async fn serve(
                 let shared = Arc::clone(&shared);
                 let token_file = token_file.clone();
                 async move {
+                    if keys::is_keys(request.uri().path()) {
+                        let file = token_file.as_deref().map(std::path::PathBuf::as_path);
+                        return Ok::<_, Infallible>(keys::answer(&shared, request, file).await);
+                    }
                     if request.method() == Method::GET && request.uri().path() == "/penalties" {
                         return Ok::<_, Infallible>(operations::penalties(&shared).await);
                     }
@@ -288,6 +295,11 @@ fn status_json(shared: &Shared) -> String {
     store_json(&mut out, shared);
     out.push_str(",\"reload\":");
     reload_json(&mut out, shared);
+    out.push_str(",\"keys\":");
+    match shared.keys() {
+        Some(keys) => out.push_str(&keys.status().to_string()),
+        None => out.push_str("null"),
+    }
     out.push_str(",\"routes\":[");
     for (i, (((route, counts), capacity), metering)) in rules
         .routes
@@ -302,25 +314,19 @@ fn status_json(shared: &Shared) -> String {
         }
         out.push_str("{\"name\":");
         crate::access_log::json_string(&mut out, &route.name);
-        let _ = write!(out, ",\"shadow\":{},\"limits\":", route.shadow);
+        let _ = write!(out, ",\"shadow\":{},\"api_key\":", route.shadow);
+        match &route.api_key {
+            None => out.push_str("null"),
+            Some(from) => crate::access_log::json_string(&mut out, &from.describe()),
+        }
+        out.push_str(",\"limits\":");
         crate::gate::shown::policy_json(&mut out, &route.policy);
-        out.push_str(",\"plans\":{");
         let names = rules
             .routes
             .plan_selection
             .as_ref()
             .map_or(&[][..], |s| s.names.as_slice());
-        let mut first = true;
-        for (name, policy) in names.iter().zip(&route.plans) {
-            let Some(policy) = policy else { continue };
-            if !std::mem::take(&mut first) {
-                out.push(',');
-            }
-            crate::access_log::json_string(&mut out, name);
-            out.push(':');
-            crate::gate::shown::policy_json(&mut out, policy);
-        }
-        out.push('}');
+        route_plans_json(&mut out, names.iter().zip(&route.plans));
         for (outcome, n) in Outcome::ALL.iter().zip(counts.counts()) {
             let _ = write!(out, ",\"{}\":{n}", outcome.name());
         }
@@ -348,6 +354,26 @@ fn status_json(shared: &Shared) -> String {
     crate::gate::shown::plans_json(&mut out, &rules.routes);
     out.push('}');
     out
+}
+
+/// A route's `plans` in `/status.json`: each plan it refers to, with
+/// its limits on the route.
+fn route_plans_json<'a>(
+    out: &mut String,
+    plans: impl Iterator<Item = (&'a Arc<str>, &'a Option<crate::gate::shown::Policy>)>,
+) {
+    out.push_str(",\"plans\":{");
+    let mut first = true;
+    for (name, policy) in plans {
+        let Some(policy) = policy else { continue };
+        if !std::mem::take(&mut first) {
+            out.push(',');
+        }
+        crate::access_log::json_string(out, name);
+        out.push(':');
+        crate::gate::shown::policy_json(out, policy);
+    }
+    out.push('}');
 }
 
 /// A route's `usage` in `/status.json`: `null` unless it meters; its

@@ -43,6 +43,7 @@ mod concurrency;
 mod document;
 mod durations;
 pub mod envoy_ratelimit;
+mod keys;
 mod limits;
 mod matching;
 mod overrides;
@@ -113,6 +114,8 @@ pub struct Config {
     pub access_log: Option<crate::access_log::Settings>,
     /// How client ids appear in the access log and on `/clients/top`.
     pub client_ids: crate::access_log::ShowId,
+    /// The key registry (`[keys]`), if on.
+    pub keys: Option<crate::keys::Settings>,
 }
 
 /// Listener addresses given on the command line (`--listen`,
@@ -240,6 +243,9 @@ impl Config {
         if self.store != new.store {
             out.push("store");
         }
+        if self.keys != new.keys {
+            out.push("keys");
+        }
         if self.access_log != new.access_log || self.client_ids != new.client_ids {
             out.push("access_log");
         }
@@ -356,6 +362,7 @@ struct FileModel {
     #[serde(default)]
     plans: BTreeMap<Spanned<String>, Spanned<plans::PlanModel>>,
     plan_selection: Option<Spanned<plans::PlanSelectionModel>>,
+    keys: Option<Spanned<keys::KeysModel>>,
 }
 
 // === loading ===
@@ -385,10 +392,15 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
     v.removed = removed;
     let server = v.server(&model.server);
     let store = v.store(model.store.as_ref());
+    let keys = match &model.keys {
+        Some(k) => v.keys(k, store.as_ref()).map(Some),
+        None => Some(None),
+    };
     let mut defaults = Defaults::of(server.as_ref());
     // Asked of the file, not of a `[server]` with a mistake elsewhere: a
     // route only decided is no mistake of its own then.
     defaults.decisions = model.server.get_ref().has_decision_listen();
+    defaults.keys = model.keys.is_some();
     let upstreams = v.upstreams(&model.upstreams, defaults);
     let mut catalog = v.catalog(&model.budgets, &model.plans, model.plan_selection.as_ref());
     let routes = v.routes(
@@ -402,18 +414,21 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         Some(m) => v.access_log(m.get_ref()),
         None => Some((None, crate::access_log::ShowId::Hash)),
     };
-    match (server, store, access_log, v.problems.is_empty()) {
-        (Some(server), Some(store), Some((access_log, client_ids)), true) => Ok(Config {
-            path: path.to_owned(),
-            server,
-            store,
-            routes: Table::new(routes).with_plans(selection),
-            upstreams: std::mem::take(&mut v.upstreams),
-            digest: digest(text),
-            overrides: Overrides::default(),
-            access_log,
-            client_ids,
-        }),
+    match (server, store, access_log, keys, v.problems.is_empty()) {
+        (Some(server), Some(store), Some((access_log, client_ids)), Some(keys), true) => {
+            Ok(Config {
+                path: path.to_owned(),
+                server,
+                store,
+                routes: Table::new(routes).with_plans(selection),
+                upstreams: std::mem::take(&mut v.upstreams),
+                digest: digest(text),
+                overrides: Overrides::default(),
+                access_log,
+                client_ids,
+                keys,
+            })
+        }
         _ => Err(LoadError::Invalid(v.sorted_problems())),
     }
 }

@@ -9,6 +9,7 @@
 //! | [`routes`] | which route is this request on, and what are its rules? (matching by path, template, method, host and headers; its limits and the overrides for some clients; how its answers carry them; its upstream, by index) |
 //! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route; how many failed credentials an address may send before its new tokens go unchecked) |
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
+//! | [`keys`] | whose API key is this? (the registry of customers' keys: identity, plan, attributes, enabled, expiry; kept as keyed digests in the store, every instance holding a copy that follows the store's changes; made, imported, changed, revoked and rotated through the admin listener, every change audited) |
 //! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue; its settings in [`concurrency::settings`], its series in [`concurrency::metrics`]) |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breakers (one per Redis node: a cluster's primaries each have their own, as the store routes decisions to them itself), denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome: the families and the registry; modules with live state to show at scrape time (endpoints, caps) hand it their own collectors; the dashboard's 15 minutes of history per route ([`metrics::history`]) |
@@ -45,6 +46,7 @@ pub mod gate;
 pub mod head;
 pub mod in_flight;
 pub mod jwt;
+pub mod keys;
 pub mod limit;
 pub mod metrics;
 pub mod proxy;

@@ -65,6 +65,8 @@ pub struct Refusal {
     retry_after_ms: Option<u64>,
     /// The shape of its body.
     answers: Answers,
+    /// OpenAI's error `code`, for a route that answers as OpenAI does.
+    code: Option<&'static str>,
 }
 
 impl Refusal {
@@ -106,6 +108,28 @@ impl Refusal {
             detail: detail.into(),
             retry_after_ms: None,
             answers: Answers::Problem,
+            code: None,
+        }
+    }
+
+    /// The client's credential is refused: `status` (401 or 403), with
+    /// OpenAI's error `code` where the route answers as OpenAI does.
+    pub fn credential(
+        status: StatusCode,
+        detail: impl Into<Cow<'static, str>>,
+        code: &'static str,
+    ) -> Self {
+        Self {
+            code: Some(code),
+            ..Self::new(status, Fault::Client, detail)
+        }
+    }
+
+    /// This refusal telling the client to retry after `ms`.
+    pub fn retry_after(self, ms: u64) -> Self {
+        Self {
+            retry_after_ms: Some(ms),
+            ..self
         }
     }
 
@@ -142,7 +166,7 @@ impl Refusal {
                 } else {
                     "invalid_request_error"
                 };
-                response::openai::error(self.status, &self.detail, kind, None)
+                response::openai::error(self.status, &self.detail, kind, self.code)
             }
         };
         if let Some(ms) = self.retry_after_ms {
@@ -212,6 +236,7 @@ impl From<crate::client::ClientError> for Refusal {
                 ..Self::client(StatusCode::TOO_MANY_REQUESTS, e.to_string())
             },
             ClientError::Token(_) => Self::client(StatusCode::UNAUTHORIZED, e.to_string()),
+            ClientError::NoAttribute(_) => Self::client(StatusCode::FORBIDDEN, e.to_string()),
             _ => Self::client(StatusCode::BAD_REQUEST, e.to_string()),
         }
     }

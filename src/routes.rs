@@ -19,6 +19,7 @@ use crate::client::{ClientId, ClientRule};
 mod answers;
 mod count_when;
 mod descriptor;
+mod keyed;
 mod path;
 mod plans;
 mod policy;
@@ -27,6 +28,7 @@ mod template;
 pub use answers::{Answers, DenyCode};
 pub use count_when::CountWhen;
 pub use descriptor::{Descriptor, Entry as DescriptorEntry};
+pub use keyed::uses_key;
 pub use path::{EscapedSlashes, PathError, normalize_path, request_paths};
 pub use plans::{PlanSelection, PlanSource, PlanTable};
 pub use policy::{
@@ -80,6 +82,10 @@ pub struct Route {
     /// Requests carrying one of these header values bypass the limits
     /// (`[server]`'s and the route's own `exempt_keys`).
     pub exempt_keys: Vec<KeyExemption>,
+    /// Where the API key the key registry verifies is read, when the route
+    /// verifies keys: an unknown, disabled or expired key is refused
+    /// before anything is counted.
+    pub api_key: Option<crate::keys::settings::KeyFrom>,
     /// Largest request body forwarded, in bytes (413 past it).
     pub max_request_body: Option<u64>,
     /// How many requests may be in flight at once, if capped.

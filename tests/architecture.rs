@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Every module of floodgate at the top of `src/`.
-const TOP: [&str; 22] = [
+const TOP: [&str; 23] = [
     "access_log",
     "admin",
     "client",
@@ -30,6 +30,7 @@ const TOP: [&str; 22] = [
     "head",
     "in_flight",
     "jwt",
+    "keys",
     "limit",
     "metrics",
     "proxy",
@@ -57,7 +58,8 @@ struct Rule {
 }
 
 /// The settings modules: plain data that other modules compile into.
-const SETTINGS: [&str; 5] = [
+const SETTINGS: [&str; 6] = [
+    "keys::settings",
     "limit::settings",
     "proxy::settings",
     "concurrency::settings",
@@ -151,6 +153,13 @@ const RULES: &[Rule] = &[
         never: &["routes", "limit"],
         except: &[],
         why: "a client id is made from the request alone, and routes and limits build on it",
+    },
+    Rule {
+        name: "keys answers whose key it is; it neither routes, forwards nor serves",
+        from: &["keys"],
+        never: &["routes", "proxy", "gate", "server", "config", "admin", "concurrency"],
+        except: &[],
+        why: "the registry is live state every reload shares; it reads and writes records through the store's handle, and gate asks it",
     },
     Rule {
         name: "concurrency caps know neither routes nor the proxy",

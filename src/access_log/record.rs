@@ -32,6 +32,8 @@ pub struct Record {
     upstream_ms: Option<f64>,
     /// How long a limit's delay held the request before it went.
     held_ms: Option<u64>,
+    /// What verifying its API key found, and the key's id when valid.
+    key: Option<(&'static str, Option<Box<str>>)>,
     status: u16,
     pub(super) bytes_out: u64,
     /// The units reserved and reported, on a metered route.
@@ -76,6 +78,7 @@ impl Record {
             upstream: None,
             upstream_ms: None,
             held_ms: None,
+            key: None,
             status: 0,
             bytes_out: 0,
             units: None,
@@ -119,6 +122,12 @@ impl Record {
     /// `delay`) before it went on.
     pub fn held(&mut self, ms: u64) {
         self.held_ms = Some(ms);
+    }
+
+    /// What verifying the request's API key found (`valid`, `missing`,
+    /// `unknown`, …), and the key's public id when it is valid.
+    pub fn key(&mut self, outcome: &'static str, id: Option<&str>) {
+        self.key = Some((outcome, id.map(Into::into)));
     }
 
     /// The answer's status.
@@ -177,6 +186,12 @@ impl Record {
         }
         if let Some(ms) = self.held_ms {
             number(out, "held_ms", ms);
+        }
+        if let Some((outcome, id)) = &self.key {
+            field(out, "key", outcome, false);
+            if let Some(id) = id {
+                field(out, "key_id", id, false);
+            }
         }
         if let Some(upstream) = &self.upstream {
             field(out, "upstream", upstream, false);
@@ -239,6 +254,12 @@ impl Record {
         }
         if let Some(ms) = self.held_ms {
             let _ = write!(out, " held_ms={ms}");
+        }
+        if let Some((outcome, id)) = &self.key {
+            let _ = write!(out, " key={outcome}");
+            if let Some(id) = id {
+                let _ = write!(out, " key_id={id}");
+            }
         }
         if let Some(upstream) = &self.upstream {
             let _ = write!(out, " upstream={}", escaped(upstream));

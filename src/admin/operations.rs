@@ -18,13 +18,14 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::reply::{json_answer, problem};
 use crate::gate::{Adjustment, Operation, OperationError, Shared, kept, operate};
 
 /// The largest operation body read.
@@ -75,10 +76,15 @@ pub(super) async fn answer(
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     let changes = path != "/clients/standing";
-    if changes && let Err(refused) = authorized(request.headers(), token_file) {
-        return *refused;
-    }
-    let operator = request
+    let operator = if changes {
+        match super::tokens::operator(request.headers(), token_file) {
+            Ok(name) => name,
+            Err(refused) => return *refused,
+        }
+    } else {
+        String::new()
+    };
+    let on_behalf = request
         .headers()
         .get("x-operator")
         .and_then(|v| v.to_str().ok())
@@ -110,20 +116,16 @@ pub(super) async fn answer(
     match operate(shared, &op).await {
         Ok((before, after)) => {
             if let Some(after) = &after {
-                tracing::info!(
-                    target: "floodgate::audit",
-                    operator = %operator,
-                    peer = %peer,
-                    action = %path.trim_start_matches("/clients/"),
-                    units = asked.units.unwrap_or(0),
-                    route = %asked.route,
-                    limit = %asked.limit.as_deref().unwrap_or("all"),
-                    client = %described(&asked.client, op.address),
-                    reason = %reason,
-                    before = %before,
-                    after = %after,
-                    "an operator changed a client's counts"
-                );
+                let done = Done {
+                    operator: &operator,
+                    on_behalf: &on_behalf,
+                    peer,
+                    action: path.trim_start_matches("/clients/"),
+                    asked: &asked,
+                    address: op.address,
+                    reason,
+                };
+                audited(shared, &done, &before, after).await;
             }
             let body = match &after {
                 Some(after) => format!("{{\"before\":{before},\"after\":{after}}}"),
@@ -139,59 +141,55 @@ pub(super) async fn answer(
     }
 }
 
-/// Whether `headers` carry the token `token_file` holds.
-fn authorized(
-    headers: &HeaderMap,
-    token_file: Option<&Path>,
-) -> Result<(), Box<Response<Full<Bytes>>>> {
-    let Some(file) = token_file else {
-        return Err(Box::new(problem(
-            StatusCode::FORBIDDEN,
-            "changes are off: set [server] admin_token_file to allow them",
-        )));
-    };
-    let Some(given) = headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        let mut refused = problem(
-            StatusCode::UNAUTHORIZED,
-            "a change needs Authorization: Bearer <the admin token>",
-        );
-        refused
-            .headers_mut()
-            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return Err(Box::new(refused));
-    };
-    let token = std::fs::read_to_string(file).ok();
-    let Some(token) = token
-        .as_deref()
-        .and_then(|t| t.lines().next())
-        .map(str::trim_end)
-        .filter(|t| !t.is_empty())
-    else {
-        return Err(Box::new(problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the admin token file cannot be read; no change is allowed until it can",
-        )));
-    };
-    // Compared as digests, in time that does not depend on where they differ.
-    let (a, b) = (
-        Sha256::digest(given.trim().as_bytes()),
-        Sha256::digest(token.as_bytes()),
+/// An operator's change, as the audit records it.
+struct Done<'a> {
+    operator: &'a str,
+    on_behalf: &'a str,
+    peer: std::net::SocketAddr,
+    action: &'a str,
+    asked: &'a Asked,
+    address: IpAddr,
+    reason: &'a str,
+}
+
+/// Writes the audit line of `done`, and its entry in the store's audit:
+/// by the key's identity when the client is named by a key the registry
+/// knows, else as the client is described.
+async fn audited(shared: &Shared, done: &Done<'_>, before: &str, after: &str) {
+    let asked = done.asked;
+    let client = described(&asked.client, done.address);
+    tracing::info!(
+        target: "floodgate::audit",
+        operator = %done.operator,
+        on_behalf = %done.on_behalf,
+        peer = %done.peer,
+        action = %done.action,
+        units = asked.units.unwrap_or(0),
+        route = %asked.route,
+        limit = %asked.limit.as_deref().unwrap_or("all"),
+        client = %client,
+        reason = %done.reason,
+        before = %before,
+        after = %after,
+        "an operator changed a client's counts"
     );
-    if a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        != 0
-    {
-        return Err(Box::new(problem(
-            StatusCode::FORBIDDEN,
-            "the admin token is not this one",
-        )));
+    let entry = crate::gate::AuditEntry {
+        at_ms: crate::clock::now_ms(),
+        operator: done.operator.to_owned(),
+        action: done.action.to_owned(),
+        identity: shared.key_identity(&asked.client.headers).unwrap_or(client),
+        key: format!(
+            "{} {}",
+            asked.route,
+            asked.limit.as_deref().unwrap_or("all")
+        ),
+        reason: done.reason.to_owned(),
+        before: before.to_owned(),
+        after: after.to_owned(),
+    };
+    if let Err(e) = shared.audit(entry).await {
+        tracing::warn!(error = %e, "the operator's action is not in the store's audit");
     }
-    Ok(())
 }
 
 /// The client for the audit line: its address, and each header with its
@@ -206,25 +204,6 @@ fn described(client: &ClientAsked, address: IpAddr) -> String {
     out
 }
 
-/// An RFC 9457 problem document.
-fn problem(status: StatusCode, detail: &str) -> Response<Full<Bytes>> {
-    let mut body = String::new();
-    body.push_str(&format!(
-        "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{},\"detail\":",
-        status.canonical_reason().unwrap_or(""),
-        status.as_u16()
-    ));
-    crate::access_log::json_string(&mut body, detail);
-    body.push('}');
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
-}
-
 /// `GET /penalties`: every penalty in force, with the route and limit it
 /// is under, the client as the store names it, the seconds left and the
 /// offences in a row.
@@ -237,15 +216,6 @@ pub(super) async fn penalties(shared: &Shared) -> Response<Full<Bytes>> {
             &format!("the rate limit store could not be read: {why}"),
         ),
     }
-}
-
-/// `body` as a JSON answer.
-fn json_answer(body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 /// Whether `path` is one of the usage exports.
@@ -332,7 +302,7 @@ pub(super) async fn usage(shared: &Shared, request: &Request<Incoming>) -> Respo
 }
 
 /// `%XX` escapes and `+` of a query value decoded (lossily).
-fn percent_decoded(value: &str) -> String {
+pub(super) fn percent_decoded(value: &str) -> String {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -9,8 +9,20 @@ use http::{HeaderMap, HeaderValue};
 use ipnet::IpNet;
 
 use super::{
-    ClientError, ClientId, ClientRule, MissingHeader, Part, Repeated, TooLong, client_address,
+    ClientError, ClientId, ClientRule, KeyFacts, MissingHeader, Part, Repeated, TooLong,
+    client_address,
 };
+
+/// What one identification reads: the request, its peer, and what the
+/// key registry says of its key.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    headers: &'a HeaderMap,
+    path: &'a str,
+    peer: IpAddr,
+    trusted: &'a [IpNet],
+    key: Option<&'a KeyFacts<'a>>,
+}
 
 impl ClientRule {
     /// Makes sure each header this rule reads holds one value, so that the
@@ -67,26 +79,61 @@ impl ClientRule {
         peer: IpAddr,
         trusted: &[IpNet],
     ) -> Result<ClientId, ClientError> {
+        self.identify_keyed(headers, path, peer, trusted, None)
+    }
+
+    /// [`ClientRule::identify`] for a request whose API key the registry
+    /// verified, as `key` says it is.
+    pub fn identify_keyed(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        peer: IpAddr,
+        trusted: &[IpNet],
+        key: Option<&KeyFacts<'_>>,
+    ) -> Result<ClientId, ClientError> {
+        let asked = Asked {
+            headers,
+            path,
+            peer,
+            trusted,
+            key,
+        };
         match self.parts.as_slice() {
-            [part] => self.part(part, headers, path, peer, trusted),
+            [part] => self.part(part, &asked),
             parts => parts
                 .iter()
-                .map(|part| self.part(part, headers, path, peer, trusted))
+                .map(|part| self.part(part, &asked))
                 .collect::<Result<Box<[_]>, _>>()
                 .map(ClientId::Composite),
         }
     }
 
-    fn part(
-        &self,
-        part: &Part,
-        headers: &HeaderMap,
-        path: &str,
-        peer: IpAddr,
-        trusted: &[IpNet],
-    ) -> Result<ClientId, ClientError> {
+    fn part(&self, part: &Part, asked: &Asked<'_>) -> Result<ClientId, ClientError> {
+        let Asked {
+            headers,
+            path,
+            peer,
+            trusted,
+            key,
+        } = *asked;
         let address = |ip| ClientId::Addr(group_ipv6(ip, self.ipv6_prefix));
         match part {
+            Part::Key(attribute) => {
+                let facts = key.ok_or(ClientError::NoKey)?;
+                match facts.value(attribute.as_deref()) {
+                    Some(value) if value.len() <= self.max_len => Ok(ClientId::header(value)),
+                    Some(value) => Ok(ClientId::digest_of(value)),
+                    None => match (self.missing, attribute) {
+                        (MissingHeader::Fallback, _) | (_, None) => {
+                            Ok(ClientId::header(facts.identity))
+                        }
+                        (MissingHeader::Reject, Some(name)) => {
+                            Err(ClientError::NoAttribute(name.clone()))
+                        }
+                    },
+                }
+            }
             Part::RemoteAddr => Ok(address(peer.to_canonical())),
             Part::ForwardedFor => Ok(address(client_address(headers, peer, trusted))),
             Part::Global => Ok(ClientId::Global),
@@ -183,11 +230,12 @@ impl ClientRule {
         path: &str,
         peer: IpAddr,
         trusted: &[IpNet],
+        key: Option<&KeyFacts<'_>>,
     ) -> Result<ClientId, ClientError> {
-        match self.identify(headers, path, peer, trusted) {
+        match self.identify_keyed(headers, path, peer, trusted, key) {
             Err(ClientError::Repeated(_)) if self.repeated != Repeated::Reject => {
                 self.single_values(headers)?;
-                self.identify(headers, path, peer, trusted)
+                self.identify_keyed(headers, path, peer, trusted, key)
             }
             answer => answer,
         }
@@ -425,11 +473,11 @@ mod tests {
             );
         }
         let mut h = lines(&["victim, throwaway-1"]);
-        let id = with(Repeated::First).identify_forwarded(&mut h, "/", peer, &[]);
+        let id = with(Repeated::First).identify_forwarded(&mut h, "/", peer, &[], None);
         assert_eq!(id, Ok(ClientId::header("victim")));
         assert_eq!(h.get_all(&key).iter().collect::<Vec<_>>(), ["victim"]);
         let mut h = lines(&["victim", "throwaway-1"]);
-        let id = with(Repeated::Reject).identify_forwarded(&mut h, "/", peer, &[]);
+        let id = with(Repeated::Reject).identify_forwarded(&mut h, "/", peer, &[], None);
         assert_eq!(id, Err(ClientError::Repeated(key.clone())));
     }
 

@@ -23,6 +23,7 @@ mod identify;
 pub use address::{client_address, is_in};
 pub use failures::Failures;
 pub use id::{ClientId, sha256, sha256_from_hex};
+
 pub(crate) use id::{hex, keyed_digest, process_key};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -117,6 +118,30 @@ pub enum Part {
     /// Nobody in particular: every request of the route counts in one
     /// bucket, across all instances.
     Global,
+    /// What the key registry says of the request's verified API key: its
+    /// identity (the customer), or one of its attributes by name (`org`),
+    /// which nothing the client sends can change.
+    Key(Option<Box<str>>),
+}
+
+/// What the key registry says of a request's verified API key, for the
+/// rules that key on it.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyFacts<'a> {
+    /// The customer the key belongs to.
+    pub identity: &'a str,
+    /// Its attributes.
+    pub attributes: &'a std::collections::BTreeMap<String, String>,
+}
+
+impl<'a> KeyFacts<'a> {
+    /// The value `part` names: the identity (`None`) or an attribute.
+    pub fn value(&self, attribute: Option<&str>) -> Option<&'a str> {
+        match attribute {
+            None => Some(self.identity),
+            Some(name) => self.attributes.get(name).map(String::as_str),
+        }
+    }
 }
 
 /// What a rule does when a header part is absent.
@@ -157,6 +182,14 @@ pub enum ClientError {
     /// many milliseconds.
     #[error("too many failed credentials from this address; retry when the minute ends")]
     TooManyFailures(u64),
+    /// The route keys by the verified API key's registry record, and the
+    /// key has no such attribute.
+    #[error("the API key has no attribute {0:?}, which this route counts by")]
+    NoAttribute(Box<str>),
+    /// The rule keys by the verified API key, and none was verified (a
+    /// route without `api_key`, or an exempt request).
+    #[error("this route counts by the verified API key, and the request has none")]
+    NoKey,
 }
 
 impl ClientRule {
@@ -186,6 +219,8 @@ impl ClientRule {
                 Part::PathParam { name, .. } => format!("path {name}"),
                 Part::Claim(rule) => format!("jwt {}", rule.claim),
                 Part::Global => "global".to_owned(),
+                Part::Key(None) => "key".to_owned(),
+                Part::Key(Some(name)) => format!("key {name}"),
             })
             .collect();
         parts.join(" + ")

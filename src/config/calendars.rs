@@ -14,12 +14,22 @@ use crate::limit::Algorithm;
 use crate::limit::calendar::{Calendar, Unit};
 use crate::routes::{Anchor, CalendarLimit};
 
-/// `anchor = 15` or `anchor = { claim = "billing_day", default = 1 }`.
+/// `anchor = 15`, `anchor = { claim = "billing_day", default = 1 }` or
+/// `anchor = { key = "billing_day", default = 1 }`.
 #[derive(Deserialize)]
 #[serde(untagged)]
 pub(super) enum AnchorModel {
     Day(i64),
-    Claim { claim: String, default: i64 },
+    Claim {
+        claim: String,
+        default: i64,
+    },
+    /// `anchor = { key = "billing_day", default = 1 }`: an attribute of
+    /// the request's verified API key.
+    Key {
+        key: String,
+        default: i64,
+    },
 }
 
 /// A limit entry's keys that concern the calendar, as the entry gives them.
@@ -158,6 +168,17 @@ impl Validator<'_> {
                 }
                 Some(Anchor::Claim {
                     rule: Arc::new(jwt.for_claim(claim)),
+                    default: default?,
+                })
+            }
+            AnchorModel::Key { key, default } => {
+                let default = day(self, *default);
+                if key.is_empty() {
+                    self.problem(span, "the attribute's name is empty");
+                    return None;
+                }
+                Some(Anchor::Key {
+                    attribute: key.as_str().into(),
                     default: default?,
                 })
             }

@@ -138,11 +138,11 @@ impl Validator<'_> {
 
     /// The keys of sources other than `from` (and its parts) that are given.
     fn keys_of_other_sources(&mut self, m: &ClientModel, from: &str) {
-        if !matches!(from, "header" | "path") {
+        if !matches!(from, "header" | "path" | "key") {
             self.only_with(
                 "name",
                 m.name.as_ref(),
-                "from = \"header\" or from = \"path\"",
+                "from = \"header\", from = \"path\" or from = \"key\"",
             );
         }
         if from != "composite" {
@@ -231,11 +231,14 @@ impl Validator<'_> {
                 }
             },
             "composite" => self.composite_parts(m, from_span, cx),
+            "key" => Some(vec![Part::Key(
+                m.name.as_ref().map(|n| n.get_ref().as_str().into()),
+            )]),
             other => {
                 self.problem(
                     from_span,
                     format!(
-                        "from {other:?} is not one of \"remote_addr\", \"header\", \"forwarded_for\", \"path\", \"jwt\", \"global\", \"composite\""
+                        "from {other:?} is not one of \"remote_addr\", \"header\", \"forwarded_for\", \"path\", \"jwt\", \"key\", \"global\", \"composite\""
                     ),
                 );
                 None
@@ -315,7 +318,11 @@ impl Validator<'_> {
         match text {
             "remote_addr" => return Some(Part::RemoteAddr),
             "forwarded_for" => return Some(Part::ForwardedFor),
+            "key" => return Some(Part::Key(None)),
             _ => {}
+        }
+        if let Some(name) = named("key:") {
+            return Some(Part::Key(Some(name.get_ref().as_str().into())));
         }
         if let Some(name) = named("header:") {
             return self.header_name(&name).map(Part::Header);
@@ -331,7 +338,7 @@ impl Validator<'_> {
         self.problem(
             part.span(),
             format!(
-                "part {text:?} is not one of \"remote_addr\", \"forwarded_for\", \"header:<name>\", \"path:<param>\", \"jwt:<claim>\""
+                "part {text:?} is not one of \"remote_addr\", \"forwarded_for\", \"header:<name>\", \"path:<param>\", \"jwt:<claim>\", \"key\", \"key:<attribute>\""
             ),
         );
         None

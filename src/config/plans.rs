@@ -188,6 +188,7 @@ impl Validator<'_> {
                 }
             }
             (None, [IdPart::Claim(claim)]) => Some(PlanSource::Claim(Arc::clone(claim))),
+            (None, [IdPart::Key(None)]) => Some(PlanSource::Key),
             (None, [IdPart::Header(name)]) => Some(PlanSource::Header(name.clone())),
             (None, _) => {
                 self.problem(

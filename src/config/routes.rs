@@ -40,6 +40,8 @@ pub(super) struct RouteModel {
     /// Answers the caller's standing on these routes instead.
     standing: Option<Spanned<Vec<Spanned<String>>>>,
     client: Option<Spanned<clients::ClientModel>>,
+    /// Where the API key the registry verifies is read.
+    api_key: Option<Spanned<super::keys::ApiKeyModel>>,
     cost: Option<Spanned<i64>>,
     #[serde(default)]
     shadow: bool,
@@ -272,7 +274,10 @@ impl Validator<'_> {
             (&policy, &plans, &overrides),
             (&usage, &descriptor, &action),
         )?;
+        let limits = (&policy, &plans[..], &overrides[..]);
+        let api_key = self.route_api_key(m, defaults.keys, client.as_ref(), limits);
         Some(Route {
+            api_key: api_key?,
             descriptor: descriptor?,
             strip_prefix: strip_prefix?,
             max_request_body: max_request_body?,
@@ -293,6 +298,29 @@ impl Validator<'_> {
             concurrency: concurrency?,
             usage: usage?,
         })
+    }
+
+    /// The route's `api_key`, and whether its rules need one: a route
+    /// that counts by the key's registry record must verify the key.
+    fn route_api_key(
+        &mut self,
+        m: &RouteModel,
+        has_registry: bool,
+        client: Option<&crate::client::ClientRule>,
+        (policy, plans, overrides): (
+            &crate::routes::Policy,
+            &[Option<crate::routes::Policy>],
+            &[crate::routes::Override],
+        ),
+    ) -> Option<Option<crate::keys::KeyFrom>> {
+        let api_key = match &m.api_key {
+            Some(k) => self.api_key(k, has_registry).map(Some),
+            None => Some(None),
+        };
+        let uses_key = crate::routes::uses_key(client, policy, plans, overrides);
+        let has_api_key = api_key.as_ref().is_none_or(Option::is_some);
+        self.key_parts_need_api_key(uses_key, has_api_key, m.name.span());
+        api_key
     }
 
     /// A route whose limits count by the answer (`count_when`) sees its

@@ -80,6 +80,8 @@ pub(super) struct Defaults {
     pub rate_limit_headers: crate::routes::HeaderMode,
     /// `[server] decision_listen` is set: a route may be only decided.
     pub decisions: bool,
+    /// `[keys]` is given: a route may verify keys (`api_key`).
+    pub keys: bool,
 }
 
 impl Defaults {
@@ -92,6 +94,7 @@ impl Defaults {
                 max_request_body: None,
                 rate_limit_headers: crate::routes::HeaderMode::default(),
                 decisions: false,
+                keys: false,
             },
             |s| Self {
                 timeout: s.upstream_timeout,
@@ -100,6 +103,7 @@ impl Defaults {
                 max_request_body: s.max_request_body,
                 rate_limit_headers: s.rate_limit_headers,
                 decisions: s.decision_listen.is_some(),
+                keys: false,
             },
         )
     }

@@ -25,8 +25,10 @@
 //! - [`metering`]: routes whose cost is what their upstream reports: the
 //!   reservation charged with the decision, settled to the report;
 //! - [`shown`]: the limits, budgets and plans as `/status.json` shows
-//!   them to operators.
+//!   them to operators;
+//! - `audit`: operators' actions recorded in the store's audit trail.
 
+mod audit;
 mod by_answer;
 mod denials;
 mod drain;
@@ -38,6 +40,7 @@ pub mod rules;
 pub mod shared;
 pub mod shown;
 
+pub use audit::{AuditEntry, AuditError};
 pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate, penalties};
 pub use phases::{Connection, decide, handle};
 pub use rules::{Rules, start_upstreams};

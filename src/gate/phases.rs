@@ -125,7 +125,9 @@ async fn answer<H: Send + 'static>(
         return Err(decided_elsewhere(found.route));
     }
     admit_body(found.route, &body)?;
-    let who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
+    let who = cx
+        .verified(&rules, &found, &mut head.headers, &matched_path)
+        .await?;
     // A route without a cap awaits nothing here.
     let slot = match rules.capacity.get(found.index).and_then(Option::as_ref) {
         Some(capacity) => reserve(capacity, &found, &who).await?,

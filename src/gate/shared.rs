@@ -27,6 +27,9 @@ pub enum StartError {
     /// The access log could not be opened.
     #[error(transparent)]
     AccessLog(#[from] crate::access_log::OpenError),
+    /// The key registry could not be read.
+    #[error(transparent)]
+    Keys(#[from] crate::keys::StartError),
 }
 
 impl From<crate::limit::StoreError> for StartError {
@@ -36,6 +39,10 @@ impl From<crate::limit::StoreError> for StartError {
         Self::Store(error)
     }
 }
+
+/// What keys are digested with in the registry when the store has no
+/// `id_secret`: the registry still holds no key in the clear.
+const KEY_DIGEST_SECRET: &[u8] = b"floodgate key registry digest, v1";
 
 /// Everything a request needs, shared by all connections.
 #[derive(Debug)]
@@ -70,6 +77,8 @@ pub struct Shared {
     pub(super) settlements: Arc<in_flight::Count>,
     /// Requests held until their limits fit, and their bounds.
     pub(super) holds: super::held::Holds,
+    /// The key registry, when `[keys]` is on.
+    pub(super) keys: Option<Arc<crate::keys::Keys>>,
 }
 
 /// How the last reload went.
@@ -132,6 +141,17 @@ impl Shared {
             )?),
             None => None,
         };
+        let limiter = Arc::new(limiter);
+        let keys = match &config.keys {
+            Some(settings) => {
+                let secret = id_secret.map_or(KEY_DIGEST_SECRET, |s| &s.0[..]);
+                let keys = crate::keys::Keys::start(settings.clone(), Arc::clone(&limiter), secret)
+                    .await?;
+                metrics.show_keys(crate::keys::metrics::Shown(Arc::clone(&keys)));
+                Some(keys)
+            }
+            None => None,
+        };
         let upstreams = start_upstreams(config).await;
         let holds = super::held::Holds::new(
             config.server.max_held,
@@ -143,7 +163,7 @@ impl Shared {
             tls: arc_swap::ArcSwapOption::new(
                 config.server.tls.as_ref().map(|(_, c)| Arc::clone(c)),
             ),
-            limiter: Arc::new(limiter),
+            limiter,
             forwarder: Forwarder::new(metrics.timeouts().clone()),
             metrics,
             shadow_logged: AtomicU64::new(0),
@@ -157,7 +177,13 @@ impl Shared {
             last_reload: std::sync::Mutex::new(None),
             settlements: Arc::default(),
             holds,
+            keys,
         })
+    }
+
+    /// The key registry, when `[keys]` is on.
+    pub fn keys(&self) -> Option<&Arc<crate::keys::Keys>> {
+        self.keys.as_ref()
     }
 
     /// Requests holding a place among the held now (waiting, or about
@@ -347,6 +373,15 @@ impl Shared {
             // The new store is not applied until a restart either way, but
             // a restart with it would refuse to start: say so now.
             self.refuse_reload(&format!("{}: [store]: {refused}", new.path.display()));
+            return;
+        }
+        if self.keys.is_none() && new.keys.is_some() {
+            // Its routes would verify keys against a registry that is not
+            // running: every key would be refused.
+            self.refuse_reload(&format!(
+                "{}: [keys] was added; the key registry starts with floodgate: restart floodgate to apply it",
+                new.path.display()
+            ));
             return;
         }
         let upstreams = start_upstreams(&new).await;

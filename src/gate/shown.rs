@@ -5,6 +5,7 @@
 //! without learning how rules are compiled.
 
 use crate::access_log::json_string;
+pub use crate::routes::Policy;
 
 /// A policy's limits in `/status.json`: each with whose count it is
 /// (`client`: the route's; else the identity it names) and the budget it

@@ -372,6 +372,12 @@ fn in_memory(memory: &(MemoryStore, StoreMetrics), charge: Charge<'_>) -> Answer
 }
 
 impl<B: Backend> Guarded<B> {
+    /// The store behind the guards, for what they do not guard (the key
+    /// registry's records, the audit).
+    pub(crate) fn store(&self) -> &B {
+        &self.store
+    }
+
     /// The orchestration over `store`: what `on_error` says and how many
     /// instances share the store (`local_instances`), with in-process
     /// tables of at most `max_entries` entries.

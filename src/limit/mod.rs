@@ -16,6 +16,7 @@ mod limiter;
 pub mod memory;
 pub mod penalty;
 pub mod redis;
+pub mod registry;
 pub mod settings;
 mod shards;
 

@@ -493,6 +493,7 @@ impl AccessLogFamilies {
 pub(super) struct Collectors {
     pub(super) endpoints: Arc<Shown>,
     pub(super) capacities: Arc<Shown>,
+    pub(super) keys: Arc<Shown>,
 }
 
 impl Collectors {
@@ -501,10 +502,13 @@ impl Collectors {
         registry.register_collector(Box::new(Arc::clone(&endpoints)));
         let capacities = Arc::new(Shown::default());
         registry.register_collector(Box::new(Arc::clone(&capacities)));
+        let keys = Arc::new(Shown::default());
+        registry.register_collector(Box::new(Arc::clone(&keys)));
         registry.register_collector(Box::new(Process::new()));
         Self {
             endpoints,
             capacities,
+            keys,
         }
     }
 }

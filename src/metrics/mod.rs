@@ -68,6 +68,7 @@ pub struct Metrics {
     endpoints: Arc<Shown>,
     /// The concurrency caps' series, shown by their own collector.
     capacities: Arc<Shown>,
+    keys: Arc<Shown>,
     config_digest: Mutex<String>,
     /// The route names of the rules last bound: the series to remove when
     /// a reload drops one of them.
@@ -146,6 +147,7 @@ impl Metrics {
             timeouts,
             endpoints: shown.endpoints,
             capacities: shown.capacities,
+            keys: shown.keys,
             config_digest: Mutex::new(String::new()),
             bound_routes: Mutex::new(Vec::new()),
             no_route: requests.no_route,
@@ -176,6 +178,11 @@ impl Metrics {
     /// `collector`, in place of the previous rules' one.
     pub fn show_capacities(&self, collector: impl Collector) {
         self.capacities.show(collector);
+    }
+
+    /// Shows the key registry through `collector`.
+    pub fn show_keys(&self, collector: impl Collector) {
+        self.keys.show(collector);
     }
 
     /// The held requests' handles: how many wait now, how holds ended,

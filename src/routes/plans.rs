@@ -38,6 +38,9 @@ pub enum PlanSource {
     /// A header names it; believed only when the peer is one of
     /// `trusted_proxies` (from anyone else it is ignored).
     Header(HeaderName),
+    /// The key registry's record of the request's verified API key names
+    /// it.
+    Key,
     /// A table lists each client's plan.
     Table {
         /// Identifies the client the table is looked up by.
@@ -148,6 +151,7 @@ impl PlanSource {
         match self {
             Self::Claim(rule) => format!("the verified claim {}", rule.claim),
             Self::Header(name) => format!("header {name} from trusted proxies"),
+            Self::Key => "the API key's record in the key registry".to_owned(),
             Self::Table {
                 client,
                 path,
@@ -164,7 +168,8 @@ impl PlanSource {
 
 impl PlanSelection {
     /// The plan of a request with `headers`, from the peer `peer` (whose
-    /// address is in `trusted` or not), whose matched path is `path`:
+    /// address is in `trusted` or not), whose matched path is `path`, whose
+    /// verified API key's record names `key_plan`:
     /// what its source reads, else the default. A claim or table entry
     /// that names no plan counts as none; so does a header from a peer
     /// that is not a trusted proxy.
@@ -174,8 +179,10 @@ impl PlanSelection {
         path: &str,
         peer: IpAddr,
         trusted: &[IpNet],
+        key_plan: Option<&str>,
     ) -> Option<usize> {
         let read = match &self.by {
+            PlanSource::Key => key_plan.and_then(|name| self.index_of(name.as_bytes())),
             PlanSource::Claim(rule) => rule
                 .claim(headers)
                 .ok()

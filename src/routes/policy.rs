@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use std::sync::Arc;
 
 use super::{CountWhen, DenyCode, HeaderCondition};
-use crate::client::{ClientId, ClientRule, sha256};
+use crate::client::{ClientId, ClientRule, KeyFacts, sha256};
 use crate::limit::Limit;
 
 /// A route's limits: their numbers as a request meets them (what the
@@ -166,6 +166,16 @@ impl Policy {
         policy
     }
 
+    /// Whether some calendar window starts on the day an attribute of the
+    /// request's API key names.
+    pub fn calendars_use_key(&self) -> bool {
+        self.terms.iter().any(|t| {
+            t.calendar
+                .as_ref()
+                .is_some_and(|c| matches!(c.anchor, Anchor::Key { .. }))
+        })
+    }
+
     /// Whether some limit counts only the answers its `count_when` names.
     pub fn counts_by_answer(&self) -> bool {
         self.by_answer
@@ -183,7 +193,12 @@ impl Policy {
     /// default), and each calendar window's boundaries around `now_ms` for
     /// the client's anchor (a claim that is missing, invalid or not a day
     /// of the month gets the default).
-    pub fn for_request(&self, headers: &http::HeaderMap, now_ms: u64) -> Self {
+    pub fn for_request(
+        &self,
+        headers: &http::HeaderMap,
+        now_ms: u64,
+        key: Option<&KeyFacts<'_>>,
+    ) -> Self {
         let values: Vec<Option<u64>> = self
             .terms
             .iter()
@@ -193,7 +208,7 @@ impl Policy {
         let mut limits = self.with_claimed(&values);
         for (limit, terms) in limits.iter_mut().zip(self.terms.iter()) {
             if let Some(calendar) = &terms.calendar {
-                let anchor = calendar.anchor_for(headers);
+                let anchor = calendar.anchor_for(headers, key);
                 limit.bounds = calendar
                     .remembered
                     .bounds(&calendar.calendar, now_ms, anchor);
@@ -275,6 +290,9 @@ pub enum Anchor {
         rule: Arc<crate::jwt::ClaimRule>,
         default: u8,
     },
+    /// An attribute of the request's verified API key (its billing day),
+    /// this day without it.
+    Key { attribute: Box<str>, default: u8 },
 }
 
 impl CalendarLimit {
@@ -290,19 +308,28 @@ impl CalendarLimit {
             (Anchor::Claim { rule, default }, Unit::Month) => {
                 format!(" from claim {} (default {default})", rule.claim)
             }
+            (Anchor::Key { attribute, default }, Unit::Month) => {
+                format!(" from the key's {attribute} (default {default})")
+            }
             (_, Unit::Week) => format!(" from {:?}", c.week_starts),
             _ => String::new(),
         };
         format!("{} in {zone}{from}", c.unit.name())
     }
 
-    /// The anchor day for a request with `headers`: a claim's value when
-    /// it is a whole number from 1 to 31, else the default.
-    pub fn anchor_for(&self, headers: &http::HeaderMap) -> u8 {
+    /// The anchor day for a request with `headers` and a key the registry
+    /// says `key` of: a claim's or the key's attribute's value when it is
+    /// a whole number from 1 to 31, else the default.
+    pub fn anchor_for(&self, headers: &http::HeaderMap, key: Option<&KeyFacts<'_>>) -> u8 {
         match &self.anchor {
             Anchor::Day(day) => *day,
             Anchor::Claim { rule, default } => rule
                 .claimed_number::<u8>(headers)
+                .filter(|d| (1..=31).contains(d))
+                .unwrap_or(*default),
+            Anchor::Key { attribute, default } => key
+                .and_then(|k| k.value(Some(attribute)))
+                .and_then(|v| v.parse::<u8>().ok())
                 .filter(|d| (1..=31).contains(d))
                 .unwrap_or(*default),
         }

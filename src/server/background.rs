@@ -29,6 +29,8 @@ pub(super) struct Background {
     watcher: JoinHandle<()>,
     /// The admin listener, when one is configured.
     admin: Option<JoinHandle<()>>,
+    /// Follows the key registry's changes in the store.
+    key_follower: Option<JoinHandle<()>>,
 }
 
 impl Background {
@@ -43,6 +45,9 @@ impl Background {
         admin: Option<TcpListener>,
     ) -> Self {
         let sweeper = tokio::spawn(sweep(Arc::clone(shared)));
+        let key_follower = shared
+            .keys()
+            .map(|keys| tokio::spawn(Arc::clone(keys).follow()));
         let recoverer = tokio::spawn(recover(Arc::clone(shared)));
         let lease_keeper = {
             let shared = Arc::clone(shared);
@@ -68,6 +73,7 @@ impl Background {
             lease_keeper,
             watcher,
             admin,
+            key_follower,
         }
     }
 
@@ -93,6 +99,9 @@ impl Background {
         self.watcher.abort();
         if let Some(admin) = self.admin {
             admin.abort();
+        }
+        if let Some(follower) = self.key_follower {
+            follower.abort();
         }
     }
 }

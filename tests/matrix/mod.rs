@@ -8,6 +8,7 @@ mod front;
 mod keys;
 mod operators;
 mod penalties;
+mod registry;
 mod usage;
 
 use std::future::Future;
@@ -119,6 +120,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "Envoy: descriptors all or nothing" => front::envoys_descriptors_are_decided_all_or_nothing,
     "count_when: only the answers named count" => answers::only_the_answers_named_are_counted,
     "penalty: outlasts the window, doubles, lifted" => penalties::a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender,
+    "key registry: verified before anything counts" => registry::keys_are_verified_before_anything_is_counted,
 };
 
 /// Runs every scenario on `bed` (or those `FLOODGATE_SCENARIO` names), all at once (each under keys of its own,

@@ -138,7 +138,9 @@ async fn decided(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
     let rules = cx.shared.rules.load_full();
     let (_, matched_path) = request_paths(head.uri.path(), rules.escaped_slashes)?;
     let found = cx.route(&rules, &head, host, &matched_path)?;
-    let mut who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
+    let mut who = cx
+        .verified(&rules, &found, &mut head.headers, &matched_path)
+        .await?;
     let decided = cx
         .decided(&rules, &found, &mut who, &head.headers, None)
         .await;
@@ -203,7 +205,9 @@ async fn settled(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
     else {
         return Err(bad("the route has no usage: there is nothing to settle"));
     };
-    let mut who = cx.identify(&rules, &found, &mut head.headers, &matched_path)?;
+    let mut who = cx
+        .verified(&rules, &found, &mut head.headers, &matched_path)
+        .await?;
     let policy = who.policy.take();
     let (Some(client), Some(policy)) = (&who.client, policy) else {
         return Err(bad(

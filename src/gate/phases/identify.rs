@@ -2,10 +2,15 @@
 //! limits it falls under (an override's, its plan's or the route's own)
 //! and whose count each of them is.
 
+use std::sync::Arc;
+
+use http::StatusCode;
+
 use super::{Context, Found, Limits};
-use crate::client::{ClientId, client_address, is_in};
+use crate::client::{ClientId, KeyFacts, client_address, is_in};
 use crate::concurrency::Per;
 use crate::gate::rules::Rules;
+use crate::keys::{KeyFrom, Outcome, Record};
 use crate::limit::CountKey;
 use crate::refusal::Refusal;
 use crate::routes::{KeySource, Policy};
@@ -34,19 +39,19 @@ impl Context<'_> {
     /// clients skip identification too: a health checker need not send
     /// the API key header that limits everyone else.
     pub(super) fn identify<'r>(
-        &self,
+        &mut self,
         rules: &Rules,
         found: &Found<'r>,
         headers: &mut http::HeaderMap,
-        matched_path: &str,
+        (matched_path, key): (&str, Option<&Arc<Record>>),
     ) -> Result<Identity<'r>, Refusal> {
         let route = found.route;
-        let exempt = (!route.exempt.is_empty()
-            && is_in(
-                client_address(headers, self.peer.addr.ip(), &rules.trusted_proxies),
-                &route.exempt,
-            ))
-            || route.exempt_keys.iter().any(|keys| keys.exempts(headers));
+        let exempt = is_exempt(rules, found, headers, self.peer.addr.ip());
+        let facts = key.map(|r| KeyFacts {
+            identity: &r.identity,
+            attributes: &r.attributes,
+        });
+        let facts = facts.as_ref();
         let per_client = rules
             .capacity
             .get(found.index)
@@ -59,6 +64,7 @@ impl Context<'_> {
                 matched_path,
                 self.peer.addr.ip(),
                 &rules.trusted_proxies,
+                facts,
             )?)
         } else {
             None
@@ -72,16 +78,19 @@ impl Context<'_> {
                         matched_path,
                         self.peer.addr.ip(),
                         &rules.trusted_proxies,
+                        key.and_then(|r| r.plan.as_deref()),
                     ),
                     _ => None,
                 };
                 chosen = plan;
                 let policy = route.policy_for(client, headers, plan);
-                let keys = self.keys(rules, policy, client, headers, matched_path)?;
+                let keys = self.keys(rules, policy, client, headers, (matched_path, facts))?;
                 let policy = if policy.varies_by_request() {
-                    Limits::ForRequest(Box::new(
-                        policy.for_request(headers, crate::clock::now_ms()),
-                    ))
+                    Limits::ForRequest(Box::new(policy.for_request(
+                        headers,
+                        crate::clock::now_ms(),
+                        facts,
+                    )))
                 } else {
                     Limits::Compiled(policy)
                 };
@@ -98,6 +107,89 @@ impl Context<'_> {
         })
     }
 
+    /// The verify phase, then the identify phase.
+    pub(super) async fn verified<'r>(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'r>,
+        headers: &mut http::HeaderMap,
+        matched_path: &str,
+    ) -> Result<Identity<'r>, Refusal> {
+        let key = self.verify(rules, found, headers).await?;
+        self.identify(rules, found, headers, (matched_path, key.as_ref()))
+    }
+
+    /// The verify phase, before identify: on a route that verifies keys
+    /// (and a request that is not exempt), the record of the API key the
+    /// request carries, or the refusal it gets.
+    pub(super) async fn verify(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'_>,
+        headers: &http::HeaderMap,
+    ) -> Result<Option<Arc<Record>>, Refusal> {
+        match &found.route.api_key {
+            Some(from) if !is_exempt(rules, found, headers, self.peer.addr.ip()) => {
+                self.verify_key(rules, found, from, headers).await.map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The record of the API key the request carries, read as `from`
+    /// says, or the refusal it gets: a missing, unknown or expired key
+    /// 401, a disabled one 403, and an address that sent too many unknown
+    /// keys this minute 429 without a lookup. Nothing is counted before.
+    async fn verify_key(
+        &mut self,
+        rules: &Rules,
+        found: &Found<'_>,
+        from: &KeyFrom,
+        headers: &http::HeaderMap,
+    ) -> Result<Arc<Record>, Refusal> {
+        let answers = found.route.answers;
+        let Some(registry) = &self.shared.keys else {
+            // `[keys]` is read at start only; a reload cannot add it.
+            return Err(key_refusal(Outcome::Unknown, from).answered_as(answers));
+        };
+        let Some(key) = crate::keys::read_key(headers, from) else {
+            registry.count(Outcome::Missing);
+            if let Some(log) = &mut self.log {
+                log.key(Outcome::Missing.name(), None);
+            }
+            return Err(key_refusal(Outcome::Missing, from).answered_as(answers));
+        };
+        let address = || client_address(headers, self.peer.addr.ip(), &rules.trusted_proxies);
+        let now_ms = crate::clock::now_ms();
+        if let Some(wait_ms) = registry.failures().and_then(|f| f.spent(address(), now_ms)) {
+            registry.count(Outcome::TooManyFailures);
+            if let Some(log) = &mut self.log {
+                log.key(Outcome::TooManyFailures.name(), None);
+            }
+            return Err(key_refusal(Outcome::TooManyFailures, from)
+                .retry_after(wait_ms)
+                .answered_as(answers));
+        }
+        let verified = match registry.verify(key) {
+            // Not in this instance's copy: perhaps made elsewhere a
+            // moment ago. The store is asked, within the failure budget.
+            Err(Outcome::Unknown) => Box::pin(registry.verify_or_ask(key)).await,
+            known => known,
+        };
+        if let Some(log) = &mut self.log {
+            match &verified {
+                Ok(record) => log.key(Outcome::Valid.name(), Some(&record.id)),
+                Err(outcome) => log.key(outcome.name(), None),
+            }
+        }
+        verified.map_err(|outcome| {
+            if let (Outcome::Unknown, Some(failures)) = (outcome, registry.failures()) {
+                failures.count(address(), now_ms);
+            }
+            key_refusal(outcome, from).answered_as(answers)
+        })
+    }
+
     /// Whose count each of `policy`'s limits is, when not every one counts
     /// `client` on the route: the identity each limit names, derived from
     /// the request as the route's client is (a header it names missing or
@@ -108,7 +200,7 @@ impl Context<'_> {
         policy: &Policy,
         client: &ClientId,
         headers: &mut http::HeaderMap,
-        matched_path: &str,
+        (matched_path, facts): (&str, Option<&KeyFacts<'_>>),
     ) -> Result<Vec<CountKey>, Refusal> {
         policy
             .counting()
@@ -122,6 +214,7 @@ impl Context<'_> {
                         matched_path,
                         self.peer.addr.ip(),
                         &rules.trusted_proxies,
+                        facts,
                     )?,
                 };
                 Ok(CountKey::new(
@@ -133,4 +226,53 @@ impl Context<'_> {
             })
             .collect()
     }
+}
+
+/// What a request whose key was not verified is answered.
+fn key_refusal(outcome: Outcome, from: &KeyFrom) -> Refusal {
+    let (status, detail) = match outcome {
+        Outcome::Missing => (
+            StatusCode::UNAUTHORIZED,
+            match from {
+                KeyFrom::Bearer => {
+                    "this API needs an API key: send it as Authorization: Bearer <key>".to_owned()
+                }
+                KeyFrom::Header(name) => {
+                    format!("this API needs an API key: send it in the {name} header")
+                }
+            },
+        ),
+        Outcome::Disabled => (StatusCode::FORBIDDEN, "the API key is disabled".to_owned()),
+        Outcome::Expired => (StatusCode::UNAUTHORIZED, "the API key expired".to_owned()),
+        Outcome::TooManyFailures => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many unknown API keys from this address; retry when the minute ends".to_owned(),
+        ),
+        Outcome::Unknown | Outcome::Valid => (
+            StatusCode::UNAUTHORIZED,
+            "the API key is not known".to_owned(),
+        ),
+    };
+    let code = match outcome {
+        Outcome::TooManyFailures => "rate_limit_exceeded",
+        _ => "invalid_api_key",
+    };
+    Refusal::credential(status, detail, code)
+}
+
+/// Whether the route lets the request pass unlimited: its address is in
+/// `exempt`, or it carries one of `exempt_keys`.
+fn is_exempt(
+    rules: &Rules,
+    found: &Found<'_>,
+    headers: &http::HeaderMap,
+    peer: std::net::IpAddr,
+) -> bool {
+    let route = found.route;
+    (!route.exempt.is_empty()
+        && is_in(
+            client_address(headers, peer, &rules.trusted_proxies),
+            &route.exempt,
+        ))
+        || route.exempt_keys.iter().any(|keys| keys.exempts(headers))
 }

@@ -49,7 +49,7 @@ pub async fn operate(
     let rules = shared.rules.load_full();
     let (index, route) = route_named(&rules, &op.route)?;
     let peer = Peer::new(SocketAddr::new(op.address, 0), false, false);
-    let cx = Context {
+    let mut cx = Context {
         shared,
         peer: &peer,
         grpc: false,
@@ -61,8 +61,9 @@ pub async fn operate(
     };
     let found = Found { index, route };
     let mut headers = op.headers.clone();
-    let who = cx
-        .identify(&rules, &found, &mut headers, "/")
+    let key = cx.verify(&rules, &found, &headers).await;
+    let who = key
+        .and_then(|key| cx.identify(&rules, &found, &mut headers, ("/", key.as_ref())))
         .map_err(|refusal| {
             OperationError::Invalid(format!(
                 "route {:?} would refuse this client: {}",

@@ -356,7 +356,7 @@ fn matched<'r>(
             );
         }
         let policy = if chosen.varies_by_request() {
-            Cow::Owned(chosen.for_request(&HeaderMap::new(), crate::clock::now_ms()))
+            Cow::Owned(chosen.for_request(&HeaderMap::new(), crate::clock::now_ms(), None))
         } else {
             Cow::Borrowed(chosen)
         };

@@ -27,7 +27,7 @@ impl Context<'_> {
     /// JSON answer; a caller that cannot be identified on one of them is
     /// refused as a request there would be.
     pub(super) async fn standing(
-        &self,
+        &mut self,
         rules: &Rules,
         names: &[Arc<str>],
         headers: &mut http::HeaderMap,
@@ -47,7 +47,8 @@ impl Context<'_> {
                 index,
                 route: route.as_ref(),
             };
-            let who = self.identify(rules, &found, headers, matched_path)?;
+            let key = self.verify(rules, &found, headers).await?;
+            let who = self.identify(rules, &found, headers, (matched_path, key.as_ref()))?;
             if n > 0 {
                 out.push(',');
             }

@@ -74,6 +74,7 @@ mod keys;
 mod operator;
 mod penalties;
 mod redirections;
+mod registry;
 mod replies;
 mod slot;
 mod targets;
