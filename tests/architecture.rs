@@ -157,7 +157,15 @@ const RULES: &[Rule] = &[
     Rule {
         name: "keys answers whose key it is; it neither routes, forwards nor serves",
         from: &["keys"],
-        never: &["routes", "proxy", "gate", "server", "config", "admin", "concurrency"],
+        never: &[
+            "routes",
+            "proxy",
+            "gate",
+            "server",
+            "config",
+            "admin",
+            "concurrency",
+        ],
         except: &[],
         why: "the registry is live state every reload shares; it reads and writes records through the store's handle, and gate asks it",
     },

@@ -32,4 +32,3 @@ pub(super) fn json_answer(body: String) -> Response<Full<Bytes>> {
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
-

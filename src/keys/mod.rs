@@ -36,6 +36,11 @@ pub use settings::{KeyFrom, Settings};
 use crate::limit::Limiter;
 use registry::Replica;
 
+/// Most asks of the store a second for keys an instance does not know
+/// (keys made elsewhere a moment ago): a flood of made-up keys from many
+/// addresses, each within its failure budget, costs the store no more.
+pub const MAX_ASKS_PER_SECOND: u64 = 50;
+
 /// What verifying a key found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -101,6 +106,10 @@ pub struct Keys {
     reconciled: std::sync::Mutex<Option<manage::Reconciled>>,
     /// Changes to the state file, one at a time.
     writing: tokio::sync::Mutex<()>,
+    /// Asks of the store for keys this instance does not know, in the
+    /// current second: the second in the high 32 bits, the count in the
+    /// low 32.
+    asks: AtomicU64,
     /// Unknown keys counted per address and minute (`None`: no limit).
     failures: Option<crate::client::Failures>,
 }
@@ -142,6 +151,7 @@ impl Keys {
             sync_failing: AtomicBool::new(false),
             reconciled: std::sync::Mutex::default(),
             writing: tokio::sync::Mutex::new(()),
+            asks: AtomicU64::new(0),
             failures: (settings.failures_per_minute > 0)
                 .then(|| crate::client::Failures::new(settings.failures_per_minute)),
             settings,
@@ -157,26 +167,28 @@ impl Keys {
     }
 
     /// The record of the key `key` if it is valid now, or why not, as
-    /// this instance's copy of the registry says (no store call).
+    /// this instance's copy of the registry says (no store call; the
+    /// caller counts the outcome, see [`Self::count`]).
     pub fn verify(&self, key: &[u8]) -> Result<Arc<Record>, Outcome> {
         let digest = self.replica.digest_of_key(key);
-        let judged = self.replica.check(&digest, crate::clock::now_ms());
-        self.count(judged.as_ref().err().copied().unwrap_or(Outcome::Valid));
-        judged
+        self.replica.check(&digest, crate::clock::now_ms())
     }
 
-    /// [`Self::verify`], and for a key this instance does not know, the
-    /// store asked once (a key made on another instance a moment ago,
-    /// whose change has not arrived yet); what it finds is kept. The
-    /// caller bounds how often an address may make it ask (the failure
-    /// budget), so a flood of made-up keys costs a few calls a minute per
-    /// address, and nothing is kept for them.
-    pub async fn verify_or_ask(&self, key: &[u8]) -> Result<Arc<Record>, Outcome> {
+    /// [`Self::verify`] for a key this instance does not know: the store
+    /// asked once (a key made on another instance a moment ago, whose
+    /// change has not arrived yet), and what it finds kept. At most
+    /// [`MAX_ASKS_PER_SECOND`] asks a second, and the caller bounds how
+    /// often an address may make it ask (the failure budget): a flood of
+    /// made-up keys costs the store a few calls, and nothing is kept for
+    /// them.
+    pub async fn ask(&self, key: &[u8]) -> Result<Arc<Record>, Outcome> {
         let now_ms = crate::clock::now_ms();
         let digest = self.replica.digest_of_key(key);
         let seq = self.replica.seq.load(Ordering::Acquire);
         let mut judged = self.replica.check(&digest, now_ms);
-        if let (Err(Outcome::Unknown), Backing::Store(limiter)) = (&judged, &self.backing) {
+        if let (Err(Outcome::Unknown), Backing::Store(limiter)) = (&judged, &self.backing)
+            && self.may_ask(now_ms)
+        {
             let asked = limiter.registry_get(&registry::hex(&digest)).await;
             if let Ok(Some(text)) = asked
                 && let Ok(record) = serde_json::from_str::<Record>(&text)
@@ -190,7 +202,6 @@ impl Keys {
                 };
             }
         }
-        self.count(judged.as_ref().err().copied().unwrap_or(Outcome::Valid));
         judged
     }
 
@@ -198,6 +209,27 @@ impl Keys {
     /// lookup (an operator naming a client by its key).
     pub fn lookup(&self, key: &[u8]) -> Option<Arc<Record>> {
         self.replica.get(&self.replica.digest_of_key(key))
+    }
+
+    /// Whether the store may be asked for one more unknown key this second
+    /// (at most [`MAX_ASKS_PER_SECOND`], however many addresses send
+    /// them), counting it.
+    fn may_ask(&self, now_ms: u64) -> bool {
+        let second = now_ms / 1000;
+        let cell = self.asks.load(Ordering::Relaxed);
+        let (at, n) = (cell >> 32, cell & u64::from(u32::MAX));
+        let next = if at == second { n + 1 } else { 1 };
+        if next > MAX_ASKS_PER_SECOND {
+            return false;
+        }
+        // A lost race counts one ask fewer: the bound holds within a few.
+        let _ = self.asks.compare_exchange(
+            cell,
+            (second << 32) | next,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        true
     }
 
     /// Counts a lookup that found no key to verify.

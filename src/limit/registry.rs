@@ -179,7 +179,11 @@ impl Limiter {
             Self::Redis(shared) => {
                 shared
                     .store()
-                    .audit_read(count, usize::try_from(AUDIT_KEPT).unwrap_or(usize::MAX), keep)
+                    .audit_read(
+                        count,
+                        usize::try_from(AUDIT_KEPT).unwrap_or(usize::MAX),
+                        keep,
+                    )
                     .await
             }
         }

@@ -173,9 +173,10 @@ impl Context<'_> {
         let verified = match registry.verify(key) {
             // Not in this instance's copy: perhaps made elsewhere a
             // moment ago. The store is asked, within the failure budget.
-            Err(Outcome::Unknown) => Box::pin(registry.verify_or_ask(key)).await,
+            Err(Outcome::Unknown) => Box::pin(registry.ask(key)).await,
             known => known,
         };
+        registry.count(verified.as_ref().err().copied().unwrap_or(Outcome::Valid));
         if let Some(log) = &mut self.log {
             match &verified {
                 Ok(record) => log.key(Outcome::Valid.name(), Some(&record.id)),

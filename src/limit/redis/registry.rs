@@ -27,7 +27,6 @@ use crate::limit::registry::{AUDIT_KEPT, AuditEntry, Change, Snapshot, Write, Wr
 /// Changes kept in the log for instances catching up.
 const LOG_KEPT: u64 = 10_000;
 
-
 /// Changes read at once while catching up.
 const PAGE: usize = 1_000;
 

@@ -1,0 +1,317 @@
+//! The key registry beyond the store matrix: a flood of made-up keys from
+//! many addresses costs the store a bounded few calls and grows nothing;
+//! the memory store's registry survives a restart in its state file (and
+//! a broken one stops floodgate); a rotated key's predecessor stays valid
+//! for the grace and then expires; each outcome's answer on a route that
+//! answers with problem documents and to a gRPC client.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::config::{Config, Route};
+use support::redis::{TestRedis, command_calls, unique_prefix};
+use support::{Answer, Floodgate, TestClient, temp_dir, text_body};
+
+/// The admin token.
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+fn tokens(dir: &std::path::Path) -> String {
+    let path = dir.join("admin-token");
+    std::fs::write(&path, format!("{TOKEN}\n")).expect("write the token");
+    format!(r#"admin_token_file = "{}""#, path.display())
+}
+
+/// A route whose clients are their keys' identities, 100 an hour each.
+fn api() -> Route {
+    Route::new("api")
+        .respond("status = 200")
+        .line(r#"api_key = { from = "header", name = "X-Api-Key" }"#)
+        .client(r#"from = "key""#)
+        .limits(r#"{ algorithm = "fixed_window", limit = 100, window = "1h" }"#)
+}
+
+async fn admin(gate: &Floodgate, method: &str, path: &str, body: &str) -> Answer {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(gate.admin_url(path))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(text_body(body))
+        .expect("a request");
+    TestClient::http1().send(request).await
+}
+
+/// Makes a key for `identity`: the key and its id.
+async fn make(gate: &Floodgate, body: &str) -> (String, String) {
+    let made = admin(gate, "POST", "/keys", body).await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    let json = made.json();
+    (
+        json["key"].as_str().expect("a key").to_owned(),
+        json["record"]["id"].as_str().expect("an id").to_owned(),
+    )
+}
+
+async fn metric(gate: &Floodgate, name: &str, labels: &[&str]) -> f64 {
+    let page = TestClient::http1()
+        .get(&gate.admin_url("/metrics"), &[])
+        .await
+        .text();
+    support::load::metric_where(&page, name, labels)
+}
+
+/// 300 addresses (through a trusted front proxy's `X-Forwarded-For`)
+/// each send 10 made-up keys: every one refused 401, each at most once
+/// asked of the store and never more than 50 a second in all, none kept;
+/// the real key still admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_made_up_keys_costs_the_store_a_bounded_few_calls_and_keeps_nothing() {
+    let redis = TestRedis::start_private().await;
+    let dir = temp_dir("keys-flood");
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("keys-flood"))
+        .admin()
+        .server(&tokens(&dir))
+        .server(r#"trusted_proxies = ["127.0.0.1/32"]"#)
+        .tables("[keys]\n")
+        .route(api())
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let (key, _) = make(&gate, r#"{"identity": "real", "reason": "a customer"}"#).await;
+    let conn = redis.connection().await;
+    let info = || async {
+        let mut conn = conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO");
+        info
+    };
+    let asks_before = command_calls(&info().await, "hget");
+    let start = Instant::now();
+    let http = TestClient::http1();
+    let mut sent = Vec::new();
+    for address in 0..300u32 {
+        let forwarded = format!("10.{}.{}.7", address / 250, address % 250);
+        for n in 0..10 {
+            let made_up = format!("sk-made-up-{address}-{n}");
+            let url = gate.url("/");
+            let http = http.clone();
+            let forwarded = forwarded.clone();
+            sent.push(tokio::spawn(async move {
+                http.get(
+                    &url,
+                    &[("x-api-key", &made_up), ("x-forwarded-for", &forwarded)],
+                )
+                .await
+                .status
+            }));
+        }
+        if sent.len() >= 200 {
+            for task in sent.drain(..) {
+                assert_eq!(task.await.expect("a request"), 401);
+            }
+        }
+    }
+    for task in sent {
+        assert_eq!(task.await.expect("a request"), 401);
+    }
+    let took = start.elapsed();
+    let asks = command_calls(&info().await, "hget") - asks_before;
+    // At most 50 a second, each address within its budget (20 a minute).
+    let bound = (took.as_secs_f64().ceil() + 1.0) as u64 * 50;
+    eprintln!("3000 made-up keys in {took:?}: the store asked {asks} times (bound {bound})");
+    assert!(asks > 0 && asks <= bound, "{asks} asks in {took:?}");
+    assert_eq!(
+        metric(&gate, "floodgate_keys", &[]).await,
+        1.0,
+        "nothing kept"
+    );
+    assert_eq!(
+        metric(
+            &gate,
+            "floodgate_key_lookups_total",
+            &["outcome=\"unknown\""]
+        )
+        .await,
+        3000.0
+    );
+    let real = http.get(&gate.url("/"), &[("x-api-key", &key)]).await;
+    assert_eq!(real.status, 200);
+}
+
+/// The memory store's registry is the instance's own, in its state file:
+/// a key made before a restart is valid after it, and its audit kept; a
+/// state file that cannot be read stops floodgate, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_stores_registry_survives_a_restart_in_its_state_file() {
+    let dir = temp_dir("keys-state");
+    let state = dir.join("keys.json");
+    let toml = Config::new()
+        .admin()
+        .server(&tokens(&dir))
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\n",
+            state.display().to_string()
+        ))
+        .route(api())
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let (key, id) = make(&gate, r#"{"identity": "kim", "reason": "signed up"}"#).await;
+    let http = TestClient::http1();
+    assert_eq!(
+        http.get(&gate.url("/"), &[("x-api-key", &key)])
+            .await
+            .status,
+        200
+    );
+    gate.stop().await.expect("a clean stop");
+    let written = std::fs::read_to_string(&state).expect("the state file");
+    assert!(
+        !written.contains(&key),
+        "the key is never written in the clear"
+    );
+
+    let again = Floodgate::start(&toml).await;
+    assert_eq!(
+        http.get(&again.url("/"), &[("x-api-key", &key)])
+            .await
+            .status,
+        200
+    );
+    let read = admin(&again, "GET", &format!("/keys/{id}"), "").await;
+    assert_eq!(read.json()["identity"], "kim");
+    let audit = admin(&again, "GET", "/audit?identity=kim", "").await;
+    assert_eq!(audit.json()["entries"][0]["action"], "create");
+    again.stop().await.expect("a clean stop");
+
+    std::fs::write(&state, "{ not json").expect("break the file");
+    let refused = Floodgate::start_refused(&toml).await;
+    assert!(
+        refused.contains(&state.display().to_string()),
+        "the refusal names the state file: {refused}"
+    );
+}
+
+/// A rotated key's successor works at once; the old key stays valid for
+/// the grace, then is refused as expired (401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_stays_valid_for_its_grace_then_expires() {
+    let dir = temp_dir("keys-rotate");
+    let toml = Config::new()
+        .admin()
+        .server(&tokens(&dir))
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\n",
+            dir.join("keys.json").display().to_string()
+        ))
+        .route(api())
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let (old, id) = make(
+        &gate,
+        r#"{"identity": "lee", "attributes": {"org": "acme"}, "reason": "signed up"}"#,
+    )
+    .await;
+    let rotated = admin(
+        &gate,
+        "POST",
+        &format!("/keys/{id}/rotate"),
+        r#"{"grace": "2s", "reason": "leaked in a log"}"#,
+    )
+    .await;
+    assert_eq!(rotated.status, 201, "{}", rotated.text());
+    let json = rotated.json();
+    let new = json["key"].as_str().expect("a new key").to_owned();
+    assert_eq!(json["record"]["identity"], "lee");
+    assert_eq!(json["record"]["attributes"]["org"], "acme");
+    let grace_end = json["old"]["expires_ms"]
+        .as_u64()
+        .expect("the old key expires");
+    let http = TestClient::http1();
+    assert_eq!(
+        http.get(&gate.url("/"), &[("x-api-key", &new)])
+            .await
+            .status,
+        200
+    );
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let during = http.get(&gate.url("/"), &[("x-api-key", &old)]).await;
+    if now_ms() < grace_end {
+        assert_eq!(during.status, 200, "within the grace");
+    }
+    tokio::time::sleep(Duration::from_millis(
+        grace_end.saturating_sub(now_ms()) + 50,
+    ))
+    .await;
+    let after = http.get(&gate.url("/"), &[("x-api-key", &old)]).await;
+    assert_eq!(after.problem(), (401, "the API key expired".to_owned()));
+    assert_eq!(
+        http.get(&gate.url("/"), &[("x-api-key", &new)])
+            .await
+            .status,
+        200
+    );
+    let keys = admin(&gate, "GET", "/identities/lee/keys", "").await;
+    assert_eq!(keys.json()["keys"].as_array().map(Vec::len), Some(2));
+}
+
+/// On a route answering with problem documents: no key 401 naming the
+/// header, a disabled key 403, an expired one 401; to a gRPC client, the
+/// same refusals as gRPC statuses (UNAUTHENTICATED, PERMISSION_DENIED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_outcome_has_its_own_answer() {
+    let dir = temp_dir("keys-answers");
+    let toml = Config::new()
+        .admin()
+        .server(&tokens(&dir))
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\n",
+            dir.join("keys.json").display().to_string()
+        ))
+        .route(api())
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let (off, _) = make(
+        &gate,
+        r#"{"identity": "off", "enabled": false, "reason": "test"}"#,
+    )
+    .await;
+    let (old, _) = make(
+        &gate,
+        r#"{"identity": "old", "expires_ms": 1000, "reason": "test"}"#,
+    )
+    .await;
+    let http = TestClient::http1();
+    let missing = http.get(&gate.url("/"), &[]).await;
+    assert_eq!(
+        missing.problem(),
+        (
+            401,
+            "this API needs an API key: send it in the x-api-key header".to_owned()
+        )
+    );
+    let disabled = http.get(&gate.url("/"), &[("x-api-key", &off)]).await;
+    assert_eq!(
+        disabled.problem(),
+        (403, "the API key is disabled".to_owned())
+    );
+    let expired = http.get(&gate.url("/"), &[("x-api-key", &old)]).await;
+    assert_eq!(expired.problem(), (401, "the API key expired".to_owned()));
+    let grpc = TestClient::h2c();
+    for (key, status) in [("sk-nope", "16"), (off.as_str(), "7")] {
+        let request = http::Request::post(gate.url("/pkg.Service/Call"))
+            .header("content-type", "application/grpc")
+            .header("x-api-key", key)
+            .body(text_body(""))
+            .expect("a request");
+        let answer = grpc.send(request).await;
+        assert_eq!(answer.header("grpc-status"), Some(status), "{key}");
+    }
+}
