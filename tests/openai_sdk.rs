@@ -1043,3 +1043,104 @@ async fn twenty_streams_abandoned_after_their_first_chunk_are_closed_and_charged
         unreported(&gates[0], "client_left").await + unreported(&gates[1], "client_left").await;
     assert_eq!(left, 20);
 }
+
+/// A key made through one instance's admin API, sent by the SDK as its
+/// `api_key` (`Authorization: Bearer …`) through the other instance at
+/// once: admitted by the key's own limit (3 an hour), then a
+/// `RateLimitError`; a made-up key raises `AuthenticationError` (401,
+/// `invalid_api_key`, OpenAI's whole error body) and the key once
+/// disabled `PermissionDeniedError` (403), neither counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_key_is_verified_by_the_registry_and_refused_as_openai_would() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("sdk-keys");
+    let api = fake_openai().await;
+    let dir = support::temp_dir("sdk-keys");
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.join("token"), format!("{token}\n")).expect("write the token");
+    let toml = Config::new()
+        .admin()
+        .redis(&redis.url, &prefix)
+        .server(&format!(
+            r#"admin_token_file = "{}""#,
+            dir.join("token").display()
+        ))
+        .tables("[keys]\nprefix = \"sk-proj-\"\n")
+        .route(
+            Route::new("chat")
+                .upstream(api.trim_end_matches("/v1"))
+                .matching(r#"path_prefix = "/v1/chat/completions""#)
+                .line(r#"api_key = { from = "bearer" }"#)
+                .line(r#"answers = "openai""#)
+                .client(r#"from = "key""#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 3, window = "1h" }"#),
+        )
+        .toml();
+    let (a, b) = (Floodgate::start(&toml).await, Floodgate::start(&toml).await);
+    let admin = |method: &str, path: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(a.admin_url(path))
+            .header("authorization", format!("Bearer {token}"))
+            .body(support::text_body(body))
+            .expect("a request")
+    };
+    let made = TestClient::http1()
+        .send(admin(
+            "POST",
+            "/keys",
+            r#"{"identity": "dora", "reason": "signed up"}"#,
+        ))
+        .await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    let key = made.json()["key"].as_str().expect("a key").to_owned();
+    let id = made.json()["record"]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let through_b = |key: &str, n: u32| {
+        let args = [
+            "calls".to_owned(),
+            b.url("/v1"),
+            key.to_owned(),
+            "1".to_owned(),
+            n.to_string(),
+            "0.05".to_owned(),
+            "headers:10".to_owned(),
+        ];
+        async move { client("openai_peer.py", &args).await }
+    };
+    let made_up = through_b("sk-proj-made-up", 2).await;
+    for call in &made_up {
+        assert_eq!(call["error"], "AuthenticationError", "{call}");
+        assert_eq!(call["status"], 401, "{call}");
+        assert_eq!(call["code"], "invalid_api_key", "{call}");
+        assert_eq!(
+            call["whole"]["error"]["type"], "invalid_request_error",
+            "{call}"
+        );
+    }
+    let calls = through_b(&key, 4).await;
+    let admitted = calls.iter().filter(|c| c["read"].is_u64()).count();
+    assert_eq!(admitted, 3, "{calls:?}");
+    assert_eq!(calls[3]["error"], "RateLimitError", "{}", calls[3]);
+    let disabled = TestClient::http1()
+        .send(admin(
+            "PATCH",
+            &format!("/keys/{id}"),
+            r#"{"enabled": false, "reason": "chargeback"}"#,
+        ))
+        .await;
+    assert_eq!(disabled.status, 200, "{}", disabled.text());
+    let start = std::time::Instant::now();
+    let refused = loop {
+        let call = through_b(&key, 1).await.remove(0);
+        if call["error"] != "RateLimitError" || start.elapsed() > Duration::from_secs(5) {
+            break call;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(refused["error"], "PermissionDeniedError", "{refused}");
+    assert_eq!(refused["status"], 403, "{refused}");
+    assert_eq!(refused["code"], "invalid_api_key", "{refused}");
+}
