@@ -1044,6 +1044,26 @@ async fn twenty_streams_abandoned_after_their_first_chunk_are_closed_and_charged
     assert_eq!(left, 20);
 }
 
+/// A chat route on Redis whose client is the registry's key, read as the
+/// SDK sends it; 3 calls an hour each.
+fn keyed_chat(redis: &str, prefix: &str, api: &str, token: &std::path::Path) -> String {
+    Config::new()
+        .admin()
+        .redis(redis, prefix)
+        .server(&format!(r#"admin_token_file = "{}""#, token.display()))
+        .tables("[keys]\nprefix = \"sk-proj-\"\n")
+        .route(
+            Route::new("chat")
+                .upstream(api.trim_end_matches("/v1"))
+                .matching(r#"path_prefix = "/v1/chat/completions""#)
+                .line(r#"api_key = { from = "bearer" }"#)
+                .line(r#"answers = "openai""#)
+                .client(r#"from = "key""#)
+                .limits(r#"{ algorithm = "sliding_log", limit = 3, window = "1h" }"#),
+        )
+        .toml()
+}
+
 /// A key made through one instance's admin API, sent by the SDK as its
 /// `api_key` (`Authorization: Bearer …`) through the other instance at
 /// once: admitted by the key's own limit (3 an hour), then a
@@ -1058,24 +1078,7 @@ async fn the_sdks_key_is_verified_by_the_registry_and_refused_as_openai_would() 
     let dir = support::temp_dir("sdk-keys");
     let token = "0123456789abcdef0123456789abcdef";
     std::fs::write(dir.join("token"), format!("{token}\n")).expect("write the token");
-    let toml = Config::new()
-        .admin()
-        .redis(&redis.url, &prefix)
-        .server(&format!(
-            r#"admin_token_file = "{}""#,
-            dir.join("token").display()
-        ))
-        .tables("[keys]\nprefix = \"sk-proj-\"\n")
-        .route(
-            Route::new("chat")
-                .upstream(api.trim_end_matches("/v1"))
-                .matching(r#"path_prefix = "/v1/chat/completions""#)
-                .line(r#"api_key = { from = "bearer" }"#)
-                .line(r#"answers = "openai""#)
-                .client(r#"from = "key""#)
-                .limits(r#"{ algorithm = "sliding_log", limit = 3, window = "1h" }"#),
-        )
-        .toml();
+    let toml = keyed_chat(&redis.url, &prefix, &api, &dir.join("token"));
     let (a, b) = (Floodgate::start(&toml).await, Floodgate::start(&toml).await);
     let admin = |method: &str, path: &str, body: &str| {
         http::Request::builder()
