@@ -678,3 +678,73 @@ async fn penalties_in_force_are_listed_with_their_route_and_time_left() {
         .unwrap_or(0);
     assert!((500..=600).contains(&left), "about ten minutes left: {row}");
 }
+
+/// The key registry's panel: how many keys, where they are kept, the
+/// lookups by outcome since start; the key itself never shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_registry_is_shown_with_its_lookups() {
+    let dir = temp_dir("dashboard-keys");
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.join("token"), format!("{token}\n")).expect("write the token");
+    let state = dir.join("keys.json");
+    let toml = Config::new()
+        .admin()
+        .server(&format!(
+            r#"admin_token_file = "{}""#,
+            dir.join("token").display()
+        ))
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\n",
+            state.display().to_string()
+        ))
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .line(r#"api_key = { from = "bearer" }"#)
+                .client(r#"from = "key""#)
+                .limit("fixed_window", 100, "1h"),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let create = http::Request::post(gate.admin_url("/keys"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(support::text_body(
+            r#"{"identity": "pia", "reason": "signed up"}"#,
+        ))
+        .expect("a request");
+    let client = TestClient::http1();
+    let made = client.send(create).await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    let key = made.json()["key"].as_str().expect("a key").to_owned();
+    let bearer = format!("Bearer {key}");
+    for _ in 0..2 {
+        assert_eq!(
+            client
+                .get(&gate.url("/"), &[("authorization", &bearer)])
+                .await
+                .status,
+            200
+        );
+    }
+    let unknown = client
+        .get(&gate.url("/"), &[("authorization", "Bearer sk-nope")])
+        .await;
+    assert_eq!(unknown.status, 401);
+    let Some(dom) = rendered(&gate.admin_url("/"), &dir, "dom").await else {
+        return;
+    };
+    let row = |name: &str| {
+        let start = dom
+            .find(&format!(r#"<tr data-keys="{name}">"#))
+            .unwrap_or_else(|| panic!("no {name} row: {dom}"));
+        dom[start..start + dom[start..].find("</tr>").unwrap_or(0)].to_owned()
+    };
+    assert!(row("keys").ends_with("<td>1</td>"), "{}", row("keys"));
+    assert!(row("kept in").contains(&state.display().to_string()));
+    assert!(
+        row("lookups").contains("valid 2 · unknown 1"),
+        "{}",
+        row("lookups")
+    );
+    assert!(!dom.contains(&key), "the key itself is never shown");
+}
