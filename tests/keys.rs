@@ -315,3 +315,179 @@ async fn each_outcome_has_its_own_answer() {
         assert_eq!(answer.header("grpc-status"), Some(status), "{key}");
     }
 }
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// UTC midnight of `date`, in ms.
+fn midnight(date: jiff::civil::Date) -> u64 {
+    let zoned = date
+        .to_zoned_datetime(jiff::tz::TimeZone::UTC)
+        .expect("midnight");
+    zoned.timestamp().as_millisecond() as u64
+}
+
+/// `r` and `t` of the answer's `RateLimit` field.
+fn fields(answer: &Answer) -> (u64, u64) {
+    let field = answer.header("ratelimit").unwrap_or_default();
+    let part = |name: &str| {
+        field
+            .split(';')
+            .find_map(|p| p.strip_prefix(name)?.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    (part("r="), part("t="))
+}
+
+/// A month quota from each key's billing day, an attribute in the
+/// registry: a key whose day is tomorrow's has its window end at that
+/// midnight (the day after when tomorrow is the 1st), and one without the
+/// attribute, or with one that is no day of the month, at the first of
+/// next month.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_months_anchor_is_read_from_the_keys_attribute() {
+    let dir = temp_dir("keys-anchor");
+    let toml = Config::new()
+        .admin()
+        .server(&tokens(&dir))
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\n",
+            dir.join("keys.json").display().to_string()
+        ))
+        .route(
+            Route::new("calls")
+                .respond("status = 200")
+                .line(r#"api_key = { from = "header", name = "X-Api-Key" }"#)
+                .client(r#"from = "key""#)
+                .limits(r#"{ algorithm = "fixed_window", limit = 10000, window = "month", anchor = { key = "billing_day", default = 1 } }"#),
+        )
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let today = jiff::Timestamp::now()
+        .to_zoned_datetime(jiff::tz::TimeZone::UTC)
+        .date();
+    let tomorrow = today.tomorrow().expect("tomorrow");
+    let next_month = today
+        .first_of_month()
+        .checked_add(jiff::Span::new().months(1))
+        .expect("next month");
+    let anchored_end = if tomorrow.day() == 1 {
+        tomorrow.tomorrow().expect("the day after")
+    } else {
+        tomorrow
+    };
+    let day = anchored_end.day();
+    let cases = [
+        (format!(r#"{{"billing_day": "{day}"}}"#), anchored_end),
+        ("{}".to_owned(), next_month),
+        (r#"{"billing_day": "45"}"#.to_owned(), next_month),
+    ];
+    let http = TestClient::http1();
+    for (i, (attributes, end)) in cases.into_iter().enumerate() {
+        let body =
+            format!(r#"{{"identity": "c{i}", "attributes": {attributes}, "reason": "test"}}"#);
+        let (key, _) = make(&gate, &body).await;
+        let before = now_ms();
+        let answer = http.get(&gate.url("/"), &[("x-api-key", &key)]).await;
+        let after = now_ms();
+        assert_eq!(answer.status, 200, "{attributes}");
+        let (r, t) = fields(&answer);
+        assert_eq!(r, 9_999, "{attributes}");
+        let end = midnight(end);
+        let seconds = |at: u64| end.saturating_sub(at).div_ceil(1000);
+        assert!(
+            (seconds(after)..=seconds(before)).contains(&t),
+            "{attributes}: t={t}, end in {}s",
+            seconds(before)
+        );
+    }
+}
+
+/// An operator's credit to a client named by its key is audited under the
+/// key's identity, with the admin token's name; the access log names the
+/// key by its id and each request's verification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_credit_is_audited_under_the_keys_identity() {
+    let dir = temp_dir("keys-credit");
+    let log = dir.join("access.log");
+    std::fs::write(
+        dir.join("admin-tokens"),
+        format!("dana {TOKEN}\nerin erin-0123456789abcdef0123\n"),
+    )
+    .expect("write the tokens");
+    let toml = Config::new()
+        .admin()
+        .server(&format!(
+            r#"admin_token_file = "{}""#,
+            dir.join("admin-tokens").display()
+        ))
+        .access_log(&[&format!("path = {:?}", log.display().to_string())])
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\n",
+            dir.join("keys.json").display().to_string()
+        ))
+        .route(api())
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let (key, id) = make(&gate, r#"{"identity": "max", "reason": "signed up"}"#).await;
+    let http = TestClient::http1();
+    assert_eq!(
+        http.get(&gate.url("/"), &[("x-api-key", &key)])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        http.get(&gate.url("/"), &[("x-api-key", "nope")])
+            .await
+            .status,
+        401
+    );
+    let credit = format!(
+        r#"{{"route": "api", "client": {{"headers": {{"x-api-key": "{key}"}}}}, "units": 1, "reason": "ticket 7"}}"#
+    );
+    let credited = admin(&gate, "POST", "/clients/credit", &credit).await;
+    assert_eq!(credited.status, 200, "{}", credited.text());
+    let audit = admin(&gate, "GET", "/audit?identity=max", "").await;
+    let entries = audit.json()["entries"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let seen: Vec<(&str, &str, &str)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap_or(""),
+                e["operator"].as_str().unwrap_or(""),
+                e["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("credit", "dana", "ticket 7"),
+            ("create", "dana", "signed up")
+        ]
+    );
+    assert!(!audit.text().contains(&key), "never the key itself");
+    let start = Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.lines().count() >= 2 || start.elapsed() > Duration::from_secs(5) {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let lines: Vec<serde_json::Value> = lines
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert_eq!(lines[0]["key"], "valid", "{:?}", lines[0]);
+    assert_eq!(lines[0]["key_id"], id.as_str());
+    assert_eq!(lines[1]["key"], "unknown", "{:?}", lines[1]);
+    assert!(lines[1].get("key_id").is_none());
+}
