@@ -491,3 +491,54 @@ async fn an_operators_credit_is_audited_under_the_keys_identity() {
     assert_eq!(lines[1]["key"], "unknown", "{:?}", lines[1]);
     assert!(lines[1].get("key_id").is_none());
 }
+
+/// An instance that starts while the store does not answer cannot tell a
+/// key from a made-up one: it answers 503 (the store's fault, which
+/// clients retry), not 401; once the store answers, it reads the registry
+/// and the key is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_while_the_store_is_down_answers_503_until_it_reads_the_registry() {
+    let redis = TestRedis::start_process().await;
+    let dir = temp_dir("keys-down");
+    let toml = Config::new()
+        .redis(&redis.url, &unique_prefix("keys-down"))
+        .store(r#"timeout = "200ms""#)
+        .admin()
+        .server(&tokens(&dir))
+        .tables("[keys]\n")
+        .route(api())
+        .toml();
+    let first = Floodgate::start(&toml).await;
+    let (key, _) = make(&first, r#"{"identity": "nia", "reason": "signed up"}"#).await;
+    first.stop().await.expect("a clean stop");
+    redis.pause();
+    let second = Floodgate::start(&toml).await;
+    let http = TestClient::http1();
+    let answer = http.get(&second.url("/"), &[("x-api-key", &key)]).await;
+    let made_up = http
+        .get(&second.url("/"), &[("x-api-key", "sk-made-up")])
+        .await;
+    redis.resume();
+    assert_eq!(answer.status, 503, "{}", answer.text());
+    assert!(answer.header("retry-after").is_some());
+    assert_eq!(made_up.status, 503, "a made-up key cannot be told either");
+    let start = Instant::now();
+    loop {
+        let answer = http.get(&second.url("/"), &[("x-api-key", &key)]).await;
+        if answer.status == 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still {} after the store came back",
+            answer.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        http.get(&second.url("/"), &[("x-api-key", "sk-made-up")])
+            .await
+            .status,
+        401
+    );
+}

@@ -56,17 +56,21 @@ pub enum Outcome {
     Expired,
     /// Not looked up: the address sent too many unknown keys this minute.
     TooManyFailures,
+    /// Not known yet: this instance has not read the store's records
+    /// since it started (the store was down), so it cannot tell.
+    Unavailable,
 }
 
 impl Outcome {
     /// Every outcome, in declaration order.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Self::Valid,
         Self::Missing,
         Self::Unknown,
         Self::Disabled,
         Self::Expired,
         Self::TooManyFailures,
+        Self::Unavailable,
     ];
 
     /// Its name in metrics and the access log.
@@ -78,6 +82,7 @@ impl Outcome {
             Self::Disabled => "disabled",
             Self::Expired => "expired",
             Self::TooManyFailures => "too_many_failures",
+            Self::Unavailable => "unavailable",
         }
     }
 }
@@ -157,11 +162,21 @@ impl Keys {
             settings,
         });
         if let Backing::Store(limiter) = &keys.backing {
-            let snapshot = limiter
-                .registry_snapshot()
-                .await
-                .map_err(StartError::Store)?;
-            keys.apply_snapshot(snapshot);
+            match limiter.registry_snapshot().await {
+                Ok(snapshot) => keys.apply_snapshot(snapshot),
+                // A store that refuses floodgate's settings is a
+                // configuration error: floodgate does not start.
+                Err(e @ crate::limit::StoreError::Refused(_)) => return Err(StartError::Store(e)),
+                // One that is down may come back: the registry is read
+                // then, and keys are answered 503 until it is.
+                Err(e) => {
+                    keys.sync_failing.store(true, Ordering::Relaxed);
+                    tracing::warn!(
+                        error = %e,
+                        "the key registry cannot be read from the store; keys are refused as unavailable (503) until it can"
+                    );
+                }
+            }
         }
         Ok(keys)
     }
@@ -171,7 +186,16 @@ impl Keys {
     /// caller counts the outcome, see [`Self::count`]).
     pub fn verify(&self, key: &[u8]) -> Result<Arc<Record>, Outcome> {
         let digest = self.replica.digest_of_key(key);
-        self.replica.check(&digest, crate::clock::now_ms())
+        match self.replica.check(&digest, crate::clock::now_ms()) {
+            Err(Outcome::Unknown) if !self.loaded() => Err(Outcome::Unavailable),
+            judged => judged,
+        }
+    }
+
+    /// Whether the registry's records were read: always with the memory
+    /// store; with a shared one once a read of the store succeeded.
+    fn loaded(&self) -> bool {
+        !matches!(self.backing, Backing::Store(_)) || self.synced_ms.load(Ordering::Relaxed) > 0
     }
 
     /// [`Self::verify`] for a key this instance does not know: the store

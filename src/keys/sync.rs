@@ -64,7 +64,13 @@ impl Keys {
             return;
         };
         let seq = self.replica.seq.load(Ordering::Acquire);
-        let result = match limiter.registry_changes(seq).await {
+        let changes = if self.synced_ms.load(Ordering::Relaxed) == 0 {
+            // Never read: the records whole.
+            Ok(None)
+        } else {
+            limiter.registry_changes(seq).await
+        };
+        let result = match changes {
             Ok(Some(changes)) => {
                 self.apply(changes);
                 Ok(())

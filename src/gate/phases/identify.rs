@@ -187,6 +187,9 @@ impl Context<'_> {
             if let (Outcome::Unknown, Some(failures)) = (outcome, registry.failures()) {
                 failures.count(address(), now_ms);
             }
+            if outcome == Outcome::Unavailable {
+                return Refusal::store(1000).answered_as(answers);
+            }
             key_refusal(outcome, from).answered_as(answers)
         })
     }
@@ -249,7 +252,7 @@ fn key_refusal(outcome: Outcome, from: &KeyFrom) -> Refusal {
             StatusCode::TOO_MANY_REQUESTS,
             "too many unknown API keys from this address; retry when the minute ends".to_owned(),
         ),
-        Outcome::Unknown | Outcome::Valid => (
+        Outcome::Unknown | Outcome::Valid | Outcome::Unavailable => (
             StatusCode::UNAUTHORIZED,
             "the API key is not known".to_owned(),
         ),
