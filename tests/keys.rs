@@ -140,6 +140,9 @@ async fn a_flood_of_made_up_keys_costs_the_store_a_bounded_few_calls_and_keeps_n
     );
     let real = http.get(&gate.url("/"), &[("x-api-key", &key)]).await;
     assert_eq!(real.status, 200);
+    let counted = metric(&gate, "floodgate_key_store_asks_total", &[]).await;
+    assert_eq!(counted, asks as f64, "every ask counted");
+    assert_eq!(metric(&gate, "floodgate_key_store_asks_found_total", &[]).await, 0.0);
 }
 
 /// The memory store's registry is the instance's own, in its state file:

@@ -49,6 +49,22 @@ impl Collector for Shown {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(value).encode(family)?;
         }
+        let counters: [(&str, &str, u64); 2] = [
+            (
+                "floodgate_key_store_asks",
+                "Keys this instance did not know asked of the store (a key made elsewhere a moment ago; at most 50 a second).",
+                keys.asked[0].load(Ordering::Relaxed),
+            ),
+            (
+                "floodgate_key_store_asks_found",
+                "Of those, the keys the store knew (kept from then on).",
+                keys.asked[1].load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(family)?;
+        }
         let mut family = encoder.encode_descriptor(
             "floodgate_key_lookups",
             "Keys verified, by outcome (every lookup is of this instance's copy of the registry: none asks the store).",

@@ -115,6 +115,9 @@ pub struct Keys {
     /// current second: the second in the high 32 bits, the count in the
     /// low 32.
     asks: AtomicU64,
+    /// Asks of the store for keys this instance did not know, since
+    /// start: made, and those that found the key.
+    pub(crate) asked: [AtomicU64; 2],
     /// Unknown keys counted per address and minute (`None`: no limit).
     failures: Option<crate::client::Failures>,
 }
@@ -157,6 +160,7 @@ impl Keys {
             reconciled: std::sync::Mutex::default(),
             writing: tokio::sync::Mutex::new(()),
             asks: AtomicU64::new(0),
+            asked: Default::default(),
             failures: (settings.failures_per_minute > 0)
                 .then(|| crate::client::Failures::new(settings.failures_per_minute)),
             settings,
@@ -214,9 +218,11 @@ impl Keys {
             && self.may_ask(now_ms)
         {
             let asked = limiter.registry_get(&registry::hex(&digest)).await;
+            self.asked[0].fetch_add(1, Ordering::Relaxed);
             if let Ok(Some(text)) = asked
                 && let Ok(record) = serde_json::from_str::<Record>(&text)
             {
+                self.asked[1].fetch_add(1, Ordering::Relaxed);
                 let record = Arc::new(record);
                 judged = if self.replica.learn(digest, Arc::clone(&record), seq) {
                     registry::judged(Some(record), now_ms)
@@ -303,6 +309,8 @@ impl Keys {
             "synced_ms": self.synced_ms.load(Ordering::Relaxed),
             "sync_failing": self.sync_failing.load(Ordering::Relaxed),
             "lookups": lookups,
+            "store_asks": self.asked[0].load(Ordering::Relaxed),
+            "store_asks_found": self.asked[1].load(Ordering::Relaxed),
             "file": reconciled,
         })
     }
