@@ -142,7 +142,10 @@ async fn a_flood_of_made_up_keys_costs_the_store_a_bounded_few_calls_and_keeps_n
     assert_eq!(real.status, 200);
     let counted = metric(&gate, "floodgate_key_store_asks_total", &[]).await;
     assert_eq!(counted, asks as f64, "every ask counted");
-    assert_eq!(metric(&gate, "floodgate_key_store_asks_found_total", &[]).await, 0.0);
+    assert_eq!(
+        metric(&gate, "floodgate_key_store_asks_found_total", &[]).await,
+        0.0
+    );
 }
 
 /// The memory store's registry is the instance's own, in its state file:
