@@ -458,3 +458,90 @@ fn the_example_file_shows_every_key_in_its_table() {
         "config/example.toml does not show these keys in their tables: {missing:?}"
     );
 }
+
+// === What --check prints ===
+
+/// `--check` of `text` (written to a file of its own): its standard output.
+fn check_says(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("floodgate-summary-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("floodgate.toml");
+    std::fs::write(&file, text).expect("write");
+    let out = check(&file);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A route that verifies keys says where it reads them, and the registry
+/// says where its records live: the shared store, followed every
+/// `sync_every`, or the memory store's state file.
+#[test]
+fn the_summary_shows_the_key_registry_and_the_routes_that_verify_keys() {
+    let routes = r#"
+[[routes]]
+name = "chat"
+match = { path_prefix = "/v1" }
+respond = { status = 200 }
+api_key = { from = "bearer" }
+client = { from = "key" }
+limits = [{ algorithm = "sliding_window", limit = 60, window = "1m" }]
+
+[[routes]]
+name = "legacy"
+match = { path_prefix = "/legacy" }
+respond = { status = 200 }
+api_key = { from = "header", name = "X-Api-Key" }
+limits = [{ algorithm = "sliding_window", limit = 60, window = "1m", key = { from = "key", name = "org" } }]
+
+[[routes]]
+name = "health"
+match = { path = "/healthz" }
+respond = { status = 200 }
+"#;
+    let shared = check_says(
+        "redis",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n[keys]\nprefix = \"sk-live-\"\n{routes}"
+        ),
+    );
+    assert!(
+        shared.contains("route chat (api key: bearer): 60 per 1m sliding_window per client (key)"),
+        "{shared}"
+    );
+    assert!(
+        shared.contains(
+            "route legacy (api key: header x-api-key): 60 per 1m sliding_window per key org"
+        ),
+        "{shared}"
+    );
+    assert!(shared.contains("route health: not limited"), "{shared}");
+    assert!(
+        shared.contains(
+            "key registry: in the store, prefix sk-live-, synced every 200ms, at most 20 unknown keys a minute per address"
+        ),
+        "{shared}"
+    );
+    let own = check_says(
+        "memory",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[keys]\nstate_file = \"/var/lib/floodgate/keys.json\"\nfailures_per_minute = 0\n{routes}"
+        ),
+    );
+    assert!(
+        own.contains(
+            "key registry: in /var/lib/floodgate/keys.json, prefix sk-, unknown keys not limited per address"
+        ),
+        "{own}"
+    );
+    let none = check_says(
+        "none",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[[routes]]\nname = \"r\"\nrespond = { status = 200 }\n",
+    );
+    assert!(!none.contains("key registry"), "{none}");
+    assert!(!none.contains("api key"), "{none}");
+}

@@ -1,15 +1,18 @@
 //! What `--check` prints for a valid file: each route's limits and whose
-//! count each is, the plans and the budgets, and who uses them, so an
-//! operator reads what the file means before it runs.
+//! count each is, where it reads the API key it verifies, the plans and
+//! the budgets, who uses them, and the key registry, so an operator reads
+//! what the file means before it runs.
 
 use std::fmt::Write as _;
 
 use super::Config;
+use crate::limit::settings::Store;
 use crate::routes::{Policy, Route};
 
 impl Config {
-    /// The file's limits in plain lines: one per route (its own limits),
-    /// one per plan a route refers to, then the budgets and the plans.
+    /// The file's limits in plain lines: one per route (its own limits,
+    /// and where it reads the API key it verifies), one per plan a route
+    /// refers to, then the budgets, the plans and the key registry.
     pub fn summary(&self) -> String {
         let mut out = String::new();
         let names = self
@@ -40,9 +43,12 @@ impl Config {
                 }
                 _ => String::new(),
             };
+            let api_key = route.api_key.as_ref().map_or(String::new(), |from| {
+                format!(" (api key: {})", from.describe())
+            });
             let _ = writeln!(
                 out,
-                "route {}{reached}: {}",
+                "route {}{reached}{api_key}: {}",
                 route.name,
                 limits(route, &route.policy)
             );
@@ -67,10 +73,38 @@ impl Config {
                 let _ = writeln!(out, "plan {name}: on {}", routes.join(", "));
             }
         }
+        if let Some(keys) = &self.keys {
+            let _ = writeln!(out, "{}", registry(keys, &self.store));
+        }
         out
     }
 }
 
+/// The key registry in one line: where its records live, the prefix of
+/// the keys it makes, how often it follows the store, its keys file and
+/// how many unknown keys an address may send.
+fn registry(keys: &crate::keys::Settings, store: &Store) -> String {
+    let mut out = match (store, &keys.state_file) {
+        (Store::Redis(_), _) => "key registry: in the store".to_owned(),
+        (Store::Memory, Some(path)) => format!("key registry: in {}", path.display()),
+        (Store::Memory, None) => "key registry: in this instance".to_owned(),
+    };
+    let _ = write!(out, ", prefix {}", keys.prefix);
+    if let Store::Redis(_) = store {
+        let every = u64::try_from(keys.sync_every.as_millis()).unwrap_or(u64::MAX);
+        let _ = write!(out, ", synced every {}", crate::clock::written(every));
+    }
+    if let Some(file) = &keys.file {
+        let _ = write!(out, ", keys file {}", file.display());
+    }
+    match keys.failures_per_minute {
+        0 => out.push_str(", unknown keys not limited per address"),
+        n => {
+            let _ = write!(out, ", at most {n} unknown keys a minute per address");
+        }
+    }
+    out
+}
 /// A policy's limits, each with whose count it is.
 fn limits(route: &Route, policy: &Policy) -> String {
     if policy.limits.is_empty() {
