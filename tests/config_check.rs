@@ -295,6 +295,8 @@ fn placement(model: &str) -> &'static str {
         "BudgetModel" => "[budgets.b]\n{kv}\n",
         "PlanModel" => "[plans.p]\n{kv}\n",
         "PlanSelectionModel" => "[plan_selection]\n{kv}\n",
+        "KeysModel" => "[keys]\n{kv}\n",
+        "ApiKeyModel" => "[[routes]]\n[routes.api_key]\n{kv}\n",
         other => panic!("no placement for {other}: add one beside its table"),
     }
 }
@@ -343,7 +345,7 @@ fn every_key_the_reference_documents_is_one_the_model_accepts() {
 
 /// The reload column says `restart` exactly for what a reload cannot
 /// apply (`Config::differences_needing_restart`: some `[server]` keys,
-/// all of `[store]` and `[access_log]`).
+/// all of `[store]`, `[access_log]` and `[keys]`).
 #[test]
 fn the_reference_says_which_keys_need_a_restart() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -362,8 +364,8 @@ fn the_reference_says_which_keys_need_a_restart() {
         for (key, reload) in &table.rows {
             let needs_restart = match table.model.as_str() {
                 "ServerModel" => restart.contains(&key.as_str()),
-                "StoreModel" | "AccessLogModel" => true,
-                "FileModel" => ["store", "access_log"].contains(&key.as_str()),
+                "StoreModel" | "AccessLogModel" | "KeysModel" => true,
+                "FileModel" => ["store", "access_log", "keys"].contains(&key.as_str()),
                 _ => false,
             };
             assert_eq!(
@@ -426,6 +428,7 @@ fn example_section_of(model: &str, section: &str) -> bool {
         "BudgetModel" => top == "budgets" || section.contains(".budgets."),
         "PlanModel" => top == "plans",
         "PlanSelectionModel" => section == "plan_selection",
+        "KeysModel" => section == "keys",
         _ => section == "routes",
     }
 }
