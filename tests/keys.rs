@@ -270,7 +270,9 @@ async fn a_rotated_key_stays_valid_for_its_grace_then_expires() {
 
 /// On a route answering with problem documents: no key 401 naming the
 /// header, a disabled key 403, an expired one 401; to a gRPC client, the
-/// same refusals as gRPC statuses (UNAUTHENTICATED, PERMISSION_DENIED).
+/// same refusals as gRPC statuses (UNAUTHENTICATED, PERMISSION_DENIED);
+/// an address past its budget of unknown keys 429, its valid key
+/// admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_outcome_has_its_own_answer() {
     let dir = temp_dir("keys-answers");
@@ -320,6 +322,25 @@ async fn each_outcome_has_its_own_answer() {
         let answer = grpc.send(request).await;
         assert_eq!(answer.header("grpc-status"), Some(status), "{key}");
     }
+    // The address's budget: 20 unknown keys a minute (the gRPC one was
+    // the first); past it refused unchecked (429), its valid keys still
+    // admitted.
+    let (on, _) = make(&gate, r#"{"identity": "on", "reason": "test"}"#).await;
+    let mut statuses = Vec::new();
+    for n in 0..22 {
+        let made_up = format!("sk-guess-{n}");
+        let answer = http.get(&gate.url("/"), &[("x-api-key", &made_up)]).await;
+        statuses.push(answer.status.as_u16());
+        if answer.status == 429 {
+            assert!(answer.header("retry-after").is_some());
+        }
+    }
+    assert_eq!(statuses[..19], [401; 19], "{statuses:?}");
+    assert_eq!(statuses[19..], [429; 3], "{statuses:?}");
+    assert_eq!(
+        http.get(&gate.url("/"), &[("x-api-key", &on)]).await.status,
+        200
+    );
 }
 
 fn now_ms() -> u64 {

@@ -161,7 +161,7 @@ impl Validator<'_> {
         if uses_key && !has_api_key {
             self.problem(
                 span,
-                "this route counts by the API key's registry record (from = \"key\"): give it api_key = { from = \"bearer\" } (or a header) so that the key is verified first",
+                "this route counts by the API key's registry record (from = \"key\", or plans chosen by the key): give it api_key = { from = \"bearer\" } (or a header) so that the key is verified first",
             );
         }
     }

@@ -138,8 +138,9 @@ impl Context<'_> {
 
     /// The record of the API key the request carries, read as `from`
     /// says, or the refusal it gets: a missing, unknown or expired key
-    /// 401, a disabled one 403, and an address that sent too many unknown
-    /// keys this minute 429 without a lookup. Nothing is counted before.
+    /// 401, a disabled one 403, and an unknown key from an address that
+    /// sent too many this minute 429 without asking the store (its valid
+    /// keys still pass). Nothing is counted before.
     async fn verify_key(
         &mut self,
         rules: &Rules,
@@ -161,19 +162,19 @@ impl Context<'_> {
         };
         let address = || client_address(headers, self.peer.addr.ip(), &rules.trusted_proxies);
         let now_ms = crate::clock::now_ms();
-        if let Some(wait_ms) = registry.failures().and_then(|f| f.spent(address(), now_ms)) {
-            registry.count(Outcome::TooManyFailures);
-            if let Some(log) = &mut self.log {
-                log.key(Outcome::TooManyFailures.name(), None);
-            }
-            return Err(key_refusal(Outcome::TooManyFailures, from)
-                .retry_after(wait_ms)
-                .answered_as(answers));
-        }
+        let mut wait = None;
         let verified = match registry.verify(key) {
-            // Not in this instance's copy: perhaps made elsewhere a
-            // moment ago. The store is asked, within the failure budget.
-            Err(Outcome::Unknown) => Box::pin(registry.ask(key)).await,
+            // Not in this instance's copy: perhaps made elsewhere a moment
+            // ago, and the store is asked; unless the address has spent
+            // its failure budget this minute (a valid key is never held
+            // to it).
+            Err(Outcome::Unknown) => {
+                wait = registry.failures().and_then(|f| f.spent(address(), now_ms));
+                match wait {
+                    Some(_) => Err(Outcome::TooManyFailures),
+                    None => Box::pin(registry.ask(key)).await,
+                }
+            }
             known => known,
         };
         registry.count(verified.as_ref().err().copied().unwrap_or(Outcome::Valid));
@@ -187,10 +188,13 @@ impl Context<'_> {
             if let (Outcome::Unknown, Some(failures)) = (outcome, registry.failures()) {
                 failures.count(address(), now_ms);
             }
-            if outcome == Outcome::Unavailable {
-                return Refusal::store(1000).answered_as(answers);
+            match (outcome, wait) {
+                (Outcome::Unavailable, _) => Refusal::store(1000).answered_as(answers),
+                (_, Some(wait_ms)) => key_refusal(outcome, from)
+                    .retry_after(wait_ms)
+                    .answered_as(answers),
+                _ => key_refusal(outcome, from).answered_as(answers),
             }
-            key_refusal(outcome, from).answered_as(answers)
         })
     }
 
