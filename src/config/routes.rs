@@ -275,12 +275,7 @@ impl Validator<'_> {
             (&usage, &descriptor, &action),
         )?;
         let limits = (&policy, &plans[..], &overrides[..]);
-        let plans_by_key = m.has_plans()
-            && catalog
-                .selection
-                .as_ref()
-                .is_some_and(|s| matches!(s.by, crate::routes::PlanSource::Key));
-        let api_key = self.route_api_key(m, (defaults.keys, plans_by_key), client.as_ref(), limits);
+        let api_key = self.route_api_key(m, (defaults.keys, catalog), client.as_ref(), limits);
         Some(Route {
             api_key: api_key?,
             descriptor: descriptor?,
@@ -310,7 +305,7 @@ impl Validator<'_> {
     fn route_api_key(
         &mut self,
         m: &RouteModel,
-        (has_registry, plans_by_key): (bool, bool),
+        (has_registry, catalog): (bool, &super::plans::Catalog<'_>),
         client: Option<&crate::client::ClientRule>,
         (policy, plans, overrides): (
             &crate::routes::Policy,
@@ -328,6 +323,11 @@ impl Validator<'_> {
                 "api_key does not apply to a descriptor route: Envoy's descriptors carry no key; verify keys on the routes requests reach",
             );
         }
+        let plans_by_key = m.has_plans()
+            && catalog
+                .selection
+                .as_ref()
+                .is_some_and(|s| matches!(s.by, crate::routes::PlanSource::Key));
         let uses_key = plans_by_key || crate::routes::uses_key(client, policy, plans, overrides);
         let has_api_key = api_key.as_ref().is_none_or(Option::is_some);
         self.key_parts_need_api_key(uses_key, has_api_key, m.name.span());
