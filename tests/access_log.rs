@@ -84,6 +84,16 @@ async fn json_lines_tell_the_route_decision_limit_client_endpoint_bytes_and_time
     assert_eq!(first["decision"], "allowed");
     assert_eq!(first["limit"], "api");
     assert_eq!(first["remaining"], 1);
+    // Decided by the memory store, by this instance's clock, just now.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let decided_at = first["decided_at_ms"].as_u64().map(u128::from);
+    assert!(
+        decided_at.is_some_and(|at| at <= now_ms && now_ms - at < 60_000),
+        "{first}"
+    );
     assert_eq!(first["upstream"], upstream.url());
     assert_eq!(first["bytes_out"], bodies[0].1);
     assert!(first["upstream_ms"].as_f64().is_some_and(|ms| ms >= 0.0));

@@ -27,6 +27,8 @@ pub struct Record {
     pub(super) outcome: Option<Outcome>,
     limit: Option<String>,
     remaining: Option<u64>,
+    /// When the store decided (ms since the Unix epoch, its clock).
+    decided_at_ms: Option<u64>,
     pub(super) client: Option<ClientId>,
     upstream: Option<Box<str>>,
     upstream_ms: Option<f64>,
@@ -74,6 +76,7 @@ impl Record {
             outcome: None,
             limit: None,
             remaining: None,
+            decided_at_ms: None,
             client: None,
             upstream: None,
             upstream_ms: None,
@@ -110,6 +113,13 @@ impl Record {
             self.limit = Some(name.to_owned());
             self.remaining = Some(remaining);
         }
+    }
+
+    /// When the store decided, by its clock (ms since the Unix epoch):
+    /// with `held_ms`, the instant the request fits, comparable across
+    /// instances and with the store's own record.
+    pub fn decided_at(&mut self, at_ms: u64) {
+        self.decided_at_ms = Some(at_ms);
     }
 
     /// The upstream endpoint that answered, and how long its head took.
@@ -181,6 +191,9 @@ impl Record {
         if let Some(remaining) = self.remaining {
             number(out, "remaining", remaining);
         }
+        if let Some(at) = self.decided_at_ms {
+            number(out, "decided_at_ms", at);
+        }
         if let Some(client) = client {
             field(out, "client", client, false);
         }
@@ -251,6 +264,9 @@ impl Record {
         }
         if let Some(remaining) = self.remaining {
             let _ = write!(out, " remaining={remaining}");
+        }
+        if let Some(at) = self.decided_at_ms {
+            let _ = write!(out, " decided_at_ms={at}");
         }
         if let Some(ms) = self.held_ms {
             let _ = write!(out, " held_ms={ms}");

@@ -130,6 +130,10 @@ impl Context<'_> {
         if let Some(r) = self.log.as_mut() {
             let limit = decided.and_then(|(d, limits)| Some((limits.name(d.limit)?, d.remaining)));
             r.decided(outcome, Some(whose.logged), limit);
+            // A remembered denial was decided before (its instant is 0).
+            if let Some((d, _)) = decided.filter(|(d, _)| d.at_ms > 0) {
+                r.decided_at(d.at_ms);
+            }
         }
     }
 
