@@ -143,6 +143,12 @@ impl FrontProxy {
         panic!("{name} did not listen on {port} within 15 s");
     }
 
+    /// The front proxy's access log (nginx limiting requests: when each
+    /// began, see `NGINX_LIMIT_REQ`).
+    pub fn access_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default()
+    }
+
     /// The front proxy's error log (nginx), for a failing assertion.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("error.log"))
@@ -292,7 +298,10 @@ pid {dir}/nginx.pid;
 error_log {dir}/error.log info;
 events { worker_connections 1024; }
 http {
-    access_log off;
+    # When each request began (nginx's cached clock, in ms: the log's
+    # time less the request's), for comparing what it decided.
+    log_format began '$msec $request_time $request_uri';
+    access_log {dir}/access.log began;
     client_body_temp_path {dir}/body;
     proxy_temp_path {dir}/proxy;
     fastcgi_temp_path {dir}/fastcgi;
