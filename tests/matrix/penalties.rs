@@ -39,6 +39,34 @@ async fn one_penalty_is_listed(gates: &Gates, i: usize) {
     );
 }
 
+/// The lift wrote one audit line: the operator who asked and the peer
+/// they asked from, the action, the route, the reason, the client by a
+/// digest of its key (never the key), and its standing before and after.
+fn lift_is_audited(reason: &str) {
+    let lines: Vec<String> = crate::support::audit_lines()
+        .into_iter()
+        .filter(|l| l.contains(reason))
+        .collect();
+    let [line] = &lines[..] else {
+        panic!("one audit line for the lift: {lines:#?}");
+    };
+    for field in [
+        "operator=dana",
+        "peer=127.0.0.1",
+        "action=lift",
+        "route=login",
+        "x-user=sha256:",
+        "before=",
+        "after=",
+    ] {
+        assert!(line.contains(field), "{field} in the audit line: {line}");
+    }
+    assert!(
+        !line.contains("x-user=mal"),
+        "the client's key in the audit line: {line}"
+    );
+}
+
 /// The penalties in force, as instance `i`'s admin listener lists them.
 async fn penalties(gates: &Gates, i: usize) -> Vec<serde_json::Value> {
     let answer = TestClient::http1()
@@ -116,8 +144,14 @@ pub async fn a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender(bed
     tokio::time::sleep(Duration::from_millis(2_200).saturating_sub(started.elapsed())).await;
     assert_eq!(login(&gates, 1, "mal", "right").await.status, 429);
     one_penalty_is_listed(&gates, 1).await;
-    let lift = r#"{ "route": "login", "client": { "headers": { "x-user": "mal" } }, "reason": "a locked-out user called" }"#;
-    change(&gates, 0, "lift", lift).await;
+    // The reason names this bed, so that its audit line is told apart
+    // from another store's in this test binary.
+    let reason = format!("a locked-out user called ({:?})", bed.store);
+    let lift = format!(
+        r#"{{ "route": "login", "client": {{ "headers": {{ "x-user": "mal" }} }}, "reason": "{reason}" }}"#
+    );
+    change(&gates, 0, "lift", &lift).await;
+    lift_is_audited(&reason);
     assert_eq!(
         login(&gates, 1, "mal", "right").await.status,
         200,

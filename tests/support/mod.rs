@@ -40,9 +40,43 @@ use tokio::task::JoinHandle;
 fn show_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("floodgate=info"))
-        .with_test_writer()
+        .with_writer(|| Shown)
         .with_ansi(false)
         .try_init();
+}
+
+/// The audit lines (target `floodgate::audit`) that in-process instances
+/// of this test binary wrote so far, for a test to find its own.
+pub fn audit_lines() -> Vec<String> {
+    AUDIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// Every audit line of this test binary's in-process instances.
+static AUDIT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// A log line's way out: to the output of the test that caused it (as
+/// `with_test_writer` does), an audit line kept in `AUDIT` besides.
+struct Shown;
+
+impl std::io::Write for Shown {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let line = String::from_utf8_lossy(buf);
+        if line.contains("floodgate::audit") {
+            AUDIT
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line.trim_end().to_owned());
+        }
+        print!("{line}");
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 // === the upstream ===
