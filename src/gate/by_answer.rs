@@ -131,27 +131,27 @@ impl ByAnswer {
         }
     }
 
-    /// The answer floodgate made itself (a refusal) is known: as
-    /// [`Self::settle`], in a task of its own counted in `settlements` (a
-    /// stop waits for it).
-    pub(crate) fn settle_later(
+    /// The answer floodgate made itself (a refusal: the upstream down,
+    /// late) is known: as [`Self::settle`], in a task of its own counted
+    /// in `settlements` (a stop waits for it), which the caller awaits
+    /// before the answer goes out and which ends its work even if the
+    /// client leaves meanwhile.
+    pub(crate) fn settle_apart(
         mut self: Box<Self>,
         answer: (u16, &HeaderMap),
         limiter: &Arc<Limiter>,
         settlements: &Arc<in_flight::Count>,
         metrics: &Metrics,
-    ) {
+    ) -> Option<tokio::task::JoinHandle<()>> {
         if !self.not_counted(answer, metrics) {
-            return;
+            return None;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
         let limiter = Arc::clone(limiter);
         let counted = settlements.begin();
-        runtime.spawn(async move {
+        Some(runtime.spawn(async move {
             self.give_back(&limiter).await;
             drop(counted);
-        });
+        }))
     }
 }

@@ -104,6 +104,10 @@ pub async fn handle<C: Connection>(
             "no answer was made for the request",
         )),
     };
+    if let Some(settled) = cx.settle_by_answer(&response) {
+        // A give-back that failed is logged where it failed.
+        let _ = settled.await;
+    }
     Ok(cx.logged(response))
 }
 

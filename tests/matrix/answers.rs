@@ -141,3 +141,46 @@ async fn a_guess_whose_client_left_counts_once(gates: &super::Gates, seen: &Seen
     }
     assert_eq!(statuses, [401, 401, 401, 401, 429]);
 }
+
+/// The answers floodgate makes itself count as the limits say, as an
+/// upstream's do: a route whose upstream is down (`502`) and one whose
+/// upstream answers too late (`504`), each with a limit of one counting
+/// only `401` and a limit of three counting `5xx`. Each of a client's
+/// first three requests, across both instances, gets floodgate's own
+/// answer: the `401` limit gave its unit back before it went out (else
+/// the second would be refused), the `5xx` limit kept it, so the fourth
+/// is refused by it.
+pub async fn floodgates_own_502_and_504_count_as_the_limits_say(bed: &Bed) {
+    let late = crate::support::Upstream::start().await;
+    let down = format!("http://127.0.0.1:{}", crate::support::free_port());
+    let limits = |route: Route| {
+        route
+            .client(r#"from = "header", name = "X-User", missing = "reject""#)
+            .limits(r#"{ algorithm = "sliding_log", limit = 1, window = "10m", count_when = { status = [401] } }"#)
+            .limits(r#"{ algorithm = "sliding_log", limit = 3, window = "1h", count_when = { status = ["5xx"] } }"#)
+    };
+    let toml = bed
+        .config("matrix-own-answers")
+        .route(limits(
+            Route::new("down")
+                .upstream(&down)
+                .matching(r#"path_prefix = "/down""#),
+        ))
+        .route(limits(
+            Route::new("late")
+                .upstream(&late.url())
+                .matching(r#"path_prefix = "/slow""#)
+                .line(r#"upstream_timeout = "200ms""#),
+        ))
+        .toml();
+    let gates = bed.instances(&toml).await;
+    let http = TestClient::http1();
+    for (path, own) in [("/down", 502), ("/slow?ms=2000", 504)] {
+        let mut statuses = Vec::new();
+        for i in 0..4 {
+            let answer = http.get(&gates.url(i, path), &[("x-user", "ann")]).await;
+            statuses.push(answer.status.as_u16());
+        }
+        assert_eq!(statuses, [own, own, own, 429], "{path}");
+    }
+}

@@ -119,6 +119,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "front proxies: decisions and settlements" => front::a_front_proxys_reservation_is_settled_by_name,
     "Envoy: descriptors all or nothing" => front::envoys_descriptors_are_decided_all_or_nothing,
     "count_when: only the answers named count" => answers::only_the_answers_named_are_counted,
+    "count_when: floodgate's own 502 and 504 count as the limits say" => answers::floodgates_own_502_and_504_count_as_the_limits_say,
     "penalty: outlasts the window, doubles, lifted" => penalties::a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender,
     "key registry: verified before anything counts" => registry::keys_are_verified_before_anything_is_counted,
 };

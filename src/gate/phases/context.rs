@@ -98,6 +98,25 @@ impl Context<'_> {
         }
     }
 
+    /// Where the answer is one floodgate made itself (a refusal) on a
+    /// route that counts by the answer, what the decision took settled by
+    /// it: the task giving back the units of the limits it does not count,
+    /// for the caller to await before the answer goes out (so the client's
+    /// next request meets the limit as it stands, as after an upstream's
+    /// answer).
+    pub(super) fn settle_by_answer(
+        &mut self,
+        response: &Response<Body>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let answer = (response.status().as_u16(), response.headers());
+        self.by_answer.take()?.settle_apart(
+            answer,
+            &self.shared.limiter,
+            &self.shared.settlements,
+            &self.shared.metrics,
+        )
+    }
+
     /// The answer with its hooks: on a metered route whose answer reports
     /// in its body, read for the report on the way (first, so the log line
     /// has the units); the access log line written once it has gone out;
@@ -112,10 +131,6 @@ impl Context<'_> {
         let reservation = self.reservation.take();
         let limiter = &self.shared.limiter;
         let settlements = &self.shared.settlements;
-        if let Some(by_answer) = self.by_answer.take() {
-            let answer = (response.status().as_u16(), response.headers());
-            by_answer.settle_later(answer, limiter, settlements, &self.shared.metrics);
-        }
         let meter = reservation.map(|r| {
             let event_stream = crate::proxy::is_event_stream(response.headers());
             let abandon = Abandon::new(r.settings.abandoned, &r.metering, &r.tally, settlements);
