@@ -1122,3 +1122,109 @@ async fn units_given_back_end_remembered_denials_on_every_instance_on_a_cluster(
     )
     .await;
 }
+
+// === abandoned answers read on: at a bound, full, broken off ===
+
+/// An event stream upstream on a raw socket: each answer sends its head
+/// and a first event, then waits for `release` to change, then on
+/// `/flood` sends 64 KiB of events without a report (and holds the rest),
+/// and on `/broken` drops the connection mid-body (no last chunk).
+async fn stream_then(release: tokio::sync::watch::Receiver<u32>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut release = release.clone();
+            // Only a release after the request came lets it go on.
+            release.borrow_and_update();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let flood = String::from_utf8_lossy(&head).starts_with("GET /flood");
+                let chunk = |data: &str| format!("{:x}\r\n{data}\r\n", data.len());
+                let first = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}",
+                    chunk("data: {\"delta\":\"Hel\"}\n\n")
+                );
+                if stream.write_all(first.as_bytes()).await.is_err() {
+                    return;
+                }
+                if release.changed().await.is_err() || !flood {
+                    // Dropped: the body breaks off.
+                    return;
+                }
+                let filler = chunk(&"data: {\"delta\":\"lo\"}\n\n".repeat(200));
+                for _ in 0..16 {
+                    if stream.write_all(filler.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                // Held open: only a bound ends the reading.
+                let _ = release.changed().await;
+            });
+        }
+    });
+    url
+}
+
+/// With `abandoned = "drain"` and one answer read on at a time: of two
+/// clients that leave their streams, the second is closed at once
+/// (`full`); the first is read on until its upstream has sent more than
+/// `drain_bytes` without a report (`bound`), and of two more, the one
+/// read on breaks off when its upstream drops the connection (`broke`).
+/// Each stands charged its reservation, and no answer counts as another
+/// outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_read_on_ends_at_its_bound_when_the_reading_is_full_or_when_it_breaks_off() {
+    let redis = TestRedis::start().await;
+    let prefix = unique_prefix("usage-drain-ends");
+    let (release, waiting) = tokio::sync::watch::channel(0u32);
+    let url = stream_then(waiting).await;
+    let toml = Config::new()
+        .redis(&redis.url, &prefix)
+        .admin()
+        .route(metered(
+            "sse",
+            "/",
+            &url,
+            10_000,
+            r#"reserve = 70, report = "sse", units = { "usage.input_units" = 1, "usage.output_units" = 1 }, abandoned = "drain", drain_time = "1m", drain_bytes = "16KiB", max_draining = 1"#,
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let metrics = gate.admin_url("/metrics");
+    let outcome = |o: &str| format!(r#"route="sse",outcome="{o}""#);
+    let name = "floodgate_usage_abandoned_total";
+    for (path, ended, full) in [("/flood", "bound", 1), ("/broken", "broke", 2)] {
+        // Two leave: one is read on and holds the only place, so the other
+        // is closed at once, whichever comes first.
+        read_then_leave(gate.addr, path, "Hel").await;
+        read_then_leave(gate.addr, path, "Hel").await;
+        let scrape = scrape_until(&metrics, name, &outcome("full"), full).await;
+        assert_eq!(series(&scrape, name, &outcome("full")), full, "{scrape}");
+        release.send_modify(|n| *n += 1);
+        let scrape = scrape_until(&metrics, name, &outcome(ended), 1).await;
+        assert_eq!(
+            series(&scrape, name, &outcome(ended)),
+            1,
+            "{path}: {scrape}"
+        );
+    }
+    let scrape = scrape_until(&metrics, name, &outcome("bound"), 1).await;
+    for (o, want) in [
+        ("drained", 0),
+        ("closed", 0),
+        ("bound", 1),
+        ("broke", 1),
+        ("full", 2),
+    ] {
+        assert_eq!(series(&scrape, name, &outcome(o)), want, "{o}: {scrape}");
+    }
+    assert_eq!(settled(&redis, &prefix, "sse", 4 * 70).await, 4 * 70);
+}
