@@ -39,8 +39,9 @@ async fn one_penalty_is_listed(gates: &Gates, i: usize) {
     );
 }
 
-/// The lift wrote one audit line: the operator who asked and the peer
-/// they asked from, the action, the route, the reason, the client by a
+/// The lift wrote one audit line: the operator who asked (the admin
+/// token's name: a one-line token file's is `admin`), on whose behalf
+/// (their `X-Operator`) and the peer they asked from, the action, the route, the reason, the client by a
 /// digest of its key (never the key), and its standing before and after.
 fn lift_is_audited(reason: &str) {
     let lines: Vec<String> = crate::support::audit_lines()
@@ -51,7 +52,8 @@ fn lift_is_audited(reason: &str) {
         panic!("one audit line for the lift: {lines:#?}");
     };
     for field in [
-        "operator=dana",
+        "operator=admin",
+        "on_behalf=dana",
         "peer=127.0.0.1",
         "action=lift",
         "route=login",
