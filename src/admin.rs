@@ -206,13 +206,16 @@ fn top_clients(shared: &Shared, n: usize) -> String {
     let rules = shared.rules();
     let now = crate::clock::now_ms() / 1000;
     let mut out = String::from("{\"window_seconds\":60,\"worst\":[");
-    let Some(top) = &rules.top else {
+    if rules.live.iter().all(|l| l.top.is_none()) {
         out.push_str("],\"routes\":[]}");
         return out;
-    };
+    }
     let mut routes = Vec::new();
     let mut worst = Vec::new();
-    for (route, route_top) in rules.routes.iter().zip(top) {
+    for (route, live) in rules.routes.iter().zip(&rules.live) {
+        let Some(route_top) = &live.top else {
+            continue;
+        };
         if route.policy.limits.is_empty() {
             continue;
         }
@@ -301,14 +304,8 @@ fn status_json(shared: &Shared) -> String {
         None => out.push_str("null"),
     }
     out.push_str(",\"routes\":[");
-    for (i, (((route, counts), capacity), metering)) in rules
-        .routes
-        .iter()
-        .zip(&rules.metrics)
-        .zip(&rules.capacity)
-        .zip(&rules.metering)
-        .enumerate()
-    {
+    for (i, (route, live)) in rules.routes.iter().zip(&rules.live).enumerate() {
+        let (counts, capacity, metering) = (&live.metrics, &live.capacity, &live.metering);
         if i > 0 {
             out.push(',');
         }

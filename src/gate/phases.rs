@@ -133,7 +133,7 @@ async fn answer<H: Send + 'static>(
         .verified(&rules, &found, &mut head.headers, &matched_path)
         .await?;
     // A route without a cap awaits nothing here.
-    let slot = match rules.capacity.get(found.index).and_then(Option::as_ref) {
+    let slot = match rules.live(found.index).and_then(|l| l.capacity.as_ref()) {
         Some(capacity) => reserve(capacity, &found, &who).await?,
         None => None,
     };

@@ -29,8 +29,6 @@ pub struct Rules {
     /// The upstreams' endpoints with their health and connection pools,
     /// by upstream index (a route's [`crate::routes::Upstream::index`]).
     pub upstreams: Vec<Arc<Group>>,
-    /// Each route's metric handles, in route order.
-    pub metrics: Vec<RouteMetrics>,
     /// Peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<IpNet>,
     /// Peers of the decision listener whose `X-Original-*` and
@@ -45,16 +43,24 @@ pub struct Rules {
     pub client_timeouts: ClientSide,
     /// How long a client may leave its answer unread.
     pub client_write_timeout: Duration,
-    /// Each route's heaviest clients, in route order; counted only when
-    /// the admin listener (which shows them) is configured.
-    pub top: Option<Vec<RouteTop>>,
-    /// Each route's concurrency caps, in route order (`None`: uncapped).
-    /// A reload keeps a route's caps, and what they count, when its name
-    /// and settings are unchanged.
-    pub capacity: Vec<Option<Arc<Capacity>>>,
-    /// Each route's usage counters, in route order (`None`: its cost is
-    /// fixed).
-    pub metering: Vec<Option<Arc<Metering>>>,
+    /// What each route has live beside its compiled rules, in the
+    /// table's order.
+    pub live: Vec<Live>,
+}
+
+/// One route's live state beside its compiled rules.
+#[derive(Debug)]
+pub struct Live {
+    /// Its metric handles.
+    pub metrics: RouteMetrics,
+    /// Its heaviest clients; counted only when the admin listener (which
+    /// shows them) is configured.
+    pub top: Option<RouteTop>,
+    /// Its concurrency cap (`None`: uncapped). A reload keeps a route's
+    /// cap, and what it counts, when its name and settings are unchanged.
+    pub capacity: Option<Arc<Capacity>>,
+    /// Its usage counters (`None`: its cost is fixed).
+    pub metering: Option<Arc<Metering>>,
 }
 
 impl Rules {
@@ -78,20 +84,25 @@ impl Rules {
                 .filter_map(|(r, c)| Some((Arc::clone(&r.name), Arc::clone(c.as_ref()?))))
                 .collect(),
         ));
-        let metering = config
+        let shows_top = config.server.admin_listen.is_some();
+        let live = config
             .routes
             .iter()
-            .map(|r| {
-                r.usage
+            .zip(metrics.bind(config.routes.iter().map(|r| &*r.name)))
+            .zip(capacity)
+            .map(|((r, route_metrics), capacity)| Live {
+                metrics: route_metrics,
+                top: shows_top.then(RouteTop::default),
+                capacity,
+                metering: r
+                    .usage
                     .as_ref()
-                    .map(|_| Arc::new(Metering::new(metrics.bind_usage(&r.name))))
+                    .map(|_| Arc::new(Metering::new(metrics.bind_usage(&r.name)))),
             })
             .collect();
         Self {
-            capacity,
-            metering,
+            live,
             upstreams,
-            metrics: metrics.bind(config.routes.iter().map(|r| &*r.name)),
             routes: config.routes.clone(),
             trusted_proxies: config.server.trusted_proxies.clone(),
             decision_peers: config.server.decision_peers.clone(),
@@ -106,10 +117,6 @@ impl Rules {
                 max_body: None,
             },
             client_write_timeout: config.server.client_write_timeout,
-            top: config
-                .server
-                .admin_listen
-                .map(|_| config.routes.iter().map(|_| RouteTop::default()).collect()),
         }
     }
 
@@ -117,9 +124,15 @@ impl Rules {
     /// the route's top clients (when the admin listener shows them): every
     /// way in that decides (the proxy listener, the decision listener,
     /// Envoy's rate limit service) counts through here alike.
+    /// Route `index`'s live state.
+    #[inline]
+    pub fn live(&self, index: usize) -> Option<&Live> {
+        self.live.get(index)
+    }
+
     #[inline]
     pub fn count_top(&self, index: usize, client: &ClientId, denied: bool) {
-        if let Some(route_top) = self.top.as_ref().and_then(|top| top.get(index)) {
+        if let Some(route_top) = self.live.get(index).and_then(|l| l.top.as_ref()) {
             route_top.count(client, denied, crate::clock::now_ms() / 1000);
         }
     }
@@ -136,11 +149,14 @@ fn capacities(config: &Config, previous: Option<&Rules>) -> Vec<Option<Arc<Capac
             let kept = previous.and_then(|p| {
                 p.routes
                     .iter()
-                    .zip(&p.capacity)
-                    .find(|(r, c)| {
-                        r.name == route.name && c.as_ref().is_some_and(|c| c.settings() == settings)
+                    .zip(&p.live)
+                    .find(|(r, l)| {
+                        r.name == route.name
+                            && l.capacity
+                                .as_ref()
+                                .is_some_and(|c| c.settings() == settings)
                     })
-                    .and_then(|(_, c)| c.clone())
+                    .and_then(|(_, l)| l.capacity.clone())
             });
             Some(kept.unwrap_or_else(|| {
                 Arc::new(Capacity::new(

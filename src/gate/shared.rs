@@ -445,9 +445,9 @@ fn history_counts(rules: &Rules) -> Vec<(&str, history::Counts)> {
     rules
         .routes
         .iter()
-        .zip(&rules.metrics)
-        .zip(&rules.capacity)
-        .map(|((route, metrics), capacity)| {
+        .zip(&rules.live)
+        .map(|(route, live)| {
+            let (metrics, capacity) = (&live.metrics, &live.capacity);
             let n = metrics.counts();
             let counts = [
                 n[Outcome::Allowed as usize] + n[Outcome::Exempt as usize],

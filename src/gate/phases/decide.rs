@@ -205,9 +205,11 @@ impl Context<'_> {
     /// On a metered route, keeps the reservation `charge` took when the
     /// store's `answer` admitted it, for the answer to settle.
     fn reserved(&mut self, rules: &Rules, found: &Found<'_>, charge: &Charge<'_>, answer: &Answer) {
-        let (Answer::Decided(d), Some(usage), Some(Some(metering))) =
-            (answer, &found.route.usage, rules.metering.get(found.index))
-        else {
+        let (Answer::Decided(d), Some(usage), Some(Some(metering))) = (
+            answer,
+            &found.route.usage,
+            rules.live(found.index).map(|l| &l.metering),
+        ) else {
             return;
         };
         if !d.allowed {
@@ -233,7 +235,9 @@ impl Context<'_> {
 
     /// Counts and logs a request its route does not limit.
     fn unlimited<'r>(&mut self, rules: &Rules, found: &Found<'r>, outcome: Outcome) -> Decided<'r> {
-        rules.metrics[found.index].count(outcome);
+        if let Some(live) = rules.live(found.index) {
+            live.metrics.count(outcome);
+        }
         if let Some(r) = self.log.as_mut() {
             r.decided(outcome, None, None);
         }

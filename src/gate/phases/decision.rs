@@ -201,8 +201,10 @@ async fn settled(cx: &mut Context<'_>, mut head: Parts) -> Result<Response<Body>
             ),
         ));
     }
-    let (Some(usage), Some(Some(metering))) = (&found.route.usage, rules.metering.get(found.index))
-    else {
+    let (Some(usage), Some(Some(metering))) = (
+        &found.route.usage,
+        rules.live(found.index).map(|l| &l.metering),
+    ) else {
         return Err(bad("the route has no usage: there is nothing to settle"));
     };
     let mut who = cx

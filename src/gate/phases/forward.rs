@@ -133,7 +133,9 @@ impl Context<'_> {
         if let Some(slot) = slot {
             slot.sample(took);
         }
-        rules.metrics[found.index].upstream(response.status().as_u16(), took);
+        if let Some(live) = rules.live(found.index) {
+            live.metrics.upstream(response.status().as_u16(), took);
+        }
         if let Some(r) = self.log.as_mut() {
             r.upstream(&member.endpoint.target, took);
         }

@@ -53,9 +53,8 @@ impl Context<'_> {
         });
         let facts = facts.as_ref();
         let per_client = rules
-            .capacity
-            .get(found.index)
-            .and_then(Option::as_ref)
+            .live(found.index)
+            .and_then(|l| l.capacity.as_ref())
             .is_some_and(|c| c.settings().per == Per::Client);
         let limited = route.limited();
         let client = if !exempt && (limited || per_client) {

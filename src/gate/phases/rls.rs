@@ -126,7 +126,9 @@ impl Context<'_> {
             Err(message) => return response::grpc_status(INVALID_ARGUMENT, message),
         };
         for index in unlimited {
-            rules.metrics[index].count(Outcome::Allowed);
+            if let Some(live) = rules.live(index) {
+                live.metrics.count(Outcome::Allowed);
+            }
         }
         // Shadow routes count and never refuse: decided on their own, so
         // that a shadow limit never refuses the others' descriptors.

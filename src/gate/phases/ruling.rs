@@ -107,7 +107,9 @@ impl Context<'_> {
         let outcome = ruling.outcome();
         let decided = ruling.decided();
         for (index, client) in whose.counted {
-            rules.metrics[index].count(outcome);
+            if let Some(live) = rules.live(index) {
+                live.metrics.count(outcome);
+            }
             if let Some((d, _)) = decided {
                 rules.count_top(index, client, !d.allowed);
             }
