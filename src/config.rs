@@ -44,6 +44,7 @@ mod document;
 mod durations;
 pub mod envoy_ratelimit;
 mod keys;
+mod keys_file;
 mod limits;
 mod matching;
 mod overrides;
@@ -64,6 +65,7 @@ pub use crate::limit::settings::{
     DEFAULT_MAX_CLIENT_ENTRIES, Endpoint, OnError, RedisSettings, Store, Tls,
 };
 pub use durations::{parse_duration, parse_size};
+pub use keys_file::{load_keys_file, parse_keys_file};
 use limits::LimitModel;
 pub use plans::{PlanTableFile, load_plan_table};
 pub use probe::{ListenAddresses, listen_addresses};
@@ -116,6 +118,8 @@ pub struct Config {
     pub client_ids: crate::access_log::ShowId,
     /// The key registry (`[keys]`), if on.
     pub keys: Option<crate::keys::Settings>,
+    /// The keys file (`[keys] file`) as read with this configuration.
+    pub keys_file: Option<Arc<crate::keys::KeysFile>>,
 }
 
 /// Listener addresses given on the command line (`--listen`,
@@ -194,6 +198,15 @@ impl Config {
             }
             _ => None,
         }
+    }
+
+    /// The plans (`[plans.NAME]`) by name, in the file's order.
+    pub fn plan_names(&self) -> Vec<Arc<str>> {
+        self.routes
+            .plan_selection
+            .as_ref()
+            .map(|s| s.names.clone())
+            .unwrap_or_default()
     }
 
     /// The settings that differ between `self` and `new` and cannot change
@@ -410,25 +423,45 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, LoadError> {
         &catalog,
     );
     let selection = catalog.selection.take();
+    let plan_names: Vec<Arc<str>> = model
+        .plans
+        .keys()
+        .map(|n| n.get_ref().as_str().into())
+        .collect();
+    let keys_file = match &model.keys {
+        Some(k) => v.keys_file(k, &plan_names),
+        None => Some(None),
+    };
     let access_log = match &model.access_log {
         Some(m) => v.access_log(m.get_ref()),
         None => Some((None, crate::access_log::ShowId::Hash)),
     };
-    match (server, store, access_log, keys, v.problems.is_empty()) {
-        (Some(server), Some(store), Some((access_log, client_ids)), Some(keys), true) => {
-            Ok(Config {
-                path: path.to_owned(),
-                server,
-                store,
-                routes: Table::new(routes).with_plans(selection),
-                upstreams: std::mem::take(&mut v.upstreams),
-                digest: digest(text),
-                overrides: Overrides::default(),
-                access_log,
-                client_ids,
-                keys,
-            })
-        }
+    match (
+        server,
+        store,
+        access_log,
+        (keys, keys_file),
+        v.problems.is_empty(),
+    ) {
+        (
+            Some(server),
+            Some(store),
+            Some((access_log, client_ids)),
+            (Some(keys), Some(keys_file)),
+            true,
+        ) => Ok(Config {
+            path: path.to_owned(),
+            server,
+            store,
+            routes: Table::new(routes).with_plans(selection),
+            upstreams: std::mem::take(&mut v.upstreams),
+            digest: digest(text),
+            overrides: Overrides::default(),
+            access_log,
+            client_ids,
+            keys,
+            keys_file,
+        }),
         _ => Err(LoadError::Invalid(v.sorted_problems())),
     }
 }

@@ -6,7 +6,8 @@
 //! The file is compared by contents once a second rather than watched with
 //! inotify: that also sees the symlink swaps Kubernetes uses for mounted
 //! ConfigMaps, which file-event watchers commonly miss, for the cost of one
-//! small read a second.
+//! small read a second. The client → plan table and the keys file are
+//! compared the same way and read anew on their own ([`files`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +17,10 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
 use crate::config::{self, Config, LoadError};
-use crate::gate::Shared;
+use crate::gate::{ReloadedFile, Shared};
+use files::{FileRead, KeysWatch, TableWatch};
+
+mod files;
 
 /// How often the file is compared.
 const POLL: Duration = Duration::from_secs(1);
@@ -31,9 +35,9 @@ const POLL: Duration = Duration::from_secs(1);
 pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, baseline: Baseline) {
     let (ask, asked) = std::sync::mpsc::channel();
     let (send, mut loaded) = mpsc::channel(1);
-    let table_changed = Arc::new(Notify::new());
+    let (tell, mut files) = mpsc::channel(4);
     let reader = Reader {
-        table_changed: Arc::clone(&table_changed),
+        files: tell,
         path: running.path.clone(),
         watched: baseline.files,
         digest: running.digest.clone(),
@@ -41,6 +45,8 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
         overrides: running.overrides,
         table_file: running.plan_table(),
         table: None,
+        keys: None,
+        keys_file: KeysWatch::file_of(&running),
     };
     let spawned = std::thread::Builder::new()
         .name("floodgate-reload".to_owned())
@@ -51,12 +57,22 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
     }
     loop {
         tokio::select! {
+            // A file read before the configuration is applied first: the
+            // configuration read after it reads it as it is now.
+            biased;
             () = reload.notified() => {
                 if ask.send(()).is_err() {
                     return;
                 }
             }
-            () = table_changed.notified() => shared.plans_changed(),
+            Some(read) = files.recv() => match read {
+                FileRead::PlanTable(Ok(())) => shared.plan_table_reloaded(),
+                FileRead::PlanTable(Err(e)) => {
+                    shared.file_reloaded(ReloadedFile::PlanTable, Some(&e));
+                }
+                FileRead::Keys(Ok(file)) => shared.keys_file_reloaded(&file).await,
+                FileRead::Keys(Err(e)) => shared.file_reloaded(ReloadedFile::KeysFile, Some(&e)),
+            },
             new = loaded.recv() => match new {
                 Some(Ok(new)) => shared.reload(&running, new).await,
                 Some(Err(e)) => shared.reload_refused(&e),
@@ -98,61 +114,14 @@ struct Reader {
     table_file: Option<config::PlanTableFile>,
     /// The client → plan table file, watched on its own.
     table: Option<TableWatch>,
-    /// Told when a new table is put in force.
-    table_changed: Arc<Notify>,
+    /// The keys file in force at the start and the plans its keys may
+    /// name, until the thread reads it.
+    keys_file: Option<(PathBuf, Vec<Arc<str>>)>,
+    /// The keys file, watched on its own.
+    keys: Option<KeysWatch>,
+    /// Told what a plan table or keys file read anew found.
+    files: mpsc::Sender<FileRead>,
 }
-
-/// A client → plan table file and the table in force it replaces.
-struct TableWatch {
-    file: config::PlanTableFile,
-    /// The contents the table in force was read from.
-    last: Option<Vec<u8>>,
-}
-
-impl TableWatch {
-    fn new(file: config::PlanTableFile) -> Self {
-        let last = std::fs::read(&file.0).ok();
-        Self { file, last }
-    }
-
-    /// Reads the table again when its file changed, and puts it in force
-    /// once read whole: only contents that read the same twice, a moment
-    /// apart (a file being written in place is not taken half-written),
-    /// and that parse, every line. A table with a problem is refused,
-    /// loudly, and the one in force stays.
-    /// True when a new table was put in force.
-    fn check(&mut self) -> bool {
-        let (path, names, live) = &self.file;
-        let now = std::fs::read(path).ok();
-        if now.is_none() || now == self.last {
-            return false;
-        }
-        std::thread::sleep(SETTLE);
-        if std::fs::read(path).ok() != now {
-            return false;
-        }
-        self.last.clone_from(&now);
-        match config::load_plan_table(path, names) {
-            Ok(table) => {
-                tracing::info!(path = %path.display(), clients = table.len(), "plan table reloaded");
-                live.store(Arc::new(table));
-                true
-            }
-            Err(error) => {
-                tracing::error!(
-                    path = %path.display(),
-                    %error,
-                    clients = live.load().len(),
-                    "plan table refused; the table in force stays"
-                );
-                false
-            }
-        }
-    }
-}
-
-/// How long a changed plan table must stay the same before it is read.
-const SETTLE: Duration = Duration::from_millis(200);
 
 impl Reader {
     /// Reads and loads the file when asked (`asked`) or, once a second,
@@ -166,6 +135,7 @@ impl Reader {
         loaded: &mpsc::Sender<Result<Config, LoadError>>,
     ) {
         self.table = self.table_file.take().map(TableWatch::new);
+        self.keys = self.keys_file.take().map(KeysWatch::new);
         // The file may have changed between its load and the baseline: if
         // it is not the text in force, the first comparison says changed.
         if let Some(i) = self.watched.iter().position(|f| *f == self.path) {
@@ -185,10 +155,14 @@ impl Reader {
             if !asked && !self.on_change {
                 continue;
             }
-            if let Some(table) = self.table.as_mut()
-                && table.check()
-            {
-                self.table_changed.notify_one();
+            let read = [
+                self.table.as_mut().and_then(TableWatch::check),
+                self.keys.as_mut().and_then(KeysWatch::check),
+            ];
+            for read in read.into_iter().flatten() {
+                if self.files.blocking_send(read).is_err() {
+                    return;
+                }
             }
             let now = contents(&self.watched);
             // A file missing now (mid-replace) is looked at again next time.
@@ -203,11 +177,12 @@ impl Reader {
             last_seen = now;
             let new = config::load(&self.path).map(|new| self.overrides.apply(new));
             if let Ok(new) = &new {
-                // The new file may name other certificate files, and
-                // another plan table.
+                // The new file may name other certificate files, another
+                // plan table, other plans for the keys file's keys.
                 self.watched = new.files();
                 last_seen = contents(&self.watched);
                 self.table = new.plan_table().map(TableWatch::new);
+                self.keys = KeysWatch::file_of(new).map(KeysWatch::new);
             }
             if loaded.blocking_send(new).is_err() {
                 return;

@@ -16,7 +16,10 @@
 //! - `GET /audit?identity=…&limit=100`: the newest audit entries.
 //!
 //! Every change needs a `reason`, and is applied on this instance at once
-//! and on every other within a second.
+//! and on every other within a second. The keys file's keys are the
+//! file's: updating, rotating or revoking one, or importing a key the
+//! file lists, is refused (409, naming the file): edit the file and
+//! reload.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -160,7 +163,10 @@ pub(super) async fn answer(
 fn refused(e: &ManageError) -> Response<Full<Bytes>> {
     let status = match e {
         ManageError::NotFound(_) => StatusCode::NOT_FOUND,
-        ManageError::Exists(_) | ManageError::Busy => StatusCode::CONFLICT,
+        ManageError::Exists(_)
+        | ManageError::Busy
+        | ManageError::FileOwned { .. }
+        | ManageError::Listed(_) => StatusCode::CONFLICT,
         ManageError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
         ManageError::Store(_) | ManageError::File(_) => StatusCode::SERVICE_UNAVAILABLE,
     };

@@ -109,6 +109,27 @@ impl Validator<'_> {
         })
     }
 
+    /// The keys file `[keys] file` names, read whole (its plans among
+    /// `plans`): `Some(None)` when none is named, `None` when it cannot be
+    /// read or has a problem (reported at `file`, with the file's own
+    /// line and column).
+    pub(super) fn keys_file(
+        &mut self,
+        model: &Spanned<KeysModel>,
+        plans: &[std::sync::Arc<str>],
+    ) -> Option<Option<std::sync::Arc<crate::keys::KeysFile>>> {
+        let Some(file) = &model.get_ref().file else {
+            return Some(None);
+        };
+        match super::load_keys_file(&self.resolve(file), plans) {
+            Ok(read) => Some(Some(std::sync::Arc::new(read))),
+            Err(e) => {
+                self.problem(file.span(), format!("file: {e}"));
+                None
+            }
+        }
+    }
+
     /// A route's `api_key`; `has_registry` says whether `[keys]` is given.
     pub(super) fn api_key(
         &mut self,

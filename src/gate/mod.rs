@@ -26,7 +26,10 @@
 //!   reservation charged with the decision, settled to the report;
 //! - [`shown`]: the limits, budgets and plans as `/status.json` shows
 //!   them to operators;
-//! - `audit`: operators' actions recorded in the store's audit trail.
+//! - `audit`: operators' actions recorded in the store's audit trail;
+//! - `reloads`: how each file a reload reads last went (the
+//!   configuration, the plan table, the keys file), and the keys file's
+//!   reconcile when it is read anew.
 
 mod audit;
 mod by_answer;
@@ -36,6 +39,7 @@ mod held;
 mod hooks;
 pub mod metering;
 mod phases;
+mod reloads;
 pub mod rules;
 pub mod shared;
 pub mod shown;
@@ -43,5 +47,6 @@ pub mod shown;
 pub use audit::{AuditEntry, AuditError};
 pub use phases::operator::{Adjustment, Kept, Operation, OperationError, kept, operate, penalties};
 pub use phases::{Connection, decide, handle};
+pub use reloads::{LastReload, ReloadedFile};
 pub use rules::{Rules, start_upstreams};
 pub use shared::{Readiness, Shared, StartError};

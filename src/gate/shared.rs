@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
+use super::reloads::ReloadedFile;
 use super::rules::{Rules, start_upstreams};
 use crate::access_log::{AccessLog, Ids};
 use crate::client::ClientId;
@@ -71,23 +72,14 @@ pub struct Shared {
     draining: AtomicBool,
     /// Each route's outcomes over the last 15 minutes, for the dashboard.
     history: History,
-    /// The last reload's outcome, if there was one.
-    last_reload: std::sync::Mutex<Option<LastReload>>,
+    /// How the reloads of each file went.
+    pub(super) reloads: std::sync::Mutex<super::reloads::Reloads>,
     /// Usage settlements running in tasks of their own.
     pub(super) settlements: Arc<in_flight::Count>,
     /// Requests held until their limits fit, and their bounds.
     pub(super) holds: super::held::Holds,
     /// The key registry, when `[keys]` is on.
     pub(super) keys: Option<Arc<crate::keys::Keys>>,
-}
-
-/// How the last reload went.
-#[derive(Debug, Clone)]
-pub struct LastReload {
-    /// When it was tried (ms since the epoch).
-    pub at_ms: u64,
-    /// Why the file was refused; `None`: it applied.
-    pub problem: Option<String>,
 }
 
 /// What `/readyz` answers.
@@ -148,6 +140,18 @@ impl Shared {
                 let keys = crate::keys::Keys::start(settings.clone(), Arc::clone(&limiter), secret)
                     .await?;
                 metrics.show_keys(crate::keys::metrics::Shown(Arc::clone(&keys)));
+                // Before the first request, so that the file's keys work
+                // from the start; a reconcile the store does not let
+                // finish is tried again every second.
+                if let Some(file) = &config.keys_file
+                    && let Err(e) = keys.reconcile(file).await
+                {
+                    tracing::warn!(
+                        path = %file.path.display(),
+                        error = %e,
+                        "the keys file could not be reconciled into the registry yet; trying again every second"
+                    );
+                }
                 Some(keys)
             }
             None => None,
@@ -174,7 +178,7 @@ impl Shared {
             ids,
             draining: AtomicBool::new(false),
             history: History::default(),
-            last_reload: std::sync::Mutex::new(None),
+            reloads: std::sync::Mutex::default(),
             settlements: Arc::default(),
             holds,
             keys,
@@ -232,24 +236,6 @@ impl Shared {
     /// [`Limiter::nodes`]).
     pub fn store_nodes(&self) -> Vec<(String, bool, Option<u64>)> {
         self.limiter.nodes()
-    }
-
-    /// How the last reload went; `None` when there was none.
-    pub fn last_reload(&self) -> Option<LastReload> {
-        self.last_reload
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    fn reloaded(&self, problem: Option<String>) {
-        *self
-            .last_reload
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(LastReload {
-            at_ms: crate::clock::now_ms(),
-            problem,
-        });
     }
 
     /// Tells the instances sharing the store which rules this one counts
@@ -401,13 +387,16 @@ impl Shared {
         self.limiter.return_leases().await;
         self.rules_digest.store(Arc::new(new.rules_digest()));
         self.metrics.reloaded(true, &new.digest);
-        self.reloaded(None);
+        self.reloaded(ReloadedFile::Config, None);
         tracing::info!(
             path = %new.path.display(),
             routes = new.routes.len(),
             digest = %new.digest,
             "configuration reloaded"
         );
+        if let Some(file) = &new.keys_file {
+            self.reconcile_keys(file).await;
+        }
     }
 
     /// Records a reload that was refused; the old rules stay.
@@ -417,7 +406,7 @@ impl Shared {
 
     fn refuse_reload(&self, problem: &str) {
         self.metrics.reloaded(false, "");
-        self.reloaded(Some(problem.to_owned()));
+        self.reloaded(ReloadedFile::Config, Some(problem.to_owned()));
         for line in problem.lines() {
             tracing::error!("{line}");
         }

@@ -15,10 +15,10 @@ use crate::limit::StoreError;
 use crate::limit::registry::{Audit, AuditEntry, Expect, Write, Written};
 
 /// Times a change is computed again after a concurrent one.
-const ATTEMPTS: usize = 5;
+pub(super) const ATTEMPTS: usize = 5;
 
 /// A new key's record, as an operator describes it.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spec {
     /// The customer.
@@ -106,6 +106,17 @@ pub enum ManageError {
     /// What was asked is not a record.
     #[error("{0}")]
     Invalid(String),
+    /// The key is the keys file's: only a change of the file changes it.
+    #[error("{id} is listed in the keys file {file}, which owns it: edit the keys file and reload")]
+    FileOwned {
+        /// The key's id.
+        id: String,
+        /// The keys file.
+        file: String,
+    },
+    /// The key to import is listed in the keys file.
+    #[error("that key is listed in the keys file {0}: edit the keys file and reload")]
+    Listed(String),
 }
 
 /// The keys file's last reconcile, as `/status.json` shows it.
@@ -119,8 +130,14 @@ pub struct Reconciled {
     pub keys: usize,
     /// Records it changed: added, updated, removed.
     pub changed: [usize; 3],
-    /// Why it was refused, when it was.
+    /// Why it was refused or not finished, when it was.
     pub problem: Option<String>,
+    /// Why it was not applied though nothing is wrong with the file (it
+    /// lists no key without saying `key = []`).
+    pub warning: Option<String>,
+    /// Ids of keys it lists that the admin API made or imported: the
+    /// file leaves them as they are.
+    pub not_owned: Vec<String>,
 }
 
 /// A key floodgate made: the key (shown once) and its record.
@@ -153,6 +170,16 @@ impl Keys {
         who: Who<'_>,
     ) -> Result<Arc<Record>, ManageError> {
         let digest = self.digest_of(given);
+        if source == Source::Api
+            && let Some(file) = &self.settings.file
+            && (self.listed_in_file(&digest)
+                || self
+                    .replica
+                    .get(&digest)
+                    .is_some_and(|r| r.source == Source::File))
+        {
+            return Err(ManageError::Listed(file.display().to_string()));
+        }
         let record = self.new_record(&digest, spec, None, source)?;
         self.put_new(digest, record, "import", who).await
     }
@@ -190,6 +217,7 @@ impl Keys {
         who: Who<'_>,
     ) -> Result<Arc<Record>, ManageError> {
         self.change(id, "update", who, |record| {
+            self.refuse_file_owned(record)?;
             apply_patch(record, patch)?;
             Ok(Some(()))
         })
@@ -199,12 +227,27 @@ impl Keys {
 
     /// Removes the key `id`: refused as unknown from now on.
     pub async fn revoke(&self, id: &str, who: Who<'_>) -> Result<Arc<Record>, ManageError> {
-        let (digest, record) = self
+        let (digest, mut record) = self
             .find_id(id)
             .ok_or_else(|| ManageError::NotFound(id.to_owned()))?;
-        self.write(digest, None, Some(&record), "revoke", who)
-            .await?;
-        Ok(record)
+        for _ in 0..ATTEMPTS {
+            self.refuse_file_owned(&record)?;
+            match self
+                .write(digest, None, Some(&record), "revoke", who)
+                .await?
+            {
+                Written::Done { .. } => return Ok(record),
+                Written::Refused { current: None } => {
+                    return Err(ManageError::NotFound(id.to_owned()));
+                }
+                // It changed meanwhile (another instance, the keys file):
+                // judged again as it is now.
+                Written::Refused {
+                    current: Some(text),
+                } => record = Arc::new(read_stored(&text)?),
+            }
+        }
+        Err(ManageError::Busy)
     }
 
     /// A new key for the key `id`'s identity, plan and attributes; the old
@@ -219,6 +262,7 @@ impl Keys {
         let (_, old) = self
             .find_id(id)
             .ok_or_else(|| ManageError::NotFound(id.to_owned()))?;
+        self.refuse_file_owned(&old)?;
         let spec = Spec {
             identity: old.identity.clone(),
             plan: old.plan.clone(),
@@ -231,6 +275,7 @@ impl Keys {
         let until = crate::clock::now_ms().saturating_add(grace_ms);
         let old = self
             .change(id, "rotate", who, |record| {
+                self.refuse_file_owned(record)?;
                 record.expires_ms = Some(record.expires_ms.map_or(until, |e| e.min(until)));
                 Ok(Some(()))
             })
@@ -272,11 +317,25 @@ impl Keys {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reconciled);
     }
 
+    /// Refuses a change through the API of a key the keys file owns (a
+    /// record from the file while a file is configured: without one,
+    /// nothing reconciles them and the API may change them).
+    fn refuse_file_owned(&self, record: &Record) -> Result<(), ManageError> {
+        match (&self.settings.file, record.source) {
+            (Some(file), Source::File) => Err(ManageError::FileOwned {
+                id: record.id.clone(),
+                file: file.display().to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn find_id(&self, id: &str) -> Option<(Digest, Arc<Record>)> {
         self.replica.find(|r| r.id == id).into_iter().next()
     }
 
-    fn new_record(
+    /// A record for the key `digest` as `spec` describes it, made now.
+    pub(super) fn new_record(
         &self,
         digest: &Digest,
         spec: Spec,
@@ -346,9 +405,7 @@ impl Keys {
                 Written::Refused {
                     current: Some(text),
                 } => {
-                    current = Arc::new(serde_json::from_str(&text).map_err(|e| {
-                        ManageError::Invalid(format!("the stored record cannot be read: {e}"))
-                    })?);
+                    current = Arc::new(read_stored(&text)?);
                 }
             }
         }
@@ -429,6 +486,12 @@ impl Keys {
     }
 }
 
+/// A record as the store holds it (JSON).
+pub(super) fn read_stored(text: &str) -> Result<Record, ManageError> {
+    serde_json::from_str(text)
+        .map_err(|e| ManageError::Invalid(format!("the stored record cannot be read: {e}")))
+}
+
 fn apply_patch(record: &mut Record, patch: &Patch) -> Result<(), ManageError> {
     if let Some(identity) = &patch.identity {
         check_identity(identity)?;
@@ -459,7 +522,8 @@ const MAX_FIELD: usize = 256;
 /// Most attributes on one key.
 const MAX_ATTRIBUTES: usize = 32;
 
-fn check_identity(identity: &str) -> Result<(), ManageError> {
+/// Refuses an identity that is empty or longer than 256 bytes.
+pub fn check_identity(identity: &str) -> Result<(), ManageError> {
     if identity.is_empty() || identity.len() > MAX_FIELD {
         return Err(ManageError::Invalid(format!(
             "identity must be 1 to {MAX_FIELD} bytes"
@@ -468,7 +532,9 @@ fn check_identity(identity: &str) -> Result<(), ManageError> {
     Ok(())
 }
 
-fn check_attributes(attributes: &BTreeMap<String, String>) -> Result<(), ManageError> {
+/// Refuses more than 32 attributes, an empty name, or a name or value
+/// longer than 256 bytes.
+pub fn check_attributes(attributes: &BTreeMap<String, String>) -> Result<(), ManageError> {
     if attributes.len() > MAX_ATTRIBUTES {
         return Err(ManageError::Invalid(format!(
             "a key has at most {MAX_ATTRIBUTES} attributes"

@@ -14,8 +14,9 @@
 //! the memory store the registry is the instance's own, kept in
 //! `state_file` ([`file`]), written whole and atomically on every change.
 //!
-//! [`manage`] changes it (the admin API, the keys file's reconcile), each
-//! change audited with who made it and why; [`sync`] follows the store.
+//! [`manage`] changes it (the admin API), each change audited with who
+//! made it and why; [`reconcile`] applies the keys file; [`sync`] follows
+//! the store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,11 +26,13 @@ use http::HeaderMap;
 pub mod file;
 pub mod manage;
 pub mod metrics;
+pub mod reconcile;
 pub mod record;
 pub mod registry;
 pub mod settings;
 pub mod sync;
 
+pub use reconcile::{KeysFile, Listed};
 pub use record::{Record, Source};
 pub use settings::{KeyFrom, Settings};
 
@@ -109,6 +112,11 @@ pub struct Keys {
     sync_failing: AtomicBool,
     /// The keys file's last reconcile.
     reconciled: std::sync::Mutex<Option<manage::Reconciled>>,
+    /// The keys file's reconcile, one at a time, and the file it has not
+    /// finished applying (tried again on each follow).
+    pending: tokio::sync::Mutex<Option<Arc<KeysFile>>>,
+    /// The digests of the keys the keys file last read lists.
+    listed: std::sync::RwLock<std::collections::HashSet<registry::Digest>>,
     /// Changes to the state file, one at a time.
     writing: tokio::sync::Mutex<()>,
     /// Asks of the store for keys this instance does not know, in the
@@ -158,6 +166,8 @@ impl Keys {
             synced_ms: AtomicU64::new(0),
             sync_failing: AtomicBool::new(false),
             reconciled: std::sync::Mutex::default(),
+            pending: tokio::sync::Mutex::default(),
+            listed: std::sync::RwLock::default(),
             writing: tokio::sync::Mutex::new(()),
             asks: AtomicU64::new(0),
             asked: Default::default(),

@@ -3,7 +3,8 @@
 //! nothing changed) and applies them in order; when the log cannot tell
 //! (it was trimmed past this instance, or the registry started over) it
 //! reads every record again. An instance whose store is down keeps the
-//! records it has and says so in `/status.json` and the metrics.
+//! records it has and says so in `/status.json` and the metrics. The same
+//! task tries a keys file's reconcile that did not finish again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,6 +13,9 @@ use std::sync::atomic::Ordering;
 use super::registry::from_hex;
 use super::{Backing, Keys, Record};
 use crate::limit::registry::{Change, Snapshot};
+
+/// How often a keys file's reconcile that did not finish is tried again.
+const RECONCILE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Keys {
     /// Replaces the replica with `snapshot`'s records.
@@ -94,16 +98,20 @@ impl Keys {
         }
     }
 
-    /// Follows the store every `sync_every`, as long as it runs.
+    /// Follows the store every `sync_every`, and tries a keys file's
+    /// reconcile that did not finish again every second, as long as it
+    /// runs.
     pub async fn follow(self: Arc<Self>) {
-        if !matches!(self.backing, Backing::Store(_)) {
-            return;
-        }
         let mut every = tokio::time::interval(self.settings.sync_every);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut retry = tokio::time::interval(RECONCILE_RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let follows = matches!(self.backing, Backing::Store(_));
         loop {
-            every.tick().await;
-            self.follow_once().await;
+            tokio::select! {
+                _ = every.tick(), if follows => self.follow_once().await,
+                _ = retry.tick() => self.reconcile_pending().await,
+            }
         }
     }
 }

@@ -226,6 +226,23 @@ impl Metrics {
         }
     }
 
+    /// Counts a reload of a file the configuration names, read on its own
+    /// (a plan table, the keys file): `applied` or refused, and whether
+    /// every file's last read applied (`floodgate_config_last_reload_successful`).
+    pub fn file_reloaded(&self, applied: bool, all_applied: bool) {
+        let result = if applied { "success" } else { "failure" };
+        self.reloads
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+        self.last_reload_successful.set(i64::from(all_applied));
+        if applied && all_applied {
+            self.last_reload_success
+                .set(crate::clock::now_ms() as f64 / 1000.0);
+        }
+    }
+
     /// The digest of the configuration in force.
     pub fn config_digest(&self) -> String {
         self.config_digest
