@@ -226,3 +226,206 @@ async fn sighup_reloads_the_real_binary() {
     assert_eq!(process.exit_code().await, Some(0));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+// === the plan table and the keys file, read anew on their own ===
+
+/// A route whose plans come from `plans.txt` and whose keys are verified
+/// against a registry the keys file `keys.toml` fills, beside `dir`'s
+/// configuration, on the memory store.
+fn tables_and_keys(dir: &std::path::Path, port: u16, admin: u16) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+admin_listen = "127.0.0.1:{admin}"
+
+[keys]
+state_file = "{state}"
+file = "keys.toml"
+
+[[routes]]
+name = "api"
+api_key = {{ from = "bearer" }}
+respond = {{ status = 200, body = "ok" }}
+client = {{ from = "header", name = "X-Customer" }}
+limits = [{{ algorithm = "fixed_window", limit = 1000000, window = "1h" }}]
+plans = ["free", "pro"]
+
+[plan_selection]
+by = {{ from = "header", name = "X-Customer" }}
+table = "plans.txt"
+default = "free"
+
+[plans.free]
+limits = [{{ algorithm = "fixed_window", limit = 900000, window = "1h" }}]
+
+[plans.pro]
+limits = [{{ algorithm = "fixed_window", limit = 800000, window = "1h" }}]
+"#,
+        state = dir.join("keys.json").display()
+    )
+}
+
+/// A keys file listing `key` (by its SHA-256) for cust_42 on plan pro.
+fn listing(key: &str) -> String {
+    use sha2::Digest as _;
+    let sha: String = sha2::Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("[[key]]\nsha256 = \"{sha}\"\nidentity = \"cust_42\"\nplan = \"pro\"\n")
+}
+
+/// The process's reload standing: `floodgate_config_last_reload_successful`
+/// and `/status.json`'s `reload`.
+async fn standing(admin: u16) -> (u64, serde_json::Value) {
+    let metrics = support::load::admin_get(admin, "/metrics")
+        .await
+        .unwrap_or_default();
+    let status = support::load::admin_get(admin, "/status.json")
+        .await
+        .unwrap_or_default();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+    (
+        metric(&metrics, "floodgate_config_last_reload_successful "),
+        status["reload"].clone(),
+    )
+}
+
+/// Waits (10 s at most) until the reload standing is `successful`, with a
+/// problem holding `problem` when refused: the problem.
+async fn until_standing(admin: u16, successful: u64, problem: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (now, reload) = standing(admin).await;
+        let said = reload["problem"].as_str().unwrap_or("").to_owned();
+        let result = reload["result"].as_str().unwrap_or("");
+        let refused = successful == 0 && result == "refused" && said.contains(problem);
+        if now == successful && (refused || (successful == 1 && result == "applied")) {
+            return said;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reload standing stays {now} {reload}, not {successful} {problem:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (10 s at most) until `key` is answered `status`.
+async fn until_key(url: &str, key: &str, status: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let bearer = format!("Bearer {key}");
+    loop {
+        let answer = TestClient::http1()
+            .get(url, &[("authorization", &bearer), ("x-customer", "c1")])
+            .await;
+        if answer.status == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} still answered {}",
+            answer.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (10 s at most) until the log has a WARN line holding every one
+/// of `words`.
+async fn until_warned(log: &std::path::Path, words: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text
+            .lines()
+            .any(|l| l.contains("WARN") && words.iter().all(|w| l.contains(w)))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no warning with {words:?} in:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_refused_plan_table_or_keys_file_is_a_failed_reload_until_fixed() {
+    let dir = temp_dir("reload-side-files");
+    let (port, admin) = (free_port(), free_port());
+    let (table, keys) = (dir.join("plans.txt"), dir.join("keys.toml"));
+    std::fs::write(&table, "c1 pro\n").expect("write the table");
+    std::fs::write(&keys, listing("sk-one")).expect("write the keys file");
+    let config = dir.join("floodgate.toml");
+    std::fs::write(&config, tables_and_keys(&dir, port, admin)).expect("write config");
+    let log = dir.join("floodgate.log");
+    let process = FloodgateProcess::spawn_logging(&config, port, &[], &[], &log).await;
+    let url = process.url("/");
+    until_key(&url, "sk-one", 200).await;
+    assert_eq!(standing(admin).await.0, 1);
+
+    // A table with a bad line: refused, a failed reload; fixed: applied.
+    std::fs::write(&table, "c1 platinum\n").expect("write a bad table");
+    let problem = until_standing(admin, 0, "plans.txt:1:1").await;
+    assert!(problem.contains("platinum"), "{problem}");
+    std::fs::write(&table, "c1 free\n").expect("fix the table");
+    until_standing(admin, 1, "").await;
+
+    // A keys file with a bad key: refused whole, the registry as it was.
+    std::fs::write(
+        &keys,
+        listing("sk-two").replace("sha256 = \"", "sha256 = \"x"),
+    )
+    .expect("write");
+    let problem = until_standing(admin, 0, "keys.toml:2:10").await;
+    assert!(
+        problem.contains("sha256 must be 64 hex digits"),
+        "{problem}"
+    );
+    until_key(&url, "sk-one", 200).await;
+    // Fixed, listing another key: applied, the first key removed.
+    std::fs::write(&keys, listing("sk-two")).expect("fix the keys file");
+    until_standing(admin, 1, "").await;
+    until_key(&url, "sk-two", 200).await;
+    until_key(&url, "sk-one", 401).await;
+    let status = support::load::admin_get(admin, "/status.json")
+        .await
+        .unwrap_or_default();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+    assert_eq!(
+        status["keys"]["file"]["changed"],
+        serde_json::json!([1, 0, 1])
+    );
+
+    // Empty files: warnings naming them. The empty table applies (every
+    // client on the default plan); the empty keys file does not (it does
+    // not say key = []), so the key stays.
+    std::fs::write(&table, "").expect("empty the table");
+    until_warned(&log, &["plans.txt", "lists no client"]).await;
+    std::fs::write(&keys, "").expect("empty the keys file");
+    until_warned(&log, &["keys.toml", "lists no key"]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    until_key(&url, "sk-two", 200).await;
+    assert_eq!(
+        standing(admin).await.0,
+        1,
+        "an empty file is no failed reload"
+    );
+
+    // Deleted files: warnings naming them; what they put in force stays.
+    std::fs::remove_file(&table).expect("delete the table");
+    std::fs::remove_file(&keys).expect("delete the keys file");
+    until_warned(&log, &["plans.txt", "gone"]).await;
+    until_warned(&log, &["keys.toml", "gone"]).await;
+    until_key(&url, "sk-two", 200).await;
+
+    // A keys file that says it lists no key removes every key it owned.
+    std::fs::write(&keys, "key = []\n").expect("write no keys");
+    until_key(&url, "sk-two", 401).await;
+    assert_eq!(standing(admin).await.0, 1);
+    drop(process);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -6,6 +6,7 @@ mod answers;
 mod calendar;
 mod front;
 mod keys;
+mod keys_file;
 mod operators;
 mod penalties;
 mod registry;
@@ -122,6 +123,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "count_when: floodgate's own 502 and 504 count as the limits say" => answers::floodgates_own_502_and_504_count_as_the_limits_say,
     "penalty: outlasts the window, doubles, lifted" => penalties::a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender,
     "key registry: verified before anything counts" => registry::keys_are_verified_before_anything_is_counted,
+    "key registry: the keys file is reconciled everywhere" => keys_file::the_keys_file_is_reconciled_on_every_instance,
 };
 
 /// Runs every scenario on `bed` (or those `FLOODGATE_SCENARIO` names), all at once (each under keys of its own,

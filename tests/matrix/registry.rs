@@ -17,6 +17,11 @@ const ALICE_TOKEN: &str = "alice-0123456789abcdef0123456789";
 /// plan and the organisation from the key's record; free 2 an hour, pro
 /// 5, an organisation 6 whatever its members' plans.
 pub fn registry_config(bed: &Bed, scenario: &str) -> Config {
+    registry_config_with(bed, scenario, "")
+}
+
+/// [`registry_config`] with `keys_lines` added to `[keys]`.
+pub fn registry_config_with(bed: &Bed, scenario: &str, keys_lines: &str) -> Config {
     let dir = temp_dir(scenario);
     let tokens = dir.join("admin-tokens");
     std::fs::write(
@@ -46,7 +51,7 @@ pub fn registry_config(bed: &Bed, scenario: &str) -> Config {
         .tables(&format!(
             r#"[keys]
 prefix = "sk-test-"
-{state}
+{state}{keys_lines}
 [budgets.calls]
 limits = [{{ algorithm = "sliding_log", limit = 2, window = "1h" }}]
 
@@ -87,7 +92,7 @@ pub async fn make_key(gates: &Gates, i: usize, body: &str) -> (String, String) {
     (key, id)
 }
 
-async fn chat(gates: &Gates, i: usize, headers: &[(&str, &str)]) -> Answer {
+pub async fn chat(gates: &Gates, i: usize, headers: &[(&str, &str)]) -> Answer {
     TestClient::http1()
         .get(&gates.url(i, "/v1/chat"), headers)
         .await
