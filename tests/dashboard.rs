@@ -748,3 +748,64 @@ async fn the_key_registry_is_shown_with_its_lookups() {
     );
     assert!(!dom.contains(&key), "the key itself is never shown");
 }
+
+/// The keys file's last reconcile is shown with what it listed and
+/// changed; the lookups with their outcomes.
+#[tokio::test]
+async fn the_key_registry_and_the_keys_files_last_reconcile_are_shown() {
+    use sha2::Digest as _;
+    let dir = temp_dir("dashboard-keys");
+    let keys = dir.join("keys.toml");
+    let sha: String = sha2::Sha256::digest(b"sk-shown")
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::fs::write(
+        &keys,
+        format!("[[key]]\nsha256 = \"{sha}\"\nidentity = \"cust_42\"\n"),
+    )
+    .expect("write the keys file");
+    let toml = Config::new()
+        .admin()
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .line(r#"api_key = { from = "bearer" }"#),
+        )
+        .tables(&format!(
+            "[keys]\nstate_file = {:?}\nfile = {:?}\n",
+            dir.join("keys.json").display().to_string(),
+            keys.display().to_string()
+        ))
+        .toml();
+    let gate = Floodgate::start(&toml).await;
+    let client = TestClient::http1();
+    let url = gate.url("/");
+    let known = client
+        .get(&url, &[("authorization", "Bearer sk-shown")])
+        .await;
+    assert_eq!(known.status, 200, "{}", known.text());
+    let unknown = client
+        .get(&url, &[("authorization", "Bearer sk-made-up")])
+        .await;
+    assert_eq!(unknown.status, 401);
+
+    let Some(dom) = rendered(&gate.admin_url("/"), &dir, "keys").await else {
+        return;
+    };
+    assert!(dom.contains("Key registry"), "{dom}");
+    let lookups = dom.find("<th>lookups</th>").map_or("", |i| &dom[i..]);
+    let lookups = &lookups[..lookups.find("</tr>").unwrap_or(lookups.len())];
+    assert!(
+        lookups.contains("valid 1") && lookups.contains("unknown"),
+        "{lookups}"
+    );
+    let start = dom.find("data-keys-file").expect("the keys file's row");
+    let row = &dom[start..];
+    let row = &row[..row.find("</tr>").unwrap_or(row.len())];
+    assert!(row.contains(&keys.display().to_string()), "{row}");
+    assert!(
+        row.contains("1 listed; 1 added, 0 updated, 0 removed"),
+        "{row}"
+    );
+}
