@@ -9,7 +9,7 @@
 //! | [`routes`] | which route is this request on, and what are its rules? (matching by path, template, method, host and headers; its limits and the overrides for some clients; how its answers carry them; its upstream, by index) |
 //! | [`client`] | who is asking? (an address, a header, a path parameter, the whole route; how many failed credentials an address may send before its new tokens go unchecked) |
 //! | [`jwt`] | which verified token claim is asking? (signature, algorithm, lifetime, issuer, audience) |
-//! | [`keys`] | whose API key is this? (the registry of customers' keys: identity, plan, attributes, enabled, expiry; kept as keyed digests in the store, every instance holding a copy that follows the store's changes; made, imported, changed, revoked and rotated through the admin listener, every change audited) |
+//! | [`keys`] | whose API key is this? (the registry of customers' keys: identity, plan, attributes, enabled, expiry; kept as keyed digests in the store, every instance holding a copy that follows the store's changes; made, imported, changed, revoked and rotated through the admin listener or listed in the keys file it reconciles, every change audited) |
 //! | [`concurrency`] | is there room in flight? (per-route and per-client caps, fixed or following the upstream's latency, with a bounded queue; its settings in [`concurrency::settings`], its series in [`concurrency::metrics`]) |
 //! | [`limit`] | is it allowed? (algorithms, the memory and Redis stores, and the limiter that adds the circuit breakers (one per Redis node: a cluster's primaries each have their own, as the store routes decisions to them itself), denial cache and `on_error`; the Redis store decides with `FCALL` of a function library, `EVALSHA` where Redis has no functions) |
 //! | [`metrics`] | what happened, counted per route and outcome: the families and the registry; modules with live state to show at scrape time (endpoints, caps) hand it their own collectors; the dashboard's 15 minutes of history per route ([`metrics::history`]) |
@@ -17,7 +17,7 @@
 //! | [`usage`] | how many units did the request use, on a route whose cost is what its upstream reports? (the reservation a request names; the report in the answer's header fields, its trailers, its JSON body or its event stream's last event, read as the body streams past; its settings in [`usage::settings`]) |
 //! | [`refusal`] | every answer floodgate makes itself, and whose fault it is (client, upstream, store) |
 //! | [`response`] | problem documents, the rate-limit headers, and the body type every answer goes out as (`response::body`: the upstream's streamed or floodgate's whole, with what watches its end) |
-//! | [`reload`] | has the configuration changed? (SIGHUP, file contents) |
+//! | [`reload`] | has the configuration changed? (SIGHUP, file contents; the plan table and the keys file read anew on their own) |
 //! | [`admin`] | `/healthz`, `/readyz`, `/metrics` on their own listener, the dashboard with its JSON (`/status.json`, `/history.json`, `/clients/top`), operators on one client's counts (`/clients/standing`, `/credit`, `/debit`, `/reset`, behind a bearer token) and usage per window (`/usage/closed`, `/usage/top`) |
 //! | [`access_log`] | one line per request, written off the data path, with sampling and caps (its `Line`, one of an answer's end hooks that gate holds beside the concurrency slot and a usage meter) |
 //! | [`top`] | who is limited: each route's heaviest clients of the last minute, in fixed memory |
