@@ -72,7 +72,7 @@ pub fn parse_keys_file(path: &Path, text: &str, plans: &[Arc<str>]) -> Result<Ke
         Ok(model) => model,
         Err(e) => {
             let at = e.span().map_or(0, |s| s.start);
-            file.problem(at, e.message().to_owned());
+            file.problem(at, super::problems::in_plain_words(e.message(), None));
             return Err(LoadError::Invalid(file.problems));
         }
     };
