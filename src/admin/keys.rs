@@ -182,10 +182,11 @@ fn read<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ManageError> {
         .map_err(|e| ManageError::Invalid(format!("the body is not one floodgate reads: {e}")))
 }
 
-/// A change's reason: required, trimmed.
-fn reason(given: Option<&str>) -> Result<&str, ManageError> {
+/// Who makes a change: the token's operator, and the reason given
+/// (required, trimmed).
+fn who<'a>(operator: &'a str, given: Option<&'a str>) -> Result<Who<'a>, ManageError> {
     match given.map(str::trim) {
-        Some(r) if !r.is_empty() => Ok(r),
+        Some(reason) if !reason.is_empty() => Ok(Who { operator, reason }),
         _ => Err(ManageError::Invalid(
             "a change needs a \"reason\", which the audit records".to_owned(),
         )),
@@ -219,10 +220,7 @@ async fn make(
     import: bool,
 ) -> Result<(StatusCode, String), ManageError> {
     let asked: Asked = read(body)?;
-    let who = Who {
-        operator,
-        reason: reason(asked.reason.as_deref())?,
-    };
+    let who = who(operator, asked.reason.as_deref())?;
     known_plan(shared, asked.plan.as_deref())?;
     let spec = Spec {
         identity: asked.identity,
@@ -266,10 +264,7 @@ async fn update(
     operator: &str,
 ) -> Result<(StatusCode, String), ManageError> {
     let asked: PatchAsked = read(body)?;
-    let who = Who {
-        operator,
-        reason: reason(asked.reason.as_deref())?,
-    };
+    let who = who(operator, asked.reason.as_deref())?;
     if let Some(plan) = &asked.plan {
         known_plan(shared, plan.as_deref())?;
     }
@@ -292,10 +287,7 @@ async fn revoke(
     operator: &str,
 ) -> Result<(StatusCode, String), ManageError> {
     let asked: ReasonAsked = read(body)?;
-    let who = Who {
-        operator,
-        reason: reason(asked.reason.as_deref())?,
-    };
+    let who = who(operator, asked.reason.as_deref())?;
     let record = keys.revoke(id, who).await?;
     Ok((
         StatusCode::OK,
@@ -310,10 +302,7 @@ async fn rotate(
     operator: &str,
 ) -> Result<(StatusCode, String), ManageError> {
     let asked: ReasonAsked = read(body)?;
-    let who = Who {
-        operator,
-        reason: reason(asked.reason.as_deref())?,
-    };
+    let who = who(operator, asked.reason.as_deref())?;
     let grace = match asked.grace.as_deref() {
         None => std::time::Duration::ZERO,
         Some(g) => crate::config::parse_duration(g)

@@ -102,18 +102,10 @@ impl Replica {
 
     /// Puts `record` under `digest` (`None`: removes it).
     pub(super) fn set(&self, digest: Digest, record: Option<Arc<Record>>) {
-        let mut records = self
-            .records
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match record {
-            Some(record) => records.insert(digest, record),
-            None => records.remove(&digest),
-        };
+        self.put(digest, record, None);
     }
 
-    /// Applies change `seq`: `record` under `digest` (`None`: removed).
-    pub(super) fn apply(&self, digest: Digest, record: Option<Arc<Record>>, seq: u64) {
+    fn put(&self, digest: Digest, record: Option<Arc<Record>>, seq: Option<u64>) {
         let mut records = self
             .records
             .write()
@@ -122,7 +114,15 @@ impl Replica {
             Some(record) => records.insert(digest, record),
             None => records.remove(&digest),
         };
-        self.seq.store(seq, Ordering::Release);
+        if let Some(seq) = seq {
+            self.seq.store(seq, Ordering::Release);
+        }
+    }
+
+    /// Applies change `seq`: `record` under `digest` (`None`: removed),
+    /// the number stored while the table is still held.
+    pub(super) fn apply(&self, digest: Digest, record: Option<Arc<Record>>, seq: u64) {
+        self.put(digest, record, Some(seq));
     }
 
     /// Puts `record`, read from the store after change `seq` was applied
