@@ -130,8 +130,8 @@ pub enum Part {
 pub struct KeyFacts<'a> {
     /// The customer the key belongs to.
     pub identity: &'a str,
-    /// Its attributes.
-    pub attributes: &'a std::collections::BTreeMap<String, String>,
+    /// Its attributes, sorted by name.
+    pub attributes: &'a [(Box<str>, Box<str>)],
 }
 
 impl<'a> KeyFacts<'a> {
@@ -139,7 +139,11 @@ impl<'a> KeyFacts<'a> {
     pub fn value(&self, attribute: Option<&str>) -> Option<&'a str> {
         match attribute {
             None => Some(self.identity),
-            Some(name) => self.attributes.get(name).map(String::as_str),
+            Some(name) => self
+                .attributes
+                .binary_search_by(|(n, _)| (**n).cmp(name))
+                .ok()
+                .map(|i| &*self.attributes[i].1),
         }
     }
 }

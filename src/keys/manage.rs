@@ -266,7 +266,12 @@ impl Keys {
         let spec = Spec {
             identity: old.identity.clone(),
             plan: old.plan.clone(),
-            attributes: old.attributes.clone(),
+            attributes: old
+                .attributes
+                .as_slice()
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
             enabled: Some(old.enabled),
             expires_ms: old.expires_ms,
             name: old.name.clone(),
@@ -349,7 +354,7 @@ impl Keys {
             id: id_of(digest),
             identity: spec.identity,
             plan: spec.plan,
-            attributes: spec.attributes,
+            attributes: spec.attributes.into(),
             enabled: spec.enabled.unwrap_or(true),
             expires_ms: spec.expires_ms,
             name: spec.name,
@@ -502,7 +507,7 @@ fn apply_patch(record: &mut Record, patch: &Patch) -> Result<(), ManageError> {
     }
     if let Some(attributes) = &patch.attributes {
         check_attributes(attributes)?;
-        record.attributes.clone_from(attributes);
+        record.attributes = attributes.clone().into();
     }
     if let Some(enabled) = patch.enabled {
         record.enabled = enabled;

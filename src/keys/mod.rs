@@ -33,7 +33,7 @@ pub mod settings;
 pub mod sync;
 
 pub use reconcile::{KeysFile, Listed};
-pub use record::{Record, Source};
+pub use record::{Attributes, Record, Source};
 pub use settings::{KeyFrom, Settings};
 
 use crate::limit::Limiter;
@@ -256,20 +256,14 @@ impl Keys {
     /// them), counting it.
     fn may_ask(&self, now_ms: u64) -> bool {
         let second = now_ms / 1000;
-        let cell = self.asks.load(Ordering::Relaxed);
-        let (at, n) = (cell >> 32, cell & u64::from(u32::MAX));
-        let next = if at == second { n + 1 } else { 1 };
-        if next > MAX_ASKS_PER_SECOND {
-            return false;
-        }
-        // A lost race counts one ask fewer: the bound holds within a few.
-        let _ = self.asks.compare_exchange(
-            cell,
-            (second << 32) | next,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-        true
+        let taken = self
+            .asks
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cell| {
+                let (at, n) = (cell >> 32, cell & u64::from(u32::MAX));
+                let next = if at == second { n + 1 } else { 1 };
+                (next <= MAX_ASKS_PER_SECOND).then_some((second << 32) | next)
+            });
+        taken.is_ok()
     }
 
     /// Counts a lookup that found no key to verify.

@@ -49,7 +49,7 @@ impl Context<'_> {
         let exempt = is_exempt(rules, found, headers, self.peer.addr.ip());
         let facts = key.map(|r| KeyFacts {
             identity: &r.identity,
-            attributes: &r.attributes,
+            attributes: r.attributes.as_slice(),
         });
         let facts = facts.as_ref();
         let per_client = rules
