@@ -81,3 +81,82 @@ async fn floodgate_follows_a_sentinel_failover_and_limits_exactly_after_it() {
     }
     assert_eq!(three(&gate, "after").await, [200, 200, 429]);
 }
+
+/// The key registry behind Sentinel: a key made through one instance is
+/// admitted by another, which found the primary through the Sentinels,
+/// and a key disabled on the second is refused (403) on the first within
+/// a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_registry_lives_behind_the_sentinels_too() {
+    let group = TestSentinels::start().await;
+    let dir = support::temp_dir("sentinel-keys");
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.join("token"), format!("{token}\n")).expect("write the token");
+    let toml = Config::new()
+        .redis_sentinel(&group.urls(), MASTER, &unique_prefix("sentinel-keys"))
+        .admin()
+        .server(&format!(
+            r#"admin_token_file = "{}""#,
+            dir.join("token").display()
+        ))
+        .tables("[keys]\n")
+        .route(
+            Route::new("api")
+                .respond("status = 200")
+                .line(r#"api_key = { from = "bearer" }"#)
+                .client(r#"from = "key""#)
+                .limit("sliding_window", 100, "1h"),
+        )
+        .toml();
+    let (a, b) = (Floodgate::start(&toml).await, Floodgate::start(&toml).await);
+    let admin = |gate: &Floodgate, method: &str, path: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(gate.admin_url(path))
+            .header("authorization", format!("Bearer {token}"))
+            .body(support::text_body(body))
+            .expect("a request")
+    };
+    let http = TestClient::http1();
+    let made = http
+        .send(admin(
+            &a,
+            "POST",
+            "/keys",
+            r#"{"identity": "sam", "reason": "signed up"}"#,
+        ))
+        .await;
+    assert_eq!(made.status, 201, "{}", made.text());
+    let bearer = format!("Bearer {}", made.json()["key"].as_str().expect("a key"));
+    let id = made.json()["record"]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    assert_eq!(
+        http.get(&b.url("/"), &[("authorization", &bearer)])
+            .await
+            .status,
+        200
+    );
+    let disabled = http
+        .send(admin(
+            &b,
+            "PATCH",
+            &format!("/keys/{id}"),
+            r#"{"enabled": false, "reason": "test"}"#,
+        ))
+        .await;
+    assert_eq!(disabled.status, 200, "{}", disabled.text());
+    let start = Instant::now();
+    while http
+        .get(&a.url("/"), &[("authorization", &bearer)])
+        .await
+        .status
+        != 403
+    {
+        assert!(start.elapsed() < Duration::from_secs(5), "never disabled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(1), "disabled after {took:?}");
+}
