@@ -235,6 +235,19 @@ async fn a_rotated_key_stays_valid_for_its_grace_then_expires() {
         r#"{"identity": "lee", "attributes": {"org": "acme"}, "reason": "signed up"}"#,
     )
     .await;
+    let unstated = admin(
+        &gate,
+        "POST",
+        &format!("/keys/{id}/rotate"),
+        r#"{"reason": "leaked in a log"}"#,
+    )
+    .await;
+    assert_eq!(
+        unstated.status,
+        422,
+        "the grace is stated: {}",
+        unstated.text()
+    );
     let rotated = admin(
         &gate,
         "POST",
@@ -636,13 +649,7 @@ async fn imported_keys_work_everywhere_and_a_revoked_one_stops_within_a_second()
         assert_eq!(answer.status, 200, "{key}: {}", answer.text());
     }
     let id = by_value.json()["id"].as_str().expect("an id").to_owned();
-    let revoked = admin(
-        &a,
-        "DELETE",
-        &format!("/keys/{id}"),
-        r#"{"reason": "left"}"#,
-    )
-    .await;
+    let revoked = admin(&a, "DELETE", &format!("/keys/{id}?reason=left%20us"), "").await;
     assert_eq!(revoked.status, 200, "{}", revoked.text());
     let start = Instant::now();
     loop {

@@ -8,10 +8,11 @@
 //!   given as `"key"` or as its `"sha256"`;
 //! - `GET /keys/{id}`: a key's record; `PATCH /keys/{id}`: changes its
 //!   identity, plan, attributes, enabled, expiry or name (`null` clears
-//!   plan, expiry and name); `DELETE /keys/{id}`: revokes it;
-//! - `POST /keys/{id}/rotate` (`{"grace": "1h", "reason"}`): a new key for
-//!   the same identity, plan and attributes, the old one valid for the
-//!   grace more;
+//!   plan, expiry and name); `DELETE /keys/{id}`: revokes it (the reason
+//!   in the body, or `?reason=` without one);
+//! - `POST /keys/{id}/rotate` (`{"grace": "1h", "reason"}`, the grace
+//!   required: `"0s"` ends the old key at once): a new key for the same
+//!   identity, plan and attributes, the old one valid for the grace more;
 //! - `GET /identities/{identity}/keys`: an identity's keys;
 //! - `GET /audit?identity=…&limit=100`: the newest audit entries.
 //!
@@ -129,7 +130,7 @@ pub(super) async fn answer(
             .ok_or_else(|| ManageError::NotFound((*id).to_owned()))
             .map(|b| (StatusCode::OK, b)),
         (&Method::PATCH, ["keys", id]) => update(shared, keys, id, &body, &operator).await,
-        (&Method::DELETE, ["keys", id]) => revoke(keys, id, &body, &operator).await,
+        (&Method::DELETE, ["keys", id]) => revoke(keys, id, (&body, uri.query()), &operator).await,
         (&Method::POST, ["keys", id, "rotate"]) => rotate(keys, id, &body, &operator).await,
         (&Method::GET, ["identities", identity, "keys"]) => {
             let identity = super::operations::percent_decoded(identity);
@@ -280,13 +281,26 @@ async fn update(
     Ok((StatusCode::OK, shown(&record)))
 }
 
+/// `DELETE /keys/{id}`: the reason in the body (`{"reason": …}`) or, with
+/// no body, in the query (`?reason=…`).
 async fn revoke(
     keys: &Keys,
     id: &str,
-    body: &[u8],
+    (body, query): (&[u8], Option<&str>),
     operator: &str,
 ) -> Result<(StatusCode, String), ManageError> {
-    let asked: ReasonAsked = read(body)?;
+    let asked: ReasonAsked = if body.is_empty() {
+        ReasonAsked {
+            reason: query
+                .unwrap_or("")
+                .split('&')
+                .find_map(|p| p.strip_prefix("reason="))
+                .map(super::operations::percent_decoded),
+            grace: None,
+        }
+    } else {
+        read(body)?
+    };
     let who = who(operator, asked.reason.as_deref())?;
     let record = keys.revoke(id, who).await?;
     Ok((
@@ -303,8 +317,14 @@ async fn rotate(
 ) -> Result<(StatusCode, String), ManageError> {
     let asked: ReasonAsked = read(body)?;
     let who = who(operator, asked.reason.as_deref())?;
+    // Stated, not assumed: a rotation that ends the old key at once
+    // says so ("0s").
     let grace = match asked.grace.as_deref() {
-        None => std::time::Duration::ZERO,
+        None => {
+            return Err(ManageError::Invalid(
+                "a rotation states how long the old key stays valid: \"grace\": \"1h\" (or \"0s\": at once)".to_owned(),
+            ));
+        }
         Some(g) => crate::config::parse_duration(g)
             .map_err(|e| ManageError::Invalid(format!("grace: {e}")))?,
     };
