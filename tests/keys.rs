@@ -22,6 +22,15 @@ fn tokens(dir: &std::path::Path) -> String {
     format!(r#"admin_token_file = "{}""#, path.display())
 }
 
+/// A configuration on the memory store with an admin listener, the
+/// token of `tokens(dir)`, and the registry kept in `dir/keys.json`.
+fn on_memory(dir: &std::path::Path) -> Config {
+    Config::new().admin().server(&tokens(dir)).tables(&format!(
+        "[keys]\nstate_file = {:?}\n",
+        dir.join("keys.json").display().to_string()
+    ))
+}
+
 /// A route whose clients are their keys' identities, 100 an hour each.
 fn api() -> Route {
     Route::new("api")
@@ -169,15 +178,7 @@ async fn a_flood_of_made_up_keys_costs_the_store_a_bounded_few_calls_and_keeps_n
 async fn the_memory_stores_registry_survives_a_restart_in_its_state_file() {
     let dir = temp_dir("keys-state");
     let state = dir.join("keys.json");
-    let toml = Config::new()
-        .admin()
-        .server(&tokens(&dir))
-        .tables(&format!(
-            "[keys]\nstate_file = {:?}\n",
-            state.display().to_string()
-        ))
-        .route(api())
-        .toml();
+    let toml = on_memory(&dir).route(api()).toml();
     let gate = Floodgate::start(&toml).await;
     let (key, id) = make(&gate, r#"{"identity": "kim", "reason": "signed up"}"#).await;
     let http = TestClient::http1();
@@ -220,15 +221,7 @@ async fn the_memory_stores_registry_survives_a_restart_in_its_state_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_key_stays_valid_for_its_grace_then_expires() {
     let dir = temp_dir("keys-rotate");
-    let toml = Config::new()
-        .admin()
-        .server(&tokens(&dir))
-        .tables(&format!(
-            "[keys]\nstate_file = {:?}\n",
-            dir.join("keys.json").display().to_string()
-        ))
-        .route(api())
-        .toml();
+    let toml = on_memory(&dir).route(api()).toml();
     let gate = Floodgate::start(&toml).await;
     let (old, id) = make(
         &gate,
@@ -303,15 +296,7 @@ async fn a_rotated_key_stays_valid_for_its_grace_then_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_outcome_has_its_own_answer() {
     let dir = temp_dir("keys-answers");
-    let toml = Config::new()
-        .admin()
-        .server(&tokens(&dir))
-        .tables(&format!(
-            "[keys]\nstate_file = {:?}\n",
-            dir.join("keys.json").display().to_string()
-        ))
-        .route(api())
-        .toml();
+    let toml = on_memory(&dir).route(api()).toml();
     let gate = Floodgate::start(&toml).await;
     let (off, _) = make(
         &gate,
@@ -415,13 +400,7 @@ fn fields(answer: &Answer) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_months_anchor_is_read_from_the_keys_attribute() {
     let dir = temp_dir("keys-anchor");
-    let toml = Config::new()
-        .admin()
-        .server(&tokens(&dir))
-        .tables(&format!(
-            "[keys]\nstate_file = {:?}\n",
-            dir.join("keys.json").display().to_string()
-        ))
+    let toml = on_memory(&dir)
         .route(
             Route::new("calls")
                 .respond("status = 200")

@@ -18,25 +18,19 @@ use crate::limit::registry::{Audit, AuditEntry, Expect, Write, Written};
 pub(super) const ATTEMPTS: usize = 5;
 
 /// A new key's record, as an operator describes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Spec {
     /// The customer.
     pub identity: String,
     /// Its plan.
-    #[serde(default)]
     pub plan: Option<String>,
     /// Its attributes.
-    #[serde(default)]
     pub attributes: BTreeMap<String, String>,
     /// Enabled (the default) or not.
-    #[serde(default)]
     pub enabled: Option<bool>,
     /// When it expires (ms since the epoch).
-    #[serde(default)]
     pub expires_ms: Option<u64>,
     /// A label.
-    #[serde(default)]
     pub name: Option<String>,
 }
 
