@@ -348,7 +348,7 @@ fn status_json(shared: &Shared) -> String {
     out.push_str("],\"budgets\":");
     crate::gate::shown::budgets_json(&mut out, &rules.routes);
     out.push_str(",\"plans\":");
-    crate::gate::shown::plans_json(&mut out, &rules.routes);
+    crate::gate::shown::plans_json(&mut out, &rules.routes, &shared.plan_table());
     out.push('}');
     out
 }

@@ -188,14 +188,17 @@ impl Config {
     }
 
     /// The client → plan table file, when plans are chosen by one: its
-    /// path, the plans it may name, and the table in force, which a
-    /// change of the file alone replaces without reading the rest again.
+    /// path, the plans it may name, and the table as read with this
+    /// configuration (a change of the file alone is read without reading
+    /// the rest again).
     pub fn plan_table(&self) -> Option<PlanTableFile> {
         let selection = self.routes.plan_selection.as_ref()?;
         match &selection.by {
-            crate::routes::PlanSource::Table { path, table, .. } => {
-                Some((path.clone(), selection.names.clone(), Arc::clone(table)))
-            }
+            crate::routes::PlanSource::Table { path, read, .. } => Some(PlanTableFile {
+                path: path.clone(),
+                names: selection.names.clone(),
+                read: Arc::clone(read),
+            }),
             _ => None,
         }
     }

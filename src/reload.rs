@@ -66,8 +66,8 @@ pub async fn watch(shared: Arc<Shared>, running: Config, reload: Arc<Notify>, ba
                 }
             }
             Some(read) = files.recv() => match read {
-                FileRead::PlanTable(Ok(())) => shared.plan_table_reloaded(),
-                FileRead::PlanTable(Err(e)) => {
+                FileRead::PlanTable(path, Ok(table)) => shared.plan_table_read(&path, table),
+                FileRead::PlanTable(_, Err(e)) => {
                     shared.file_reloaded(ReloadedFile::PlanTable, Some(&e));
                 }
                 FileRead::Keys(Ok(file)) => shared.keys_file_reloaded(&file).await,

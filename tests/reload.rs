@@ -429,3 +429,81 @@ async fn a_refused_plan_table_or_keys_file_is_a_failed_reload_until_fixed() {
     drop(process);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A route whose plans come from `plans.txt` beside `dir`'s
+/// configuration (pro: 20 an hour, free: 10), with `extra` added.
+fn plans_from_a_table(port: u16, admin: u16, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+admin_listen = "127.0.0.1:{admin}"
+{extra}
+[[routes]]
+name = "api"
+respond = {{ status = 200, body = "ok" }}
+client = {{ from = "header", name = "X-Customer" }}
+limits = [{{ algorithm = "fixed_window", limit = 1000, window = "1h" }}]
+plans = ["free", "pro"]
+
+[plan_selection]
+by = {{ from = "header", name = "X-Customer" }}
+table = "plans.txt"
+default = "free"
+
+[plans.free]
+limits = [{{ algorithm = "fixed_window", limit = 10, window = "1h" }}]
+
+[plans.pro]
+limits = [{{ algorithm = "fixed_window", limit = 20, window = "1h" }}]
+"#
+    )
+}
+
+/// Waits (10 s at most) until customer c1's `RateLimit-Policy` holds
+/// `want`.
+async fn until_plan_quota(url: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = TestClient::http1().get(url, &[("x-customer", "c1")]).await;
+        let policy = answer.header("ratelimit-policy").unwrap_or_default();
+        if policy.contains(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "c1's policy stays {policy:?}, never {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_plan_table_in_force_follows_its_file_after_a_refused_reload() {
+    let dir = temp_dir("reload-table-after-refusal");
+    let (port, admin) = (free_port(), free_port());
+    let table = dir.join("plans.txt");
+    std::fs::write(&table, "c1 pro\n").expect("write the table");
+    let config = dir.join("floodgate.toml");
+    std::fs::write(&config, plans_from_a_table(port, admin, "")).expect("write config");
+    let process = FloodgateProcess::spawn(&config, port).await;
+    let url = process.url("/");
+    until_plan_quota(&url, "q=20").await;
+
+    // A configuration that loads but is refused when applied (the key
+    // registry starts only with floodgate): the rules in force stay, and
+    // so must the table they read their plans from.
+    let state = dir.join("keys.json");
+    let with_keys = format!("[keys]\nstate_file = \"{}\"\n", state.display());
+    std::fs::write(&config, plans_from_a_table(port, admin, &with_keys)).expect("write config");
+    let problem = until_standing(admin, 0, "[keys] was added").await;
+    assert!(problem.contains("restart"), "{problem}");
+
+    // The table's file changes: the table in force follows it.
+    std::fs::write(&table, "c1 free\n").expect("rewrite the table");
+    until_plan_quota(&url, "q=10").await;
+    std::fs::write(&table, "c1 pro\n").expect("rewrite the table again");
+    until_plan_quota(&url, "q=20").await;
+    drop(process);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -85,7 +85,7 @@ pub(crate) fn keyed_digest(key: &[u8; 32], value: &[u8]) -> String {
 /// A SHA-256 written as 64 hex digits (how files name a credential
 /// without holding it: `sha256:<hex>`), or `None` when it is not one.
 pub fn sha256_from_hex(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 {
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let mut out = [0u8; 32];

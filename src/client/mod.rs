@@ -19,10 +19,12 @@ mod address;
 mod failures;
 mod id;
 mod identify;
+mod known;
 
 pub use address::{client_address, is_in};
 pub use failures::Failures;
 pub use id::{ClientId, sha256, sha256_from_hex};
+pub use known::{Known, Written};
 
 pub(crate) use id::{hex, keyed_digest, process_key};
 

@@ -1,12 +1,12 @@
 //! Per-client limits on a route (`overrides`), and clients exempt by an
 //! API key (`exempt_keys`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use toml::Spanned;
 
 use super::{LimitModel, Validator};
-use crate::client::{ClientRule, Part, sha256};
+use crate::client::{ClientRule, Known, Part, Written, sha256};
 use crate::routes::{ClientSet, KeyExemption, Override, Policy};
 
 /// `overrides = [{ clients = [...], headers = {...}, limits = [...] }]`.
@@ -21,19 +21,6 @@ pub(super) struct OverrideModel {
 
 /// `exempt_keys = { "X-Internal-Key" = ["k1", "sha256:<hex>"] }`.
 pub(super) type ExemptKeysModel = BTreeMap<Spanned<String>, Spanned<Vec<Spanned<String>>>>;
-
-/// A value as written (`"key"`) or as its SHA-256 (`"sha256:<64 hex>"`).
-enum Value {
-    Raw(Vec<u8>),
-    Digest([u8; 32]),
-}
-
-fn written(text: &str) -> Option<Value> {
-    let Some(hex) = text.strip_prefix("sha256:") else {
-        return Some(Value::Raw(text.as_bytes().to_vec()));
-    };
-    crate::client::sha256_from_hex(hex).map(Value::Digest)
-}
 
 impl OverrideModel {
     /// Its limits, as written.
@@ -116,22 +103,14 @@ impl Validator<'_> {
                 }
                 continue;
             }
-            match written(text) {
-                Some(Value::Raw(v)) if v.len() > rule.max_len => {
+            match Written::read(text) {
+                Some(Written::Value(v)) if v.len() > rule.max_len => {
                     // Such an id is counted by its SHA-256.
-                    set.digests.insert(sha256(&v));
+                    set.values.insert(Written::Digest(sha256(&v)), ());
                 }
-                Some(Value::Raw(v)) => {
-                    set.values.insert(v.into_boxed_slice());
-                }
-                Some(Value::Digest(d)) => {
-                    set.digests.insert(d);
-                }
+                Some(written) => set.values.insert(written, ()),
                 None => {
-                    self.problem(
-                        entry.span(),
-                        "a sha256: entry is \"sha256:\" and 64 hex digits",
-                    );
+                    self.problem(entry.span(), Written::BAD_DIGEST);
                     ok = false;
                 }
             }
@@ -146,29 +125,21 @@ impl Validator<'_> {
             let Some(header) = self.header_name(name) else {
                 continue;
             };
-            let mut digests = HashSet::new();
+            let mut keys = Known::default();
             for value in values.get_ref() {
-                match written(value.get_ref()) {
-                    Some(Value::Raw(v)) if v.is_empty() => {
+                match Written::read(value.get_ref()) {
+                    Some(Written::Value(v)) if v.is_empty() => {
                         self.problem(value.span(), "an exempt key is not empty");
                     }
-                    Some(Value::Raw(v)) => {
-                        digests.insert(sha256(&v));
-                    }
-                    Some(Value::Digest(d)) => {
-                        digests.insert(d);
-                    }
-                    None => self.problem(
-                        value.span(),
-                        "a sha256: entry is \"sha256:\" and 64 hex digits",
-                    ),
+                    Some(written) => keys.insert(written, ()),
+                    None => self.problem(value.span(), Written::BAD_DIGEST),
                 }
             }
-            if digests.is_empty() {
+            if keys.is_empty() {
                 self.problem(values.span(), "exempt_keys lists no key for this header");
                 continue;
             }
-            out.push(KeyExemption { header, digests });
+            out.push(KeyExemption { header, keys });
         }
         out
     }

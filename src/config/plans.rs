@@ -179,7 +179,7 @@ impl Validator<'_> {
                     Ok(read) => Some(PlanSource::Table {
                         client: Box::new(rule),
                         path,
-                        table: Arc::new(arc_swap::ArcSwap::from_pointee(read)),
+                        read: Arc::new(read),
                     }),
                     Err(e) => {
                         self.problem(table.span(), format!("table: {e}"));
@@ -560,5 +560,13 @@ pub fn load_plan_table(path: &std::path::Path, names: &[Arc<str>]) -> Result<Pla
 }
 
 /// Where a configuration's client → plan table is read, the plans it may
-/// name, and the table in force that a new read replaces.
-pub type PlanTableFile = (PathBuf, Vec<Arc<str>>, Arc<arc_swap::ArcSwap<PlanTable>>);
+/// name, and the table as read with the configuration.
+#[derive(Debug, Clone)]
+pub struct PlanTableFile {
+    /// The table's file.
+    pub path: PathBuf,
+    /// The plans its lines may name.
+    pub names: Vec<Arc<str>>,
+    /// The table as read with the configuration.
+    pub read: Arc<PlanTable>,
+}

@@ -62,7 +62,8 @@ impl Config {
             let _ = writeln!(out, "budget {budget}: drawn from by {}", routes.join(", "));
         }
         if let Some(selection) = &self.routes.plan_selection {
-            let by = selection.by.describe();
+            let read = self.plan_table().map(|file| file.read).unwrap_or_default();
+            let by = selection.by.describe(&read);
             let default = selection
                 .default
                 .and_then(|d| selection.names.get(d))

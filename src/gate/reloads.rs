@@ -115,8 +115,22 @@ impl Shared {
         self.reconcile_keys(file).await;
     }
 
-    /// A client → plan table was read anew and put in force.
-    pub fn plan_table_reloaded(&self) {
+    /// The client → plan table at `path` was read anew: it is put in
+    /// force when the rules in force read their plans from that file (a
+    /// reload that was refused may have left the watch on another one).
+    pub fn plan_table_read(&self, path: &std::path::Path, table: crate::routes::PlanTable) {
+        let rules = self.rules();
+        let in_force = rules.routes.plan_selection.as_ref().is_some_and(
+            |s| matches!(&s.by, crate::routes::PlanSource::Table { path: p, .. } if p == path),
+        );
+        if !in_force {
+            tracing::warn!(
+                path = %path.display(),
+                "plan table read, but the rules in force read plans from no such table: not applied"
+            );
+            return;
+        }
+        self.plan_table.store(Arc::new(table));
         self.plans_changed();
         self.file_reloaded(ReloadedFile::PlanTable, None);
     }

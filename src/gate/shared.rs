@@ -49,6 +49,11 @@ const KEY_DIGEST_SECRET: &[u8] = b"floodgate key registry digest, v1";
 #[derive(Debug)]
 pub struct Shared {
     pub(super) rules: ArcSwap<Rules>,
+    /// The client → plan table in force, beside the rules (empty when
+    /// plans come from no table): a reload puts the one read with its
+    /// configuration in force, a change of the table's file alone a new
+    /// read of it.
+    pub(super) plan_table: ArcSwap<crate::routes::PlanTable>,
     /// TLS for new connections on the proxy listener, if configured; a
     /// reload swaps it, and open connections keep the one they began with.
     tls: arc_swap::ArcSwapOption<rustls::ServerConfig>,
@@ -164,6 +169,7 @@ impl Shared {
         );
         Ok(Self {
             rules: ArcSwap::from_pointee(Rules::new(config, upstreams, &metrics, None)),
+            plan_table: ArcSwap::new(plan_table_read(config)),
             tls: arc_swap::ArcSwapOption::new(
                 config.server.tls.as_ref().map(|(_, c)| Arc::clone(c)),
             ),
@@ -337,6 +343,11 @@ impl Shared {
         self.limiter.refresh_gauges();
     }
 
+    /// The client → plan table in force.
+    pub fn plan_table(&self) -> arc_swap::Guard<Arc<crate::routes::PlanTable>> {
+        self.plan_table.load()
+    }
+
     /// The metrics, as exposed on `/metrics`.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -378,6 +389,10 @@ impl Shared {
             );
         }
         let rules = Rules::new(&new, upstreams, &self.metrics, Some(&self.rules.load()));
+        // The table names its plans by name: for a moment between these
+        // two, a request looks its plan up among the other rules' plans,
+        // and a name they do not have is no plan (never another one).
+        self.plan_table.store(plan_table_read(&new));
         self.rules.store(Arc::new(rules));
         self.tls
             .store(new.server.tls.as_ref().map(|(_, c)| Arc::clone(c)));
@@ -425,6 +440,14 @@ impl Shared {
             tracing::debug!(route, %client, "shadow: would have denied");
         }
     }
+}
+
+/// The client → plan table as read with `config` (empty when its plans
+/// come from no table).
+fn plan_table_read(config: &Config) -> Arc<crate::routes::PlanTable> {
+    config
+        .plan_table()
+        .map_or_else(Arc::default, |file| file.read)
 }
 
 /// Each route's counters as the history takes them, in the rules' order:

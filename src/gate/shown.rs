@@ -68,7 +68,11 @@ pub fn budgets_json(out: &mut String, table: &crate::routes::Table) {
 
 /// The plans in `/status.json`: how a request's plan is chosen, the
 /// default, and each plan with the routes that refer to it.
-pub fn plans_json(out: &mut String, table: &crate::routes::Table) {
+pub fn plans_json(
+    out: &mut String,
+    table: &crate::routes::Table,
+    in_force: &crate::routes::PlanTable,
+) {
     use crate::routes::PlanSource;
     use std::fmt::Write;
     let Some(selection) = &table.plan_selection else {
@@ -76,9 +80,9 @@ pub fn plans_json(out: &mut String, table: &crate::routes::Table) {
         return;
     };
     out.push_str("{\"by\":");
-    json_string(out, &selection.by.describe());
-    if let PlanSource::Table { table, .. } = &selection.by {
-        let _ = write!(out, ",\"table_clients\":{}", table.load().len());
+    json_string(out, &selection.by.describe(in_force));
+    if let PlanSource::Table { .. } = &selection.by {
+        let _ = write!(out, ",\"table_clients\":{}", in_force.len());
     }
     out.push_str(",\"default\":");
     match selection.default.and_then(|d| selection.names.get(d)) {

@@ -157,23 +157,12 @@ impl Replica {
 
 /// `digest` as 64 hex digits, as the store names it.
 pub fn hex(digest: &Digest) -> String {
-    use std::fmt::Write as _;
-    digest.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    crate::client::hex(digest)
 }
 
 /// A digest read from 64 hex digits.
 pub fn from_hex(text: &str) -> Option<Digest> {
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    crate::client::sha256_from_hex(text)
 }
 
 /// A key's public id: `key_` and the first 16 hex digits of its digest.

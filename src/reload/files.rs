@@ -25,8 +25,10 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// What reading a file anew found.
 #[derive(Debug)]
 pub(super) enum FileRead {
-    /// A new plan table is in force, or why the file was refused.
-    PlanTable(Result<(), String>),
+    /// The plan table read anew (for the gate to put in force when the
+    /// rules in force read their plans from this file), or why the file
+    /// was refused.
+    PlanTable(PathBuf, Result<crate::routes::PlanTable, String>),
     /// The keys file as it lists its keys now, or why it was refused.
     Keys(Result<Arc<KeysFile>, String>),
 }
@@ -83,28 +85,27 @@ impl Seen {
     }
 }
 
-/// A client → plan table file and the table in force it replaces.
+/// A client → plan table file, read anew when it changes.
 pub(super) struct TableWatch {
     file: config::PlanTableFile,
     seen: Seen,
 }
 
 impl TableWatch {
-    /// Watches `file` from its contents now (a table in force that lists
-    /// no client is said at WARN).
+    /// Watches `file` from its contents now (a table as read with the
+    /// configuration that lists no client is said at WARN).
     pub(super) fn new(file: config::PlanTableFile) -> Self {
-        let (path, _, live) = &file;
-        if live.load().is_empty() {
-            warn_empty_table(path);
+        if file.read.is_empty() {
+            warn_empty_table(&file.path);
         }
-        let seen = Seen::new(path.clone());
+        let seen = Seen::new(file.path.clone());
         Self { file, seen }
     }
 
-    /// Reads the table again when its file changed, and puts it in force
-    /// once read whole; `None` when it did not change.
+    /// Reads the table again when its file changed, whole; `None` when it
+    /// did not change.
     pub(super) fn check(&mut self) -> Option<FileRead> {
-        let (path, names, live) = &self.file;
+        let config::PlanTableFile { path, names, .. } = &self.file;
         self.seen
             .changed("plan table", "the table in force stays")?;
         let read = match config::load_plan_table(path, names) {
@@ -114,12 +115,11 @@ impl TableWatch {
                 } else {
                     tracing::info!(path = %path.display(), clients = table.len(), "plan table reloaded");
                 }
-                live.store(Arc::new(table));
-                Ok(())
+                Ok(table)
             }
             Err(error) => Err(error.to_string()),
         };
-        Some(FileRead::PlanTable(read))
+        Some(FileRead::PlanTable(path.clone(), read))
     }
 }
 

@@ -1,11 +1,13 @@
 //! Plans defined once: which plan a request is on. A plan is a named set
 //! of limits that routes refer to (each route keeps its own counts under
 //! it); the request's plan is read from a verified token claim, from a
-//! header only trusted proxies may set, or from a table of client → plan
-//! read from a file of its own, which is replaced live, whole, when the
-//! file changes.
+//! header only trusted proxies may set, from the key registry's record of
+//! the request's API key, or from a table of client → plan read from a
+//! file of its own. The table is live state beside the rules (the gate
+//! holds the one in force, replaced whole when the file changes): what the
+//! rules compiled from the configuration hold is where it is read and the
+//! table as it was read with them.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use http::HeaderMap;
 use http::header::HeaderName;
 use ipnet::IpNet;
 
-use crate::client::{ClientId, ClientRule, sha256, sha256_from_hex};
+use crate::client::{ClientId, ClientRule, Known, Written};
 
 /// How a request's plan is chosen (`[plan_selection]`), and the plans'
 /// names.
@@ -47,20 +49,19 @@ pub enum PlanSource {
         client: Box<ClientRule>,
         /// The file the table is read from.
         path: PathBuf,
-        /// The table in force: replaced whole when the file changes.
-        table: Arc<ArcSwap<PlanTable>>,
+        /// The table as read with the configuration: what is put in force
+        /// when these rules are (a change of the file alone replaces the
+        /// one in force, not this).
+        read: Arc<PlanTable>,
     },
 }
 
 /// Clients and their plans, as a table file lists them: values (API
-/// keys, claims, addresses) as they are or by their SHA-256.
+/// keys, claims, addresses) as they are or by their SHA-256, each with
+/// its plan's name (so a table read for other plans than the rules in
+/// force names none of theirs rather than the wrong one).
 #[derive(Debug, Default)]
-pub struct PlanTable {
-    /// Values, byte for byte.
-    pub values: HashMap<Box<[u8]>, u16>,
-    /// SHA-256 digests of values.
-    pub digests: HashMap<[u8; 32], u16>,
-}
+pub struct PlanTable(Known<Arc<str>>);
 
 impl PlanTable {
     /// Reads a table: one `<client> <plan>` per line (`#` starts a
@@ -68,7 +69,7 @@ impl PlanTable {
     /// a plan one of `names`. Every line that is not understood is
     /// returned with its number (from 1) and what is wrong.
     pub fn parse(text: &str, names: &[Arc<str>]) -> Result<Self, Vec<(usize, String)>> {
-        let mut table = Self::default();
+        let mut table = Known::default();
         let mut problems = Vec::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or_default().trim();
@@ -81,7 +82,7 @@ impl PlanTable {
                 problems.push((i + 1, "expected \"<client> <plan>\"".to_owned()));
                 continue;
             };
-            let Some(index) = names.iter().position(|n| &**n == plan) else {
+            let Some(name) = names.iter().find(|n| &***n == plan) else {
                 problems.push((
                     i + 1,
                     format!(
@@ -91,75 +92,48 @@ impl PlanTable {
                 ));
                 continue;
             };
-            let index = u16::try_from(index).unwrap_or(u16::MAX);
-            match client.strip_prefix("sha256:") {
-                Some(hex) => match sha256_from_hex(hex) {
-                    Some(digest) => {
-                        table.digests.insert(digest, index);
-                    }
-                    None => {
-                        problems.push((i + 1, "a sha256: client needs 64 hex digits".to_owned()))
-                    }
-                },
-                None => {
-                    table.values.insert(client.as_bytes().into(), index);
-                }
+            match Written::read(client) {
+                Some(written) => table.insert(written, Arc::clone(name)),
+                None => problems.push((i + 1, "a sha256: client needs 64 hex digits".to_owned())),
             }
         }
         if problems.is_empty() {
-            Ok(table)
+            Ok(Self(table))
         } else {
             Err(problems)
         }
     }
 
-    /// The plan the table lists for `client`.
-    pub fn plan_of(&self, client: &ClientId) -> Option<usize> {
-        let found = match client {
-            ClientId::Header(value) => self
-                .values
-                .get(&**value)
-                .or_else(|| self.digests.get(&sha256(value))),
-            ClientId::Digest(digest) => self.digests.get(&**digest),
-            ClientId::Addr(ip) => {
-                let text = ip.to_string();
-                self.values
-                    .get(text.as_bytes())
-                    .or_else(|| self.digests.get(&sha256(text.as_bytes())))
-            }
-            ClientId::Composite(_) | ClientId::Global => None,
-        };
-        found.map(|&i| usize::from(i))
+    /// The name of the plan the table lists for `client`.
+    pub fn plan_of(&self, client: &ClientId) -> Option<&str> {
+        self.0.of(client).map(|name| &**name)
     }
 
     /// How many clients it lists.
     pub fn len(&self) -> usize {
-        self.values.len() + self.digests.len()
+        self.0.len()
     }
 
     /// Whether it lists none.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.0.is_empty()
     }
 }
 
 impl PlanSource {
     /// Where the plan is read, as operators read it: `the verified claim
     /// plan`, `header x-plan from trusted proxies`, `the table
-    /// /etc/plans.txt (3 clients) by header x-api-key`.
-    pub fn describe(&self) -> String {
+    /// /etc/plans.txt (3 clients) by header x-api-key` (the clients of the
+    /// table in force, `table`).
+    pub fn describe(&self, table: &PlanTable) -> String {
         match self {
             Self::Claim(rule) => format!("the verified claim {}", rule.claim),
             Self::Header(name) => format!("header {name} from trusted proxies"),
             Self::Key => "the API key's record in the key registry".to_owned(),
-            Self::Table {
-                client,
-                path,
-                table,
-            } => format!(
+            Self::Table { client, path, .. } => format!(
                 "the table {} ({} clients) by {}",
                 path.display(),
-                table.load().len(),
+                table.len(),
                 client.describe()
             ),
         }
@@ -169,17 +143,17 @@ impl PlanSource {
 impl PlanSelection {
     /// The plan of a request with `headers`, from the peer `peer` (whose
     /// address is in `trusted` or not), whose matched path is `path`, whose
-    /// verified API key's record names `key_plan`:
+    /// verified API key's record names `key_plan`, looked up in `table`
+    /// (the client → plan table in force) when plans come from a table:
     /// what its source reads, else the default. A claim or table entry
     /// that names no plan counts as none; so does a header from a peer
     /// that is not a trusted proxy.
     pub fn plan(
         &self,
         headers: &HeaderMap,
-        path: &str,
-        peer: IpAddr,
-        trusted: &[IpNet],
+        (path, peer, trusted): (&str, IpAddr, &[IpNet]),
         key_plan: Option<&str>,
+        table: &ArcSwap<PlanTable>,
     ) -> Option<usize> {
         let read = match &self.by {
             PlanSource::Key => key_plan.and_then(|name| self.index_of(name.as_bytes())),
@@ -198,10 +172,10 @@ impl PlanSelection {
                     None
                 }
             }
-            PlanSource::Table { client, table, .. } => client
+            PlanSource::Table { client, .. } => client
                 .identify(headers, path, peer, trusted)
                 .ok()
-                .and_then(|id| table.load().plan_of(&id)),
+                .and_then(|id| self.index_of(table.load().plan_of(&id)?.as_bytes())),
         };
         read.or(self.default)
     }
@@ -221,19 +195,22 @@ mod tests {
 
     #[test]
     fn a_table_lists_values_and_digests_and_skips_comments() {
-        let digest = crate::client::hex(&sha256(b"secret-key"));
+        let digest = crate::client::hex(&crate::client::sha256(b"secret-key"));
         let text = format!(
             "# client plan\nkey-1 pro  # a comment\n\n  key-2\tfree\nsha256:{digest} pro\n10.0.0.7 pro\n"
         );
         let table = PlanTable::parse(&text, &names()).expect("a valid table");
         assert_eq!(table.len(), 4);
-        assert_eq!(table.plan_of(&ClientId::header("key-1")), Some(1));
-        assert_eq!(table.plan_of(&ClientId::header("key-2")), Some(0));
-        assert_eq!(table.plan_of(&ClientId::header("secret-key")), Some(1));
-        assert_eq!(table.plan_of(&ClientId::digest_of("secret-key")), Some(1));
+        assert_eq!(table.plan_of(&ClientId::header("key-1")), Some("pro"));
+        assert_eq!(table.plan_of(&ClientId::header("key-2")), Some("free"));
+        assert_eq!(table.plan_of(&ClientId::header("secret-key")), Some("pro"));
+        assert_eq!(
+            table.plan_of(&ClientId::digest_of("secret-key")),
+            Some("pro")
+        );
         assert_eq!(
             table.plan_of(&ClientId::Addr([10, 0, 0, 7].into())),
-            Some(1)
+            Some("pro")
         );
         assert_eq!(table.plan_of(&ClientId::header("key-3")), None);
     }

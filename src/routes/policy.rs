@@ -3,7 +3,6 @@
 //! an exemption names, the header mode and the deny answer. Compiled once
 //! at load; `response` writes them out.
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use bytes::Bytes;
@@ -14,7 +13,7 @@ use ipnet::IpNet;
 use std::sync::Arc;
 
 use super::{CountWhen, DenyCode, HeaderCondition};
-use crate::client::{ClientId, ClientRule, KeyFacts, sha256};
+use crate::client::{ClientId, ClientRule, KeyFacts, Known};
 use crate::limit::Limit;
 
 /// A route's limits: their numbers as a request meets them (what the
@@ -394,10 +393,8 @@ pub struct Override {
 pub struct ClientSet {
     /// Networks an address id may be in.
     pub nets: Vec<IpNet>,
-    /// Values, byte for byte.
-    pub values: HashSet<Box<[u8]>>,
-    /// SHA-256 digests of values.
-    pub digests: HashSet<[u8; 32]>,
+    /// Values, as they are or by their SHA-256.
+    pub values: Known<()>,
 }
 
 impl ClientSet {
@@ -405,13 +402,7 @@ impl ClientSet {
     pub fn contains(&self, client: &ClientId) -> bool {
         match client {
             ClientId::Addr(ip) => crate::client::is_in(*ip, &self.nets),
-            ClientId::Header(value) => {
-                self.values.contains(value)
-                    || (!self.digests.is_empty() && self.digests.contains(&sha256(value)))
-            }
-            // A value too long to keep is counted by its SHA-256.
-            ClientId::Digest(digest) => self.digests.contains(&**digest),
-            ClientId::Composite(_) | ClientId::Global => false,
+            other => self.values.of(other).is_some(),
         }
     }
 }
@@ -421,8 +412,8 @@ impl ClientSet {
 pub struct KeyExemption {
     /// The header read.
     pub header: http::header::HeaderName,
-    /// SHA-256 digests of the values that exempt.
-    pub digests: HashSet<[u8; 32]>,
+    /// The values that exempt, as they are or by their SHA-256.
+    pub keys: Known<()>,
 }
 
 impl KeyExemption {
@@ -430,7 +421,7 @@ impl KeyExemption {
     pub fn exempts(&self, headers: &http::HeaderMap) -> bool {
         let mut values = headers.get_all(&self.header).iter();
         match (values.next(), values.next()) {
-            (Some(value), None) => self.digests.contains(&sha256(value.as_bytes())),
+            (Some(value), None) => self.keys.get(value.as_bytes()).is_some(),
             _ => false,
         }
     }

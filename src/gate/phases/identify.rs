@@ -74,10 +74,9 @@ impl Context<'_> {
                 let plan = match &rules.routes.plan_selection {
                     Some(selection) if !route.plans.is_empty() => selection.plan(
                         headers,
-                        matched_path,
-                        self.peer.addr.ip(),
-                        &rules.trusted_proxies,
+                        (matched_path, self.peer.addr.ip(), &rules.trusted_proxies),
                         key.and_then(|r| r.plan.as_deref()),
+                        &self.shared.plan_table,
                     ),
                     _ => None,
                 };
