@@ -237,8 +237,7 @@ async fn both_agree_on_the_trace(
                     at_ms: lua.at_ms,
                     reserved: charge.cost,
                     local: false,
-                    grant: false,
-                    refused: false,
+                    kind: floodgate::limit::Settled::Reservation,
                 });
             }
             prop_assert_eq!(
@@ -669,8 +668,7 @@ async fn a_grant_admits_as_many_more_in_lua_and_rust() {
                 at_ms: start + 6,
                 reserved: 3,
                 local: false,
-                grant: true,
-                refused: false,
+                kind: floodgate::limit::Settled::Grant,
             }),
         };
         let lua = both

@@ -71,8 +71,7 @@ impl ByAnswer {
                 at_ms: d.at_ms,
                 reserved: charge.cost,
                 local: d.local,
-                grant: false,
-                refused: true,
+                kind: crate::limit::Settled::GiveBack,
             },
         }))
     }

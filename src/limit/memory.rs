@@ -206,9 +206,9 @@ fn untaken(verdicts: &mut [Verdict], mut check: impl FnMut(usize) -> Verdict) {
 
 /// Settles a reservation in `state` (or makes an operator's grant).
 fn settle_state(state: &mut State, limit: &Limit, now: u64, settle: super::Settlement, cost: u64) {
-    if settle.grant {
+    if settle.kind == super::Settled::Grant {
         state.grant(limit, now, settle.reserved);
-    } else if settle.refused {
+    } else if settle.kind == super::Settled::GiveBack {
         state.settle(limit, now, settle.at_ms, limit.cost_of(settle.reserved), 0);
     } else {
         state.settle(limit, now, settle.at_ms, settle.reserved, cost);
@@ -301,7 +301,7 @@ impl Entry {
             Some(settle) => {
                 let states = self.states.iter_mut().zip(charge.limits);
                 Decision::combine_kinds(states.map(|(state, limit)| {
-                    if !limit.counts_requests || settle.refused {
+                    if !limit.counts_requests || settle.kind == super::Settled::GiveBack {
                         settle_state(state, limit, now, settle, charge.cost);
                     }
                     let verdict = Verdict {

@@ -303,18 +303,28 @@ pub struct Settlement {
     pub reserved: u64,
     /// It was decided locally ([`Decision::local`]).
     pub local: bool,
-    /// Not a reservation's settlement but an operator's grant of
-    /// `reserved` units in the current window ([`Adjustment::Credit`]):
-    /// a fixed window admits that many more until it ends, past its
-    /// number; the other algorithms get them back as a settlement to
-    /// nothing at `at_ms` would give them ([`algorithms::State::grant`]).
-    pub grant: bool,
-    /// Not a reservation's settlement but the part of a refused request
-    /// taken before another part refused it, given back whole: every
-    /// limit gets back what the decision took from it, `reserved` units,
-    /// or one for a limit that counts requests (which a settlement
-    /// otherwise leaves as decided). `cost` is 0.
-    pub refused: bool,
+    /// What is settled: a reservation (to the charge's `cost`), an
+    /// operator's grant, or the part of a refused request given back.
+    pub kind: Settled,
+}
+
+/// What a [`Settlement`] settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// A reservation, to what the answer reported (the charge's `cost`).
+    Reservation,
+    /// Not a reservation but an operator's grant of `reserved` units in
+    /// the current window ([`Adjustment::Credit`]): a fixed window admits
+    /// that many more until it ends, past its number; the other
+    /// algorithms get them back as a settlement to nothing at `at_ms`
+    /// would give them ([`algorithms::State::grant`]).
+    Grant,
+    /// Not a reservation but the part of a refused request taken before
+    /// another part refused it, given back whole: every limit gets back
+    /// what the decision took from it, `reserved` units, or one for a
+    /// limit that counts requests (which a settlement otherwise leaves as
+    /// decided). The charge's `cost` is 0.
+    GiveBack,
 }
 
 /// Why a store could not decide.

@@ -173,8 +173,7 @@ impl<B: Backend> Guarded<B> {
             at_ms: slice.at_ms,
             reserved: slice.size,
             local: false,
-            grant: false,
-            refused: false,
+            kind: crate::limit::Settled::Reservation,
         };
         let charge = terms.charge(key, slice.size - slice.left, Some(settlement));
         match self.ask_store(charge, now_ms()).await {

@@ -5,7 +5,7 @@
 use super::{Guarded, Limiter, remembered_as};
 use crate::clock::now_ms;
 use crate::limit::backend::StoreNode as _;
-use crate::limit::{Backend, Charge, Forget, Limit, StoreError};
+use crate::limit::{Backend, Charge, Forget, Limit, Settled, StoreError};
 
 impl Limiter {
     /// What each of `charge`'s limits holds now, consuming nothing: for
@@ -53,15 +53,15 @@ impl Limiter {
             Self::Redis(shared) => shared,
         };
         shared.denials.forget(charge.route, &remembered_as(&charge));
-        let (reserved, used, grant) = match adjustment {
+        let (reserved, used, kind) = match adjustment {
             crate::limit::Adjustment::Reset => {
                 return shared.store.reset(&charge, which, Forget::All).await;
             }
             crate::limit::Adjustment::Lift => {
                 return shared.store.reset(&charge, which, Forget::Penalty).await;
             }
-            crate::limit::Adjustment::Credit(units) => (units, 0, true),
-            crate::limit::Adjustment::Debit(units) => (0, units, false),
+            crate::limit::Adjustment::Credit(units) => (units, 0, Settled::Grant),
+            crate::limit::Adjustment::Debit(units) => (0, units, Settled::Reservation),
         };
         // A settlement of the chosen limits, each keyed as it is counted.
         let chosen: Vec<usize> = (0..limits.len())
@@ -88,8 +88,7 @@ impl Limiter {
                 at_ms: now,
                 reserved,
                 local: false,
-                grant,
-                refused: false,
+                kind,
             }),
             ..charge
         };

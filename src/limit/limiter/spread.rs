@@ -116,8 +116,7 @@ impl<B: Backend> Guarded<B> {
                     at_ms: decision.at_ms,
                     reserved: charge.cost,
                     local: false,
-                    grant: false,
-                    refused: true,
+                    kind: crate::limit::Settled::GiveBack,
                 }),
                 ..part.charge(charge)
             };

@@ -394,8 +394,7 @@ async fn a_remembered_denial_answers_without_asking_the_store_until_units_come_b
             at_ms: 0,
             reserved: 1,
             local: false,
-            grant: false,
-            refused: false,
+            kind: crate::limit::Settled::Reservation,
         }),
         ..request.charge()
     };

@@ -51,7 +51,7 @@ impl Held<'_> {
         Decision::combine_kinds((0..charge.keys.len()).map(|i| {
             let limit = &charge.limits[i];
             let e = self.entry(i, &charge.keys[i], limit);
-            if !limit.counts_requests || settle.refused {
+            if !limit.counts_requests || settle.kind == crate::limit::Settled::GiveBack {
                 settle_state(&mut e.states[0], limit, now, settle, charge.cost);
             }
             e.expires_at = e.states[0].expires_at(limit).max(e.remembered_until(0));

@@ -9,7 +9,7 @@ use redis::{Cmd, RedisWrite, ToRedisArgs, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::limit::{Decision, Limit, Settlement, StoreError};
+use crate::limit::{Decision, Limit, Settled, Settlement, StoreError};
 
 use super::code::FUNCTIONS_NO;
 use super::keys::Key;
@@ -272,8 +272,10 @@ impl Link {
             };
             match ask.settle {
                 None => command.arg(ask.cost),
-                Some(s) if s.grant => command.arg(format!("g {}", s.reserved)),
-                Some(s) if s.refused => command.arg(format!("r {} {}", s.at_ms, s.reserved)),
+                Some(s) if s.kind == Settled::Grant => command.arg(format!("g {}", s.reserved)),
+                Some(s) if s.kind == Settled::GiveBack => {
+                    command.arg(format!("r {} {}", s.at_ms, s.reserved))
+                }
                 Some(s) => command.arg(format!("{} {} {}", ask.cost, s.at_ms, s.reserved)),
             };
             command.arg(Spec(ask.limits));
@@ -320,8 +322,7 @@ mod tests {
                     at_ms: 1_700_000_000_000,
                     reserved: 7,
                     local: false,
-                    grant: false,
-                    refused: false,
+                    kind: crate::limit::Settled::Reservation,
                 }),
                 now: None,
             },

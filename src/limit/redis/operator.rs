@@ -30,8 +30,7 @@ impl RedisStore {
                 at_ms: 0,
                 reserved: 0,
                 local: false,
-                grant: false,
-                refused: false,
+                kind: crate::limit::Settled::Reservation,
             }),
             now: None,
         };
