@@ -1,7 +1,8 @@
 -- floodgate: shared helpers for the decision script.
 --
 -- The files in lua/ are joined into one script, in this order: prelude.lua,
--- one file per algorithm, decide.lua. Redis runs the whole script on every
+-- one file per algorithm (each followed by `loaders.<name> = <name>`),
+-- decide.lua. Redis runs the whole script on every
 -- call, so it is written to do little besides its redis.call()s: each
 -- algorithm file defines one loader function, and only the loaders of the
 -- algorithms a request uses run. A loader returns two functions:
@@ -44,6 +45,10 @@
 -- three whole numbers separated by spaces ("1700000000000 3"), read through
 -- load() and written through save(), at most once each per call, with
 -- SET … PX so value and TTL change in one command.
+
+-- Every algorithm's loader, by its name in configuration files: floodgate
+-- puts each algorithm file's line here after it (see src/limit/redis/code.rs).
+local loaders = {}
 
 -- The library functions the code uses, as locals: reaching a local costs
 -- Redis less than looking up a global on every use. A function library may

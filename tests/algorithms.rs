@@ -696,3 +696,39 @@ async fn a_grant_admits_as_many_more_in_lua_and_rust() {
         }
     }
 }
+
+/// What an algorithm that keeps its windows' totals exports, the same from
+/// both stores: the current window and, by the calendar, the closed one.
+#[tokio::test]
+async fn both_stores_export_the_same_window_totals() {
+    let redis = TestRedis::start().await;
+    for algorithm in ALL.into_iter().filter(|a| a.keeps_window_totals()) {
+        let mut limit = Limit::new(algorithm, 100, 60_000);
+        limit.bounds = Some([0, 60_000, 120_000, 180_000]);
+        let limits = [limit];
+        let both = Both::new(&redis, "kept");
+        both.decide(&limits, 3, 60_001).await;
+        both.decide(&limits, 4, 60_002).await;
+        both.decide(&limits, 2, 120_001).await;
+        let key =
+            |k: &floodgate::limit::Kept| (k.client.clone(), k.start, k.end, k.units, k.closed);
+        let mut lua: Vec<_> = both
+            .redis
+            .kept("r", 0, &limit, 120_002)
+            .await
+            .expect("redis kept")
+            .iter()
+            .map(key)
+            .collect();
+        let mut rust: Vec<_> = both
+            .memory
+            .kept("r", 0, None, &limit, 120_002)
+            .iter()
+            .map(key)
+            .collect();
+        lua.sort();
+        rust.sort();
+        assert_eq!(lua.len(), 2, "{algorithm:?}: {lua:?}");
+        assert_eq!(lua, rust, "{algorithm:?}");
+    }
+}

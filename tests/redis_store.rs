@@ -531,6 +531,15 @@ async fn redis_without_functions_decides_through_evalsha() {
     assert!(!decide(&early, "c", &limits, 1, t).await.allowed);
     let info = command_stats(&mut conn).await;
     assert_eq!(command_calls(&info, "evalsha"), 4 + 3, "{info}");
+    // Every algorithm is in the script, each under a limit of 3.
+    for algorithm in Algorithm::ALL {
+        let limits = [limit(algorithm, 3, 60_000)];
+        let client = format!("every-{}", algorithm.name());
+        for expected in [true, true, true, false] {
+            let decided = decide(&early, &client, &limits, 1, t).await;
+            assert_eq!(decided.allowed, expected, "{algorithm:?}");
+        }
+    }
     reset_command_stats(&mut conn).await;
 
     // A store that never loaded anything finds out on its first decision.

@@ -260,10 +260,9 @@ impl Validator<'_> {
 
     /// The limit's counts stay exact integers in every store.
     fn counts_exactly(&mut self, item: &Spanned<LimitModel>, limit: &Limit) -> Option<()> {
-        // The algorithms but the fixed window count in unit-milliseconds;
-        // Lua's numbers are exact integers only up to 2^53, so leave room
-        // below that.
-        if limit.algorithm != Algorithm::FixedWindow
+        // Most algorithms count in unit-milliseconds; Lua's numbers are
+        // exact integers only up to 2^53, so leave room below that.
+        if limit.algorithm.properties().bounded_by_unit_ms
             && limit.limit.max(limit.burst).saturating_mul(limit.window_ms) > MAX_UNIT_MS
         {
             self.problem(
@@ -396,7 +395,7 @@ impl Validator<'_> {
     /// store's arrival time, which is what holds a request's place).
     fn delay(&mut self, d: &Spanned<String>, limit: &Limit) -> Option<u64> {
         const MOST_MS: u64 = 60_000;
-        if limit.algorithm != Algorithm::Gcra {
+        if !limit.algorithm.properties().tells_arrival {
             self.problem(
                 d.span(),
                 format!(

@@ -5,6 +5,59 @@
 //! pure algorithms live in [`algorithms`]; [`memory`] runs them in process and
 //! [`redis`] runs their Lua twins atomically in Redis.
 
+/// Every counting algorithm, in one list: its [`Algorithm`] variant (with
+/// what it means) and its name, which is also its name in configuration
+/// files, its module in [`algorithms`] (its state for one client and how
+/// that state counts) and its script `lua/<name>.lua`. `each_algorithm!(m)`
+/// hands the list to the macro `m`: the [`Algorithm`] enum, the state of
+/// every algorithm with its dispatch, and the Lua code Redis runs are each
+/// made from it. A new algorithm is a line here, its two files, its docs
+/// and its tests.
+macro_rules! each_algorithm {
+    ($then:ident) => {
+        $then! {
+            /// At most `limit` in each window aligned to multiples of `window`.
+            FixedWindow = fixed_window,
+            /// At most `limit` in any trailing `window`, exactly.
+            SlidingLog = sliding_log,
+            /// The current window's count plus the previous window's,
+            /// weighted by how much of it the trailing window still overlaps.
+            SlidingWindow = sliding_window,
+            /// Refills `limit` tokens per `window` continuously, up to `burst`.
+            TokenBucket = token_bucket,
+            /// Generic cell rate: one unit per `window / limit`, bursts up to
+            /// `burst`.
+            Gcra = gcra,
+        }
+    };
+}
+pub(crate) use each_algorithm;
+
+/// The [`Algorithm`] enum, from [`each_algorithm`]'s list.
+macro_rules! algorithm_enum {
+    ($($(#[$doc:meta])* $variant:ident = $name:ident,)*) => {
+        /// A counting algorithm (see `CONFIG.md` for each one's meaning).
+        /// Each has a module of its own in [`algorithms`], beside its Lua
+        /// script, and says there what it is ([`Algorithm::properties`]: a
+        /// burst, leases, credits, the calendar).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Algorithm {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Algorithm {
+            /// Every algorithm.
+            pub const ALL: [Algorithm; [$(stringify!($name)),*].len()] =
+                [$(Algorithm::$variant),*];
+
+            /// Every algorithm with its name in configuration files.
+            pub const NAMES: [(&'static str, Algorithm); Self::ALL.len()] =
+                [$((stringify!($name), Algorithm::$variant)),*];
+        }
+    };
+}
+each_algorithm!(algorithm_enum);
+
 pub mod algorithms;
 pub mod backend;
 pub mod breaker;
@@ -28,44 +81,7 @@ use std::sync::Arc;
 
 use crate::client::ClientId;
 
-/// A counting algorithm (see `CONFIG.md` for each one's meaning). Each has
-/// a module of its own in [`algorithms`], beside its Lua script, and says
-/// there what it is ([`Algorithm::properties`]: a burst, leases, credits,
-/// the calendar).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// At most `limit` in each window aligned to multiples of `window`.
-    FixedWindow,
-    /// At most `limit` in any trailing `window`, exactly.
-    SlidingLog,
-    /// The current window's count plus the previous window's, weighted by
-    /// how much of it the trailing window still overlaps.
-    SlidingWindow,
-    /// Refills `limit` tokens per `window` continuously, up to `burst`.
-    TokenBucket,
-    /// Generic cell rate: one unit per `window / limit`, bursts up to `burst`.
-    Gcra,
-}
-
 impl Algorithm {
-    /// Every algorithm.
-    pub const ALL: [Algorithm; 5] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingWindow,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-    ];
-
-    /// Every algorithm with its name in configuration files.
-    pub const NAMES: [(&'static str, Algorithm); 5] = [
-        ("fixed_window", Algorithm::FixedWindow),
-        ("sliding_log", Algorithm::SlidingLog),
-        ("sliding_window", Algorithm::SlidingWindow),
-        ("token_bucket", Algorithm::TokenBucket),
-        ("gcra", Algorithm::Gcra),
-    ];
-
     /// The name used in configuration files.
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize].0

@@ -4,7 +4,7 @@
 //! operator granted), so it is the one algorithm whose windows' totals
 //! are worth keeping for export.
 
-use super::{Properties, State};
+use super::{Counter, Properties, WindowTotals};
 use crate::limit::{Limit, Verdict};
 
 /// A fixed window counts in windows with an end, units as they are.
@@ -14,10 +14,71 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: true,
     keeps_window_totals: true,
     follows_calendar: true,
+    bounded_by_unit_ms: false,
+    tells_arrival: false,
 };
 
+/// Units counted in the window that starts at `start`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Start of the counted window (a multiple of the window length).
+    start: u64,
+    /// Units consumed in it.
+    count: u64,
+    /// Units an operator granted in it beyond the limit.
+    extra: u64,
+    /// A window by the calendar: the counted window's end (0
+    /// otherwise), kept so its total can be exported once it closes.
+    end: u64,
+    /// A window by the calendar: the last window that counted anything
+    /// before the counted one, as `(start, end, units)`, kept until the
+    /// end of the window after it; `(0, 0, 0)` for none (what Redis
+    /// keeps at `<key>:closed:<start>`).
+    closed: (u64, u64, u64),
+}
+
+impl Counter for State {
+    fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        check(self.start, self.count, self.extra, limit, now, cost)
+    }
+
+    fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
+        write(self, limit, now, |count, extra| (count + cost, extra));
+    }
+
+    fn give_back(&mut self, limit: &Limit, (now, at): (u64, u64), _reserved: u64, back: u64) {
+        settle(self, limit, now, at, back);
+    }
+
+    fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
+        write(self, limit, now, |counted, granted| {
+            (counted, granted + units)
+        });
+    }
+
+    fn granted(&self, limit: &Limit, now: u64) -> u64 {
+        seen_at(self.start, self.count, self.extra, now, limit).3
+    }
+
+    fn expires_at(&self, limit: &Limit) -> u64 {
+        expires_at(self.start, limit)
+    }
+
+    fn window_totals(&self, limit: &Limit) -> Option<WindowTotals> {
+        let end = if self.end > 0 {
+            self.end
+        } else {
+            self.start + limit.window_ms
+        };
+        Some(WindowTotals {
+            counted: (self.start, end, self.count),
+            closed: self.closed,
+        })
+    }
+}
+
 /// Whether `cost` units fit at `now` in the window the state counts.
-pub(super) fn check(
+fn check(
     start: u64,
     count: u64,
     extra: u64,
@@ -41,18 +102,10 @@ pub(super) fn check(
     }
 }
 
-/// Takes `cost` units at `now`.
-pub(super) fn consume(state: &mut State, limit: &Limit, now: u64, cost: u64) {
-    write(state, limit, now, |count, extra| (count + cost, extra));
-}
-
 /// Gives back `back` units reserved at `at`, while the reservation's
 /// window is the current one.
-pub(super) fn settle(state: &mut State, limit: &Limit, now: u64, at: u64, back: u64) {
-    let State::FixedWindow { start, count, .. } = state else {
-        return;
-    };
-    let (window_start, ..) = seen_at(*start, *count, 0, now, limit);
+fn settle(state: &mut State, limit: &Limit, now: u64, at: u64, back: u64) {
+    let (window_start, ..) = seen_at(state.start, state.count, 0, now, limit);
     if window_start == limit.span(at).0 {
         write(state, limit, now, |counted, granted| {
             (counted - back.min(counted), granted)
@@ -60,23 +113,10 @@ pub(super) fn settle(state: &mut State, limit: &Limit, now: u64, at: u64, back: 
     }
 }
 
-/// An operator's grant: `units` more admitted in the current window,
-/// past the limit, until it ends.
-pub(super) fn grant(state: &mut State, limit: &Limit, now: u64, units: u64) {
-    write(state, limit, now, |counted, granted| {
-        (counted, granted + units)
-    });
-}
-
-/// The units granted in the window `now` falls in.
-pub(super) fn granted(start: u64, count: u64, extra: u64, limit: &Limit, now: u64) -> u64 {
-    seen_at(start, count, extra, now, limit).3
-}
-
 /// When a fixed window state starting at `start` stops mattering: its
 /// window's end, or for a window by the calendar, the end of the window
 /// after it (until then it is the previous window, kept for export).
-pub(super) fn expires_at(start: u64, limit: &Limit) -> u64 {
+fn expires_at(start: u64, limit: &Limit) -> u64 {
     let (window_start, len) = limit.span(start);
     let end = window_start + len;
     if limit.bounds.is_none() {
@@ -91,16 +131,13 @@ pub(super) fn expires_at(start: u64, limit: &Limit) -> u64 {
 /// window by the calendar keeps its end, and one this moves past that
 /// counted anything becomes the closed one.
 fn write(state: &mut State, limit: &Limit, now: u64, change: impl FnOnce(u64, u64) -> (u64, u64)) {
-    let State::FixedWindow {
+    let State {
         start,
         count,
         extra,
         end,
         closed,
-    } = state
-    else {
-        return;
-    };
+    } = state;
     let (window_start, counted, len, granted) = seen_at(*start, *count, *extra, now, limit);
     let calendar = limit.bounds.is_some();
     if window_start != *start && calendar && *count > 0 {

@@ -14,7 +14,7 @@
 //! delay=d` is `limit = r`, `window = "1s"`, `burst = d + 1`, and a delay
 //! of `(b − d) / r` seconds.
 
-use super::Properties;
+use super::{Counter, Properties, bucket_gives_back};
 use crate::limit::{Limit, Verdict};
 
 /// GCRA lets units through at a steady rate up to its burst: no window end.
@@ -24,7 +24,38 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: true,
     keeps_window_totals: false,
     follows_calendar: false,
+    bounded_by_unit_ms: true,
+    tells_arrival: true,
 };
+
+/// Theoretical arrival time, as whole milliseconds plus a fraction in
+/// 1/`limit` ms, so an emission interval of `window/limit` ms is exact.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Whole milliseconds of the theoretical arrival time.
+    tat_ms: u64,
+    /// Extra `1/limit` ms (always below `limit`).
+    tat_frac: u64,
+}
+
+impl Counter for State {
+    fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        check(self.tat_ms, self.tat_frac, limit, now, cost)
+    }
+
+    fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
+        consume(&mut self.tat_ms, &mut self.tat_frac, limit, now, cost);
+    }
+
+    fn give_back(&mut self, limit: &Limit, (now, at): (u64, u64), reserved: u64, back: u64) {
+        let give = bucket_gives_back(limit, (now, at), reserved, back);
+        settle(&mut self.tat_ms, &mut self.tat_frac, limit, now, give);
+    }
+
+    fn expires_at(&self, _limit: &Limit) -> u64 {
+        expires_at(self.tat_ms, self.tat_frac)
+    }
+}
 
 /// Whether `cost` units fit under the tolerance at `now`.
 pub(super) fn check(tat_ms: u64, tat_frac: u64, limit: &Limit, now: u64, cost: u64) -> Verdict {

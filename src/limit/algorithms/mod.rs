@@ -8,20 +8,17 @@
 //! scripts in `lua/` follow the same steps and are tested against this code.
 //!
 //! Each algorithm has a module of its own beside its script (`lua/<name>.lua`):
-//! its check, consume, settle and expiry, and its [`Properties`], what the
-//! rest of floodgate asks of it. This module holds what they share: the
-//! [`State`] of every algorithm, and the dispatch from it to each one.
-
-use std::collections::VecDeque;
+//! its state for one client, how that state counts (a [`Counter`]: check,
+//! consume, settle, grant, expiry, kept totals) and its [`Properties`],
+//! what the rest of floodgate asks of it. This module makes [`State`], the
+//! state of any algorithm, and its dispatch to each one, from the one list
+//! of algorithms (`each_algorithm!` in [`crate::limit`]).
 
 use super::{Algorithm, Limit, Verdict};
 
-mod fixed_window;
-mod gcra;
 mod settle;
-mod sliding_log;
-mod sliding_window;
-mod token_bucket;
+
+use settle::bucket_gives_back;
 
 /// What an algorithm is, as the rest of floodgate asks it: how it counts,
 /// and so what may be done with its counts. Each algorithm's module gives
@@ -40,25 +37,23 @@ pub struct Properties {
     /// [`super::Adjustment::Credit`]).
     pub can_be_credited: bool,
     /// Keeps each window's total until the window after it ends, so closed
-    /// windows can be exported ([`super::Kept`]).
+    /// windows can be exported ([`super::Kept`], [`Counter::window_totals`]).
     pub keeps_window_totals: bool,
     /// Can count in windows by the calendar (`window = "month"`; see
     /// [`super::calendar`]).
     pub follows_calendar: bool,
+    /// Its limit (or burst) × window is held below 2^50 when configured:
+    /// it counts in unit-milliseconds (weights, scaled tokens, arrival
+    /// times), which stay exact in Lua's numbers only below 2^53, or keeps
+    /// an entry per unit (the sliding log). The fixed window counts whole
+    /// units in one number and is not held to it.
+    pub bounded_by_unit_ms: bool,
+    /// Tells when a request that does not fit now would (a theoretical
+    /// arrival time): it can hold a request until then (`delay`).
+    pub tells_arrival: bool,
 }
 
 impl Algorithm {
-    /// What this algorithm is: its module's answers.
-    pub const fn properties(self) -> &'static Properties {
-        match self {
-            Algorithm::FixedWindow => &fixed_window::PROPERTIES,
-            Algorithm::SlidingLog => &sliding_log::PROPERTIES,
-            Algorithm::SlidingWindow => &sliding_window::PROPERTIES,
-            Algorithm::TokenBucket => &token_bucket::PROPERTIES,
-            Algorithm::Gcra => &gcra::PROPERTIES,
-        }
-    }
-
     /// Refills continuously up to a burst (see [`Properties::has_burst`]).
     pub const fn has_burst(self) -> bool {
         self.properties().has_burst
@@ -85,165 +80,171 @@ impl Algorithm {
     }
 }
 
-/// One limit's counting state for one client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    /// Units counted in the window that starts at `start`.
-    FixedWindow {
-        /// Start of the counted window (a multiple of the window length).
-        start: u64,
-        /// Units consumed in it.
-        count: u64,
-        /// Units an operator granted in it beyond the limit.
-        extra: u64,
-        /// A window by the calendar: the counted window's end (0
-        /// otherwise), kept so its total can be exported once it closes.
-        end: u64,
-        /// A window by the calendar: the last window that counted anything
-        /// before the counted one, as `(start, end, units)`, kept until the
-        /// end of the window after it; `(0, 0, 0)` for none (what Redis
-        /// keeps at `<key>:closed:<start>`).
-        closed: (u64, u64, u64),
-    },
-    /// Admitted requests still inside the trailing window, oldest first.
-    SlidingLog {
-        /// `(time admitted, units)` per admitted request.
-        entries: VecDeque<(u64, u64)>,
-        /// Sum of the units in `entries`.
-        total: u64,
-    },
-    /// Counts of the current and the previous aligned window.
-    SlidingWindow {
-        /// Start of the current window.
-        start: u64,
-        /// Units in the current window.
-        current: u64,
-        /// Units in the window before it.
-        previous: u64,
-    },
-    /// Tokens, in units of one token = `window_ms` (so refilling `limit`
-    /// tokens per window adds exactly `limit` per millisecond: integers only).
-    TokenBucket {
-        /// Scaled tokens at `last`.
-        tokens: u64,
-        /// When `tokens` was computed (ms); `None` for a full, untouched bucket.
-        last: Option<u64>,
-    },
-    /// Theoretical arrival time, as whole milliseconds plus a fraction in
-    /// 1/`limit` ms, so an emission interval of `window/limit` ms is exact.
-    Gcra {
-        /// Whole milliseconds of the theoretical arrival time.
-        tat_ms: u64,
-        /// Extra `1/limit` ms (always below `limit`).
-        tat_frac: u64,
-    },
-}
+/// How one algorithm's state for one client counts: what each
+/// algorithm's module gives for its state. What has a default holds for
+/// most algorithms; a module says otherwise where its algorithm differs.
+pub trait Counter: Default {
+    /// Whether `cost` units fit at `now`, and the verdict if they are
+    /// taken (see [`State::check`]).
+    fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict;
 
-impl State {
-    /// Fresh state: nothing consumed.
-    pub fn new(algorithm: Algorithm) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow => Self::FixedWindow {
-                start: 0,
-                count: 0,
-                extra: 0,
-                end: 0,
-                closed: (0, 0, 0),
-            },
-            Algorithm::SlidingLog => Self::SlidingLog {
-                entries: VecDeque::new(),
-                total: 0,
-            },
-            Algorithm::SlidingWindow => Self::SlidingWindow {
-                start: 0,
-                current: 0,
-                previous: 0,
-            },
-            Algorithm::TokenBucket => Self::TokenBucket {
-                tokens: 0,
-                last: None,
-            },
-            Algorithm::Gcra => Self::Gcra {
-                tat_ms: 0,
-                tat_frac: 0,
-            },
+    /// Takes `cost` units at `now` (see [`State::consume`]).
+    fn consume(&mut self, limit: &Limit, now: u64, cost: u64);
+
+    /// Gives back `back` of the `reserved` units taken at `at`, at `now`,
+    /// where they still count (see [`State::settle`]).
+    fn give_back(&mut self, limit: &Limit, now_at: (u64, u64), reserved: u64, back: u64);
+
+    /// Takes `units` at `now` whether or not they fit: units an answer
+    /// reported beyond its reservation. By default they are consumed.
+    fn charge_over(&mut self, limit: &Limit, now: u64, units: u64) {
+        self.consume(limit, now, units);
+    }
+
+    /// An operator's grant of `units` at `now`. By default, what a
+    /// reservation of `units` taken now and settled to nothing would give
+    /// back.
+    fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
+        if units > 0 {
+            self.give_back(limit, (now, now), units, units);
         }
     }
 
-    /// Whether `cost` units fit at `now`, and the verdict if they are taken.
-    ///
-    /// Time never runs backwards inside a state: a `now` before the
-    /// window a window state counts in (the clock stepped back) is read as
-    /// that window's start, and the others already decide at the later of
-    /// `now` and the latest time they hold, or grow only stricter when
-    /// `now` is earlier (see `lua/prelude.lua`).
-    pub fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
-        match self {
-            Self::FixedWindow {
-                start,
-                count,
-                extra,
-                ..
-            } => fixed_window::check(*start, *count, *extra, limit, now, cost),
-            Self::SlidingLog { entries, total } => {
-                sliding_log::check(entries, total, limit, now, cost)
-            }
-            Self::SlidingWindow {
-                start,
-                current,
-                previous,
-            } => sliding_window::check((*start, *current, *previous), limit, now, cost),
-            Self::TokenBucket { tokens, last } => {
-                token_bucket::check(*tokens, *last, limit, now, cost)
-            }
-            Self::Gcra { tat_ms, tat_frac } => gcra::check(*tat_ms, *tat_frac, limit, now, cost),
-        }
-    }
-
-    /// Takes `cost` units at `now`; call only after [`State::check`] allowed
-    /// at the same `now`.
-    pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
-        match self {
-            Self::FixedWindow { .. } => fixed_window::consume(self, limit, now, cost),
-            Self::SlidingWindow {
-                start,
-                current,
-                previous,
-            } => sliding_window::consume((start, current, previous), limit, now, cost),
-            Self::TokenBucket { tokens, last } => {
-                token_bucket::consume(tokens, last, limit, now, cost);
-            }
-            Self::Gcra { tat_ms, tat_frac } => gcra::consume(tat_ms, tat_frac, limit, now, cost),
-            Self::SlidingLog { entries, total } => sliding_log::consume(entries, total, now, cost),
-        }
-    }
-
-    /// Units an operator granted past the limit still in force at `now`:
-    /// a fixed window's, while its window is current; the others take a
-    /// credit as units given back, so hold none apart.
-    pub fn granted(&self, limit: &Limit, now: u64) -> u64 {
-        match self {
-            Self::FixedWindow {
-                start,
-                count,
-                extra,
-                ..
-            } => fixed_window::granted(*start, *count, *extra, limit, now),
-            _ => 0,
-        }
+    /// Units an operator granted past the limit still in force at `now`.
+    /// By default none: a credit comes back as units given back.
+    fn granted(&self, _limit: &Limit, _now: u64) -> u64 {
+        0
     }
 
     /// When this state holds nothing that matters any more.
-    pub fn expires_at(&self, limit: &Limit) -> u64 {
-        match self {
-            Self::FixedWindow { start, .. } => fixed_window::expires_at(*start, limit),
-            Self::SlidingLog { entries, .. } => sliding_log::expires_at(entries, limit),
-            Self::SlidingWindow { start, .. } => sliding_window::expires_at(*start, limit),
-            Self::TokenBucket { tokens, last } => token_bucket::expires_at(*tokens, *last, limit),
-            Self::Gcra { tat_ms, tat_frac } => gcra::expires_at(*tat_ms, *tat_frac),
-        }
+    fn expires_at(&self, limit: &Limit) -> u64;
+
+    /// The windows' totals kept for export, for an algorithm that keeps
+    /// them ([`Properties::keeps_window_totals`]); by default none.
+    fn window_totals(&self, _limit: &Limit) -> Option<WindowTotals> {
+        None
     }
 }
+
+/// What a state that keeps its windows' totals holds, each as `(start,
+/// end, units)`: the window it counts, and the last closed one that
+/// counted anything (`(0, 0, 0)` for none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowTotals {
+    /// The counted window.
+    pub counted: (u64, u64, u64),
+    /// The last closed window.
+    pub closed: (u64, u64, u64),
+}
+
+/// [`State`], its algorithm's modules, and the dispatch from one to the
+/// other, from the list of algorithms.
+macro_rules! states {
+    ($($(#[$doc:meta])* $variant:ident = $name:ident,)*) => {
+        $(mod $name;)*
+
+        impl Algorithm {
+            /// What this algorithm is: its module's answers.
+            pub const fn properties(self) -> &'static Properties {
+                match self {
+                    $(Algorithm::$variant => &$name::PROPERTIES,)*
+                }
+            }
+        }
+
+        /// One limit's counting state for one client: its algorithm's own.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum State {
+            $($(#[$doc])* $variant($name::State),)*
+        }
+
+        impl State {
+            /// Fresh state: nothing consumed.
+            pub fn new(algorithm: Algorithm) -> Self {
+                match algorithm {
+                    $(Algorithm::$variant => Self::$variant(Default::default()),)*
+                }
+            }
+
+            /// Whether `cost` units fit at `now`, and the verdict if they
+            /// are taken.
+            ///
+            /// Time never runs backwards inside a state: a `now` before
+            /// the window a window state counts in (the clock stepped
+            /// back) is read as that window's start, and the others
+            /// already decide at the later of `now` and the latest time
+            /// they hold, or grow only stricter when `now` is earlier (see
+            /// `lua/prelude.lua`).
+            pub fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+                match self {
+                    $(Self::$variant(s) => s.check(limit, now, cost),)*
+                }
+            }
+
+            /// Takes `cost` units at `now`; call only after
+            /// [`State::check`] allowed at the same `now`.
+            pub fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
+                match self {
+                    $(Self::$variant(s) => s.consume(limit, now, cost),)*
+                }
+            }
+
+            /// Gives back `back` of `reserved` units taken at `at` (see
+            /// [`State::settle`]).
+            fn give_back(&mut self, limit: &Limit, now_at: (u64, u64), reserved: u64, back: u64) {
+                match self {
+                    $(Self::$variant(s) => s.give_back(limit, now_at, reserved, back),)*
+                }
+            }
+
+            /// Takes `units` at `now` whether or not they fit (see
+            /// [`Counter::charge_over`]).
+            fn charge_over(&mut self, limit: &Limit, now: u64, units: u64) {
+                match self {
+                    $(Self::$variant(s) => s.charge_over(limit, now, units),)*
+                }
+            }
+
+            /// An operator's grant of `units` at `now`: a fixed window
+            /// admits that many more in its current window, past its
+            /// number, until the window ends; the other algorithms get
+            /// back what a reservation of `units` taken now and settled to
+            /// nothing would give back.
+            pub fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
+                match self {
+                    $(Self::$variant(s) => s.grant(limit, now, units),)*
+                }
+            }
+
+            /// Units an operator granted past the limit still in force at
+            /// `now`: a fixed window's, while its window is current; the
+            /// others take a credit as units given back, so hold none
+            /// apart.
+            pub fn granted(&self, limit: &Limit, now: u64) -> u64 {
+                match self {
+                    $(Self::$variant(s) => s.granted(limit, now),)*
+                }
+            }
+
+            /// When this state holds nothing that matters any more.
+            pub fn expires_at(&self, limit: &Limit) -> u64 {
+                match self {
+                    $(Self::$variant(s) => s.expires_at(limit),)*
+                }
+            }
+
+            /// The windows' totals it keeps for export, if its algorithm
+            /// keeps them.
+            pub fn window_totals(&self, limit: &Limit) -> Option<WindowTotals> {
+                match self {
+                    $(Self::$variant(s) => s.window_totals(limit),)*
+                }
+            }
+        }
+    };
+}
+
+super::each_algorithm!(states);
 
 #[cfg(test)]
 pub(super) mod tests {
@@ -416,8 +417,8 @@ pub(super) mod tests {
     /// What each algorithm says it is, pinned: the buckets refill up to a
     /// burst; every algorithm but the sliding log can be leased and
     /// credited; only the fixed window keeps its windows' totals and
-    /// follows the calendar; the fixed window and the sliding log count
-    /// whole units.
+    /// follows the calendar; every algorithm but the fixed window is held
+    /// to limit × window below 2^50; only GCRA tells an arrival time.
     #[test]
     fn each_algorithm_says_what_it_is() {
         use Algorithm::{FixedWindow, Gcra, SlidingLog, TokenBucket};
@@ -428,6 +429,8 @@ pub(super) mod tests {
             assert_eq!(p.can_be_credited, a != SlidingLog, "{a:?}");
             assert_eq!(p.keeps_window_totals, a == FixedWindow, "{a:?}");
             assert_eq!(p.follows_calendar, a == FixedWindow, "{a:?}");
+            assert_eq!(p.bounded_by_unit_ms, a != FixedWindow, "{a:?}");
+            assert_eq!(p.tells_arrival, a == Gcra, "{a:?}");
         }
     }
 

@@ -3,7 +3,7 @@
 //! `lua/*.lua`'s `settle` functions are the twins, held equal by the
 //! property tests.
 
-use super::{State, fixed_window, gcra, sliding_log, sliding_window, token_bucket};
+use super::State;
 use crate::limit::Limit;
 
 impl State {
@@ -29,55 +29,20 @@ impl State {
             return self.charge_over(limit, now, used - reserved);
         }
         let back = reserved - used;
-        if back == 0 {
-            return;
+        if back > 0 {
+            self.give_back(limit, (now, at), reserved, back);
         }
-        match self {
-            Self::FixedWindow { .. } => fixed_window::settle(self, limit, now, at, back),
-            Self::SlidingWindow {
-                start,
-                current,
-                previous,
-            } => sliding_window::settle((start, current, previous), limit, (now, at), back),
-            Self::SlidingLog { entries, total } => {
-                sliding_log::settle(entries, total, limit, (now, at), back);
-            }
-            Self::TokenBucket { tokens, last } => {
-                let give = bucket_gives_back(limit, now, at, reserved, back);
-                token_bucket::settle(tokens, last, limit, now, give);
-            }
-            Self::Gcra { tat_ms, tat_frac } => {
-                let give = bucket_gives_back(limit, now, at, reserved, back);
-                gcra::settle(tat_ms, tat_frac, limit, now, give);
-            }
-        }
-    }
-
-    /// An operator's grant of `units` at `now`: a fixed window admits that
-    /// many more in its current window, past its number, until the window
-    /// ends; the other algorithms get back what a reservation of `units`
-    /// taken now and settled to nothing would give back.
-    pub fn grant(&mut self, limit: &Limit, now: u64, units: u64) {
-        match self {
-            Self::FixedWindow { .. } => fixed_window::grant(self, limit, now, units),
-            _ => self.settle(limit, now, now, units, 0),
-        }
-    }
-
-    /// Takes `units` at `now` whether or not they fit: units an answer
-    /// reported beyond its reservation. A bucket that runs dry owes the
-    /// rest (see [`token_bucket::charge_over`]).
-    fn charge_over(&mut self, limit: &Limit, now: u64, units: u64) {
-        let Self::TokenBucket { tokens, last } = self else {
-            return self.consume(limit, now, units);
-        };
-        token_bucket::charge_over(tokens, last, limit, now, units);
     }
 }
 
 /// What a bucket may give back of `back` units reserved at `at`, scaled
 /// (units × window): see [`State::settle`].
-fn bucket_gives_back(limit: &Limit, now: u64, at: u64, reserved: u64, back: u64) -> u64 {
+pub(super) fn bucket_gives_back(
+    limit: &Limit,
+    (now, at): (u64, u64),
+    reserved: u64,
+    back: u64,
+) -> u64 {
     let w = limit.window_ms;
     (back * w).min((reserved * w).saturating_sub(now.saturating_sub(at) * limit.limit))
 }

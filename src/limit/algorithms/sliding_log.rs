@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::Properties;
+use super::{Counter, Properties};
 use crate::limit::{Limit, Verdict};
 
 /// A sliding log keeps each unit at the time it was admitted: units taken
@@ -17,7 +17,36 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: false,
     keeps_window_totals: false,
     follows_calendar: false,
+    bounded_by_unit_ms: true,
+    tells_arrival: false,
 };
+
+/// Admitted requests still inside the trailing window, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// `(time admitted, units)` per admitted request.
+    entries: VecDeque<(u64, u64)>,
+    /// Sum of the units in `entries`.
+    total: u64,
+}
+
+impl Counter for State {
+    fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        check(&mut self.entries, &mut self.total, limit, now, cost)
+    }
+
+    fn consume(&mut self, _limit: &Limit, now: u64, cost: u64) {
+        consume(&mut self.entries, &mut self.total, now, cost);
+    }
+
+    fn give_back(&mut self, limit: &Limit, (now, at): (u64, u64), _reserved: u64, back: u64) {
+        settle(&mut self.entries, &mut self.total, limit, (now, at), back);
+    }
+
+    fn expires_at(&self, limit: &Limit) -> u64 {
+        expires_at(&self.entries, limit)
+    }
+}
 
 /// Whether `cost` units fit at `now` in the trailing window; forgets the
 /// entries that left it.

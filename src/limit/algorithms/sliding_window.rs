@@ -4,7 +4,7 @@
 //! `previous × (window − elapsed) / window + current + cost ≤ limit`,
 //! compared in whole unit-milliseconds so no rounding admits extra units.
 
-use super::Properties;
+use super::{Counter, Properties};
 use crate::limit::{Limit, Verdict};
 
 /// A sliding window counts in aligned windows and weighs them in
@@ -15,7 +15,40 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: true,
     keeps_window_totals: false,
     follows_calendar: false,
+    bounded_by_unit_ms: true,
+    tells_arrival: false,
 };
+
+/// Counts of the current and the previous aligned window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Start of the current window.
+    start: u64,
+    /// Units in the current window.
+    current: u64,
+    /// Units in the window before it.
+    previous: u64,
+}
+
+impl Counter for State {
+    fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        check((self.start, self.current, self.previous), limit, now, cost)
+    }
+
+    fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
+        let counts = (&mut self.start, &mut self.current, &mut self.previous);
+        consume(counts, limit, now, cost);
+    }
+
+    fn give_back(&mut self, limit: &Limit, (now, at): (u64, u64), _reserved: u64, back: u64) {
+        let counts = (&mut self.start, &mut self.current, &mut self.previous);
+        settle(counts, limit, (now, at), back);
+    }
+
+    fn expires_at(&self, limit: &Limit) -> u64 {
+        expires_at(self.start, limit)
+    }
+}
 
 /// Whether `cost` units fit at `now` beside the current and the previous
 /// window's counts.

@@ -3,7 +3,7 @@
 //! one token = `window_ms`, so refilling `limit` tokens per window adds
 //! exactly `limit` per millisecond: integers only.
 
-use super::Properties;
+use super::{Counter, Properties, bucket_gives_back};
 use crate::limit::{Limit, Verdict};
 
 /// A token bucket refills continuously up to its burst: no window end.
@@ -13,7 +13,42 @@ pub(super) const PROPERTIES: Properties = Properties {
     can_be_credited: true,
     keeps_window_totals: false,
     follows_calendar: false,
+    bounded_by_unit_ms: true,
+    tells_arrival: false,
 };
+
+/// Tokens, in units of one token = `window_ms` (so refilling `limit`
+/// tokens per window adds exactly `limit` per millisecond: integers only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Scaled tokens at `last`.
+    tokens: u64,
+    /// When `tokens` was computed (ms); `None` for a full, untouched bucket.
+    last: Option<u64>,
+}
+
+impl Counter for State {
+    fn check(&mut self, limit: &Limit, now: u64, cost: u64) -> Verdict {
+        check(self.tokens, self.last, limit, now, cost)
+    }
+
+    fn consume(&mut self, limit: &Limit, now: u64, cost: u64) {
+        consume(&mut self.tokens, &mut self.last, limit, now, cost);
+    }
+
+    fn give_back(&mut self, limit: &Limit, (now, at): (u64, u64), reserved: u64, back: u64) {
+        let give = bucket_gives_back(limit, (now, at), reserved, back);
+        settle(&mut self.tokens, &mut self.last, limit, now, give);
+    }
+
+    fn charge_over(&mut self, limit: &Limit, now: u64, units: u64) {
+        charge_over(&mut self.tokens, &mut self.last, limit, now, units);
+    }
+
+    fn expires_at(&self, limit: &Limit) -> u64 {
+        expires_at(self.tokens, self.last, limit)
+    }
+}
 
 /// Whether `cost` tokens are in the bucket at `now`.
 pub(super) fn check(tokens: u64, last: Option<u64>, limit: &Limit, now: u64, cost: u64) -> Verdict {

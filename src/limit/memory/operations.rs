@@ -67,33 +67,22 @@ impl MemoryStore {
         let id_key = crate::limit::redis::IdKey::new(None);
         let mut out = Vec::new();
         let mut add = |client: &crate::client::ClientId, state: Option<&State>| {
-            let Some(State::FixedWindow {
-                start,
-                count,
-                end,
-                closed,
-                ..
-            }) = state
-            else {
+            let Some(totals) = state.and_then(|s| s.window_totals(limit)) else {
                 return;
             };
             let mut id = String::new();
             crate::limit::redis::write_client(&mut id, client, &id_key);
-            let end = if *end > 0 {
-                *end
-            } else {
-                start + limit.window_ms
-            };
-            if *count > 0 {
+            let (start, end, count) = totals.counted;
+            if count > 0 {
                 out.push(crate::limit::Kept {
                     client: id.clone(),
-                    start: *start,
+                    start,
                     end,
-                    units: *count,
+                    units: count,
                     closed: end <= now,
                 });
             }
-            let (s, e, units) = *closed;
+            let (s, e, units) = totals.closed;
             if units > 0 && e > 0 {
                 out.push(crate::limit::Kept {
                     client: id,

@@ -11,18 +11,37 @@ use super::Link;
 use super::connections::Conn;
 
 /// The decision code shared by the script and the function library:
-/// prelude, one file per algorithm, then `decide`.
-macro_rules! decision_code {
-    () => {
+/// prelude, one file per algorithm (each followed by the line that puts
+/// it among the `loaders`), then `decide`; the algorithms from the one
+/// list of them (`each_algorithm!`).
+macro_rules! lua_code {
+    ($($(#[$doc:meta])* $variant:ident = $name:ident,)*) => {
         concat!(
             include_str!("../../../lua/prelude.lua"),
-            include_str!("../../../lua/fixed_window.lua"),
-            include_str!("../../../lua/sliding_log.lua"),
-            include_str!("../../../lua/sliding_window.lua"),
-            include_str!("../../../lua/token_bucket.lua"),
-            include_str!("../../../lua/gcra.lua"),
+            $(
+                include_str!(concat!("../../../lua/", stringify!($name), ".lua")),
+                "loaders.", stringify!($name), " = ", stringify!($name), "\n",
+            )*
             include_str!("../../../lua/decide.lua"),
         )
+    };
+}
+
+/// The function library's loading of every algorithm, once, when Redis
+/// loads the library (`loaded`, see decide.lua), from the list of
+/// algorithms: Redis lets no global (not even `pairs`) be read then.
+macro_rules! library_loads {
+    ($($(#[$doc:meta])* $variant:ident = $name:ident,)*) => {
+        concat!(
+            "loaded = {}\n",
+            $("loaded.", stringify!($name), " = {", stringify!($name), "()}\n",)*
+        )
+    };
+}
+
+macro_rules! decision_code {
+    () => {
+        crate::limit::each_algorithm!(lua_code)
     };
 }
 
@@ -31,8 +50,11 @@ pub const SCRIPT: &str = concat!(decision_code!(), include_str!("../../../lua/sc
 
 /// The decision as a function library, for `FCALL` (Redis 7 and later),
 /// without its first line and `FUNCTION_NAME` (see [`Library`]).
-pub(super) const LIBRARY_BODY: &str =
-    concat!(decision_code!(), include_str!("../../../lua/library.lua"));
+pub(super) const LIBRARY_BODY: &str = concat!(
+    decision_code!(),
+    crate::limit::each_algorithm!(library_loads),
+    include_str!("../../../lua/library.lua")
+);
 
 /// The function library as Redis is given it, named after a hash of its
 /// code so that floodgate versions sharing a Redis never replace each
