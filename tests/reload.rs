@@ -233,37 +233,11 @@ async fn sighup_reloads_the_real_binary() {
 /// against a registry the keys file `keys.toml` fills, beside `dir`'s
 /// configuration, on the memory store.
 fn tables_and_keys(dir: &std::path::Path, port: u16, admin: u16) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:{port}"
-admin_listen = "127.0.0.1:{admin}"
-
-[keys]
-state_file = "{state}"
-file = "keys.toml"
-
-[[routes]]
-name = "api"
-api_key = {{ from = "bearer" }}
-respond = {{ status = 200, body = "ok" }}
-client = {{ from = "header", name = "X-Customer" }}
-limits = [{{ algorithm = "fixed_window", limit = 1000000, window = "1h" }}]
-plans = ["free", "pro"]
-
-[plan_selection]
-by = {{ from = "header", name = "X-Customer" }}
-table = "plans.txt"
-default = "free"
-
-[plans.free]
-limits = [{{ algorithm = "fixed_window", limit = 900000, window = "1h" }}]
-
-[plans.pro]
-limits = [{{ algorithm = "fixed_window", limit = 800000, window = "1h" }}]
-"#,
-        state = dir.join("keys.json").display()
-    )
+    let keys = format!(
+        "[keys]\nstate_file = \"{}\"\nfile = \"keys.toml\"\n",
+        dir.join("keys.json").display()
+    );
+    plans_from_a_table(port, admin, &keys, "api_key = { from = \"bearer\" }")
 }
 
 /// A keys file listing `key` (by its SHA-256) for cust_42 on plan pro.
@@ -430,20 +404,23 @@ async fn a_refused_plan_table_or_keys_file_is_a_failed_reload_until_fixed() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A route whose plans come from `plans.txt` beside `dir`'s
-/// configuration (pro: 20 an hour, free: 10), with `extra` added.
-fn plans_from_a_table(port: u16, admin: u16, extra: &str) -> String {
+/// A route whose plans come from `plans.txt` beside the configuration
+/// (free: 900 000 an hour, pro: 800 000, so each is told by its `q`),
+/// with `server_extra` after `[server]` and `route_extra` in the route.
+fn plans_from_a_table(port: u16, admin: u16, server_extra: &str, route_extra: &str) -> String {
     format!(
         r#"
 [server]
 listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{admin}"
-{extra}
+
+{server_extra}
 [[routes]]
 name = "api"
+{route_extra}
 respond = {{ status = 200, body = "ok" }}
 client = {{ from = "header", name = "X-Customer" }}
-limits = [{{ algorithm = "fixed_window", limit = 1000, window = "1h" }}]
+limits = [{{ algorithm = "fixed_window", limit = 1000000, window = "1h" }}]
 plans = ["free", "pro"]
 
 [plan_selection]
@@ -452,10 +429,10 @@ table = "plans.txt"
 default = "free"
 
 [plans.free]
-limits = [{{ algorithm = "fixed_window", limit = 10, window = "1h" }}]
+limits = [{{ algorithm = "fixed_window", limit = 900000, window = "1h" }}]
 
 [plans.pro]
-limits = [{{ algorithm = "fixed_window", limit = 20, window = "1h" }}]
+limits = [{{ algorithm = "fixed_window", limit = 800000, window = "1h" }}]
 "#
     )
 }
@@ -485,25 +462,25 @@ async fn the_plan_table_in_force_follows_its_file_after_a_refused_reload() {
     let table = dir.join("plans.txt");
     std::fs::write(&table, "c1 pro\n").expect("write the table");
     let config = dir.join("floodgate.toml");
-    std::fs::write(&config, plans_from_a_table(port, admin, "")).expect("write config");
+    std::fs::write(&config, plans_from_a_table(port, admin, "", "")).expect("write config");
     let process = FloodgateProcess::spawn(&config, port).await;
     let url = process.url("/");
-    until_plan_quota(&url, "q=20").await;
+    until_plan_quota(&url, "q=800000").await;
 
     // A configuration that loads but is refused when applied (the key
     // registry starts only with floodgate): the rules in force stay, and
     // so must the table they read their plans from.
     let state = dir.join("keys.json");
     let with_keys = format!("[keys]\nstate_file = \"{}\"\n", state.display());
-    std::fs::write(&config, plans_from_a_table(port, admin, &with_keys)).expect("write config");
+    std::fs::write(&config, plans_from_a_table(port, admin, &with_keys, "")).expect("write config");
     let problem = until_standing(admin, 0, "[keys] was added").await;
     assert!(problem.contains("restart"), "{problem}");
 
     // The table's file changes: the table in force follows it.
     std::fs::write(&table, "c1 free\n").expect("rewrite the table");
-    until_plan_quota(&url, "q=10").await;
+    until_plan_quota(&url, "q=900000").await;
     std::fs::write(&table, "c1 pro\n").expect("rewrite the table again");
-    until_plan_quota(&url, "q=20").await;
+    until_plan_quota(&url, "q=800000").await;
     drop(process);
     let _ = std::fs::remove_dir_all(dir);
 }
