@@ -64,6 +64,8 @@ use upstreams::{Defaults, UpstreamModel};
 pub use crate::limit::settings::{
     DEFAULT_MAX_CLIENT_ENTRIES, Endpoint, OnError, RedisSettings, Store, Tls,
 };
+/// A client → plan table as the configuration reads it.
+pub use crate::routes::PlanTable;
 pub use durations::{parse_duration, parse_size};
 pub use keys_file::{load_keys_file, parse_keys_file};
 use limits::LimitModel;

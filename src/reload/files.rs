@@ -28,7 +28,7 @@ pub(super) enum FileRead {
     /// The plan table read anew (for the gate to put in force when the
     /// rules in force read their plans from this file), or why the file
     /// was refused.
-    PlanTable(PathBuf, Result<crate::routes::PlanTable, String>),
+    PlanTable(PathBuf, Result<config::PlanTable, String>),
     /// The keys file as it lists its keys now, or why it was refused.
     Keys(Result<Arc<KeysFile>, String>),
 }
