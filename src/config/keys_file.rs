@@ -23,7 +23,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::problems::line_column;
+use super::problems::Lines;
 use super::{LoadError, Problem};
 use crate::keys::manage::{Spec, check_attributes, check_identity};
 use crate::keys::{KeysFile, Listed};
@@ -64,7 +64,7 @@ pub fn load_keys_file(path: &Path, plans: &[Arc<str>]) -> Result<KeysFile, LoadE
 pub fn parse_keys_file(path: &Path, text: &str, plans: &[Arc<str>]) -> Result<KeysFile, LoadError> {
     let mut file = Reading {
         path,
-        text,
+        lines: Lines::new(text),
         plans,
         problems: Vec::new(),
     };
@@ -87,7 +87,7 @@ pub fn parse_keys_file(path: &Path, text: &str, plans: &[Arc<str>]) -> Result<Ke
     for m in models {
         let offset = m.sha256.span().start;
         if let Some(sha256) = sha256_of(m.sha256.get_ref()) {
-            let (line, _) = line_column(text, offset);
+            let (line, _) = file.lines.at(offset);
             if let Some(first) = seen.insert(sha256, line) {
                 seen.insert(sha256, first);
                 file.problem(
@@ -114,14 +114,15 @@ pub fn parse_keys_file(path: &Path, text: &str, plans: &[Arc<str>]) -> Result<Ke
 /// One read of the file, and the problems found so far.
 struct Reading<'a> {
     path: &'a Path,
-    text: &'a str,
+    /// The file's text, by lines.
+    lines: Lines<'a>,
     plans: &'a [Arc<str>],
     problems: Vec<Problem>,
 }
 
 impl Reading<'_> {
     fn problem(&mut self, offset: usize, message: String) {
-        let (line, column) = line_column(self.text, offset);
+        let (line, column) = self.lines.at(offset);
         self.problems.push(Problem {
             path: self.path.to_owned(),
             line,
@@ -172,7 +173,7 @@ impl Reading<'_> {
             self.problem(name.span().start, format!("name: at most {MAX_NAME} bytes"));
         }
         let sha256 = sha256.filter(|_| self.problems.len() == before)?;
-        let (line, column) = line_column(self.text, m.sha256.span().start);
+        let (line, column) = self.lines.at(m.sha256.span().start);
         Some(Listed {
             sha256,
             at: format!("{}:{line}:{column}", self.path.display()),

@@ -63,6 +63,39 @@ pub(super) fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// Where each line of a text starts: the line and column of many
+/// offsets, each found without reading the text from its start (a keys
+/// file names every key's place).
+pub(super) struct Lines<'t> {
+    text: &'t str,
+    /// The byte offset of each line's start, the first line's (0) first.
+    starts: Vec<usize>,
+}
+
+impl<'t> Lines<'t> {
+    /// `text`'s lines.
+    pub(super) fn new(text: &'t str) -> Self {
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Self { text, starts }
+    }
+
+    /// The 1-based line and column (in characters) of byte `offset`, as
+    /// [`line_column`] says.
+    pub(super) fn at(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let line = self.starts.partition_point(|&start| start <= offset);
+        let start = self.starts.get(line.wrapping_sub(1)).copied().unwrap_or(0);
+        let column = self
+            .text
+            .get(start..offset)
+            .map_or(0, |s| s.chars().count())
+            + 1;
+        (line, column)
+    }
+}
+
 /// The known name closest to `word`, when it is close enough to be the
 /// one meant: at most one edit for short names, two for longer ones.
 pub(super) fn closest<'a>(word: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
@@ -201,6 +234,10 @@ mod tests {
     fn line_and_column_count_from_one() {
         let text = "a = 1\nbb = 2\n  ccé = 3";
         assert_eq!(line_column(text, 0), (1, 1));
+        let lines = Lines::new(text);
+        for offset in (0..=text.len() + 2).filter(|&o| o > text.len() || text.is_char_boundary(o)) {
+            assert_eq!(lines.at(offset), line_column(text, offset), "at {offset}");
+        }
         assert_eq!(line_column(text, 6), (2, 1));
         assert_eq!(line_column(text, 9), (2, 4));
         assert_eq!(line_column(text, text.find('=').map_or(0, |_| 19)), (3, 6));

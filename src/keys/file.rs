@@ -83,11 +83,14 @@ impl StateFile {
     ) -> Result<(), String> {
         let mut audit = self.audit.lock().await;
         if let Some(entry) = entry {
-            audit.push(entry);
-            let over = audit.len().saturating_sub(AUDIT_KEPT);
-            audit.drain(..over);
+            push(&mut audit, entry);
         }
         self.write(replica, &audit)
+    }
+
+    /// Adds `entry` to the audit, for the next [`Self::commit`] to write.
+    pub(super) async fn note(&self, entry: AuditEntry) {
+        push(&mut *self.audit.lock().await, entry);
     }
 
     /// The audit entries `keep` accepts, newest first, at most `count`.
@@ -131,4 +134,11 @@ impl StateFile {
             .and_then(|()| std::fs::rename(&temporary, &self.path))
             .map_err(|e| format!("cannot be written: {e}"))
     }
+}
+
+/// Adds `entry` to `audit`, the oldest entries past the kept number gone.
+fn push(audit: &mut Vec<AuditEntry>, entry: AuditEntry) {
+    audit.push(entry);
+    let over = audit.len().saturating_sub(AUDIT_KEPT);
+    audit.drain(..over);
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::registry::{Digest, hex, id_of};
+use super::registry::{Digest, id_of};
 use super::{Backing, Keys, Record, Source};
 use crate::limit::StoreError;
-use crate::limit::registry::{Audit, AuditEntry, Expect, Write, Written};
+use crate::limit::registry::{AuditEntry, Written};
 
 /// Times a change is computed again after a concurrent one.
 pub(super) const ATTEMPTS: usize = 5;
@@ -409,79 +409,6 @@ impl Keys {
             }
         }
         Err(ManageError::Busy)
-    }
-
-    /// Writes `next` (`None`: removes) under `digest`, expecting `before`
-    /// (`None`: no record), and applies it here when it was made.
-    pub(super) async fn write(
-        &self,
-        digest: Digest,
-        next: Option<&Arc<Record>>,
-        before: Option<&Arc<Record>>,
-        action: &str,
-        who: Who<'_>,
-    ) -> Result<Written, ManageError> {
-        let to_json = |r: &Record| serde_json::to_string(r).unwrap_or_default();
-        let (next_text, before_text) = (next.map(|r| to_json(r)), before.map(|r| to_json(r)));
-        let shown = next.or(before);
-        let digest_hex = hex(&digest);
-        let audit = Audit {
-            operator: who.operator,
-            action,
-            identity: shown.map_or("", |r| r.identity.as_str()),
-            key: shown.map_or("", |r| r.id.as_str()),
-            reason: who.reason,
-        };
-        match &self.backing {
-            Backing::Store(limiter) => {
-                let write = Write {
-                    digest: &digest_hex,
-                    record: next_text.as_deref(),
-                    expect: before_text.as_deref().map_or(Expect::Absent, Expect::Holds),
-                    audit,
-                };
-                let written = limiter.registry_write(&write).await?;
-                if let Written::Done { .. } = written {
-                    self.replica.set(digest, next.cloned());
-                }
-                Ok(written)
-            }
-            Backing::File(file) => {
-                let _one = self.writing.lock().await;
-                let current = self.replica.get(&digest);
-                let holds = match (&current, before) {
-                    (None, None) => true,
-                    (Some(c), Some(b)) => to_json(c) == to_json(b),
-                    _ => false,
-                };
-                if !holds {
-                    return Ok(Written::Refused {
-                        current: current.map(|c| to_json(&c)),
-                    });
-                }
-                self.replica.set(digest, next.cloned());
-                let seq = self.replica.seq.load(std::sync::atomic::Ordering::Acquire) + 1;
-                self.replica
-                    .seq
-                    .store(seq, std::sync::atomic::Ordering::Release);
-                let entry = AuditEntry {
-                    at_ms: crate::clock::now_ms(),
-                    operator: who.operator.to_owned(),
-                    action: action.to_owned(),
-                    identity: audit.identity.to_owned(),
-                    key: audit.key.to_owned(),
-                    reason: who.reason.to_owned(),
-                    before: before_text.clone().unwrap_or_default(),
-                    after: next_text.unwrap_or_default(),
-                };
-                file.commit(&self.replica, Some(entry))
-                    .await
-                    .map_err(ManageError::File)?;
-                Ok(Written::Done {
-                    before: before_text,
-                })
-            }
-        }
     }
 }
 

@@ -31,6 +31,7 @@ pub mod record;
 pub mod registry;
 pub mod settings;
 pub mod sync;
+mod write;
 
 pub use reconcile::{KeysFile, Listed};
 pub use record::{Attributes, Record, Source};

@@ -21,10 +21,18 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use futures_util::StreamExt as _;
+
 use super::manage::{ATTEMPTS, ManageError, Reconciled, Spec, Who, read_stored};
 use super::registry::Digest;
+use super::write::Commit;
 use super::{Keys, Record, Source};
 use crate::limit::registry::Written;
+
+/// How many of the file's keys are written at once: on a shared store,
+/// as many round trips in flight (each key's change is its own
+/// compare-and-set, so they do not wait on one another).
+const IN_FLIGHT: usize = 32;
 
 /// The operator the audit names for the file's changes.
 pub const FILE_OPERATOR: &str = "keys file";
@@ -147,11 +155,6 @@ impl Keys {
         listed: &[Listed],
         reconciled: &mut Reconciled,
     ) -> Result<(), ManageError> {
-        let reason = format!("listed in {path}");
-        let who = Who {
-            operator: FILE_OPERATOR,
-            reason: &reason,
-        };
         let wanted: HashMap<Digest, &Listed> = listed
             .iter()
             .map(|l| (self.replica.digest_of_sha256(&l.sha256), l))
@@ -161,30 +164,17 @@ impl Keys {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = wanted.keys().copied().collect();
         reconciled.keys = wanted.len();
-        for (digest, entry) in &wanted {
-            match self.reconcile_one(*digest, entry, who).await? {
-                Step::Added => reconciled.changed[0] += 1,
-                Step::Updated => reconciled.changed[1] += 1,
-                Step::Same => {}
-                Step::NotOwned(id) => {
-                    tracing::warn!(
-                        key = %id,
-                        at = %entry.at,
-                        "the keys file lists a key the admin API made or imported; the file leaves it as it is (revoke it through the API to hand it to the file)"
-                    );
-                    reconciled.not_owned.push(id);
-                }
-            }
+        let mut failed = self.add_listed(path, &wanted, reconciled).await.err();
+        if failed.is_none() {
+            failed = self.remove_unlisted(path, &wanted, reconciled).await.err();
         }
-        let reason = format!("no longer listed in {path}");
-        let who = Who {
-            operator: FILE_OPERATOR,
-            reason: &reason,
-        };
-        for (digest, record) in self.replica.find(|r| r.source == Source::File) {
-            if !wanted.contains_key(&digest) && self.remove_one(digest, record, who).await? {
-                reconciled.changed[2] += 1;
-            }
+        // What was changed so far reaches the state file, whether or not
+        // all of it could be.
+        if reconciled.changed.iter().any(|&n| n > 0) {
+            self.commit_deferred().await?;
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         let [added, updated, removed] = reconciled.changed;
         if added + updated + removed > 0 {
@@ -198,6 +188,83 @@ impl Keys {
             );
         }
         Ok(())
+    }
+
+    /// Adds or updates every key of `wanted`, [`IN_FLIGHT`] at a time,
+    /// counting what each did in `reconciled`; the first error, once the
+    /// keys in flight are done (none is started after it).
+    async fn add_listed(
+        &self,
+        path: &str,
+        wanted: &HashMap<Digest, &Listed>,
+        reconciled: &mut Reconciled,
+    ) -> Result<(), ManageError> {
+        let reason = format!("listed in {path}");
+        let who = Who {
+            operator: FILE_OPERATOR,
+            reason: &reason,
+        };
+        let mut listed = wanted.iter();
+        let mut running = futures_util::stream::FuturesUnordered::new();
+        let mut failed = None;
+        loop {
+            while failed.is_none() && running.len() < IN_FLIGHT {
+                let Some((digest, entry)) = listed.next() else {
+                    break;
+                };
+                running.push(self.step(*digest, entry, who));
+            }
+            let Some((entry, step)) = running.next().await else {
+                break;
+            };
+            match step {
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+                Ok(Step::Added) => reconciled.changed[0] += 1,
+                Ok(Step::Updated) => reconciled.changed[1] += 1,
+                Ok(Step::Same) => {}
+                Ok(Step::NotOwned(id)) => {
+                    tracing::warn!(
+                        key = %id,
+                        at = %entry.at,
+                        "the keys file lists a key the admin API made or imported; the file leaves it as it is (revoke it through the API to hand it to the file)"
+                    );
+                    reconciled.not_owned.push(id);
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Removes the file's keys `wanted` no longer lists.
+    async fn remove_unlisted(
+        &self,
+        path: &str,
+        wanted: &HashMap<Digest, &Listed>,
+        reconciled: &mut Reconciled,
+    ) -> Result<(), ManageError> {
+        let reason = format!("no longer listed in {path}");
+        let who = Who {
+            operator: FILE_OPERATOR,
+            reason: &reason,
+        };
+        for (digest, record) in self.replica.find(|r| r.source == Source::File) {
+            if !wanted.contains_key(&digest) && self.remove_one(digest, record, who).await? {
+                reconciled.changed[2] += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::reconcile_one`], with the entry it was for.
+    async fn step<'e>(
+        &self,
+        digest: Digest,
+        entry: &'e Listed,
+        who: Who<'_>,
+    ) -> (&'e Listed, Result<Step, ManageError>) {
+        (entry, self.reconcile_one(digest, entry, who).await)
     }
 
     /// Makes the record of `digest` what `entry` says, from the record as
@@ -221,8 +288,9 @@ impl Keys {
                 None => "import",
             };
             let next = Arc::new(next);
+            let change = (Some(&next), current.as_ref());
             match self
-                .write(digest, Some(&next), current.as_ref(), action, who)
+                .write_as(digest, change, action, who, Commit::Later)
                 .await?
             {
                 Written::Done { .. } if current.is_some() => return Ok(Step::Updated),
@@ -246,7 +314,7 @@ impl Keys {
     ) -> Result<bool, ManageError> {
         for _ in 0..ATTEMPTS {
             match self
-                .write(digest, None, Some(&record), "revoke", who)
+                .write_as(digest, (None, Some(&record)), "revoke", who, Commit::Later)
                 .await?
             {
                 Written::Done { .. } => return Ok(true),

@@ -253,3 +253,142 @@ async fn audited_as_the_files(gates: &Gates, path: &Path) {
             .contains("\"plan\":\"free\"")
     );
 }
+
+/// How many keys the large file lists.
+const BULK: usize = 10_000;
+
+/// The key `i` of the large file, as its customer sends it.
+fn bulk_key(i: usize) -> String {
+    format!("sk-bulk-{i:08}-0123456789abcdef")
+}
+
+/// A file of the keys `0..count`, the first `free` of them on plan free,
+/// the others on pro.
+fn bulk_file(count: usize, free: usize) -> String {
+    let mut text = String::with_capacity(count * 160);
+    for i in 0..count {
+        let plan = if i < free { "free" } else { "pro" };
+        text.push_str(&format!(
+            "[[key]]\nsha256 = \"{}\"\nidentity = \"bulk-{i}\"\nplan = \"{plan}\"\nattributes = {{ org = \"bulk\" }}\n",
+            sha256(&bulk_key(i))
+        ));
+    }
+    text
+}
+
+/// `floodgate_keys` on instance `i`: the records it holds.
+async fn keys_held(gates: &Gates, i: usize) -> u64 {
+    let metrics = admin(gates, i, "GET", "/metrics", "").await.text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("floodgate_keys "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (two minutes at most, for a loaded machine) until every instance
+/// holds `count` records, `identity`'s key among them when `listed`: how
+/// long it took. Asked of the admin API, so nothing is counted.
+async fn until_everywhere(gates: &Gates, count: u64, identity: &str, listed: bool) -> Duration {
+    let start = Instant::now();
+    let path = format!("/identities/{identity}/keys");
+    for i in 0..gates.count() {
+        loop {
+            let held = keys_held(gates, i).await;
+            let keys = admin(gates, i, "GET", &path, "").await.json()["keys"]
+                .as_array()
+                .map_or(0, Vec::len);
+            if held == count && (keys == 1) == listed {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "instance {i} holds {held} keys, not {count}, and lists {keys} for {identity}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    start.elapsed()
+}
+
+/// Every instance answers `key` with `status`.
+async fn answered_everywhere(gates: &Gates, key: &str, status: u16) {
+    let bearer = format!("Bearer {key}");
+    for i in 0..gates.count() {
+        let answer = chat(gates, i, &[("authorization", &bearer)]).await;
+        assert_eq!(answer.status, status, "instance {i}: {}", answer.text());
+    }
+}
+
+/// Waits (two minutes at most) until the memory store's state file at
+/// `path` holds `count` records: it is written once the reconcile is done.
+async fn until_written(path: &str, count: usize) {
+    let start = Instant::now();
+    loop {
+        let written: serde_json::Value = std::fs::read(path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        let records = written["records"]
+            .as_object()
+            .map_or(0, serde_json::Map::len);
+        if records == count {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the state file holds {records} records, not {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A keys file of 10 000 keys is reconciled whole on every instance: each
+/// key admitted with its record's plan, and a change of a fifth of them
+/// (1 000 moved to free, 1 000 removed) applied everywhere. Each key's
+/// change is its own compare-and-set, many in flight; with the memory
+/// store the state file is written once a reconcile, not once a key, and
+/// holds every record once it is done. The times are printed, not
+/// asserted.
+pub async fn a_large_keys_file_is_reconciled_whole(bed: &Bed) {
+    let path = temp_dir("matrix-keys-bulk").join("keys.toml");
+    std::fs::write(&path, bulk_file(BULK, 0)).expect("write the keys file");
+    let config = registry_config_with(
+        bed,
+        "matrix-keys-bulk",
+        &format!("file = {:?}\n", path.display().to_string()),
+    );
+    let toml = config.toml();
+    let state: Option<String> = toml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("state_file = "))
+        .map(|quoted| serde_json::from_str(quoted).expect("the state file's path"));
+    let gates = bed.instances(&toml).await;
+    let last = format!("bulk-{}", BULK - 1);
+    let started = until_everywhere(&gates, BULK as u64, &last, true).await;
+    answered_everywhere(&gates, &bulk_key(BULK - 1), 200).await;
+    assert_eq!(only_key(&gates, "bulk-0").await["plan"], "pro");
+    if let Some(state) = &state {
+        until_written(state, BULK).await;
+    }
+
+    replace(&path, &bulk_file(BULK - 1_000, 1_000));
+    let changed = until_everywhere(&gates, (BULK - 1_000) as u64, &last, false).await;
+    answered_everywhere(&gates, &bulk_key(BULK - 1), 401).await;
+    for identity in ["bulk-0", "bulk-999"] {
+        assert_eq!(
+            only_key(&gates, identity).await["plan"],
+            "free",
+            "{identity}"
+        );
+    }
+    assert_eq!(only_key(&gates, "bulk-1000").await["plan"], "pro");
+    if let Some(state) = &state {
+        until_written(state, BULK - 1_000).await;
+    }
+    println!(
+        "{:?}: {BULK} keys reconciled on {} instance(s) within {started:?} of their start; 2 000 changes applied everywhere within {changed:?} of the file's replacement",
+        bed.store,
+        gates.count()
+    );
+}

@@ -124,6 +124,7 @@ pub const SCENARIOS: &[(&str, Scenario)] = scenarios! {
     "penalty: outlasts the window, doubles, lifted" => penalties::a_penalty_outlasts_the_window_and_doubles_for_a_repeat_offender,
     "key registry: verified before anything counts" => registry::keys_are_verified_before_anything_is_counted,
     "key registry: the keys file is reconciled everywhere" => keys_file::the_keys_file_is_reconciled_on_every_instance,
+    "key registry: a large keys file is reconciled whole" => keys_file::a_large_keys_file_is_reconciled_whole,
 };
 
 /// Runs every scenario on `bed` (or those `FLOODGATE_SCENARIO` names), all at once (each under keys of its own,
