@@ -116,7 +116,7 @@ struct Reader {
     table: Option<TableWatch>,
     /// The keys file in force at the start and the plans its keys may
     /// name, until the thread reads it.
-    keys_file: Option<(PathBuf, Vec<Arc<str>>)>,
+    keys_file: Option<files::KeysFileRead>,
     /// The keys file, watched on its own.
     keys: Option<KeysWatch>,
     /// Told what a plan table or keys file read anew found.

@@ -37,8 +37,8 @@ impl Written {
 }
 
 /// Clients named by value or by SHA-256, each with what comes with it
-/// (`T`: nothing for a set, a plan's index for a plan table).
-#[derive(Debug, Clone)]
+/// (`T`: nothing for a set, a plan's name for a plan table).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Known<T> {
     /// Values, byte for byte.
     values: HashMap<Box<[u8]>, T>,

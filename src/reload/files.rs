@@ -83,6 +83,11 @@ impl Seen {
         self.last = Some(now.clone());
         Some(now)
     }
+
+    /// The contents last read, as text.
+    fn text(&self) -> Option<&str> {
+        std::str::from_utf8(self.last.as_deref()?).ok()
+    }
 }
 
 /// A client → plan table file, read anew when it changes.
@@ -94,11 +99,20 @@ pub(super) struct TableWatch {
 impl TableWatch {
     /// Watches `file` from its contents now (a table as read with the
     /// configuration that lists no client is said at WARN).
+    ///
+    /// The file may have changed since the configuration read it: if it
+    /// holds another table now, the first check reads it.
     pub(super) fn new(file: config::PlanTableFile) -> Self {
         if file.read.is_empty() {
             warn_empty_table(&file.path);
         }
-        let seen = Seen::new(file.path.clone());
+        let mut seen = Seen::new(file.path.clone());
+        let now = seen
+            .text()
+            .map(|text| config::PlanTable::parse(text, &file.names));
+        if !matches!(now, Some(Ok(table)) if table == *file.read) {
+            seen.last = None;
+        }
         Self { file, seen }
     }
 
@@ -130,6 +144,10 @@ fn warn_empty_table(path: &Path) {
     );
 }
 
+/// The keys file a configuration names, the plans its keys may name, and
+/// the file as the configuration read it.
+pub(super) type KeysFileRead = (PathBuf, Vec<Arc<str>>, Arc<KeysFile>);
+
 /// The keys file and the plans its keys may name.
 pub(super) struct KeysWatch {
     names: Vec<Arc<str>>,
@@ -139,17 +157,23 @@ pub(super) struct KeysWatch {
 impl KeysWatch {
     /// The keys file `running` reads, if it names one, and the plans its
     /// keys may name.
-    pub(super) fn file_of(running: &config::Config) -> Option<(PathBuf, Vec<Arc<str>>)> {
+    pub(super) fn file_of(running: &config::Config) -> Option<KeysFileRead> {
         let file = running.keys_file.as_ref()?;
-        Some((file.path.clone(), running.plan_names()))
+        Some((file.path.clone(), running.plan_names(), Arc::clone(file)))
     }
 
-    /// Watches the keys file `path` from its contents now.
-    pub(super) fn new((path, names): (PathBuf, Vec<Arc<str>>)) -> Self {
-        Self {
-            names,
-            seen: Seen::new(path),
+    /// Watches the keys file `path` from its contents now. The file may
+    /// have changed since the configuration read it (`read`): if it lists
+    /// other keys now, the first check reads it.
+    pub(super) fn new((path, names, read): KeysFileRead) -> Self {
+        let mut seen = Seen::new(path);
+        let now = seen
+            .text()
+            .map(|text| config::parse_keys_file(&seen.path, text, &names));
+        if !matches!(now, Some(Ok(file)) if file == *read) {
+            seen.last = None;
         }
+        Self { names, seen }
     }
 
     /// Reads the file again when it changed; `None` when it did not.
@@ -165,5 +189,73 @@ impl KeysWatch {
             Err(_) => Err(format!("{}: not UTF-8 text", path.display())),
         };
         Some(FileRead::Keys(read))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of its own for `test`.
+    fn dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("floodgate-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a test directory");
+        dir
+    }
+
+    fn plans() -> Vec<Arc<str>> {
+        vec!["free".into(), "pro".into()]
+    }
+
+    /// A table changed between the configuration's read and the watch's
+    /// start is read at the first check; one that did not change is not.
+    #[test]
+    fn a_table_changed_since_the_configuration_read_it_is_read_at_once() {
+        let path = dir("table-watch").join("plans.txt");
+        std::fs::write(&path, "c1 pro\n").expect("write the table");
+        let watch = |as_read: &str| {
+            let read = config::PlanTable::parse(as_read, &plans()).expect("a table");
+            TableWatch::new(config::PlanTableFile {
+                path: path.clone(),
+                names: plans(),
+                read: Arc::new(read),
+            })
+        };
+        match watch("c1 free\n").check() {
+            Some(FileRead::PlanTable(read_at, Ok(table))) => {
+                assert_eq!(read_at, path);
+                let c1 = crate::client::ClientId::header("c1");
+                assert_eq!(table.plan_of(&c1), Some("pro"));
+            }
+            other => panic!("the changed table was not read: {other:?}"),
+        }
+        assert!(watch("c1 pro\n").check().is_none());
+    }
+
+    /// The same for the keys file.
+    #[test]
+    fn a_keys_file_changed_since_the_configuration_read_it_is_read_at_once() {
+        let path = dir("keys-watch").join("keys.toml");
+        let listing = |identity: &str| {
+            format!(
+                "[[key]]\nsha256 = \"{}\"\nidentity = \"{identity}\"\n",
+                "ab".repeat(32)
+            )
+        };
+        std::fs::write(&path, listing("now")).expect("write the keys file");
+        let watch = |identity: &str| {
+            let read =
+                config::parse_keys_file(&path, &listing(identity), &plans()).expect("a keys file");
+            KeysWatch::new((path.clone(), plans(), Arc::new(read)))
+        };
+        match watch("before").check() {
+            Some(FileRead::Keys(Ok(file))) => {
+                let listed = file.keys.as_deref().unwrap_or_default();
+                assert_eq!(listed.len(), 1);
+                assert_eq!(listed[0].spec.identity, "now");
+            }
+            other => panic!("the changed keys file was not read: {other:?}"),
+        }
+        assert!(watch("now").check().is_none());
     }
 }

@@ -60,7 +60,7 @@ pub enum PlanSource {
 /// keys, claims, addresses) as they are or by their SHA-256, each with
 /// its plan's name (so a table read for other plans than the rules in
 /// force names none of theirs rather than the wrong one).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct PlanTable(Known<Arc<str>>);
 
 impl PlanTable {
